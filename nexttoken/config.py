@@ -1,0 +1,163 @@
+"""The model's architecture, read once from a Hugging Face `config.json` and validated there.
+
+One dataclass covers the Llama family (Llama 2/3/3.1/3.2, Mistral, Qwen2): they differ only in a few switches
+(q/k/v bias, sliding window, RoPE scaling), so one module with flags reads better than three near-copies.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import MissingFileError, ModelLoadError
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float = 10000.0
+    type: str = "default"
+    factor: float = 1.0
+    # llama3 only
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # bias on q, k, v and o (Llama's `attention_bias`)
+    qkv_bias: bool = False  # bias on q, k, v only (Qwen2)
+    mlp_bias: bool = False
+    # Layers that attend only to the last `sliding_window` positions (Mistral: all; Qwen2: from max_window_layers).
+    sliding_window: int | None = None
+    sliding_layers: tuple[bool, ...] = ()
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+    torch_dtype: str | None = None
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> "ModelConfig":
+        file = Path(path) / "config.json"
+        if not file.is_file():
+            raise MissingFileError(
+                f"{file} does not exist: a model folder needs the config.json of a Hugging Face checkpoint"
+            )
+        try:
+            raw = json.loads(file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ModelLoadError(f"{file} is not valid JSON ({e}); re-download or re-export the model") from e
+        return cls.from_dict(raw, source=str(file))
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], source: str = "config") -> "ModelConfig":
+        archs = raw.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ModelLoadError(
+                f"{source}: unsupported architecture {archs or raw.get('model_type')!r}; "
+                f"nexttoken supports {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+
+        def need(key: str) -> Any:
+            if key not in raw:
+                raise ModelLoadError(f"{source}: required field {key!r} is missing")
+            return raw[key]
+
+        hidden = int(need("hidden_size"))
+        heads = int(need("num_attention_heads"))
+        kv_heads = int(raw.get("num_key_value_heads") or heads)
+        layers = int(need("num_hidden_layers"))
+        head_dim = int(raw.get("head_dim") or hidden // heads)
+        if heads % kv_heads:
+            raise ModelLoadError(
+                f"{source}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}"
+            )
+
+        sliding_window, sliding_layers = _sliding_window(arch, raw, layers)
+        cfg = cls(
+            architecture=arch,
+            vocab_size=int(need("vocab_size")),
+            hidden_size=hidden,
+            intermediate_size=int(need("intermediate_size")),
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope=_rope_config(raw, source),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=bool(raw.get("attention_bias", False)),
+            qkv_bias=arch == "Qwen2ForCausalLM",
+            mlp_bias=bool(raw.get("mlp_bias", False)),
+            sliding_window=sliding_window,
+            sliding_layers=sliding_layers,
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_id=raw.get("eos_token_id"),
+            pad_token_id=raw.get("pad_token_id"),
+            torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+        )
+        act = raw.get("hidden_act", "silu")
+        if act != "silu":
+            raise ModelLoadError(f"{source}: hidden_act={act!r} is not supported; Llama-family models use 'silu'")
+        return cfg
+
+
+def _rope_config(raw: dict[str, Any], source: str) -> RopeConfig:
+    # transformers 5 writes `rope_parameters` (theta inside); older configs write `rope_theta` + `rope_scaling`.
+    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ModelLoadError(
+            f"{source}: rope type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ModelLoadError(f"{source}: partial_rotary_factor != 1 is not supported")
+    factor = float(params.get("factor", 1.0))
+    if not (math.isfinite(factor) and factor >= 1.0):
+        raise ModelLoadError(f"{source}: rope scaling factor must be >= 1, got {factor}")
+    if rope_type == "llama3":
+        return RopeConfig(
+            theta=theta,
+            type=rope_type,
+            factor=factor,
+            low_freq_factor=float(params["low_freq_factor"]),
+            high_freq_factor=float(params["high_freq_factor"]),
+            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+        )
+    return RopeConfig(theta=theta, type=rope_type, factor=factor)
+
+
+def _sliding_window(arch: str, raw: dict[str, Any], layers: int) -> tuple[int | None, tuple[bool, ...]]:
+    window = raw.get("sliding_window")
+    if arch == "LlamaForCausalLM" or window is None:
+        return None, (False,) * layers
+    if arch == "Qwen2ForCausalLM":
+        if not raw.get("use_sliding_window", False):
+            return None, (False,) * layers
+        types = raw.get("layer_types")
+        if types is None:
+            first = int(raw.get("max_window_layers", layers))
+            types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+        return int(window), tuple(t == "sliding_attention" for t in types)
+    return int(window), (True,) * layers  # Mistral: every layer

@@ -1,0 +1,33 @@
+"""Typed errors raised at the edges (files, configs, options, prompts).
+
+Every message names the bad value and says what is allowed or how to fix it. They subclass the builtin
+that a caller would naturally catch (ValueError, FileNotFoundError) so plain `except ValueError` works too.
+"""
+
+
+class NextTokenError(Exception):
+    """Base class of every error nexttoken raises on bad input."""
+
+
+class ModelLoadError(NextTokenError, ValueError):
+    """A model folder cannot be loaded: unknown architecture, bad config, missing or malformed tensor."""
+
+
+class MissingFileError(ModelLoadError, FileNotFoundError):
+    """A file the model folder needs is not there."""
+
+
+class TokenizerError(NextTokenError, ValueError):
+    """The tokenizer files are unusable, or an operation needs a tokenizer that the folder lacks."""
+
+
+class ChatTemplateError(TokenizerError):
+    """A chat template is missing, fails to render, or tried something the sandbox forbids."""
+
+
+class GenerationConfigError(NextTokenError, ValueError):
+    """An unknown generation option or a value out of its allowed range."""
+
+
+class PromptTooLongError(NextTokenError, ValueError):
+    """The prompt plus the requested new tokens do not fit the model's context."""

@@ -1,0 +1,27 @@
+"""Choosing the next token from processed scores: argmax, or a draw from the caller's own generator."""
+
+from __future__ import annotations
+
+import torch
+
+
+class Sampler:
+    """Greedy or multinomial choice over (B, V) scores. The generator is owned here, seeded once per call."""
+
+    def __init__(self, greedy: bool, seed: int | None = None, device: torch.device | str = "cpu") -> None:
+        self.greedy = greedy
+        self.generator: torch.Generator | None = None
+        if not greedy:
+            self.generator = torch.Generator(device=device)
+            if seed is None:
+                self.generator.seed()  # fresh entropy: unseeded calls differ, as users expect
+            else:
+                self.generator.manual_seed(seed)
+
+    def __call__(self, scores: torch.Tensor) -> torch.Tensor:
+        """(B, V) float scores -> (B,) token ids."""
+        if self.greedy:
+            return scores.argmax(dim=-1)
+        probs = scores.softmax(dim=-1)
+        # torch.multinomial with a generator seeded like torch.manual_seed(s) draws what transformers draws.
+        return torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)

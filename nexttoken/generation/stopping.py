@@ -1,0 +1,67 @@
+"""Stopping criteria: `(input_ids (B, L), scores (B, V)) -> (B,) bool`, True where a row is done."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+
+StoppingCriterion = Callable[[torch.Tensor, torch.Tensor], Any]
+
+
+class Decoder(Protocol):
+    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+class EosToken:
+    """Done when the last token is one of the end-of-sequence ids."""
+
+    def __init__(self, eos_ids: Sequence[int]) -> None:
+        self.eos = torch.tensor(list(eos_ids), dtype=torch.long)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.eos = self.eos.to(input_ids.device)
+        return torch.isin(input_ids[:, -1], self.eos)
+
+
+class StopStrings:
+    """Done when the generated text contains a stop string, wherever token boundaries fall.
+
+    Only a window of recent tokens is decoded each step: a stop string of n characters spans at most 4n
+    byte-fallback tokens (every non-special token yields at least one byte), plus a margin for the decoder's
+    context (a SentencePiece decoder strips the window's leading space).
+    """
+
+    def __init__(self, tokenizer: Decoder, stop_strings: Sequence[str], prompt_length: int) -> None:
+        self.tokenizer = tokenizer
+        self.stop_strings = list(stop_strings)
+        self.prompt_length = prompt_length
+        self.window = 4 * max(len(s) for s in self.stop_strings) + 4
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        start = max(self.prompt_length, input_ids.shape[1] - self.window)
+        tails = input_ids[:, start:].tolist()
+        return torch.tensor(
+            [any(s in self.tokenizer.decode(row, skip_special_tokens=True) for s in self.stop_strings) for row in tails],
+            device=input_ids.device,
+        )
+
+
+class StoppingChain:
+    """A row is done when any criterion says so. Criteria may return a (B,) bool tensor or one bool."""
+
+    def __init__(self, criteria: Sequence[StoppingCriterion]) -> None:
+        self.criteria = list(criteria)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for criterion in self.criteria:
+            result = criterion(input_ids, scores)
+            done |= torch.as_tensor(result, dtype=torch.bool, device=input_ids.device).expand_as(done)
+        return done
+
+
+def find_stop_string(text: str, stop_strings: Sequence[str]) -> int | None:
+    """Index where the earliest stop string starts in text, or None."""
+    hits = [i for i in (text.find(s) for s in stop_strings) if i >= 0]
+    return min(hits) if hits else None

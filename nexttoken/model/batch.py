@@ -1,0 +1,42 @@
+"""Per-forward metadata: where each new token sits in the sequence and in the cache, and what it may see."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    positions: torch.Tensor  # (B, T) rotary position of each new token
+    write_index: torch.Tensor  # (B, T) cache column each new token's K/V is written to
+    kv_len: int  # cache columns [0, kv_len) are read
+    mask: torch.Tensor  # (B, 1, T, kv_len) bool: True where a query may attend a cache column
+    window_mask: torch.Tensor | None = None  # the same, limited to the sliding window (None: no such layers)
+    write_start: int | None = None  # set when every row writes columns write_start..+T (a slice is enough)
+    last_only: bool = True  # compute logits for the last position only (generation needs no more)
+
+    @classmethod
+    def build(
+        cls,
+        positions: torch.Tensor,
+        write_index: torch.Tensor,
+        key_valid: torch.Tensor,
+        kv_len: int,
+        sliding_window: int | None = None,
+        write_start: int | None = None,
+        last_only: bool = True,
+    ) -> "ForwardBatch":
+        """Masks from `key_valid` (B, >= kv_len): which cache columns hold real (non-padding) tokens."""
+        cols = torch.arange(kv_len, device=write_index.device)  # (S,)
+        query_col = write_index[:, :, None]  # (B, T, 1)
+        allowed = key_valid[:, None, :kv_len] & (cols <= query_col)  # (B, T, S): causal over real tokens
+        # A padding query would otherwise see nothing, and SDPA turns an all-masked row into NaN, which then
+        # leaks into the cache. Letting every query see itself keeps those rows finite; no real token reads them.
+        itself = cols == query_col
+        mask = (allowed | itself)[:, None]
+        window_mask = None
+        if sliding_window is not None:
+            window_mask = ((allowed & (cols > query_col - sliding_window)) | itself)[:, None]
+        return cls(positions, write_index, kv_len, mask, window_mask, write_start, last_only)

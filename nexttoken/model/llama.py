@@ -1,0 +1,128 @@
+"""The Llama-family decoder (Llama 2/3/3.x, Mistral, Qwen2) as plain PyTorch modules.
+
+q/k/v and gate/up projections are fused into one matrix each (the loader concatenates the checkpoint's
+tensors) so a decode step runs two matmuls per block instead of five.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ModelConfig
+from .batch import ForwardBatch
+from .cache import KVCache
+from .rope import apply_rope, inverse_frequencies, rope_cos_sin
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32, scale in the input dtype: transformers' order, which bf16 parity depends on.
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.split = (q_size, kv_size, kv_size)
+        self.wqkv = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias or cfg.attention_bias)
+        self.wo = nn.Linear(q_size, cfg.hidden_size, bias=cfg.attention_bias)
+        self.sliding = cfg.sliding_layers[layer] if cfg.sliding_layers else False
+
+    def forward(
+        self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.wqkv(x).split(self.split, dim=-1)
+        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        keys, values = cache.update(self.layer, batch, k, v)  # (B, Hkv, S, D)
+        mask = batch.window_mask if self.sliding else batch.mask
+        y = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv_heads
+        )  # (B, H, T, D)
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate = cfg.intermediate_size
+        self.w13 = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)  # gate ++ up
+        self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w13(x).split(self.intermediate, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attention = Attention(cfg, layer)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), batch, cache, cos, sin)
+        return x + self.mlp(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    """Token ids in, next-token logits out; all sequence state lives in the KVCache passed to forward."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.inv_freq = inverse_frequencies(cfg.rope, cfg.head_dim)  # (D/2,) float32, never cast
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        # .to(dtype) must not round the RoPE frequencies to bf16; they follow the weights' device only.
+        super()._apply(fn, recurse)
+        self.inv_freq = inverse_frequencies(self.config.rope, self.config.head_dim).to(self.embed.weight.device)
+        return self
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    def new_cache(self, batch_size: int, max_len: int) -> KVCache:
+        cfg = self.config
+        return KVCache(
+            cfg.num_hidden_layers, batch_size, cfg.num_key_value_heads, max_len, cfg.head_dim, self.dtype, self.device
+        )
+
+    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+        """input_ids (B, T) -> logits (B, V) when batch.last_only, else (B, T, V); in the weights' dtype."""
+        x = self.embed(input_ids)  # (B, T, C)
+        cos, sin = rope_cos_sin(self.inv_freq, batch.positions, x.dtype)
+        for block in self.layers:
+            x = block(x, batch, cache, cos, sin)
+        if batch.last_only:
+            x = x[:, -1]
+        return self.lm_head(self.norm(x))

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Set up .venv with nexttoken and the torch build that fits this machine, then the given extras (e.g. "test").
+# A bare `pip install torch` pulls several GB of CUDA libraries; on a machine without an NVIDIA GPU we take
+# the CPU build instead: a local wheel when pip's find-links has one, else PyTorch's CPU package index.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+TORCH_SPEC="${NEXTTOKEN_TORCH:-torch==2.13.0}"
+[ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
+pip() { .venv/bin/python -m pip "$@"; }
+
+if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo "setup: NVIDIA GPU found: installing the CUDA build of $TORCH_SPEC"
+    pip install "$TORCH_SPEC"
+  elif pip download -q --no-deps --no-index "$TORCH_SPEC" -d "$(mktemp -d)" >/dev/null 2>&1; then
+    echo "setup: no GPU: installing the local CPU wheel of $TORCH_SPEC"
+    pip install "$TORCH_SPEC"
+  else
+    echo "setup: no GPU: installing $TORCH_SPEC from PyTorch's CPU index"
+    pip install "$TORCH_SPEC" --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple
+  fi
+fi
+if [ -n "$extras" ]; then target=".[$extras]"; else target="."; fi
+pip install -q -e "$target"
+echo "setup: done ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

@@ -1,0 +1,77 @@
+"""nexttoken vs transformers' generate on the same random weights: greedy tokens and first-step scores."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nexttoken.generation import generate
+from nexttoken.model import load_model
+from tiny_models import VARIANTS, save_variant
+
+# Prompts of different lengths, left padded with pad id 0, as a tokenizer with padding_side="left" produces.
+PROMPTS = [[1, 5, 17, 33], [1, 40, 41, 42, 43, 44, 45, 46, 47], [1, 90, 3, 3, 8, 12]]
+
+
+def left_padded(prompts: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def pair(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp(request.param)
+    hf = save_variant(request.param, directory)
+    return hf, load_model(directory)
+
+
+def test_greedy_tokens_identical(pair) -> None:
+    hf, ours = pair
+    ids, mask = left_padded(PROMPTS)
+    # 40 new tokens: longer than the sliding window (5) and the llama3 original context (16).
+    kwargs = dict(max_new_tokens=40, do_sample=False, eos_token_id=2, pad_token_id=0)
+    expected = hf.generate(input_ids=ids, attention_mask=mask, **kwargs)
+    got = generate(ours, ids, attention_mask=mask, **kwargs)
+    assert got.shape == expected.shape
+    assert torch.equal(got, expected)
+
+
+def test_greedy_without_eos_runs_full_length(pair) -> None:
+    hf, ours = pair
+    ids, mask = left_padded(PROMPTS)
+    kwargs = dict(max_new_tokens=25, do_sample=False, eos_token_id=None, pad_token_id=0)
+    expected = hf.generate(input_ids=ids, attention_mask=mask, **kwargs)
+    got = generate(ours, ids, attention_mask=mask, **kwargs)
+    assert got.shape == (3, ids.shape[1] + 25)
+    assert torch.equal(got, expected)
+
+
+PROCESSOR_SETTINGS = [
+    dict(do_sample=False, repetition_penalty=1.3),
+    dict(do_sample=True, temperature=0.7),
+    dict(do_sample=True, top_k=7),
+    dict(do_sample=True, top_p=0.6),
+    dict(do_sample=True, min_p=0.2, top_k=0),
+    dict(do_sample=True, temperature=1.5, top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=0.8),
+]
+
+
+@pytest.mark.parametrize("settings", PROCESSOR_SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_first_step_scores_match(pair, settings) -> None:
+    hf, ours = pair
+    ids, mask = left_padded(PROMPTS)
+    common = dict(max_new_tokens=1, output_scores=True, output_logits=True, return_dict_in_generate=True,
+                  eos_token_id=2, pad_token_id=0, **settings)
+    expected = hf.generate(input_ids=ids, attention_mask=mask, **common)
+    got = generate(ours, ids, attention_mask=mask, **common)
+    torch.testing.assert_close(got.logits[0], expected.logits[0].float(), rtol=1e-4, atol=1e-4)
+    want, have = expected.scores[0], got.scores[0]
+    assert torch.equal(torch.isinf(have), torch.isinf(want)), "different tokens were filtered out"
+    finite = torch.isfinite(want)
+    torch.testing.assert_close(have[finite], want[finite], rtol=1e-4, atol=1e-4)
+
+
+def test_variants_cover_the_issue() -> None:
+    assert {"llama-gqa", "llama-tied-mha", "llama3-rope-scaling", "qwen2-bias", "mistral-sliding"} <= set(VARIANTS)

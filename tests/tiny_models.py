@@ -1,0 +1,75 @@
+"""Tiny random-weight Hugging Face checkpoints, built with transformers into a folder, for parity tests.
+
+`initializer_range` is large so that logits are far apart: with the default 0.02 random models produce
+near-ties that flip on float rounding, which would test luck rather than correctness.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+BASE = dict(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=112,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    initializer_range=0.3,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+    tie_word_embeddings=False,
+)
+
+# name -> (architecture, config overrides)
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "llama-gqa": ("llama", {}),
+    "llama-tied-mha": ("llama", dict(tie_word_embeddings=True, num_key_value_heads=4)),
+    "llama3-rope-scaling": (
+        "llama",
+        dict(
+            rope_parameters=dict(
+                rope_type="llama3",
+                rope_theta=10000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=16,
+            ),
+            head_dim=32,
+        ),
+    ),
+    "qwen2-bias": ("qwen2", dict(tie_word_embeddings=True)),
+    "mistral-sliding": ("mistral", dict(sliding_window=5)),
+}
+
+
+def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
+    import transformers
+
+    cfg_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    }[arch]
+    cfg = cfg_cls(**{**BASE, **overrides})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = model_cls(cfg).eval()
+    if arch == "qwen2":  # random-init biases are zero; make them matter
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_(0, 0.3)
+    return model
+
+
+def save_variant(name: str, directory: Path, seed: int = 0):  # noqa: ANN201
+    arch, overrides = VARIANTS[name]
+    model = build_hf_model(arch, seed=seed, **overrides)
+    model.save_pretrained(directory)
+    return model
