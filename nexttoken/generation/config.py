@@ -18,6 +18,15 @@ from ..errors import GenerationConfigError
 
 # Keys transformers writes into generation_config.json that describe the file, not the generation.
 _FILE_METADATA = {"transformers_version", "_from_model_config", "use_cache", "trust_remote_code"}
+# transformers fields that a generation_config.json may carry at values that change nothing here. Any other
+# value of them is an option nexttoken does not implement, and reading the file raises rather than ignore it.
+_FILE_NO_OP_VALUES: dict[str, object] = {
+    "output_attentions": False,
+    "output_hidden_states": False,
+    "return_legacy_cache": True,
+    "cache_implementation": None,
+    "decoder_start_token_id": None,
+}
 
 
 @dataclass(frozen=True)
@@ -28,15 +37,59 @@ class GenerationConfig:
     # Strategy.
     do_sample: bool = False
     seed: int | None = None
-    # Processors (applied in transformers' order: repetition_penalty, user processors, then warpers if sampling).
+    # Processors: the chain and its order are built in processors.build_processors (see docs/decoding.md).
     temperature: float = 1.0
     top_k: int | None = 50
     top_p: float = 1.0
     min_p: float | None = None
     repetition_penalty: float = 1.0
+    top_h: float | None = None
+    typical_p: float = 1.0
+    epsilon_cutoff: float = 0.0
+    eta_cutoff: float = 0.0
+    encoder_repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    encoder_no_repeat_ngram_size: int = 0
+    bad_words_ids: list[list[int]] | None = None
+    sequence_bias: Any = None  # {tuple(ids): bias} or [[ids, bias], ...]
+    min_length: int = 0
+    min_new_tokens: int | None = None
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: int | list[int] | None = None
+    remove_invalid_values: bool = False
+    exponential_decay_length_penalty: tuple[int, float] | None = None
+    suppress_tokens: list[int] | None = None
+    begin_suppress_tokens: list[int] | None = None
+    guidance_scale: float | None = None
+    watermarking_config: Any = None  # a watermark.WatermarkingConfig or a dict of its fields
+    renormalize_logits: bool = False
+    # Beyond transformers: OpenAI penalties and llama.cpp samplers (see docs/decoding.md).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 0
+    dry_sequence_breakers: list[int] | None = None
+    xtc_threshold: float = 0.1
+    xtc_probability: float = 0.0
+    top_n_sigma: float | None = None
+    mirostat_tau: float | None = None  # mirostat v2 when set; it replaces the truncation warpers
+    mirostat_eta: float = 0.1
+    sampler_order: list[str] | None = None  # explicit order of the sampling warpers (names in processors.WARPERS)
+    # Many sequences and beams.
+    num_return_sequences: int = 1
+    num_beams: int = 1
+    num_beam_groups: int = 1
+    diversity_penalty: float = 0.0
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    penalty_alpha: float | None = None  # contrastive search with top_k candidates when > 0 and not sampling
     # Stopping.
     eos_token_id: int | list[int] | None = None
     stop_strings: str | list[str] | None = None
+    max_time: float | None = None
     # Special tokens.
     bos_token_id: int | None = None
     pad_token_id: int | None = None
@@ -44,6 +97,8 @@ class GenerationConfig:
     return_dict_in_generate: bool = False
     output_scores: bool = False
     output_logits: bool = False
+    top_logprobs: int = 0  # per generated token: log-probabilities of the N most likely alternatives
+    prompt_logprobs: bool = False  # log-probability of every prompt token given the ones before it
 
     @classmethod
     def from_file(cls, path: str | Path, base: "GenerationConfig | None" = None) -> "GenerationConfig":
@@ -53,7 +108,11 @@ class GenerationConfig:
             raw = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise GenerationConfigError(f"{path} is not valid JSON: {e}") from e
-        options = {k: v for k, v in raw.items() if k not in _FILE_METADATA}
+        options = {
+            k: v
+            for k, v in raw.items()
+            if k not in _FILE_METADATA and not (k in _FILE_NO_OP_VALUES and _FILE_NO_OP_VALUES[k] == v)
+        }
         return (base or cls()).updated(_source=str(path), **options)
 
     def updated(self, _source: str = "option", **options: Any) -> "GenerationConfig":
@@ -153,6 +212,75 @@ def _seed(name: str, v: Any) -> None:
         _fail(name, v, "must be an integer in [0, 2**63) or None")
 
 
+def _id_list(name: str, v: Any) -> None:
+    if v is None or (isinstance(v, (list, tuple)) and all(_is_int(t) and t >= 0 for t in v)):
+        return
+    _fail(name, v, "must be a list of token ids (integers >= 0) or None")
+
+
+def _id_lists(name: str, v: Any) -> None:
+    if v is None or (isinstance(v, (list, tuple)) and v and all(
+        isinstance(w, (list, tuple)) and w and all(_is_int(t) and t >= 0 for t in w) for w in v
+    )):
+        return
+    _fail(name, v, "must be a non-empty list of non-empty lists of token ids, or None")
+
+
+def _sequence_bias(name: str, v: Any) -> None:
+    if v is None:
+        return
+    from .penalties import _parse_sequence_bias  # the processor's own parser: one definition of validity
+
+    try:
+        _parse_sequence_bias(v)
+    except GenerationConfigError as e:
+        _fail(name, v, str(e))
+
+
+def _logit_bias(name: str, v: Any) -> None:
+    if v is None:
+        return
+    from .penalties import parse_logit_bias
+
+    try:
+        parse_logit_bias(v)
+    except GenerationConfigError as e:
+        _fail(name, v, str(e))
+
+
+def _watermarking(name: str, v: Any) -> None:
+    if v is None:
+        return
+    from .watermark import WatermarkingConfig
+
+    try:
+        WatermarkingConfig.from_any(v)
+    except (GenerationConfigError, TypeError) as e:
+        _fail(name, v, str(e))
+
+
+def _decay(name: str, v: Any) -> None:
+    if v is None or (
+        isinstance(v, (list, tuple)) and len(v) == 2 and _is_int(v[0]) and v[0] >= 0 and _is_number(v[1]) and v[1] > 0
+    ):
+        return
+    _fail(name, v, "must be (start_index: int >= 0, decay_factor: number > 0) or None")
+
+
+def _early_stopping(name: str, v: Any) -> None:
+    if not (isinstance(v, bool) or v == "never"):
+        _fail(name, v, 'must be true, false or "never"')
+
+
+def _sampler_order(name: str, v: Any) -> None:
+    if v is None:
+        return
+    from .processors import WARPERS
+
+    if not isinstance(v, (list, tuple)) or len(set(v)) != len(v) or not all(x in WARPERS for x in v):
+        _fail(name, v, f"must be a list of distinct names from {sorted(WARPERS)}")
+
+
 _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "max_new_tokens": _int_at_least(0),
     "max_length": _int_at_least(1),
@@ -170,5 +298,49 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "return_dict_in_generate": _boolean,
     "output_scores": _boolean,
     "output_logits": _boolean,
+    "top_logprobs": _int_at_least(0, optional=False),
+    "prompt_logprobs": _boolean,
+    "top_h": _number(0.0, 1.0, lo_open=True, optional=True),
+    "typical_p": _number(0.0, 1.0, lo_open=True),
+    "epsilon_cutoff": _number(0.0, 1.0),
+    "eta_cutoff": _number(0.0, 1.0),
+    "encoder_repetition_penalty": _number(0.0, math.inf, lo_open=True),
+    "no_repeat_ngram_size": _int_at_least(0, optional=False),
+    "encoder_no_repeat_ngram_size": _int_at_least(0, optional=False),
+    "bad_words_ids": _id_lists,
+    "sequence_bias": _sequence_bias,
+    "min_length": _int_at_least(0, optional=False),
+    "min_new_tokens": _int_at_least(0),
+    "forced_bos_token_id": _token_id,
+    "forced_eos_token_id": _token_ids,
+    "remove_invalid_values": _boolean,
+    "exponential_decay_length_penalty": _decay,
+    "suppress_tokens": _id_list,
+    "begin_suppress_tokens": _id_list,
+    "guidance_scale": _number(0.0, math.inf, optional=True),
+    "watermarking_config": _watermarking,
+    "renormalize_logits": _boolean,
+    "presence_penalty": _number(-2.0, 2.0),
+    "frequency_penalty": _number(-2.0, 2.0),
+    "logit_bias": _logit_bias,
+    "dry_multiplier": _number(0.0, math.inf),
+    "dry_base": _number(1.0, math.inf, lo_open=True),
+    "dry_allowed_length": _int_at_least(1, optional=False),
+    "dry_penalty_last_n": _int_at_least(0, optional=False),
+    "dry_sequence_breakers": _id_list,
+    "xtc_threshold": _number(0.0, 1.0),
+    "xtc_probability": _number(0.0, 1.0),
+    "top_n_sigma": _number(0.0, math.inf, optional=True),
+    "mirostat_tau": _number(0.0, math.inf, lo_open=True, optional=True),
+    "mirostat_eta": _number(0.0, math.inf, lo_open=True),
+    "sampler_order": _sampler_order,
+    "num_return_sequences": _int_at_least(1, optional=False),
+    "num_beams": _int_at_least(1, optional=False),
+    "num_beam_groups": _int_at_least(1, optional=False),
+    "diversity_penalty": _number(0.0, math.inf),
+    "length_penalty": _number(-math.inf, math.inf),
+    "early_stopping": _early_stopping,
+    "penalty_alpha": _number(0.0, 1.0, optional=True),
+    "max_time": _number(0.0, math.inf, lo_open=True, optional=True),
 }
 assert set(_CHECKS) == {f.name for f in dataclasses.fields(GenerationConfig)}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -10,22 +9,19 @@ import torch
 from ..errors import GenerationConfigError, PromptTooLongError
 from ..model import Transformer
 from .config import GenerationConfig
-from .decode import DecodePlan, StepOutput, decode_steps
-from .processors import LogitsProcessor, build_processors
+from .beam import beam_search
+from .contrastive import contrastive_search
+from .decode import DecodePlan, GenerationCache, StepHook, StepOutput, check_continuation, decode_steps
+from .group_beam import group_beam_search
+from .llamacpp import MirostatV2
+from .logprobs import collect_logprobs
+from .modes import GenerationMode, generation_mode
+from .outputs import GenerateOutput
+from .processors import ChainInputs, LogitsProcessor, build_processors
 from .sampling import Sampler
-from .stopping import EosToken, StoppingChain, StoppingCriterion, StopStrings
+from .stopping import EosToken, MaxTime, StoppingChain, StoppingCriterion, StopStrings
 
 DEFAULT_NEW_TOKENS = 20  # transformers' default max_length=20, which then counts new tokens
-
-
-@dataclass
-class GenerateOutput:
-    """What `generate(..., return_dict_in_generate=True)` returns."""
-
-    sequences: torch.Tensor  # (B, P + new) prompts then generated ids; finished rows padded with pad_token_id
-    scores: tuple[torch.Tensor, ...] | None = None  # per step (B, V): processed scores, when output_scores
-    logits: tuple[torch.Tensor, ...] | None = None  # per step (B, V): raw logits, when output_logits
-    finished: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))  # (B,) stopped, not cut
 
 
 def model_generation_config(model: Transformer) -> GenerationConfig:
@@ -91,6 +87,38 @@ def _as_list(items: Callable | Iterable | None) -> list:
     return list(items)
 
 
+def _expansion(cfg: GenerationConfig, mode: GenerationMode) -> int:
+    """Rows per prompt: beams, or independent samples (interleaved: prompt b owns rows b*n .. b*n+n-1)."""
+    if mode in (GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE, GenerationMode.GROUP_BEAM_SEARCH):
+        return cfg.num_beams
+    return cfg.num_return_sequences if mode is GenerationMode.SAMPLE else 1
+
+
+def _stopping(
+    cfg: GenerationConfig, tokenizer: Any, prompt_length: int,
+    user: Sequence[StoppingCriterion] | StoppingCriterion | None,
+) -> StoppingChain:
+    """EOS, stop strings and max_time, then the caller's criteria."""
+    criteria: list[StoppingCriterion] = []
+    if cfg.eos_ids:
+        criteria.append(EosToken(cfg.eos_ids))
+    if cfg.stop_string_list:
+        if tokenizer is None:
+            raise GenerationConfigError("stop_strings need a tokenizer: pass tokenizer=... (or use LLM.generate)")
+        criteria.append(StopStrings(tokenizer, cfg.stop_string_list, prompt_length))
+    if cfg.max_time is not None:
+        criteria.append(MaxTime(cfg.max_time))  # the clock starts now, when the call is planned
+    criteria.extend(_as_list(user))
+    return StoppingChain(criteria)
+
+
+def _chooser(cfg: GenerationConfig, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Mirostat v2 when asked (it samples itself), else argmax or a draw from the request's own generator."""
+    if cfg.mirostat_tau is not None and not cfg.greedy:
+        return MirostatV2(cfg.mirostat_tau, cfg.mirostat_eta, cfg.seed, device)
+    return Sampler(cfg.greedy, cfg.seed, device)
+
+
 def plan_generation(
     model: Transformer,
     input_ids: torch.Tensor,
@@ -99,8 +127,14 @@ def plan_generation(
     logits_processor: Sequence[LogitsProcessor] | LogitsProcessor | None = None,
     stopping_criteria: Sequence[StoppingCriterion] | StoppingCriterion | None = None,
     tokenizer: Any = None,
+    *,
+    hooks: Sequence[StepHook] = (),
+    past_key_values: GenerationCache | None = None,
+    negative_prompt_ids: torch.Tensor | None = None,
+    negative_prompt_attention_mask: torch.Tensor | None = None,
+    prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Sequence[int]] | None = None,
 ) -> DecodePlan:
-    """Turn validated options into the fixed plan the decode loop runs."""
+    """Turn validated options into the fixed plan the decode loop (or a search module) runs."""
     if input_ids.dim() != 2 or input_ids.dtype != torch.long or input_ids.shape[1] == 0:
         raise GenerationConfigError(
             f"input_ids must be a non-empty (batch, length) tensor of int64 token ids, got shape "
@@ -109,52 +143,45 @@ def plan_generation(
     vocab = model.config.vocab_size
     if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
         raise GenerationConfigError(f"input_ids contain ids outside the vocabulary [0, {vocab})")
+    mode = generation_mode(cfg)
     device = model.device
     input_ids = input_ids.to(device)
+    if past_key_values is not None:
+        cached = check_continuation(past_key_values, input_ids)
+        if attention_mask is None:  # the cached rows' padding, then the new tokens
+            attention_mask = torch.cat([past_key_values.key_valid.long(), torch.ones_like(input_ids[:, cached:])], 1)
     mask = default_attention_mask(input_ids, cfg) if attention_mask is None else attention_mask.to(device)
     if mask.shape != input_ids.shape:
         raise GenerationConfigError(f"attention_mask shape {tuple(mask.shape)} != input_ids {tuple(input_ids.shape)}")
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else (cfg.eos_ids or [0])[0]
     padding = (mask == 0).sum(dim=1)  # (B,) left-padding length per row
+    max_new = new_token_budget(cfg, mask, model.config.max_position_embeddings)
 
-    criteria: list[StoppingCriterion] = []
-    if cfg.eos_ids:
-        criteria.append(EosToken(cfg.eos_ids))
-    if cfg.stop_string_list:
-        if tokenizer is None:
-            raise GenerationConfigError("stop_strings need a tokenizer: pass tokenizer=... (or use LLM.generate)")
-        criteria.append(StopStrings(tokenizer, cfg.stop_string_list, input_ids.shape[1]))
-    criteria.extend(_as_list(stopping_criteria))
-
+    chain_inputs = ChainInputs(
+        prompt_ids=input_ids, padding=padding, max_new_tokens=max_new, model=model,
+        negative_prompt_ids=negative_prompt_ids, negative_prompt_attention_mask=negative_prompt_attention_mask,
+        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, vocab_size=vocab,
+    )
+    n = _expansion(cfg, mode)
+    if n > 1 and past_key_values is not None:
+        raise GenerationConfigError("past_key_values continues one sequence per row: use num_beams=1 and "
+                                    "num_return_sequences=1 when continuing")
     return DecodePlan(
-        input_ids=input_ids,
-        attention_mask=mask,
-        max_new_tokens=new_token_budget(cfg, mask, model.config.max_position_embeddings),
+        input_ids=input_ids.repeat_interleave(n, dim=0),
+        attention_mask=mask.repeat_interleave(n, dim=0),
+        max_new_tokens=max_new,
         pad_token_id=pad,
-        processors=build_processors(cfg, _as_list(logits_processor), padding=padding),
-        sampler=Sampler(cfg.greedy, cfg.seed, device),
-        stopping=StoppingChain(criteria),
+        processors=build_processors(cfg, _as_list(logits_processor), inputs=chain_inputs),
+        sampler=_chooser(cfg, device),
+        stopping=_stopping(cfg, tokenizer, input_ids.shape[1], stopping_criteria),
+        hooks=list(hooks),
+        past=past_key_values,
+        prompt_logprobs=cfg.prompt_logprobs,
     )
 
 
-def generate(
-    model: Transformer,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    generation_config: GenerationConfig | None = None,
-    logits_processor: Sequence[LogitsProcessor] | LogitsProcessor | None = None,
-    stopping_criteria: Sequence[StoppingCriterion] | StoppingCriterion | None = None,
-    streamer: Any = None,
-    tokenizer: Any = None,
-    **options: Any,
-) -> torch.Tensor | GenerateOutput:
-    """Generate continuations of left-padded `input_ids` (B, P), like transformers' `model.generate`.
-
-    Returns the (B, P + new) tensor, or a GenerateOutput when `return_dict_in_generate=True`. `streamer` is any
-    object with transformers' streamer interface (`put(ids)`, `end()`).
-    """
-    cfg = resolve_config(model, generation_config, options)
-    plan = plan_generation(model, input_ids, attention_mask, cfg, logits_processor, stopping_criteria, tokenizer)
+def decode(model: Transformer, plan: DecodePlan, cfg: GenerationConfig, streamer: Any = None) -> GenerateOutput:
+    """Greedy / sampling / mirostat: run the decode loop and collect what the options ask for."""
     if streamer is not None:
         streamer.put(plan.input_ids.cpu())
     steps: list[StepOutput] = []
@@ -166,12 +193,72 @@ def generate(
         streamer.end()
     new = torch.stack([s.tokens for s in steps], dim=1) if steps else plan.input_ids[:, :0]
     sequences = torch.cat([plan.input_ids, new], dim=1)
-    if not cfg.return_dict_in_generate:
-        return sequences
     finished = steps[-1].unfinished.logical_not() if steps else torch.zeros(len(sequences), dtype=torch.bool)
-    return GenerateOutput(
+    state = steps[-1].state if steps else None
+    out = GenerateOutput(
         sequences=sequences,
         scores=tuple(s.scores for s in steps) if cfg.output_scores else None,
         logits=tuple(s.logits for s in steps) if cfg.output_logits else None,
         finished=finished,
+        prompt_logprobs=state.prompt_logprobs if state is not None else None,
+        past_key_values=state.generation_cache() if state is not None else None,
     )
+    if steps and cfg.return_dict_in_generate:  # a plain tensor result has no room for them
+        out.logprobs, out.top_logprobs, out.top_logprob_ids = collect_logprobs(
+            [s.logits for s in steps], new, cfg.top_logprobs
+        )
+    return out
+
+
+def _runners() -> dict[GenerationMode, Callable[..., GenerateOutput]]:
+    """The runner of each mode: (model, plan, cfg, streamer) -> GenerateOutput."""
+    return {
+        GenerationMode.GREEDY: decode,
+        GenerationMode.SAMPLE: decode,
+        GenerationMode.BEAM_SEARCH: beam_search,
+        GenerationMode.BEAM_SAMPLE: beam_search,
+        GenerationMode.GROUP_BEAM_SEARCH: group_beam_search,
+        GenerationMode.CONTRASTIVE_SEARCH: contrastive_search,
+    }
+
+
+def generate(
+    model: Transformer,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    generation_config: GenerationConfig | None = None,
+    logits_processor: Sequence[LogitsProcessor] | LogitsProcessor | None = None,
+    stopping_criteria: Sequence[StoppingCriterion] | StoppingCriterion | None = None,
+    streamer: Any = None,
+    tokenizer: Any = None,
+    *,
+    hooks: Sequence[StepHook] = (),
+    past_key_values: GenerationCache | None = None,
+    negative_prompt_ids: torch.Tensor | None = None,
+    negative_prompt_attention_mask: torch.Tensor | None = None,
+    prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Sequence[int]] | None = None,
+    **options: Any,
+) -> torch.Tensor | GenerateOutput:
+    """Generate continuations of left-padded `input_ids` (B, P), like transformers' `model.generate`.
+
+    Returns the (B*n, P + new) tensor, or a GenerateOutput when `return_dict_in_generate=True`. The strategy
+    (greedy, sampling, beam search, beam sampling, group beam search, contrastive search) follows transformers'
+    flags, see `modes.generation_mode`. `streamer` is any object with transformers' streamer interface
+    (`put(ids)`, `end()`); `hooks` are per-step StepHooks (docs/hooks.md); `past_key_values` is a previous
+    output's cache, with input_ids = its sequences plus the new tokens.
+    """
+    cfg = resolve_config(model, generation_config, options)
+    mode = generation_mode(cfg)
+    plan = plan_generation(
+        model, input_ids, attention_mask, cfg, logits_processor, stopping_criteria, tokenizer,
+        hooks=hooks, past_key_values=past_key_values, negative_prompt_ids=negative_prompt_ids,
+        negative_prompt_attention_mask=negative_prompt_attention_mask,
+        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+    )
+    if mode not in (GenerationMode.GREEDY, GenerationMode.SAMPLE):
+        if streamer is not None or hooks:
+            raise GenerationConfigError(f"streamer and hooks work with greedy decoding and sampling, not {mode.value}")
+        if cfg.guidance_scale not in (None, 1.0):
+            raise GenerationConfigError(f"guidance_scale works with greedy decoding and sampling, not {mode.value}")
+    out = _runners()[mode](model, plan, cfg, streamer)
+    return out if cfg.return_dict_in_generate else out.sequences

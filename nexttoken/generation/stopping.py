@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Protocol, Sequence
 
 import torch
+
+from ..errors import GenerationConfigError
 
 StoppingCriterion = Callable[[torch.Tensor, torch.Tensor], Any]
 
@@ -22,6 +25,33 @@ class EosToken:
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         self.eos = self.eos.to(input_ids.device)
         return torch.isin(input_ids[:, -1], self.eos)
+
+
+class MaxLength:
+    """Done when the sequence (prompt included) reaches `max_length` columns."""
+
+    def __init__(self, max_length: int) -> None:
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+            raise GenerationConfigError(f"max_length must be an integer >= 1, got {max_length!r}")
+        self.max_length = max_length
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor | None) -> torch.Tensor:
+        done = input_ids.shape[-1] >= self.max_length
+        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+
+
+class MaxTime:
+    """Done, for every row, once `max_time` seconds passed since `start` (default: construction)."""
+
+    def __init__(self, max_time: float, start: float | None = None) -> None:
+        if isinstance(max_time, bool) or not isinstance(max_time, (int, float)) or not max_time > 0:
+            raise GenerationConfigError(f"max_time must be a number of seconds > 0, got {max_time!r}")
+        self.max_time = float(max_time)
+        self.start = time.time() if start is None else start
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor | None) -> torch.Tensor:
+        done = time.time() - self.start > self.max_time
+        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
 
 class StopStrings:

@@ -46,3 +46,24 @@ class KVCache:
             k_layer[self._rows, :, batch.write_index] = k.transpose(1, 2)  # indexed view is (B, T, Hkv, D)
             v_layer[self._rows, :, batch.write_index] = v.transpose(1, 2)
         return k_layer[:, :, : batch.kv_len], v_layer[:, :, : batch.kv_len]
+
+    def reorder(self, rows: torch.Tensor, start: int, end: int) -> None:
+        """Row b of columns [start, end) takes the K/V of row rows[b], in place (beam search, contrastive search).
+
+        Only that span is copied: beams of one prompt share their prompt columns, so a beam step copies the
+        generated columns, never the whole (L, B, Hkv, S, D) buffer.
+        """
+        if end <= start:
+            return
+        self.k[:, :, :, start:end] = self.k[:, rows, :, start:end]  # (L, B, Hkv, end-start, D)
+        self.v[:, :, :, start:end] = self.v[:, rows, :, start:end]
+
+    def extended(self, max_len: int) -> "KVCache":
+        """A cache with room for max_len columns holding this one's content (one copy, to continue a generation)."""
+        if max_len <= self.max_len:
+            return self
+        L, B, H, S, D = self.k.shape
+        bigger = KVCache(L, B, H, max_len, D, self.k.dtype, self.k.device)
+        bigger.k[:, :, :, :S] = self.k
+        bigger.v[:, :, :, :S] = self.v
+        return bigger

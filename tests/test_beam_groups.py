@@ -1,0 +1,72 @@
+"""Diverse (group) beam search, which transformers 5 moved out of its core, against hand-worked numbers
+(Vijayakumar et al. 2016, arXiv:1610.02424, Hamming diversity as in transformers 4.x
+HammingDiversityLogitsProcessor), and against plain beam search when the penalty is 0."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nexttoken.generation import generate
+from test_decoding_common import PROMPTS, left_padded, model_pair
+from test_decoding_stub import BigramModel
+
+TABLE = [
+    [0.05, 0.5, 0.3, 0.15],  # after 0: group 0 takes 1; group 1, penalized on 1 (ln .5 - 1 < ln .3), takes 2
+    [0.1, 0.1, 0.2, 0.6],  # after 1: group 0 takes 3
+    [0.1, 0.1, 0.45, 0.35],  # after 2: group 1 takes 2 (3 was taken by group 0: ln .35 - 1 < ln .45)
+    [0.25, 0.25, 0.25, 0.25],
+]
+
+
+def test_group_beam_hand_worked() -> None:
+    model = BigramModel(TABLE)
+    out = generate(model, torch.tensor([[0]]), max_new_tokens=2, num_beams=2, num_beam_groups=2,
+                   diversity_penalty=1.0, num_return_sequences=2, return_dict_in_generate=True, output_scores=True)
+    assert out.sequences.tolist() == [[0, 1, 3], [0, 2, 2]]
+    want = [(math.log(0.5) + math.log(0.6)) / 2, (math.log(0.3) + math.log(0.45)) / 2]
+    torch.testing.assert_close(out.sequences_scores, torch.tensor(want))
+    assert out.beam_indices.tolist() == [[0, 0], [1, 1]]
+    # group 1's first-step scores carry the penalty on group 0's token
+    torch.testing.assert_close(out.scores[0][1], torch.tensor(TABLE[0]).log() - torch.tensor([0.0, 1.0, 0.0, 0.0]))
+
+
+def test_without_penalty_the_groups_agree() -> None:
+    out = generate(BigramModel(TABLE), torch.tensor([[0]]), max_new_tokens=2, num_beams=2, num_beam_groups=2,
+                   diversity_penalty=0.0, num_return_sequences=2)
+    assert out.tolist() == [[0, 1, 3], [0, 1, 3]]
+
+
+def test_zero_penalty_groups_equal_beam_search_of_group_size() -> None:
+    _, ours = model_pair()
+    ids, mask = left_padded(PROMPTS)
+    kw = dict(attention_mask=mask, max_new_tokens=6, eos_token_id=[2, 43], pad_token_id=3,
+              return_dict_in_generate=True, output_scores=True)
+    groups = generate(ours, ids, num_beams=4, num_beam_groups=2, diversity_penalty=0.0, num_return_sequences=2, **kw)
+    beams = generate(ours, ids, num_beams=2, **kw)
+    width = beams.sequences.shape[1]
+    assert torch.equal(groups.sequences[::2, :width], beams.sequences)
+    torch.testing.assert_close(groups.sequences_scores[::2], beams.sequences_scores)
+
+
+def test_group_beam_diversity_changes_the_beams() -> None:
+    _, ours = model_pair()
+    ids, mask = left_padded(PROMPTS)
+    kw = dict(attention_mask=mask, max_new_tokens=6, eos_token_id=None, pad_token_id=3, num_beams=4,
+              num_beam_groups=4, num_return_sequences=4)
+    plain = generate(ours, ids, diversity_penalty=0.0, **kw)
+    diverse = generate(ours, ids, diversity_penalty=5.0, **kw)
+    P = ids.shape[1]
+    first = diverse[:, P].view(3, 4)
+    assert all(len(set(row.tolist())) == 4 for row in first)  # a big penalty: every group starts differently
+    assert all(len(set(row.tolist())) == 1 for row in plain[:, P].view(3, 4))
+
+
+def test_group_beam_validation() -> None:
+    model = BigramModel(TABLE)
+    with pytest.raises(ValueError, match="divisible"):
+        generate(model, torch.tensor([[0]]), num_beams=3, num_beam_groups=2)
+    with pytest.raises(ValueError, match="does not sample"):
+        generate(model, torch.tensor([[0]]), num_beams=2, num_beam_groups=2, do_sample=True)

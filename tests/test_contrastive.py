@@ -1,0 +1,53 @@
+"""Contrastive search (Su et al. 2022, arXiv:2202.06417; transformers 4.x `_contrastive_search` /
+`_ranking_fast`), which transformers 5 moved out of its core, against hand-worked numbers."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from nexttoken.generation import generate
+from nexttoken.generation.contrastive import degeneration_scores
+from test_decoding_common import PROMPTS, left_padded, model_pair
+from test_decoding_stub import BigramModel
+
+R = 1 / math.sqrt(2)
+TABLE = [
+    [0.1, 0.5, 0.4, 0.0001],  # after 0: candidates 1 (p .5) and 2 (p .4)
+    [0.25, 0.25, 0.25, 0.25],
+    [0.3, 0.05, 0.25, 0.4],  # after 2: candidates 3 (p .4) and 0 (p .3)
+    [0.25, 0.25, 0.25, 0.25],
+]
+HIDDEN = [[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [R, R]]  # 1 points where 0 does; 2 is orthogonal to both
+
+
+def test_contrastive_hand_worked() -> None:
+    # Step 1, context {h0}: score(1) = 0.4 * .5 - 0.6 * cos(h1, h0) = -0.4; score(2) = 0.4 * .4 - 0 = 0.16 -> 2.
+    # Step 2, context {h0, h2}: score(3) = 0.4 * .4 - 0.6 * 0.7071 = -0.264; score(0) = 0.4 * .3 - 0.6 = -0.48 -> 3.
+    model = BigramModel([row[:] for row in TABLE], HIDDEN)
+    # Row 0 is left-padded with token 2: masked out of the context, else cos(h2, h2) = 1 would change step 1.
+    ids, mask = torch.tensor([[2, 0], [1, 0]]), torch.tensor([[0, 1], [1, 1]])
+    out = generate(model, ids, attention_mask=mask, max_new_tokens=2, penalty_alpha=0.6, top_k=2, pad_token_id=2)
+    assert out[:, 2:].tolist() == [[2, 3], [2, 3]]
+    greedy = generate(model, ids, attention_mask=mask, max_new_tokens=2, pad_token_id=2)
+    assert greedy[:, 2].tolist() == [1, 1]
+
+
+def test_ranking_numbers() -> None:
+    context = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])  # (B, L, H)
+    cands = torch.tensor([[[R, R], [1.0, 0.0]]])  # (B, K, H)
+    probs = torch.tensor([[0.4, 0.3]])
+    valid = torch.tensor([[True, True]])
+    got = degeneration_scores(context, valid, cands, probs, 0.6)
+    torch.testing.assert_close(got, torch.tensor([[0.4 * 0.4 - 0.6 * R, 0.4 * 0.3 - 0.6]]))
+
+
+def test_contrastive_with_alpha_zero_is_greedy_on_a_real_model() -> None:
+    _, ours = model_pair()
+    ids, mask = left_padded(PROMPTS)
+    kw = dict(attention_mask=mask, max_new_tokens=8, eos_token_id=2, pad_token_id=0)
+    a = generate(ours, ids, penalty_alpha=1e-9, top_k=4, **kw)
+    assert torch.equal(a, generate(ours, ids, **kw))
+    b = generate(ours, ids, penalty_alpha=0.6, top_k=4, **kw)
+    assert b.shape[0] == 3 and not torch.equal(a, b)
