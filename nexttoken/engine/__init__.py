@@ -1,0 +1,7 @@
+"""The serving engine: continuous batching over a slot KV cache (see llm_engine.py)."""
+
+from .llm_engine import EngineConfig, EngineStats, LLMEngine
+from .params import SamplingParams
+from .sequence import Sequence, SequenceStatus, TokenEvent
+
+__all__ = ["EngineConfig", "EngineStats", "LLMEngine", "SamplingParams", "Sequence", "SequenceStatus", "TokenEvent"]

@@ -1,0 +1,111 @@
+"""AsyncEngine: the synchronous LLMEngine stepping on its own thread, fed and drained from an asyncio loop.
+
+Requests and cancellations go in through a thread-safe inbox that the engine thread empties before every step,
+so a cancelled request (a client that went away) frees its slot at the next step. Events come back through one
+asyncio.Queue per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from typing import AsyncIterator, Callable
+
+from .llm_engine import EngineStats, LLMEngine
+from .params import SamplingParams
+from .sequence import TokenEvent
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped on an unexpected error; requests cannot be served."""
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, on_step: Callable[[EngineStats], None] | None = None) -> None:
+        self.engine = engine
+        self._inbox: queue.Queue = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._on_step = on_step
+        self._stats = engine.stats()
+        self._thread = threading.Thread(target=self._run, name="nexttoken-engine", daemon=True)
+        self._stopping = False
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        self._inbox.put(("wake", None))
+        self._thread.join(timeout=10)
+
+    @property
+    def stats(self) -> EngineStats:
+        """The engine's numbers as of its last step (a snapshot, safe to read from any thread)."""
+        return self._stats
+
+    async def stream(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, arrival_time: float | None = None
+    ) -> AsyncIterator[TokenEvent]:
+        """Events of one request until it finishes. Closing the iterator early cancels the request."""
+        if self.error is not None:
+            raise EngineDeadError(f"the engine stopped: {self.error!r}")
+        events: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (asyncio.get_running_loop(), events)
+        self._inbox.put(("add", (request_id, prompt_ids, params, arrival_time)))
+        finished = False
+        try:
+            while True:
+                event = await events.get()
+                if isinstance(event, BaseException):
+                    raise event
+                finished = event.finished
+                yield event
+                if finished:
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._inbox.put(("abort", request_id))
+
+    # ---- the engine thread -------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._drain_inbox(block=not self.engine.has_unfinished())
+                if self.engine.has_unfinished():
+                    self._deliver(self.engine.step())
+                self._stats = self.engine.stats()
+                if self._on_step is not None:
+                    self._on_step(self._stats)
+        except BaseException as e:  # noqa: BLE001 - reported to every waiting request, then the thread ends
+            self.error = e
+            for rid in list(self._streams):
+                self._send(rid, EngineDeadError(f"the engine stopped: {e!r}"))
+
+    def _drain_inbox(self, block: bool) -> None:
+        while True:
+            try:
+                kind, item = self._inbox.get(block=block, timeout=0.5 if block else None)
+            except queue.Empty:
+                return
+            block = False
+            if kind == "add":
+                request_id, prompt_ids, params, arrival = item
+                try:
+                    self.engine.add_request(prompt_ids, params, request_id, arrival_time=arrival)
+                except Exception as e:  # noqa: BLE001 - a bad request fails alone
+                    self._send(request_id, e)
+            elif kind == "abort":
+                self.engine.abort(item)
+
+    def _deliver(self, events: list[TokenEvent]) -> None:
+        for event in events:
+            self._send(event.request_id, event)
+
+    def _send(self, request_id: str, item: object) -> None:
+        target = self._streams.get(request_id)
+        if target is not None:
+            loop, events = target
+            loop.call_soon_threadsafe(events.put_nowait, item)

@@ -1,0 +1,162 @@
+"""The model runner: turns a StepPlan into forward passes over the slot cache and returns next-token logits.
+
+Batch invariance. CPU matmul and attention kernels pick their blocking from the shapes (a 1-row matmul is a
+gemv, 2-3 rows and >= 4 rows take other paths; SDPA's numbers depend on the key length, and differ between a
+batch of one and more), so a row's numbers would change with its batch-mates. The runner therefore makes every
+shape a row sees a function of that row alone: decode rows are grouped by a key-length bucket that depends
+only on the request's own length (a power of two), each group is cut into forwards of at most MAX_ROWS rows
+(the native decode kernel's limit: beyond it torch's GEMM takes over, with other numbers) and padded to at least
+MIN_ROWS rows (torch's GEMM with 1, 2-3 and >= 4 rows differs too), and a prefill chunk always runs one
+request alone with chunk boundaries at fixed multiples of the chunk size. A request's greedy output is then the
+same alone or among others.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..model import ForwardBatch, KVCache, Transformer
+from ..model.kernels import MAX_ROWS
+from .prefix_cache import PrefixCache
+from .scheduler import PrefillChunk, StepPlan
+from .sequence import Sequence
+
+
+MIN_ROWS = 4  # matmuls of >= 4 rows and attention over >= 2 give each row the same numbers, whatever the others
+MIN_BUCKET = 128  # shortest key length a decode group attends over (short rows share one group)
+
+
+class SlotView:
+    """One slot of the cache, shaped like a batch-of-one KVCache (the model only calls `update`)."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k, self.v = k, v  # (L, 1, Hkv, S, D) views into the shared cache
+
+    def update(self, layer: int, batch: ForwardBatch, k: torch.Tensor, v: torch.Tensor):  # noqa: ANN201
+        assert batch.write_start is not None, "a prefill chunk writes contiguous columns"
+        end = batch.write_start + k.shape[2]
+        self.k[layer, :, :, batch.write_start : end] = k
+        self.v[layer, :, :, batch.write_start : end] = v
+        return self.k[layer, :, :, : batch.kv_len], self.v[layer, :, :, : batch.kv_len]
+
+
+class RowsView:
+    """Some slots of the cache for one decode step (T = 1), read over the first `span` columns.
+
+    Rows may repeat (padding up to MIN_ROWS); only the first `n_real` rows write into the cache.
+    """
+
+    def __init__(self, cache: KVCache, rows: torch.Tensor, n_real: int, span: int) -> None:
+        self.cache, self.rows, self.n_real, self.span = cache, rows, n_real, span
+        self._batch = torch.arange(len(rows), device=rows.device)
+
+    def update(self, layer: int, batch: ForwardBatch, k: torch.Tensor, v: torch.Tensor):  # noqa: ANN201
+        assert k.shape[2] == 1, "decode writes one column per row"
+        col, n = batch.write_index[:, 0], self.n_real  # (B,)
+        out = []
+        for store, new in ((self.cache.k[layer], k[:, :, 0]), (self.cache.v[layer], v[:, :, 0])):  # new: (B, Hkv, D)
+            store[self.rows[:n], :, col[:n]] = new[:n]
+            span = store[:, :, : self.span].index_select(0, self.rows)  # (B, Hkv, span, D): a gathered copy
+            span[self._batch, :, col] = new
+            out.append(span)
+        return out[0], out[1]
+
+
+def _bucket(num_tokens: int, limit: int) -> int:
+    """Key columns a decode row attends over: a power of two >= its length (fixed by the row alone)."""
+    return min(limit, max(MIN_BUCKET, 1 << (num_tokens - 1).bit_length()))
+
+
+class ModelRunner:
+    def __init__(self, model: Transformer, num_slots: int, max_len: int, prefix_cache: PrefixCache) -> None:
+        self.model, self.num_slots, self.max_len, self.prefix_cache = model, num_slots, max_len, prefix_cache
+        self.cache = model.new_cache(num_slots, max_len)  # (L, slots, Hkv, max_len, D)
+        self.window = model.config.sliding_window
+
+    @torch.inference_mode()
+    def run(self, plan: StepPlan) -> dict[Sequence, torch.Tensor]:
+        """Logits (1, V) float32 for every request that chooses a token this step."""
+        for seq, blocks in plan.admitted:
+            self._copy_prefix(seq, blocks)
+        out: dict[Sequence, torch.Tensor] = {}
+        if plan.decode:
+            out.update(self._decode(plan.decode))
+        for chunk in plan.prefill:
+            logits = self._prefill(chunk)
+            if chunk.samples:
+                out[chunk.seq] = logits
+        return out
+
+    def _decode(self, seqs: list[Sequence]) -> dict[Sequence, torch.Tensor]:
+        groups: dict[int, list[Sequence]] = {}
+        for seq in seqs:
+            groups.setdefault(_bucket(seq.num_tokens, self.max_len), []).append(seq)
+        out: dict[Sequence, torch.Tensor] = {}
+        for span, group in groups.items():
+            for first in range(0, len(group), MAX_ROWS):
+                part = group[first : first + MAX_ROWS]
+                logits = self._decode_group(part, span)  # (rows, V)
+                for i, seq in enumerate(part):
+                    out[seq] = logits[i : i + 1]
+        return out
+
+    def _decode_group(self, group: list[Sequence], span: int) -> torch.Tensor:
+        device, n = self.model.device, len(group)
+        pad = [group[0]] * (max(n, MIN_ROWS) - n)  # repeats of the first row: computed, never written
+        rows = torch.tensor([s.slot for s in group + pad], device=device)
+        ids = torch.tensor([[s.last_token] for s in group + pad], device=device)  # (B, 1)
+        cols = torch.tensor([[s.num_tokens - 1] for s in group + pad], device=device)  # (B, 1)
+        valid = torch.ones(len(rows), span, dtype=torch.bool, device=device)
+        batch = ForwardBatch.build(cols, cols, valid, span, self.window)
+        logits = self.model(ids, batch, RowsView(self.cache, rows, n, span)).float()
+        for seq in group:
+            seq.num_cached = seq.num_tokens
+        return logits[:n]
+
+    def _prefill(self, chunk: PrefillChunk) -> torch.Tensor:
+        seq, start, end = chunk.seq, chunk.start, chunk.end
+        device = self.model.device
+        want_prompt = seq.params.prompt_logprobs is not None and start < len(seq.prompt_ids)
+        ids = torch.tensor([seq.token_ids[start:end]], dtype=torch.long, device=device)  # (1, T)
+        cols = torch.arange(start, end, device=device)[None]  # (1, T) positions = cache columns
+        valid = torch.ones(1, end, dtype=torch.bool, device=device)
+        batch = ForwardBatch.build(cols, cols, valid, end, self.window, write_start=start, last_only=not want_prompt)
+        view = SlotView(self.cache.k[:, seq.slot : seq.slot + 1], self.cache.v[:, seq.slot : seq.slot + 1])
+        logits = self.model(ids, batch, view).float()  # (1, V), or (1, T, V) for prompt logprobs
+        seq.num_cached = end
+        if end - start == self.prefix_cache.block_size:
+            self._store_prefix(seq, start, end)
+        if want_prompt:
+            _record_prompt_logprobs(seq, start, end, logits[0])
+            logits = logits[:, -1]
+        return logits
+
+    def _copy_prefix(self, seq: Sequence, blocks: list[int]) -> None:
+        if not blocks:
+            return
+        pc, n = self.prefix_cache, len(blocks) * self.prefix_cache.block_size
+        index = torch.tensor(blocks, device=pc.k.device)
+        for src, dst in ((pc.k, self.cache.k), (pc.v, self.cache.v)):
+            span = src[:, index].transpose(1, 2).flatten(2, 3)  # (L, n, Hkv, C, D) -> (L, Hkv, n*C, D)
+            dst[:, seq.slot, :, :n] = span
+
+    def _store_prefix(self, seq: Sequence, start: int, end: int) -> None:
+        block = self.prefix_cache.reserve(seq.token_ids, start // self.prefix_cache.block_size)
+        if block is not None:
+            self.prefix_cache.k[:, block] = self.cache.k[:, seq.slot, :, start:end]
+            self.prefix_cache.v[:, block] = self.cache.v[:, seq.slot, :, start:end]
+
+
+def _record_prompt_logprobs(seq: Sequence, start: int, end: int, logits: torch.Tensor) -> None:
+    """Log-probability of each prompt token given those before it, from a chunk's (T, V) logits."""
+    P, k = len(seq.prompt_ids), seq.params.prompt_logprobs or 0
+    if seq.prompt_logprobs is None:
+        seq.prompt_logprobs = [None]  # the first token has no context
+    logp = F.log_softmax(logits, dim=-1)  # (T, V)
+    top = torch.topk(logp, k, dim=-1) if k else None
+    for i in range(start, min(end, P - 1)):  # logits at column i predict token i + 1
+        row = i - start
+        token = seq.prompt_ids[i + 1]
+        alts = list(zip(top.indices[row].tolist(), top.values[row].tolist())) if top is not None else []
+        seq.prompt_logprobs.append((float(logp[row, token]), alts))

@@ -1,0 +1,94 @@
+"""The scheduler: which requests get a cache slot, and what each running one computes this step.
+
+Two deques, as in nano-vllm: `waiting` (no slot yet, FIFO) and `running` (owns a slot). A step runs one decode
+token for every running request that has finished its prompt, plus prefill chunks of the others within a token
+budget, so a long prompt is prefilled over several steps while the other streams keep flowing. KV memory is
+bounded by the number of slots: when all are taken, new requests wait.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from .prefix_cache import PrefixCache
+from .sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class PrefillChunk:
+    seq: Sequence
+    start: int  # first column computed (a multiple of the chunk size)
+    end: int
+
+    @property
+    def samples(self) -> bool:
+        """The chunk ends at the newest token, so its last logits choose the next one."""
+        return self.end == self.seq.num_tokens
+
+
+@dataclass
+class StepPlan:
+    admitted: list[tuple[Sequence, list[int]]] = field(default_factory=list)  # (seq, prefix-cache blocks to copy)
+    prefill: list[PrefillChunk] = field(default_factory=list)
+    decode: list[Sequence] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.prefill or self.decode)
+
+
+class Scheduler:
+    def __init__(self, num_slots: int, chunk_size: int, token_budget: int, prefix_cache: PrefixCache) -> None:
+        self.chunk_size, self.token_budget, self.prefix_cache = chunk_size, token_budget, prefix_cache
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()
+        self.free_slots: deque[int] = deque(range(num_slots))
+        self.num_slots = num_slots
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        while self.waiting and self.free_slots:
+            seq = self.waiting.popleft()
+            seq.slot, seq.status = self.free_slots.popleft(), SequenceStatus.RUNNING
+            seq.scheduled_time = seq.scheduled_time or time.monotonic()
+            # Prompt logprobs need the logits of every prompt position, so such a request computes them all.
+            blocks = self.prefix_cache.match(seq.token_ids) if seq.params.prompt_logprobs is None else []
+            seq.num_cached = seq.prefix_hit_tokens = len(blocks) * self.chunk_size
+            plan.admitted.append((seq, blocks))
+            self.running.append(seq)
+        plan.decode = [s for s in self.running if s.num_uncached == 1]
+        budget = self.token_budget - len(plan.decode)
+        for seq in self.running:
+            if seq.num_uncached <= 1:
+                continue
+            if budget < self.chunk_size and plan.prefill:  # one chunk per step at least, so prefill progresses
+                break
+            start = seq.num_cached
+            end = min(start + self.chunk_size, seq.num_tokens)
+            plan.prefill.append(PrefillChunk(seq, start, end))
+            budget -= end - start
+        return plan
+
+    def release(self, seq: Sequence) -> None:
+        """Give a finished or aborted request's slot back; it is free for the next step."""
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.slot is not None:
+            self.free_slots.append(seq.slot)
+            seq.slot = None
+        seq.status = SequenceStatus.FINISHED
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)

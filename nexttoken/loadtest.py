@@ -1,0 +1,205 @@
+"""`nexttoken loadtest`: drive a running server with N concurrent streaming clients and measure it.
+
+Each client sends streaming /v1/completions requests (greedy, `ignore_eos`, a fixed max_tokens, so every run
+does the same work) and records the time to first token and the gaps between tokens. With `--compare`, the
+same requests first run one after another (concurrency 1), so the report shows what batching buys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+WORDS = ("the little cat dog girl boy park ball sun tree happy big red blue ran jumped saw played with "
+         "her his mom friend bird house garden flower day time once upon there was a").split()
+
+
+@dataclass
+class RequestResult:
+    ttft: float  # seconds to the first token
+    itls: list[float]  # seconds between consecutive tokens
+    latency: float
+    completion_tokens: int
+    ok: bool = True
+    error: str = ""
+
+
+@dataclass
+class RunReport:
+    concurrency: int
+    num_requests: int
+    wall_s: float
+    completion_tokens: int
+    failed: int
+    throughput_tok_s: float
+    requests_per_s: float
+    ttft_ms: dict[str, float] = field(default_factory=dict)
+    itl_ms: dict[str, float] = field(default_factory=dict)
+    latency_s: dict[str, float] = field(default_factory=dict)
+
+
+def make_prompts(n: int, min_words: int, max_words: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(min_words, max_words))) for _ in range(n)]
+
+
+async def one_request(client, url: str, body: dict, headers: dict) -> RequestResult:  # noqa: ANN001
+    start = time.perf_counter()
+    times: list[float] = []
+    tokens = 0
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as r:
+            if r.status_code != 200:
+                text = (await r.aread()).decode(errors="replace")
+                return RequestResult(0.0, [], time.perf_counter() - start, 0, False, f"{r.status_code}: {text[:200]}")
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                if chunk.get("choices") and (chunk["choices"][0].get("text") or chunk["choices"][0].get("logprobs")):
+                    times.append(time.perf_counter())
+    except Exception as e:  # noqa: BLE001 - a failed request is counted, the run goes on
+        return RequestResult(0.0, [], time.perf_counter() - start, 0, False, repr(e))
+    if not times:
+        return RequestResult(0.0, [], time.perf_counter() - start, tokens, False, "no tokens received")
+    itls = [b - a for a, b in zip(times, times[1:])]
+    return RequestResult(times[0] - start, itls, time.perf_counter() - start, tokens)
+
+
+async def run_load(base_url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int,
+                   api_key: str | None) -> tuple[RunReport, list[RequestResult]]:
+    import httpx
+
+    url = base_url.rstrip("/") + "/v1/completions"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    todo = list(enumerate(prompts))
+    results: list[RequestResult | None] = [None] * len(prompts)
+
+    async def worker(client) -> None:  # noqa: ANN001
+        while todo:
+            i, prompt = todo.pop(0)
+            body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                    "ignore_eos": True, "stream_options": {"include_usage": True}}
+            results[i] = await one_request(client, url, body, headers)
+
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    done = [r for r in results if r is not None]
+    return summarize(concurrency, done, wall), done
+
+
+def _percentiles(values: list[float], scale: float) -> dict[str, float]:
+    if not values:
+        return {}
+    s = sorted(values)
+
+    def pick(q: float) -> float:
+        return round(s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))] * scale, 3)
+
+    return {"mean": round(sum(s) / len(s) * scale, 3), "p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
+
+
+def summarize(concurrency: int, results: list[RequestResult], wall: float) -> RunReport:
+    ok = [r for r in results if r.ok]
+    tokens = sum(r.completion_tokens for r in ok)
+    return RunReport(
+        concurrency=concurrency,
+        num_requests=len(results),
+        wall_s=round(wall, 3),
+        completion_tokens=tokens,
+        failed=len(results) - len(ok),
+        throughput_tok_s=round(tokens / wall, 2) if wall else 0.0,
+        requests_per_s=round(len(ok) / wall, 3) if wall else 0.0,
+        ttft_ms=_percentiles([r.ttft for r in ok], 1000),
+        itl_ms=_percentiles([x for r in ok for x in r.itls], 1000),
+        latency_s=_percentiles([r.latency for r in ok], 1),
+    )
+
+
+def plot(runs: list[tuple[RunReport, list[RequestResult]]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    labels = [f"concurrency {r.concurrency}" for r, _ in runs]
+    axes[0].bar(labels, [r.throughput_tok_s for r, _ in runs], color=["#999", "#2a7"][: len(runs)] or None)
+    axes[0].set_title("throughput (completion tokens/s)")
+    for i, (r, _) in enumerate(runs):
+        axes[0].text(i, r.throughput_tok_s, f"{r.throughput_tok_s:.0f}", ha="center", va="bottom")
+    for (r, results), label in zip(runs, labels):
+        ttft = sorted(x.ttft * 1000 for x in results if x.ok)
+        itl = sorted(v * 1000 for x in results if x.ok for v in x.itls)
+        if ttft:
+            axes[1].plot(ttft, [(i + 1) / len(ttft) for i in range(len(ttft))], label=label)
+        if itl:
+            axes[2].plot(itl, [(i + 1) / len(itl) for i in range(len(itl))], label=label)
+    axes[1].set_title("time to first token (CDF)")
+    axes[1].set_xlabel("ms")
+    axes[2].set_title("inter-token latency (CDF)")
+    axes[2].set_xlabel("ms")
+    axes[2].set_xscale("log")
+    for ax in axes[1:]:
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _print(report: RunReport) -> None:
+    print(f"concurrency {report.concurrency}: {report.num_requests} requests ({report.failed} failed) in "
+          f"{report.wall_s:.2f} s, {report.completion_tokens} tokens -> {report.throughput_tok_s:.1f} tok/s, "
+          f"{report.requests_per_s:.2f} req/s")
+    print(f"  TTFT ms {report.ttft_ms}\n  ITL ms  {report.itl_ms}\n  latency s {report.latency_s}")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("loadtest", help="load-test a running server: throughput, TTFT and ITL percentiles, plot")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
+    p.add_argument("--model", help="model name to send (default: the server's first /v1/models entry)")
+    p.add_argument("--api-key", help="Bearer key, if the server wants one")
+    p.add_argument("--concurrency", type=int, default=16, help="concurrent streaming clients")
+    p.add_argument("--num-requests", type=int, default=64, help="requests in the run")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request (EOS ignored)")
+    p.add_argument("--prompt-words", type=int, nargs=2, default=(4, 40), metavar=("MIN", "MAX"))
+    p.add_argument("--seed", type=int, default=0, help="seed for the synthetic prompts")
+    p.add_argument("--compare", action="store_true", help="first run the same requests sequentially")
+    p.add_argument("--plot", help="write a PNG plot here")
+    p.add_argument("--json", help="write the reports as JSON here")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import httpx
+
+    model = args.model
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    if model is None:
+        model = httpx.get(args.url.rstrip("/") + "/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
+    prompts = make_prompts(args.num_requests, *args.prompt_words, args.seed)
+    runs = []
+    for concurrency in ([1] if args.compare else []) + [args.concurrency]:
+        report, results = asyncio.run(run_load(args.url, model, prompts, concurrency, args.max_tokens, args.api_key))
+        _print(report)
+        runs.append((report, results))
+    if args.compare:
+        ratio = runs[1][0].throughput_tok_s / max(runs[0][0].throughput_tok_s, 1e-9)
+        print(f"throughput ratio, concurrency {args.concurrency} vs sequential: {ratio:.2f}x")
+    if args.plot:
+        plot(runs, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r, _ in runs], f, indent=2)
+    return 0 if all(r.failed == 0 for r, _ in runs) else 1

@@ -1,0 +1,275 @@
+"""The OpenAI-compatible HTTP API (FastAPI): completions, chat, models, health, metrics, tokenize/detokenize."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from ..engine import EngineConfig, LLMEngine
+from ..engine.async_engine import AsyncEngine
+from ..errors import NextTokenError
+from ..llm import LLM
+from .errors import APIError, bad_request, error_body, from_validation_error
+from .guards import ApiKeyGuard, BodyLimit
+from .metrics import ServerMetrics
+from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .requests import (
+    DEFAULT_COMPLETION_TOKENS, Limits, chat_prompt, check_ids, completion_prompts, sampling_params,
+    server_generation_base,
+)
+from .responses import Choice, LogprobFormatter, echo_logprobs, usage
+from .streams import ClientGone, Job, SSEResponse, collect, run_jobs, sse
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model_name: str
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    api_key: str | None = None
+    max_n: int = 8  # choices per request
+    max_body_bytes: int = 1 << 20
+
+
+def build_app(llm: LLM, settings: ServerSettings) -> FastAPI:
+    """The app; its engine thread starts and stops with the app's lifespan."""
+    engine = LLMEngine(llm.model, llm.tokenizer, settings.engine)
+    metrics = ServerMetrics(lambda: async_engine.stats)
+    async_engine = AsyncEngine(engine, on_step=metrics.on_step)
+    api = OpenAIServing(llm, engine.max_model_len, async_engine, metrics, settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async_engine.start()
+        yield
+        async_engine.shutdown()
+
+    app = FastAPI(title="nexttoken", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(ApiKeyGuard, api_key=settings.api_key)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(error_body(f"internal error: {exc!r}", "internal_server_error"), status_code=500)
+
+    app.post("/v1/completions")(api.completions)
+    app.post("/v1/chat/completions")(api.chat_completions)
+    app.get("/v1/models")(api.models)
+    app.post("/tokenize")(api.tokenize)
+    app.post("/detokenize")(api.detokenize)
+    app.get("/health")(api.health)
+    app.get("/metrics")(api.prometheus)
+    app.state.engine = async_engine
+    return app
+
+
+def _parse(model: type[BaseModel], body: bytes) -> Any:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        raise from_validation_error(e) from e
+
+
+class OpenAIServing:
+    def __init__(
+        self, llm: LLM, max_model_len: int, engine: AsyncEngine, metrics: ServerMetrics, settings: ServerSettings
+    ) -> None:
+        self.llm, self.tokenizer, self.engine, self.metrics, self.settings = llm, llm.tokenizer, engine, metrics, settings
+        self.limits = Limits(max_model_len, llm.model.config.vocab_size, settings.max_n)
+        self.base = server_generation_base(llm.generation_config)
+        self.logprobs = LogprobFormatter(llm.tokenizer)
+        self.created = int(time.time())
+
+    def _check_model(self, name: str | None) -> None:
+        if name is not None and name != self.settings.model_name:
+            raise APIError(
+                404, f"the model {name!r} does not exist; this server serves {self.settings.model_name!r}",
+                "model", code="model_not_found",
+            )
+
+    # ---- /v1/completions ---------------------------------------------------------------------------------------
+    async def completions(self, request: Request) -> Response:
+        arrival = time.monotonic()
+        req: CompletionRequest = _parse(CompletionRequest, await request.body())
+        self._check_model(req.model)
+        prompts = completion_prompts(req, self.tokenizer, self.limits.vocab_size)
+        max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
+        echo_lp = req.logprobs if (req.echo and req.logprobs is not None) else None
+        jobs, rid = [], f"cmpl-{uuid.uuid4().hex}"
+        for p, ids in enumerate(prompts):
+            params = sampling_params(req, len(ids), max_tokens, self.base, self.limits, req.logprobs, echo_lp, "prompt")
+            jobs += [Job(p * req.n + j, f"{rid}-{p * req.n + j}", ids, sp) for j, sp in enumerate(params)]
+        head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.settings.model_name}
+        events = run_jobs(self.engine, jobs, self.metrics, arrival)
+        if req.stream:
+            return SSEResponse(self._completion_stream(req, jobs, head, events))
+        return await self._completion_full(request, req, jobs, head, events)
+
+    def _echo_text(self, req: CompletionRequest, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=req.skip_special_tokens) if self.tokenizer else ""
+
+    def _completion_logprobs(self, req: CompletionRequest, job: Job, ids: list[int], lps: list, tops: list,
+                             with_prompt: bool, prompt_lp: list | None, offset: int) -> dict | None:
+        if req.logprobs is None:
+            return None
+        if with_prompt:
+            p_values, p_tops = echo_logprobs(job.prompt_ids, prompt_lp)
+            ids, lps, tops = job.prompt_ids + ids, p_values + lps, p_tops + tops
+        return self.logprobs.completion(ids, lps, tops, offset)
+
+    async def _completion_full(self, request: Request, req: CompletionRequest, jobs: list[Job], head: dict,
+                               events: AsyncIterator) -> Response:
+        choices = [Choice() for _ in jobs]
+        try:
+            for index, event in await collect(request, events):
+                choices[index].add(event)
+        except ClientGone:
+            return Response(status_code=499)
+        except NextTokenError as e:
+            raise bad_request(str(e)) from e
+        body = []
+        for job, c in zip(jobs, choices):
+            prefix = self._echo_text(req, job.prompt_ids) if req.echo else ""
+            body.append({
+                "index": job.index,
+                "text": prefix + c.text,
+                "logprobs": self._completion_logprobs(req, job, c.token_ids, c.logprobs, c.top_logprobs,
+                                                      req.echo, c.prompt_logprobs, 0),
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            })
+        n_prompt = sum(len(j.prompt_ids) for j in jobs[:: req.n])
+        return JSONResponse({**head, "choices": body, "usage": usage(n_prompt, sum(len(c.token_ids) for c in choices))})
+
+    async def _completion_stream(self, req: CompletionRequest, jobs: list[Job], head: dict,
+                                 events: AsyncIterator) -> AsyncIterator[str]:
+        started, completion_tokens = set(), 0
+        offsets = [0] * len(jobs)
+        try:
+            async for index, event in events:
+                job = jobs[index]
+                first = index not in started
+                started.add(index)
+                text = (self._echo_text(req, job.prompt_ids) if req.echo and first else "") + event.text
+                lp = self._completion_logprobs(req, job, event.token_ids, event.logprobs, event.top_logprobs,
+                                               req.echo and first, event.prompt_logprobs, offsets[index])
+                if lp is not None and lp["tokens"]:
+                    offsets[index] = lp["text_offset"][-1] + len(lp["tokens"][-1])
+                completion_tokens += len(event.token_ids)
+                if not (text or event.finished or lp):
+                    continue
+                choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": event.finish_reason,
+                          "stop_reason": event.stop_reason}
+                yield sse(json.dumps({**head, "choices": [choice]}))
+        except NextTokenError as e:
+            yield sse(json.dumps(bad_request(str(e)).body()))
+        if req.stream_options and req.stream_options.include_usage:
+            n_prompt = sum(len(j.prompt_ids) for j in jobs[:: req.n])
+            yield sse(json.dumps({**head, "choices": [], "usage": usage(n_prompt, completion_tokens)}))
+        yield sse("[DONE]")
+
+    # ---- /v1/chat/completions ----------------------------------------------------------------------------------
+    async def chat_completions(self, request: Request) -> Response:
+        arrival = time.monotonic()
+        req: ChatCompletionRequest = _parse(ChatCompletionRequest, await request.body())
+        self._check_model(req.model)
+        ids = chat_prompt(req, self.tokenizer)
+        check_ids(ids, self.limits.vocab_size, "messages")
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        top = (req.top_logprobs or 0) if req.logprobs else None
+        params = sampling_params(req, len(ids), max_tokens, self.base, self.limits, top, None, "messages")
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        jobs = [Job(j, f"{rid}-{j}", ids, sp) for j, sp in enumerate(params)]
+        head = {"id": rid, "created": int(time.time()), "model": self.settings.model_name}
+        events = run_jobs(self.engine, jobs, self.metrics, arrival)
+        if req.stream:
+            return SSEResponse(self._chat_stream(req, jobs, head, events))
+        choices = [Choice() for _ in jobs]
+        try:
+            for index, event in await collect(request, events):
+                choices[index].add(event)
+        except ClientGone:
+            return Response(status_code=499)
+        except NextTokenError as e:
+            raise bad_request(str(e)) from e
+        body = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": self.logprobs.chat(c.token_ids, c.logprobs, c.top_logprobs) if req.logprobs else None,
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            }
+            for i, c in enumerate(choices)
+        ]
+        total = sum(len(c.token_ids) for c in choices)
+        return JSONResponse({**head, "object": "chat.completion", "choices": body, "usage": usage(len(ids), total)})
+
+    async def _chat_stream(self, req: ChatCompletionRequest, jobs: list[Job], head: dict,
+                           events: AsyncIterator) -> AsyncIterator[str]:
+        head = {**head, "object": "chat.completion.chunk"}
+        for job in jobs:  # the role comes first, in a chunk of its own, as OpenAI sends it
+            delta = {"role": "assistant", "content": ""}
+            yield sse(json.dumps({**head, "choices": [{"index": job.index, "delta": delta, "logprobs": None,
+                                                       "finish_reason": None}]}))
+        completion_tokens = 0
+        try:
+            async for index, event in events:
+                completion_tokens += len(event.token_ids)
+                lp = self.logprobs.chat(event.token_ids, event.logprobs, event.top_logprobs) if req.logprobs else None
+                if not (event.text or event.finished or (lp and lp["content"])):
+                    continue
+                choice = {"index": index, "delta": {"content": event.text} if event.text else {}, "logprobs": lp,
+                          "finish_reason": event.finish_reason, "stop_reason": event.stop_reason}
+                yield sse(json.dumps({**head, "choices": [choice]}))
+        except NextTokenError as e:
+            yield sse(json.dumps(bad_request(str(e)).body()))
+        if req.stream_options and req.stream_options.include_usage:
+            yield sse(json.dumps({**head, "choices": [], "usage": usage(len(jobs[0].prompt_ids), completion_tokens)}))
+        yield sse("[DONE]")
+
+    # ---- the rest ----------------------------------------------------------------------------------------------
+    async def models(self) -> dict:
+        return {"object": "list", "data": [{
+            "id": self.settings.model_name, "object": "model", "created": self.created, "owned_by": "nexttoken",
+            "max_model_len": self.limits.max_model_len,
+        }]}
+
+    async def tokenize(self, request: Request) -> dict:
+        req: TokenizeRequest = _parse(TokenizeRequest, await request.body())
+        self._check_model(req.model)
+        if self.tokenizer is None:
+            raise bad_request("this model has no tokenizer", "prompt")
+        if req.messages is not None:
+            chat = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt)
+            ids = chat_prompt(chat, self.tokenizer)
+        else:
+            ids = self.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        return {"count": len(ids), "max_model_len": self.limits.max_model_len, "tokens": ids}
+
+    async def detokenize(self, request: Request) -> dict:
+        req: DetokenizeRequest = _parse(DetokenizeRequest, await request.body())
+        self._check_model(req.model)
+        if self.tokenizer is None:
+            raise bad_request("this model has no tokenizer", "tokens")
+        check_ids(req.tokens, self.limits.vocab_size, "tokens")
+        return {"prompt": self.tokenizer.decode(req.tokens)}
+
+    async def health(self) -> Response:
+        if self.engine.error is not None:
+            return JSONResponse(error_body(f"engine stopped: {self.engine.error!r}", "internal_server_error"), 503)
+        return Response(status_code=200)
+
+    async def prometheus(self) -> Response:
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,55 @@
+"""`nexttoken serve --model DIR`: load the model, build the app, run it under uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
+    p.add_argument("--model", help="Hugging Face model folder (default: the model packaged with nexttoken)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default float32 on CPU)")
+    p.add_argument("--device", help="cpu (default) or cuda")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", help="the model name clients send (default: the folder's name)")
+    p.add_argument("--api-key", help="require Authorization: Bearer <key> on the API paths")
+    p.add_argument("--max-num-seqs", type=int, default=32, help="KV cache slots: requests decoded at once")
+    p.add_argument("--max-model-len", type=int, help="tokens per request, prompt + output (default: the model's)")
+    p.add_argument("--chunk-size", type=int, default=64, help="prefill chunk and prefix-cache block, in tokens")
+    p.add_argument("--max-num-batched-tokens", type=int, default=256, help="tokens computed per engine step")
+    p.add_argument("--prefix-cache-blocks", type=int, default=256, help="prefix-cache capacity in blocks (0: off)")
+    p.add_argument("--max-n", type=int, default=8, help="largest n (choices) a request may ask for")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
+    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--log-level", default="warning", help="uvicorn log level")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    import uvicorn
+
+    from ..engine import EngineConfig
+    from ..llm import load
+    from .app import ServerSettings, build_app
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"loading {args.model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
+    llm = load(args.model, dtype=args.dtype, device=args.device)
+    engine = EngineConfig(
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        chunk_size=args.chunk_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        prefix_cache_blocks=args.prefix_cache_blocks,
+    )
+    name = args.served_model_name or Path(llm.path).name
+    settings = ServerSettings(name, engine, args.api_key, args.max_n, args.max_body_bytes)
+    app = build_app(llm, settings)
+    print(f"serving {name!r} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0

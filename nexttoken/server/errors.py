@@ -1,0 +1,56 @@
+"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with the matching HTTP status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+
+class APIError(Exception):
+    """A request the server refuses; becomes an OpenAI error body with `status`."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, type: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | int | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param)
+
+
+def from_validation_error(e: ValidationError) -> APIError:
+    """The first problem pydantic found, named by its field path (e.g. `messages.0.role`)."""
+    err = e.errors(include_url=False)[0]
+    if err["type"] == "json_invalid":
+        return bad_request(f"the request body is not valid JSON: {err.get('ctx', {}).get('error', err['msg'])}")
+    if err["type"] == "model_type" and not err["loc"]:
+        return bad_request("the request body must be a JSON object")
+    # Union members add their type name to the path ("prompt", "list[int]", 0): keep the field names.
+    loc = [str(p) for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
+    param = ".".join(loc) or None
+    message = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        message = f"unknown field {param!r}: not an option of this endpoint"
+    elif err["type"] == "missing":
+        message = f"{param} is required"
+    else:
+        message = f"{param}: {message} (got {err.get('input')!r})" if param else message
+    return bad_request(message, param)
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "function-after", "TextPart"}

@@ -1,0 +1,145 @@
+"""The request bodies the server accepts: OpenAI's fields plus vLLM's sampling extras, strictly typed.
+
+Strict: a wrong type is an error, never coerced ("0.5" is not a number here), and an unknown field is an error
+(a misspelt option must not be silently ignored). Range checks follow OpenAI's documented limits.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_STOP_STRINGS = 4
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class SamplingFields(_Strict):
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int = Field(1, ge=1)
+    stop: Union[str, list[str], None] = None
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # vLLM's extras
+    top_k: int | None = Field(None, ge=-1)  # -1 or 0: off
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop sequences are allowed, got {len(stops)}")
+        if any(not s for s in stops):
+            raise ValueError("stop sequences must be non-empty strings")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids (decimal strings), got {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias!r} for token {key}")
+        return v
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_ids(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(t < 0 for t in v):
+            raise ValueError("stop_token_ids must be token ids (integers >= 0)")
+        return v
+
+    @model_validator(mode="after")
+    def _stream_options(self) -> "SamplingFields":
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed together with stream=true")
+        return self
+
+    @property
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=20)  # OpenAI allows 5; vLLM 20
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: str | list) -> str | list:
+        if isinstance(v, list) and (not v or any(isinstance(p, list) and not p for p in v)):
+            raise ValueError("prompt must not be empty")
+        return v
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[TextPart], None] = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _top_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        return self
+
+
+class TokenizeRequest(_Strict):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self) -> "TokenizeRequest":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        return self
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int]
