@@ -12,7 +12,7 @@ class ForwardBatch:
     positions: torch.Tensor  # (B, T) rotary position of each new token
     write_index: torch.Tensor  # (B, T) cache column each new token's K/V is written to
     kv_len: int  # cache columns [0, kv_len) are read
-    mask: torch.Tensor  # (B, 1, T, kv_len) bool: True where a query may attend a cache column
+    mask: torch.Tensor | None  # (B, 1, T, kv_len) bool: True where a query may attend a cache column (None: all)
     window_mask: torch.Tensor | None = None  # the same, limited to the sliding window (None: no such layers)
     write_start: int | None = None  # set when every row writes columns write_start..+T (a slice is enough)
     last_only: bool = True  # compute logits for the last position only (generation needs no more)
@@ -29,6 +29,10 @@ class ForwardBatch:
         last_only: bool = True,
     ) -> "ForwardBatch":
         """Masks from `key_valid` (B, >= kv_len): which cache columns hold real (non-padding) tokens."""
+        if _sees_everything(write_index, key_valid, kv_len, sliding_window, write_start):
+            # A plain decode step (one new token per row at the last column, no padding): every column is visible,
+            # so no mask is built and attention runs unmasked (adding an all-zero mask changes nothing).
+            return cls(positions, write_index, kv_len, None, None, write_start, last_only)
         cols = torch.arange(kv_len, device=write_index.device)  # (S,)
         query_col = write_index[:, :, None]  # (B, T, 1)
         allowed = key_valid[:, None, :kv_len] & (cols <= query_col)  # (B, T, S): causal over real tokens
@@ -40,3 +44,16 @@ class ForwardBatch:
         if sliding_window is not None:
             window_mask = ((allowed & (cols > query_col - sliding_window)) | itself)[:, None]
         return cls(positions, write_index, kv_len, mask, window_mask, write_start, last_only)
+
+
+def _sees_everything(
+    write_index: torch.Tensor, key_valid: torch.Tensor, kv_len: int, sliding_window: int | None, write_start: int | None
+) -> bool:
+    # Only checked on CPU, where reading key_valid back costs a few microseconds, not a device sync.
+    return (
+        write_index.shape[1] == 1
+        and write_start == kv_len - 1
+        and (sliding_window is None or kv_len <= sliding_window)
+        and key_valid.device.type == "cpu"
+        and bool(key_valid[:, :kv_len].all())
+    )

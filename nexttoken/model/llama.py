@@ -13,6 +13,7 @@ from torch import nn
 from ..config import ModelConfig
 from .batch import ForwardBatch
 from .cache import KVCache
+from .linear import Linear
 from .rope import apply_rope, inverse_frequencies, rope_cos_sin
 
 
@@ -24,10 +25,12 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32, scale in the input dtype: transformers' order, which bf16 parity depends on.
+        # In-place where the temporaries are our own: fewer allocations per decode step, the same arithmetic.
         dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        if dtype != torch.float32:
+            x = x.float()
+        x = x * x.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        return self.weight * (x if dtype == torch.float32 else x.to(dtype))
 
 
 class Attention(nn.Module):
@@ -37,19 +40,19 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.split = (q_size, kv_size, kv_size)
-        self.wqkv = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias or cfg.attention_bias)
-        self.wo = nn.Linear(q_size, cfg.hidden_size, bias=cfg.attention_bias)
+        self.wqkv = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias or cfg.attention_bias)
+        self.wo = Linear(q_size, cfg.hidden_size, bias=cfg.attention_bias)
         self.sliding = cfg.sliding_layers[layer] if cfg.sliding_layers else False
 
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
         B, T, _ = x.shape
-        q, k, v = self.wqkv(x).split(self.split, dim=-1)
-        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
-        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        qk, v = self.wqkv(x).split((self.split[0] + self.split[1], self.split[2]), dim=-1)
+        # q and k heads rotated together: one set of RoPE ops per layer instead of two (fewer ops per decode step).
+        qk = qk.view(B, T, self.n_heads + self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, H + Hkv, T, D)
+        q, k = apply_rope(qk, cos, sin).split((self.n_heads, self.n_kv_heads), dim=1)  # (B, H|Hkv, T, D)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         keys, values = cache.update(self.layer, batch, k, v)  # (B, Hkv, S, D)
         mask = batch.window_mask if self.sliding else batch.mask
         y = F.scaled_dot_product_attention(
@@ -62,12 +65,12 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.intermediate = cfg.intermediate_size
-        self.w13 = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)  # gate ++ up
-        self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.w13 = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)  # gate ++ up
+        self.w2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w13(x).split(self.intermediate, dim=-1)
-        return self.w2(F.silu(gate) * up)
+        return self.w2(F.silu(gate, inplace=True).mul_(up))  # in place: w13's output is ours to overwrite
 
 
 class Block(nn.Module):
@@ -94,7 +97,7 @@ class Transformer(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.inv_freq = inverse_frequencies(cfg.rope, cfg.head_dim)  # (D/2,) float32, never cast
 
     def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]

@@ -41,14 +41,18 @@ def _llama3_scaling(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
 def rope_cos_sin(
     inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, each (B, 1, T, head_dim), for integer positions (B, T)."""
+    """cos and signed sin, each (B, 1, T, head_dim), for integer positions (B, T).
+
+    The sin table's first half is negated: apply_rope then rotates with one roll instead of transformers'
+    rotate_half (two slices, a negation and a cat per layer); -a * b == a * -b exactly, so results are identical.
+    """
     freqs = positions.float()[..., None] * inv_freq  # (B, T, D/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, D): halves layout, as in transformers' rotate_half
-    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+    sin = emb.sin().to(dtype)
+    sin[..., : freqs.shape[-1]].neg_()
+    return emb.cos().to(dtype)[:, None], sin[:, None]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x (B, H, T, D) by the position angles."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (B, H, T, D) by the position angles (tables from rope_cos_sin)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin  # roll * signed sin == rotate_half(x) * sin

@@ -1,0 +1,117 @@
+"""`nexttoken bench`: nexttoken vs transformers' generate on the same weights, against this machine's limits."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ..errors import NextTokenError
+from .shapes import SHAPES, random_checkpoint
+
+
+class BenchError(NextTokenError):
+    pass
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,8, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"batch sizes must be >= 1, got {text!r}")
+    return values
+
+
+def add_parser(sub) -> None:  # noqa: ANN001
+    p = sub.add_parser("bench", help="speed vs transformers on random-weight models (or --model), JSON + plot")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--shape", choices=list(SHAPES), default="tiny",
+                     help="random-weight Llama: tiny 15M, small 110M, 1b (Llama-3.2-1B, bf16); micro for smoke tests")
+    src.add_argument("--model", help="a Hugging Face model folder instead of a random shape")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: the shape's (1b: bfloat16, else float32)")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=64, help="new tokens per run (>= 2 to measure decode)")
+    p.add_argument("--batch-sizes", type=_int_list, default=[1, 8], help="comma-separated, e.g. 1,8")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="cpu: time by this process's CPU time (use with --threads 1 on a machine shared with other "
+                        "work; it ignores time the process waited for a CPU)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; medians are reported")
+    p.add_argument("--quantize", default="none", help="our variants, comma-separated: none, int8 (e.g. none,int8)")
+    p.add_argument("--no-transformers", action="store_true", help="skip transformers' generate")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory probes (fresh processes)")
+    p.add_argument("--accuracy", action="store_true",
+                   help="instead of timing: int8 vs float32 top-1 agreement and KL on real text (needs --model "
+                        "with a tokenizer, e.g. stories260k)")
+    p.add_argument("--out", default="bench", help="output prefix: writes OUT.json and OUT.png")
+    p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "nexttoken" / "bench"),
+                   help="where random-weight checkpoints are written (reused across runs)")
+    p.set_defaults(run=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .engines import transformers_available
+    from .report import plot, summarize, table, write_json
+    from .runner import Workload, run
+
+    start = time.perf_counter()
+
+    def progress(msg: str) -> None:
+        print(f"[{time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    if args.accuracy:
+        return _accuracy(args, progress)
+    if args.model:
+        path, label = Path(args.model), Path(args.model).name
+        dtype = args.dtype or "float32"
+        if not (path / "config.json").is_file():
+            raise BenchError(f"--model {path}: no config.json there; pass a Hugging Face model folder")
+    else:
+        dtype = args.dtype or SHAPES[args.shape][1]
+        label = args.shape
+        progress(f"random-weight checkpoint for {args.shape} ({dtype}) ...")
+        path = random_checkpoint(args.shape, dtype, Path(args.cache_dir) / f"{args.shape}-{dtype}")
+    variants = [v.strip() for v in args.quantize.split(",") if v.strip()]
+    bad = [v for v in variants if v not in ("none", "int8")]
+    if bad or not variants:
+        raise BenchError(f"--quantize {args.quantize!r}: use none, int8 or none,int8")
+    if args.new_tokens < 1 or args.prompt_len < 1:
+        raise BenchError("--new-tokens and --prompt-len must be >= 1")
+    engines = ["nexttoken" if v == "none" else f"nexttoken+{v}" for v in variants]
+    if not args.no_transformers:
+        if transformers_available():
+            engines.append("transformers")
+        else:
+            progress("transformers is not installed: measuring nexttoken alone")
+    workload = Workload(path, label, dtype, args.prompt_len, args.new_tokens, args.batch_sizes, engines,
+                        args.rounds, args.threads, memory=not args.no_memory, clock=args.clock)
+    summary = summarize(run(workload, progress), workload)
+    print(table(summary))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(summary, out.with_suffix(".json"))
+    wrote_plot = plot(summary, out.with_suffix(".png"))
+    progress(f"wrote {out.with_suffix('.json')}" + (f" and {out.with_suffix('.png')}" if wrote_plot else
+                                                     " (no plot: matplotlib is not installed)"))
+    return 0
+
+
+def _accuracy(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
+    import json
+
+    from .accuracy import int8_accuracy
+
+    if not args.model:
+        raise BenchError("--accuracy needs --model DIR with a tokenizer (e.g. shared/models/stories260k)")
+    progress(f"int8 vs float32 on {args.model} ...")
+    report = int8_accuracy(args.model)
+    print(f"int8 weight-only vs float32 on {report['tokens']} tokens of text: top-1 agreement "
+          f"{100 * report['top1_agreement']:.2f}%, mean KL {report['kl_mean']:.2e} nats")
+    out = Path(args.out).with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    progress(f"wrote {out}")
+    return 0

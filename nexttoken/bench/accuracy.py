@@ -1,0 +1,73 @@
+"""How far int8 weight-only quantization moves the model: next-token top-1 agreement and KL vs float32."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..model import ForwardBatch, Transformer, load_model
+from ..model.quant import quantize_int8
+from ..tokenizer import Tokenizer
+
+# Human-written text in the TinyStories register (what stories260k was trained on).
+TEXTS = [
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. One day, she saw a "
+    "big red ball in the park. She ran to the ball and kicked it very high. Her friend Tom came to play with her.",
+    "Tom had a small dog called Max. Max liked to run and bark at the birds. One morning, Max found a stick in the "
+    "garden and brought it to Tom. Tom threw the stick and Max ran after it. They played all day and were very happy.",
+    "The sun was shining and the sky was blue. A little bird sat on a tree and sang a song. A cat looked up at the "
+    "bird and wanted to be friends. The bird was scared at first, but the cat was kind, so they became friends.",
+    "Mom said, \"It is time for bed, Ben.\" Ben did not want to sleep. He wanted to play with his toy car. Mom gave "
+    "him a hug and read him a story about a brave bear. Soon Ben closed his eyes and fell asleep.",
+    "Sara and her brother went to the beach with their dad. They built a big sand castle with a tall tower. A wave "
+    "came and took the tower away. Sara was sad, but her brother said, \"Let's build it again!\" They laughed and "
+    "made an even bigger castle.",
+    "There was a little frog who lived in a pond. Every day he jumped from leaf to leaf. One day he saw a shiny "
+    "stone at the bottom of the water. He dived down and picked it up. He gave the stone to his mom, and she smiled.",
+    "Anna wanted to bake a cake for her grandma. She took flour, eggs and milk from the kitchen. Her dad helped her "
+    "mix everything in a bowl. When the cake was ready, it smelled very good. Grandma ate a big piece and said thank you.",
+    "A boy named Jack found a lost kitten in the rain. The kitten was wet and cold. Jack took it home and gave it "
+    "some warm milk. The next day, a girl came to look for her kitten. Jack gave it back, and the girl hugged him.",
+]
+
+
+@torch.inference_mode()
+def all_logits(model: Transformer, ids: list[int], chunk: int = 8) -> torch.Tensor:
+    """(T, V) float32 next-token logits at every position of one sequence.
+
+    Fed `chunk` tokens per forward through the KV cache, so every product takes the decode path (the native
+    kernel, which sees at most 16 rows) rather than the prefill GEMM: the report measures what decoding runs.
+    """
+    T = len(ids)
+    x = torch.tensor([ids])  # (1, T)
+    cache = model.new_cache(1, T)
+    valid = torch.ones(1, T, dtype=torch.bool)
+    out = []
+    for start in range(0, T, chunk):
+        end = min(start + chunk, T)
+        cols = torch.arange(start, end)[None]  # (1, t)
+        batch = ForwardBatch.build(cols, cols, valid, end, model.config.sliding_window, write_start=start,
+                                   last_only=False)
+        out.append(model(x[:, start:end], batch, cache)[0].float())
+    return torch.cat(out)
+
+
+def int8_accuracy(path: str | Path, texts: list[str] | None = None) -> dict:
+    """Compare int8 weight-only against float32 on every next-token prediction of the texts."""
+    path = Path(path)
+    tokenizer = Tokenizer.maybe_from_dir(path)
+    if tokenizer is None:
+        raise FileNotFoundError(f"{path} has no tokenizer.json: the accuracy report needs real text")
+    ref = load_model(path, dtype="float32")
+    quant = quantize_int8(load_model(path, dtype="float32"))
+    agree = total = 0
+    kl_sum = 0.0
+    for text in texts or TEXTS:
+        ids = tokenizer.encode(text)
+        p = all_logits(ref, ids).log_softmax(-1)  # (T, V)
+        q = all_logits(quant, ids).log_softmax(-1)
+        agree += int((p.argmax(-1) == q.argmax(-1)).sum())
+        total += len(ids)
+        kl_sum += float((p.exp() * (p - q)).sum(-1).sum())
+    return {"model": str(path), "tokens": total, "top1_agreement": agree / total, "kl_mean": kl_sum / total}

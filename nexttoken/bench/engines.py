@@ -1,0 +1,73 @@
+"""The two engines the bench compares, behind one interface: load once, then `generate(ids, new_tokens)`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+class StepClock:
+    """A pass-through logits processor that timestamps every step: called once per forward pass, right after it."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock, self.times = clock, []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.times.append(self.clock())
+        return scores
+
+
+class NextTokenEngine:
+    def __init__(self, path: Path, dtype: str, quantize: str | None = None) -> None:
+        from ..model import load_model
+        from ..model.quant import apply_quantization
+
+        self.name = "nexttoken" + (f"+{quantize}" if quantize not in (None, "none") else "")
+        self.model = apply_quantization(load_model(path, dtype=dtype), quantize)
+
+    def generate(self, ids: torch.Tensor, new_tokens: int, recorder: "StepClock | None" = None) -> torch.Tensor:
+        from ..generation import generate
+
+        return generate(self.model, ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                        do_sample=False, eos_token_id=None, pad_token_id=0,
+                        logits_processor=[recorder] if recorder else None)
+
+
+class TransformersEngine:
+    name = "transformers"
+
+    def __init__(self, path: Path, dtype: str) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+
+    def generate(self, ids: torch.Tensor, new_tokens: int, recorder: "StepClock | None" = None) -> torch.Tensor:
+        from transformers import LogitsProcessor, LogitsProcessorList
+
+        class Record(LogitsProcessor):
+            def __call__(self, input_ids, scores):  # noqa: ANN001, ANN204
+                return recorder(input_ids, scores)
+
+        extra = LogitsProcessorList([Record()]) if recorder else None
+        with torch.inference_mode():
+            return self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                       min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
+                                       logits_processor=extra)
+
+
+def make_engine(kind: str, path: Path, dtype: str) -> NextTokenEngine | TransformersEngine:
+    """kind: "nexttoken", "nexttoken+int8" or "transformers"."""
+    if kind == "transformers":
+        return TransformersEngine(path, dtype)
+    quantize = kind.split("+", 1)[1] if "+" in kind else None
+    return NextTokenEngine(path, dtype, quantize)
+
+
+def transformers_available() -> bool:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -1,0 +1,50 @@
+"""Peak memory of one engine, in a fresh process: `python -m nexttoken.bench.memprobe '<json>'` prints JSON.
+
+Reported: the process's peak resident memory while generating (Linux VmHWM, reset after loading) minus its
+resident memory before the model was loaded (after a warm-up of the math libraries), so weights + KV cache +
+runtime buffers, without the interpreter and library code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def probe(spec: dict) -> dict:
+    from .engines import make_engine, transformers_available
+
+    torch.set_num_threads(spec["threads"])
+    if spec["engine"] == "transformers" and transformers_available():
+        import transformers  # noqa: F401  (imported before the baseline, like nexttoken's own modules)
+    import nexttoken.generation  # noqa: F401
+
+    # Touch the math libraries first: their code pages (MKL, oneDNN: ~50-100 MiB) become resident on first use
+    # and are the same for any model, so they belong to the baseline, not to the generation.
+    for dtype in (torch.float32, torch.bfloat16):
+        a = torch.randn(1, 1, 256, 64).to(dtype)
+        torch.nn.functional.scaled_dot_product_attention(a, a, a)
+        a[0, 0] @ a[0, 0].T
+        torch.nn.functional.linear(a[0, 0, :1], a[0, 0])
+    base = _status_kib("VmRSS")
+    engine = make_engine(spec["engine"], Path(spec["path"]), spec["dtype"])
+    ids = torch.randint(3, spec["vocab"], (spec["batch"], spec["prompt_len"]), generator=torch.Generator().manual_seed(0))
+    engine.generate(ids, 2)  # warm: lazy allocations, kernel build
+    load_peak = _status_kib("VmHWM")
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak to the current resident size
+    engine.generate(ids, spec["new_tokens"])
+    return {"peak_mib": (_status_kib("VmHWM") - base) / 1024, "load_peak_mib": (load_peak - base) / 1024}
+
+
+if __name__ == "__main__":
+    print(json.dumps(probe(json.loads(sys.argv[1]))))

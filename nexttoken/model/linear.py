@@ -1,0 +1,61 @@
+"""Linear layers that take the native weight-streaming kernel for decode-sized inputs, torch's GEMM otherwise.
+
+`Linear` is a drop-in nn.Linear (same parameters, same state dict). `Int8Linear` holds weight-only int8
+weights with one float32 scale per output row; built by `nexttoken.model.quant.quantize_int8`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import kernels
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose few-row products (decode steps) stream the weights through the native kernel."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if kernels.usable(x, self.weight):
+            bias = None if self.bias is None else self.bias.float()
+            return kernels.linear(x, self.weight, bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+class Int8Linear(nn.Module):
+    """y = (x @ q^T) * scale + bias with q (N, K) int8 and scale (N,) float32: symmetric per-row quantization."""
+
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = qweight.shape[1], qweight.shape[0]
+        self.register_buffer("weight", qweight)  # (N, K) int8
+        self.register_buffer("scale", scale)  # (N,) float32
+        self.register_buffer("bias", bias)  # (N,) float32 or None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
+        q, scale = quantize_rows(linear.weight.detach())
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        return cls(q, scale, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if kernels.usable(x, self.weight):
+            return kernels.linear(x, self.weight, self.bias, self.scale)
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)  # (M, K)
+        if x.device.type == "cpu" and x2.shape[0] <= 64:  # torch's own int8 weight-only kernel (few rows)
+            y = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.weight, self.scale.to(x.dtype))
+        else:  # prefill: dequantizing once costs less than the GEMM it feeds, which then runs at full speed
+            y = F.linear(x2, (self.weight.to(torch.float32) * self.scale[:, None]).to(x.dtype))
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.view(*lead, self.out_features)
+
+
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (N, K) float -> (int8 (N, K), scale (N,) float32) with w ~= q * scale[:, None], |q| <= 127."""
+    wf = w.float()
+    scale = wf.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # (N,)
+    q = torch.round(wf / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale

@@ -1,0 +1,66 @@
+"""Weight-only int8 quantization: every linear layer (and the embedding) keeps int8 weights with one float32
+scale per output row; activations, norms, attention and the KV cache stay in the model's dtype.
+
+At decode the weights are read once per step, so halving their bytes (vs bf16) nearly doubles tokens/s; the
+native kernel widens them to float32 in registers and accumulates in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ModelLoadError
+from .linear import Int8Linear, Linear
+from .llama import Transformer
+from .loader import release_freed_memory
+
+QUANTIZATIONS = ("int8",)
+
+
+class Int8Embedding(nn.Module):
+    """Embedding rows read from an Int8Linear's weights (tied embeddings share the quantized table)."""
+
+    def __init__(self, table: Int8Linear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.table, self.dtype = table, dtype
+
+    @property
+    def weight(self) -> torch.Tensor:  # the model's dtype/device are read from embed.weight
+        return torch.empty(0, dtype=self.dtype, device=self.table.weight.device)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = F.embedding(ids, self.table.weight).to(torch.float32)  # (B, T, C)
+        return (rows * self.table.scale[ids][..., None]).to(self.dtype)
+
+
+@torch.no_grad()
+def quantize_int8(model: Transformer) -> Transformer:
+    """Replace the model's linear layers (and embedding) with int8 weight-only versions, in place."""
+    dtype = model.dtype
+    tied = model.lm_head.weight is model.embed.weight
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, Linear):
+                setattr(module, name, Int8Linear.from_linear(child))
+    table = model.lm_head if tied else Int8Linear.from_linear(_as_linear(model.embed.weight))
+    model.embed = Int8Embedding(table, dtype)
+    model.quantization = "int8"
+    release_freed_memory()  # the float weights just replaced
+    return model
+
+
+def _as_linear(weight: torch.Tensor) -> nn.Linear:
+    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    lin.weight = nn.Parameter(weight, requires_grad=False)
+    return lin
+
+
+def apply_quantization(model: Transformer, quantize: str | None) -> Transformer:
+    """`quantize` None/"none" leaves the model as it is; "int8" quantizes its weights."""
+    if quantize in (None, "none"):
+        return model
+    if quantize not in QUANTIZATIONS:
+        raise ModelLoadError(f"quantize={quantize!r} is not supported; use one of {', '.join(QUANTIZATIONS)} or None")
+    return quantize_int8(model)

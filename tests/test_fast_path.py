@@ -1,0 +1,109 @@
+"""The native decode kernel against torch, and generation with it on vs off (the reference path)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nexttoken.generation import generate
+from nexttoken.model import kernels, load_model
+from nexttoken.model.linear import quantize_rows
+from test_generation_parity import PROMPTS, left_padded
+from tiny_models import save_variant
+
+needs_kernel = pytest.mark.skipif(not kernels.available(), reason="native kernel unavailable (no g++ or no AVX-512)")
+
+
+@needs_kernel
+@pytest.mark.parametrize("M", [1, 2, 3, 5, 8, 11, 16])
+@pytest.mark.parametrize("N,K", [(37, 72), (64, 288), (200, 17)])
+def test_float32_matches_torch(M: int, N: int, K: int) -> None:
+    gen = torch.Generator().manual_seed(M * N + K)
+    x, w, b = torch.randn(M, K, generator=gen), torch.randn(N, K, generator=gen), torch.randn(N, generator=gen)
+    torch.testing.assert_close(kernels.linear(x, w, b), F.linear(x.double(), w.double(), b.double()).float(),
+                               rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("M", [1, 4, 9])
+def test_bfloat16_accumulates_in_float32(M: int) -> None:
+    gen = torch.Generator().manual_seed(M)
+    x, w = torch.randn(M, 1000, generator=gen).bfloat16(), torch.randn(96, 1000, generator=gen).bfloat16()
+    exact = F.linear(x.double(), w.double())  # bf16 values are exact in float64
+    got = kernels.linear(x, w)
+    assert got.dtype == torch.bfloat16
+    # One rounding of a float32 sum to bf16: within half a bf16 ulp (2^-8 relative) plus float32 slack.
+    torch.testing.assert_close(got.double(), exact, rtol=2**-8, atol=1e-3)
+    torch.testing.assert_close(got, F.linear(x, w), rtol=2**-7, atol=1e-2)  # torch's own bf16 linear
+
+
+@needs_kernel
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_int8_matches_dequantized_weights(M: int) -> None:
+    gen = torch.Generator().manual_seed(M)
+    x, w = torch.randn(M, 130, generator=gen), torch.randn(50, 130, generator=gen)
+    q, scale = quantize_rows(w)
+    expected = F.linear(x.double(), q.double() * scale.double()[:, None])
+    # Activations are taken as int16 with a per-row scale: error <= half a step per column, 2^-16 of |x|max.
+    bound = (q.double().abs() * scale.double()[:, None]).sum(1) * x.abs().amax(1, keepdim=True).double() / 32767
+    assert ((kernels.linear(x, q, None, scale).double() - expected).abs() <= bound + 1e-5).all()
+    assert (q.float() * scale[:, None] - w).abs().max() <= scale.max() / 2 + 1e-6  # rounding, no clipping
+
+
+@pytest.fixture(scope="module", params=["llama-gqa", "qwen2-bias", "mistral-sliding"])
+def model(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp(request.param)
+    save_variant(request.param, directory)
+    return load_model(directory)
+
+
+@needs_kernel
+def test_greedy_tokens_identical_with_kernel_off(model, monkeypatch) -> None:
+    ids, mask = left_padded(PROMPTS)
+    kwargs = dict(max_new_tokens=30, do_sample=False, eos_token_id=None, pad_token_id=0)
+    fast = generate(model, ids, attention_mask=mask, **kwargs)
+    monkeypatch.setattr(kernels, "usable", lambda x, w: False)  # every product through torch's F.linear
+    reference = generate(model, ids, attention_mask=mask, **kwargs)
+    assert torch.equal(fast, reference)
+
+
+def test_single_row_prompt_and_batch_of_eight_agree(model) -> None:
+    """Row 0 decoded alone (one-row kernel calls) or inside a batch of 8 (eight-row calls): same tokens."""
+    ids, mask = left_padded([PROMPTS[1]] * 8)
+    kwargs = dict(max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+    batch = generate(model, ids, attention_mask=mask, **kwargs)
+    alone = generate(model, ids[:1], attention_mask=mask[:1], **kwargs)
+    assert torch.equal(batch, alone.expand(8, -1))
+
+
+def test_plain_decode_step_skips_the_mask_and_matches_the_masked_step(model) -> None:
+    from nexttoken.model import ForwardBatch
+
+    P, S = 6, 9
+    ids = torch.randint(5, model.config.vocab_size, (2, P + 1), generator=torch.Generator().manual_seed(3))
+    valid = torch.ones(2, S, dtype=torch.bool)
+    outs = []
+    for unmasked in (True, False):
+        cache = model.new_cache(2, S)
+        cols = torch.arange(P).expand(2, P)
+        model(ids[:, :P], ForwardBatch.build(cols, cols, valid, P, model.config.sliding_window, write_start=0), cache)
+        pos = torch.full((2, 1), P)
+        batch = ForwardBatch.build(pos, pos, valid, P + 1, model.config.sliding_window, write_start=P)
+        assert (batch.mask is None) == (model.config.sliding_window is None or P + 1 <= model.config.sliding_window)
+        if not unmasked:  # the reference: an explicit all-True mask
+            batch.mask = torch.ones(2, 1, 1, P + 1, dtype=torch.bool)
+            batch.window_mask = batch.mask
+        outs.append(model(ids[:, P:], batch, cache))
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+
+
+def test_rope_roll_with_signed_sin_equals_rotate_half() -> None:
+    from nexttoken.model.rope import apply_rope, rope_cos_sin
+
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))
+    x = torch.randn(2, 3, 5, 16)
+    cos, signed_sin = rope_cos_sin(inv_freq, torch.arange(5).expand(2, 5), torch.float32)
+    sin = torch.cat((-signed_sin[..., :8], signed_sin[..., 8:]), dim=-1)
+    reference = x * cos + torch.cat((-x[..., 8:], x[..., :8]), dim=-1) * sin  # transformers' rotate_half
+    assert torch.equal(apply_rope(x, cos, signed_sin), reference)
