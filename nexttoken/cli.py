@@ -29,6 +29,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="Hugging Face model folder (default: the model packaged with nexttoken)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default float32 on CPU)")
     p.add_argument("--device", help="cpu (default) or cuda")
+    p.add_argument("--quantize", choices=["int8"], help="weight-only int8 quantization of the linear layers")
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
@@ -48,7 +49,7 @@ def _load(args: argparse.Namespace):  # noqa: ANN202
     from .llm import load
 
     print(f"loading {args.model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
-    return load(args.model, dtype=args.dtype, device=args.device)
+    return load(args.model, dtype=args.dtype, device=args.device, quantize=args.quantize)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

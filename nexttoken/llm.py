@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence, Union
@@ -12,6 +13,7 @@ from .errors import MissingFileError, TokenizerError
 from .generation.config import GenerationConfig
 from .generation.decode import StepOutput, decode_steps
 from .generation.generate import plan_generation, resolve_config
+from .generation.modes import single_sequence_mode
 from .generation.stopping import find_stop_string
 from .model import Transformer, load_model
 from .tokenizer import Tokenizer
@@ -30,6 +32,10 @@ class Completion:
     prompt_token_ids: list[int]
     finish_reason: str  # "stop" (EOS, stop string or criterion) or "length"
     logprobs: list[float]  # log-probability of each generated token under the model's raw distribution
+    # With top_logprobs=N: per generated token, its N most likely alternatives {id: log-prob}.
+    top_logprobs: list[dict[int, float]] | None = None
+    # With prompt_logprobs=True (or echo=True): log p(prompt token | the ones before); None for the first.
+    prompt_logprobs: list[float | None] | None = None
 
 
 def default_model_path() -> Path:
@@ -76,8 +82,9 @@ class LLM:
         """Complete one prompt (-> Completion) or a list of prompts (-> list, batched together)."""
         single = isinstance(prompt, str) or (len(prompt) > 0 and isinstance(prompt[0], int))  # type: ignore[index]
         prompts = [prompt] if single else list(prompt)  # type: ignore[list-item]
-        results = self._complete([self.encode(p) for p in prompts], options)
-        return results[0] if single else results
+        encoded = [self.encode(p) for p in prompts]
+        results = self._complete(encoded, options) if single else self._complete_on_engine(encoded, options)
+        return results[0] if single and len(results) == 1 else results  # num_return_sequences > 1: a list
 
     def chat(self, messages: Sequence[Message], **options: Any) -> Completion:
         """Answer a conversation ([{"role": ..., "content": ...}, ...]) through the model's chat template."""
@@ -110,44 +117,95 @@ class LLM:
                 return int(candidate)
         return 0
 
+    def _complete_on_engine(self, prompts: list[list[int]], options: dict[str, Any]) -> list[Completion]:
+        """A list of prompts runs on the continuous-batching engine (each row as it would alone); options the engine
+        cannot honour (user hooks, beams, scores output, ...) keep the padded-batch decode loop."""
+        from .engine.offline import plan_offline, run_offline
+
+        if not prompts or "logits_processor" in options or "stopping_criteria" in options or "echo" in options:
+            return self._complete(prompts, options)
+        cfg = resolve_config(self.model, None, options)
+        params = plan_offline(self.model, prompts, cfg)
+        if params is None:
+            return self._complete(prompts, options)
+        seqs = run_offline(self.model, self.tokenizer, prompts, params)
+        return [
+            Completion(
+                text=s.text,
+                token_ids=s.output_ids,
+                prompt_token_ids=s.prompt_ids,
+                finish_reason="stop" if s.finish_reason == "stop" else "length",
+                logprobs=s.logprobs,
+            )
+            for s in seqs
+        ]
+
     def _complete(self, prompts: list[list[int]], options: dict[str, Any]) -> list[Completion]:
         if not prompts:
             return []
+        options = dict(options)
+        echo = bool(options.pop("echo", False))  # llama3-style: the prompt and its log-probs come back too
+        if echo:
+            options["prompt_logprobs"] = True
+        values = {k: v for k, v in options.items() if k not in ("logits_processor", "stopping_criteria")}
+        if not single_sequence_mode(resolve_config(self.model, None, values)):
+            from .generation.completions import searched_completions  # beams, n samples, contrastive search
+
+            return [self._echoed(c) if echo else c for c in searched_completions(self, prompts, options, Completion)]
         cfg, plan, steps = self._run(prompts, options)
         B = len(prompts)
         tokens: list[list[int]] = [[] for _ in range(B)]
         logprobs: list[list[float]] = [[] for _ in range(B)]
+        tops: list[list[dict[int, float]]] = [[] for _ in range(B)]
+        prompt_lp: torch.Tensor | None = None
         stopped = [False] * B
         for step in steps:
             chosen = step.tokens.tolist()
-            lp = torch.log_softmax(step.logits, dim=-1).gather(1, step.tokens[:, None]).squeeze(1).tolist()
+            logp = torch.log_softmax(step.logits, dim=-1)
+            lp = logp.gather(1, step.tokens[:, None]).squeeze(1).tolist()
+            top = logp.topk(cfg.top_logprobs, dim=-1) if cfg.top_logprobs else None
+            if prompt_lp is None and step.state is not None:
+                prompt_lp = step.state.prompt_logprobs
             for b in range(B):
                 if not stopped[b]:
                     tokens[b].append(chosen[b])
                     logprobs[b].append(lp[b])
+                    if top is not None:
+                        tops[b].append(dict(zip(top.indices[b].tolist(), top.values[b].tolist())))
             for b in step.finished.nonzero().flatten().tolist():
                 stopped[b] = True
-        return [
+        completions = [
             Completion(
-                text=self._text(tokens[b], cfg),
+                text=self._text(prompts[b], tokens[b], cfg),
                 token_ids=tokens[b],
                 prompt_token_ids=prompts[b],
                 finish_reason="stop" if stopped[b] else "length",
                 logprobs=logprobs[b],
+                top_logprobs=tops[b] if cfg.top_logprobs else None,
+                prompt_logprobs=_row_prompt_logprobs(prompt_lp, b, len(prompts[b])) if prompt_lp is not None else None,
             )
             for b in range(B)
         ]
+        return [self._echoed(c) for c in completions] if echo else completions
 
-    def _text(self, ids: list[int], cfg: GenerationConfig) -> str:
+    def _echoed(self, c: Completion) -> Completion:
+        """echo=True: the prompt's text, ids and log-probs lead the completion's (NaN for the first token)."""
+        prompt_text = self.tokenizer.decode(c.prompt_token_ids, skip_special_tokens=True) if self.tokenizer else ""
+        head = [float("nan") if x is None else x for x in (c.prompt_logprobs or [None] * len(c.prompt_token_ids))]
+        return dataclasses.replace(
+            c, text=prompt_text + c.text, token_ids=c.prompt_token_ids + c.token_ids, logprobs=head + c.logprobs
+        )
+
+    def _text(self, prompt: list[int], ids: list[int], cfg: GenerationConfig) -> str:
         if self.tokenizer is None:
             return ""
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        text = continuation_text(self.tokenizer, prompt, ids)
         cut = find_stop_string(text, cfg.stop_string_list)
         return text if cut is None else text[:cut]
 
     def _stream(self, prompt: list[int], options: dict[str, Any]) -> Iterator[str]:
         cfg, _, steps = self._run([prompt], options)
-        detok = IncrementalDetokenizer(self._need_tokenizer(), skip_special_tokens=True)
+        detok = IncrementalDetokenizer(self._need_tokenizer(), skip_special_tokens=True, prompt_ids=prompt)
         stops = cfg.stop_string_list
         text, sent = "", 0  # all text so far, and how much of it was yielded
         for step in steps:
@@ -169,6 +227,24 @@ class LLM:
             yield text[sent:end]
 
 
+def continuation_text(tokenizer: Tokenizer, prompt: list[int], ids: list[int]) -> str:
+    """The text `ids` add after the prompt, so that prompt text + this == the decode of both.
+
+    Decoding `ids` alone would lose a leading space: SentencePiece decoders strip the first one of a text.
+    """
+    head = tokenizer.decode(prompt, skip_special_tokens=True)
+    full = tokenizer.decode(prompt + ids, skip_special_tokens=True)
+    if full.startswith(head) and not head.endswith("\ufffd"):
+        return full[len(head) :]
+    return tokenizer.decode(ids, skip_special_tokens=True)  # the prompt ends inside a character
+
+
+def _row_prompt_logprobs(lp: torch.Tensor, row: int, n: int) -> list[float | None]:
+    """Row `row` of the left-padded (B, P) prompt log-probs, for its n real tokens (NaN -> None)."""
+    values = lp[row, lp.shape[1] - n :].tolist()
+    return [None if v != v else v for v in values]
+
+
 def _stop_prefix_overlap(text: str, stops: list[str]) -> int:
     """Length of the longest suffix of text that is a proper prefix of a stop string."""
     best = 0
@@ -181,11 +257,19 @@ def _stop_prefix_overlap(text: str, stops: list[str]) -> int:
 
 
 def load(
-    path: str | Path | None = None, dtype: str | torch.dtype | None = None, device: str | torch.device | None = None
+    path: str | Path | None = None,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    quantize: str | None = None,
 ) -> LLM:
-    """Load a Hugging Face model folder (or the packaged default model when path is None)."""
+    """Load a Hugging Face model folder (or the packaged default model when path is None).
+
+    quantize="int8": weight-only int8 (per-row scales), about half of bf16's bytes read per token.
+    """
+    from .model.quant import apply_quantization
+
     path = Path(path) if path is not None else default_model_path()
-    model = load_model(path, dtype=dtype, device=device)
+    model = apply_quantization(load_model(path, dtype=dtype, device=device), quantize)
     tokenizer = Tokenizer.maybe_from_dir(path)
     mc = model.config
     gen = GenerationConfig(bos_token_id=mc.bos_token_id, eos_token_id=mc.eos_token_id, pad_token_id=mc.pad_token_id)

@@ -201,3 +201,14 @@ def test_chat_renders_the_template_and_generates(stories_with_template) -> None:
     assert result.prompt_token_ids.count(1) == 1  # BOS written once, by the template
     assert result.text == llm.generate(result.prompt_token_ids, max_new_tokens=20).text
     assert "".join(llm.stream_chat(messages, max_new_tokens=20)) == result.text
+
+
+def test_text_continues_the_prompt_keeping_its_leading_space(stories) -> None:
+    """SentencePiece decoders strip a text's first space; the completion must still read on from the prompt."""
+    prompt = "Once upon a time, there was a little girl"
+    result = stories.generate(prompt, max_new_tokens=6)
+    assert result.text.startswith(" named Lily")
+    full = stories.tokenizer.decode(result.prompt_token_ids + result.token_ids, skip_special_tokens=True)
+    assert prompt + result.text == full
+    assert "".join(stories.stream(prompt, max_new_tokens=6)) == result.text
+    assert stories.generate([prompt, "Tom"], max_new_tokens=6)[0].text == result.text  # the engine path too
