@@ -38,7 +38,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--intermediate-size", type=int, default=320)
     p.add_argument("--minutes", type=float, default=25.0, help="training wall-clock budget")
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=5e-3)
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast in training (faster matmuls on CPU)")
     p.add_argument("--chat-fraction", type=float, default=0.15, help="stories wrapped in the chat format")
     p.add_argument("--held-out", type=int, default=128, help="fresh teacher stories for the held-out loss")
@@ -201,7 +201,7 @@ out (see `docs/default_model.md`); `--minutes` buys more.
 `generation_config.json`: sampling at temperature 0.8, top-p 0.95, up to 256 new tokens, stop at `</s>`.
 Greedy "Once upon a time" gives:
 
-> {m['greedy_once_upon_a_time']}
+> {m['greedy_once_upon_a_time'].replace(chr(10), chr(10) + '> ')}
 
 `words.txt` lists the words seen at least 3 times in the corpus (the tests check generations against it).
 """
