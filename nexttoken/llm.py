@@ -14,7 +14,7 @@ from .generation.config import GenerationConfig
 from .generation.decode import StepOutput, decode_steps
 from .generation.generate import plan_generation, resolve_config
 from .generation.modes import single_sequence_mode
-from .generation.stopping import find_stop_string
+from .generation.stopping import find_stop_string, stop_string_holdback
 from .model import Transformer, load_model
 from .tokenizer import Tokenizer
 from .detokenizer import IncrementalDetokenizer
@@ -216,7 +216,7 @@ class LLM:
                     yield text[sent:cut]
                 return
             # Hold back a tail that could still grow into a stop string, so it is never shown and then retracted.
-            safe = len(text) - _stop_prefix_overlap(text, stops)
+            safe = len(text) - stop_string_holdback(text, stops)
             if safe > sent:
                 yield text[sent:safe]
                 sent = safe
@@ -243,17 +243,6 @@ def _row_prompt_logprobs(lp: torch.Tensor, row: int, n: int) -> list[float | Non
     """Row `row` of the left-padded (B, P) prompt log-probs, for its n real tokens (NaN -> None)."""
     values = lp[row, lp.shape[1] - n :].tolist()
     return [None if v != v else v for v in values]
-
-
-def _stop_prefix_overlap(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of a stop string."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
 
 
 def load(

@@ -212,3 +212,12 @@ def test_text_continues_the_prompt_keeping_its_leading_space(stories) -> None:
     assert prompt + result.text == full
     assert "".join(stories.stream(prompt, max_new_tokens=6)) == result.text
     assert stories.generate([prompt, "Tom"], max_new_tokens=6)[0].text == result.text  # the engine path too
+
+
+def test_seeded_batch_of_identical_prompts_samples_different_rows(stories) -> None:
+    options = dict(do_sample=True, temperature=1.0, seed=5, max_new_tokens=30)
+    rows = stories.generate(["Once upon a time"] * 4, **options)
+    assert len({tuple(r.token_ids) for r in rows}) == 4
+    assert rows[0].token_ids == stories.generate("Once upon a time", **options).token_ids  # row 0 draws from seed
+    again = stories.generate(["Once upon a time"] * 4, **options)
+    assert [r.token_ids for r in again] == [r.token_ids for r in rows]

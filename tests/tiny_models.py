@@ -73,3 +73,15 @@ def save_variant(name: str, directory: Path, seed: int = 0):  # noqa: ANN201
     model = build_hf_model(arch, seed=seed, **overrides)
     model.save_pretrained(directory)
     return model
+
+
+# Prompts of different lengths, left padded with pad id 0, as a tokenizer with padding_side="left" produces.
+PROMPTS = [[1, 5, 17, 33], [1, 40, 41, 42, 43, 44, 45, 46, 47], [1, 90, 3, 3, 8, 12]]
+
+
+def left_padded(prompts: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention_mask), both (B, longest), padding on the left."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask

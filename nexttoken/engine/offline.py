@@ -29,11 +29,13 @@ def plan_offline(model: Transformer, prompts: list[list[int]], cfg: GenerationCo
     try:
         return [
             SamplingParams(
-                generation=generation,
+                # One seed for a batch must not make identical prompts sample identically: row i draws from
+                # seed + i (as the server's choice i does), so row 0 equals the same prompt generated alone.
+                generation=generation if cfg.seed is None else generation.updated(seed=(cfg.seed + i) % 2**63),
                 max_tokens=new_token_budget(cfg, torch.ones(1, len(p), dtype=torch.long), context),
                 stop=tuple(cfg.stop_string_list),
             )
-            for p in prompts
+            for i, p in enumerate(prompts)
         ]
     except GenerationConfigError:
         return None  # e.g. beams or max_new_tokens=0: the decode loop handles (or reports) them

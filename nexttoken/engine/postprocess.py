@@ -11,6 +11,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ..generation.stopping import stop_string_holdback
 from .sequence import Sequence, TokenEvent
 
 
@@ -70,17 +71,6 @@ def _find_stop_string(seq: Sequence, search_from: int) -> None:
         seq.finish_reason, seq.stop_reason = "stop", stop
 
 
-def _held_back(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest suffix of text that could grow into a stop string: not shown yet."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
-
-
 def snapshot(
     seq: Sequence,
     tokens: list[int],
@@ -89,7 +79,7 @@ def snapshot(
     now: float,
 ) -> TokenEvent:
     """The event for this step: new tokens, and the new text that can no longer be retracted."""
-    safe = len(seq.text) if seq.finish_reason else len(seq.text) - _held_back(seq.text, seq.params.stop)
+    safe = len(seq.text) if seq.finish_reason else len(seq.text) - stop_string_holdback(seq.text, seq.params.stop)
     text = seq.text[seq.streamed : safe] if safe > seq.streamed else ""
     seq.streamed = max(seq.streamed, safe)
     first = len(seq.output_ids) == len(tokens)

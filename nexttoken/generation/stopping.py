@@ -95,3 +95,17 @@ def find_stop_string(text: str, stop_strings: Sequence[str]) -> int | None:
     """Index where the earliest stop string starts in text, or None."""
     hits = [i for i in (text.find(s) for s in stop_strings) if i >= 0]
     return min(hits) if hits else None
+
+
+def stop_string_holdback(text: str, stop_strings: Sequence[str]) -> int:
+    """Length of the longest suffix of text that is a proper prefix of a stop string.
+
+    A stream holds that tail back: it may still grow into a stop string, and text once shown cannot be retracted.
+    """
+    best = 0
+    for s in stop_strings:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best
