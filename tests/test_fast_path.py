@@ -77,6 +77,7 @@ def test_single_row_prompt_and_batch_of_eight_agree(model) -> None:
     assert torch.equal(batch, alone.expand(8, -1))
 
 
+@torch.inference_mode()
 def test_plain_decode_step_skips_the_mask_and_matches_the_masked_step(model) -> None:
     from nexttoken.model import ForwardBatch
 
@@ -91,9 +92,8 @@ def test_plain_decode_step_skips_the_mask_and_matches_the_masked_step(model) -> 
         pos = torch.full((2, 1), P)
         batch = ForwardBatch.build(pos, pos, valid, P + 1, model.config.sliding_window, write_start=P)
         assert (batch.mask is None) == (model.config.sliding_window is None or P + 1 <= model.config.sliding_window)
-        if not unmasked:  # the reference: an explicit all-True mask
-            batch.mask = torch.ones(2, 1, 1, P + 1, dtype=torch.bool)
-            batch.window_mask = batch.mask
+        if not unmasked and batch.mask is None:  # the reference: an explicit all-True mask
+            batch.mask = batch.window_mask = torch.ones(2, 1, 1, P + 1, dtype=torch.bool)
         outs.append(model(ids[:, P:], batch, cache))
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
 

@@ -70,7 +70,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w13(x).split(self.intermediate, dim=-1)
-        return self.w2(F.silu(gate, inplace=True).mul_(up))  # in place: w13's output is ours to overwrite
+        return self.w2(F.silu(gate) * up)
 
 
 class Block(nn.Module):
