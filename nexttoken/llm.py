@@ -12,7 +12,7 @@ import torch
 from .errors import MissingFileError, TokenizerError
 from .generation.config import GenerationConfig
 from .generation.decode import StepOutput, decode_steps
-from .generation.generate import plan_generation, resolve_config
+from .generation.generate import left_pad, plan_generation, resolve_config
 from .generation.modes import single_sequence_mode
 from .generation.stopping import find_stop_string, stop_string_holdback
 from .model import Transformer, load_model
@@ -104,10 +104,7 @@ class LLM:
         processors, criteria = options.pop("logits_processor", None), options.pop("stopping_criteria", None)
         cfg = resolve_config(self.model, None, options)
         pad = self._pad_id(cfg)
-        width = max(len(p) for p in prompts)
-        # Left padding: every row's next token lands in the same column, so one forward serves the batch.
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+        ids, mask = left_pad(prompts, pad)
         plan = plan_generation(self.model, ids, mask, cfg, processors, criteria, tokenizer=self.tokenizer)
         return cfg, plan, decode_steps(self.model, plan)
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import torch
 
-from .generate import generate, resolve_config
+from .generate import generate, left_pad, resolve_config
 from .logprobs import compute_transition_scores
 
 
@@ -19,9 +18,8 @@ def searched_completions(llm: Any, prompts: list[list[int]], options: dict[str, 
     processors, criteria = options.pop("logits_processor", None), options.pop("stopping_criteria", None)
     cfg = resolve_config(llm.model, None, options)
     pad = llm._pad_id(cfg)
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+    ids, mask = left_pad(prompts, pad)
+    width = ids.shape[1]
     options.update(return_dict_in_generate=True, output_logits=True, pad_token_id=pad)
     out = generate(llm.model, ids, attention_mask=mask, logits_processor=processors, stopping_criteria=criteria,
                    tokenizer=llm.tokenizer, **options)

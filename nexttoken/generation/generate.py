@@ -48,6 +48,14 @@ def resolve_config(
     return base.updated(**options)
 
 
+def left_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention_mask), both (B, longest). Left padding puts every row's next token in the same column."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+    return ids, mask
+
+
 def default_attention_mask(input_ids: torch.Tensor, cfg: GenerationConfig) -> torch.Tensor:
     # transformers' rule: infer padding from pad_token_id only when it cannot be confused with EOS.
     pad = cfg.pad_token_id

@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import tokenizers
 import torch
 
 from . import bpe, corpus, evaluate, export, train
@@ -44,6 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--held-out", type=int, default=128, help="fresh teacher stories for the held-out loss")
     p.add_argument("--threads", type=int, default=2, help="torch threads for training and evaluation")
     p.add_argument("--quick", action="store_true", help="toy sizes into runs/quick/ (smoke test)")
+    p.add_argument("--init", type=Path, help="continue training an exported folder (its tokenizer and weights)")
     p.add_argument("--evaluate-only", action="store_true",
                    help="skip corpus and training: re-run the held-out evaluation and model card of the exported "
                         "folder (reads WORK/train_metrics.json)")
@@ -86,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     train_stories = [s for i, s in enumerate(stories) if i % 50]
     torch.set_num_threads(args.threads)
 
-    tok = bpe.train_bpe((s.text for s in train_stories), args.vocab_size)
+    if args.init:  # warm start: keep the folder's tokenizer so its weights stay meaningful
+        tok = tokenizers.Tokenizer.from_file(str(args.init / "tokenizer.json"))
+    else:
+        tok = bpe.train_bpe((s.text for s in train_stories), args.vocab_size)
     train_docs = documents(train_stories, tok, args.chat_fraction, seed=1)
     val_docs = documents(val_stories, tok, 0.0, seed=2)
     train_stream, val_stream = train.pack(train_docs), train.pack(val_docs)[:16_385]
@@ -97,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = train.ModelShape(hidden_size=args.hidden_size, num_hidden_layers=args.layers,
                              intermediate_size=args.intermediate_size)
     config = train.llama_config(shape, tok.get_vocab_size(), bos=tok.token_to_id(bpe.BOS), eos=tok.token_to_id(bpe.EOS))
-    model = train.LlamaForCausalLM(config)
+    model = train.LlamaForCausalLM.from_pretrained(args.init) if args.init else train.LlamaForCausalLM(config)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params:,} parameters ({asdict(shape)})", flush=True)
     settings = train.TrainSettings(minutes=args.minutes, lr=args.lr, bf16=args.bf16)
