@@ -8,9 +8,11 @@ GenerationConfigError that names it and says what is allowed; nothing is silentl
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import math
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -226,37 +228,25 @@ def _id_lists(name: str, v: Any) -> None:
     _fail(name, v, "must be a non-empty list of non-empty lists of token ids, or None")
 
 
-def _sequence_bias(name: str, v: Any) -> None:
-    if v is None:
-        return
-    from .penalties import _parse_sequence_bias  # the processor's own parser: one definition of validity
+def _parsed_by(parser_path: str, errors: tuple[type[Exception], ...] = (GenerationConfigError,)) -> Callable[[str, Any], None]:
+    """A check that runs the processor's own parser (`module:function`): one definition of validity."""
 
-    try:
-        _parse_sequence_bias(v)
-    except GenerationConfigError as e:
-        _fail(name, v, str(e))
+    def check(name: str, v: Any) -> None:
+        if v is None:
+            return
+        module, function = parser_path.split(":")
+        parse = attrgetter(function)(importlib.import_module(f".{module}", __package__))  # late: they import us
+        try:
+            parse(v)
+        except errors as e:
+            _fail(name, v, str(e))
 
-
-def _logit_bias(name: str, v: Any) -> None:
-    if v is None:
-        return
-    from .penalties import parse_logit_bias
-
-    try:
-        parse_logit_bias(v)
-    except GenerationConfigError as e:
-        _fail(name, v, str(e))
+    return check
 
 
-def _watermarking(name: str, v: Any) -> None:
-    if v is None:
-        return
-    from .watermark import WatermarkingConfig
-
-    try:
-        WatermarkingConfig.from_any(v)
-    except (GenerationConfigError, TypeError) as e:
-        _fail(name, v, str(e))
+_sequence_bias = _parsed_by("penalties:_parse_sequence_bias")
+_logit_bias = _parsed_by("penalties:parse_logit_bias")
+_watermarking = _parsed_by("watermark:WatermarkingConfig.from_any", (GenerationConfigError, TypeError))
 
 
 def _decay(name: str, v: Any) -> None:

@@ -130,14 +130,9 @@ class OpenAIServing:
 
     async def _completion_full(self, request: Request, req: CompletionRequest, jobs: list[Job], head: dict,
                                events: AsyncIterator) -> Response:
-        choices = [Choice() for _ in jobs]
-        try:
-            for index, event in await collect(request, events):
-                choices[index].add(event)
-        except ClientGone:
-            return Response(status_code=499)
-        except NextTokenError as e:
-            raise bad_request(str(e)) from e
+        choices = await _collect_choices(request, len(jobs), events)
+        if choices is None:
+            return Response(status_code=499)  # the client left; its requests were cancelled
         body = []
         for job, c in zip(jobs, choices):
             prefix = self._echo_text(req, job.prompt_ids) if req.echo else ""
@@ -195,14 +190,9 @@ class OpenAIServing:
         events = run_jobs(self.engine, jobs, self.metrics, arrival)
         if req.stream:
             return SSEResponse(self._chat_stream(req, jobs, head, events))
-        choices = [Choice() for _ in jobs]
-        try:
-            for index, event in await collect(request, events):
-                choices[index].add(event)
-        except ClientGone:
-            return Response(status_code=499)
-        except NextTokenError as e:
-            raise bad_request(str(e)) from e
+        choices = await _collect_choices(request, len(jobs), events)
+        if choices is None:
+            return Response(status_code=499)  # the client left; its requests were cancelled
         body = [
             {
                 "index": i,
@@ -273,3 +263,16 @@ class OpenAIServing:
 
     async def prometheus(self) -> Response:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def _collect_choices(request: Request, n: int, events: AsyncIterator) -> list[Choice] | None:
+    """Every event of a non-streaming request, gathered per choice; None when the client left first."""
+    choices = [Choice() for _ in range(n)]
+    try:
+        for index, event in await collect(request, events):
+            choices[index].add(event)
+    except ClientGone:
+        return None
+    except NextTokenError as e:
+        raise bad_request(str(e)) from e
+    return choices
