@@ -236,6 +236,32 @@ int nt_supported(void) {
 
 int nt_max_rows(void) { return 16; }
 
+// Rows [0, N) of int8 weights q (N, K) times their float32 scales, written as float32 or bfloat16 (each value
+// rounded once, to nearest even, from the float32 product: what (q.float() * scale[:, None]).to(dtype) gives).
+// Prefill dequantizes a block of rows at a time into a buffer that stays in cache, then runs the GEMM on it.
+TARGET static void dequant_row(const int8_t* q, float s, int64_t K, void* out, int out_kind) {
+  const __m512 sv = _mm512_set1_ps(s);
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 m = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
+    const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, q + k))), sv);
+    if (out_kind == OUT_F32) {
+      _mm512_mask_storeu_ps((float*)out + k, m, v);
+    } else {  // round to nearest even (finite values only: int8 x a finite scale)
+      __m512i u = _mm512_castps_si512(v);
+      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+      u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+      _mm256_mask_storeu_epi16((uint16_t*)out + k, m, _mm512_cvtepi32_epi16(u));
+    }
+  }
+}
+
+int nt_dequantize_i8(const int8_t* q, const float* scale, int64_t N, int64_t K, void* out, int out_kind) {
+  const size_t row_bytes = (size_t)K * (out_kind == OUT_F32 ? 4 : 2);
+#pragma omp parallel for schedule(static) if (N * K >= (1 << 18))
+  for (int64_t n = 0; n < N; ++n) dequant_row(q + (size_t)n * K, scale[n], K, (char*)out + n * row_bytes, out_kind);
+  return 0;
+}
+
 // x: (M, K) float32 contiguous; W: (N, K) contiguous of `kind`; bias/scale: (N,) float32 or NULL;
 // y: (M, N) contiguous of `out_kind`. Returns 0 on success.
 int nt_linear(const void* W, int kind, const float* x, const float* bias, const float* scale, int64_t M, int64_t N,

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from nexttoken.generation import generate
-from nexttoken.model import kernels, load_model
+from nexttoken.model import fused, kernels, load_model
 from nexttoken.model.linear import quantize_rows
 from test_generation_parity import PROMPTS, left_padded
 from tiny_models import save_variant
@@ -78,6 +78,7 @@ def test_single_row_prompt_and_batch_of_eight_agree(model) -> None:
 
 
 @torch.inference_mode()
+@fused.disabled()  # the PyTorch modules' own unmasked step (the fused native step is tested in test_fused.py)
 def test_plain_decode_step_skips_the_mask_and_matches_the_masked_step(model) -> None:
     from nexttoken.model import ForwardBatch
 
@@ -107,3 +108,26 @@ def test_rope_roll_with_signed_sin_equals_rotate_half() -> None:
     sin = torch.cat((-signed_sin[..., :8], signed_sin[..., 8:]), dim=-1)
     reference = x * cos + torch.cat((-x[..., 8:], x[..., :8]), dim=-1) * sin  # transformers' rotate_half
     assert torch.equal(apply_rope(x, cos, signed_sin), reference)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantize_rounds_like_torch(dtype) -> None:
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randint(-127, 128, (70, 37), dtype=torch.int8, generator=gen)  # 37: a masked tail every row
+    scale = torch.rand(70, generator=gen) * 0.02
+    assert torch.equal(kernels.dequantize(q, scale, dtype), (q.float() * scale[:, None]).to(dtype))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_prefill_in_blocks_equals_one_dequantized_matrix(dtype, monkeypatch) -> None:
+    from nexttoken.model import linear
+
+    monkeypatch.setattr(linear, "PREFILL_BLOCK_BYTES", 64 * 96 * 4)  # several blocks and a short last one
+    gen = torch.Generator().manual_seed(6)
+    layer = linear.Int8Linear.from_linear(torch.nn.Linear(96, 300).to(dtype))
+    x = torch.randn(80, 96, generator=gen).to(dtype)  # 80 rows: past the few-row kernels, the prefill path
+    with torch.no_grad():
+        expected = F.linear(x, (layer.weight.float() * layer.scale[:, None]).to(dtype)) + layer.bias.to(dtype)
+        torch.testing.assert_close(layer(x), expected, rtol=0, atol=0)

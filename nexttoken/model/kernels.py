@@ -1,4 +1,5 @@
-"""The native decode kernel (csrc/gemv.cpp): weight-streaming x @ W^T for a few rows, built on first use.
+"""The native decode kernels: weight-streaming x @ W^T for a few rows (csrc/gemv.cpp) and a whole fused decode
+step (csrc/decode.cpp, driven by nexttoken/model/fused.py), built on first use.
 
 torch's F.linear with one input row streams weights at ~18-20 GB/s on a 2-core Zen 4, a third of what the
 memory can deliver; the kernel streams them at the memory's speed. It is a plain C-ABI shared library compiled
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).resolve().parents[2] / "csrc" / "gemv.cpp"
+CSRC = Path(__file__).resolve().parents[2] / "csrc"
+SOURCES = (CSRC / "gemv.cpp", CSRC / "decode.cpp")  # one library
 MAX_ROWS = 16  # activation rows per call; beyond that torch's GEMM is the faster choice
 _W_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 _OUT_KIND = {torch.float32: 0, torch.bfloat16: 1}
@@ -31,10 +33,10 @@ def _cache_dir() -> Path:
 
 
 def build(verbose: bool = False) -> Path | None:
-    """Compile csrc/gemv.cpp into the cache (once per source version); the library's path, or None."""
-    if not SOURCE.is_file():
+    """Compile csrc/*.cpp into the cache (once per source version); the library's path, or None."""
+    if not all(f.is_file() for f in SOURCES):
         return None
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES)).hexdigest()[:16]
     target = _cache_dir() / f"libnt_gemv_{digest}.so"
     if target.is_file():
         return target
@@ -43,7 +45,9 @@ def build(verbose: bool = False) -> Path | None:
     except OSError:
         return None  # no writable cache: torch fallback
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [os.environ.get("CXX", "g++"), "-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", str(SOURCE), "-o", str(tmp)]
+    # -ffp-contract=off: no multiply-add fused unless the source asks, so the fused step rounds as PyTorch does.
+    cmd = [os.environ.get("CXX", "g++"), "-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off",
+           *map(str, SOURCES), "-o", str(tmp)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -75,6 +79,10 @@ def library() -> ctypes.CDLL | None:
     p, i64, i = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.nt_linear.argtypes = [p, i, p, p, p, i64, i64, i64, p, i]
     lib.nt_linear.restype = i
+    lib.nt_dequantize_i8.argtypes = [p, p, i64, i64, p, i]
+    lib.nt_dequantize_i8.restype = i
+    lib.nt_decode_step.argtypes = [p, p, i64, p, i64, i64, p]
+    lib.nt_decode_step.restype = i
     return lib
 
 
@@ -124,6 +132,16 @@ def linear(
     )
     assert rc == 0
     return y
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """int8 rows q (N, K) * scale (N,) as `dtype` (float32 or bfloat16), rounded once; into `out` when given."""
+    lib = library()
+    assert lib is not None and q.is_contiguous() and scale.dtype == torch.float32
+    N, K = q.shape
+    out = torch.empty((N, K), dtype=dtype) if out is None else out[: N * K].view(N, K)
+    lib.nt_dequantize_i8(q.data_ptr(), scale.data_ptr(), N, K, out.data_ptr(), _OUT_KIND[dtype])
+    return out
 
 
 if __name__ == "__main__":  # `python -m nexttoken.model.kernels`: build now (e.g. from scripts/setup.sh)

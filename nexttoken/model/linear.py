@@ -46,11 +46,30 @@ class Int8Linear(nn.Module):
         x2 = x.reshape(-1, self.in_features)  # (M, K)
         if x.device.type == "cpu" and x2.shape[0] <= 64:  # torch's own int8 weight-only kernel (few rows)
             y = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.weight, self.scale.to(x.dtype))
-        else:  # prefill: dequantizing once costs less than the GEMM it feeds, which then runs at full speed
+        elif x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and kernels.available():
+            y = self._prefill_in_blocks(x2)
+        else:  # dequantizing once costs less than the GEMM it feeds, which then runs at full speed
             y = F.linear(x2, (self.weight.to(torch.float32) * self.scale[:, None]).to(x.dtype))
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.view(*lead, self.out_features)
+
+
+    def _prefill_in_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """x (M, K) @ dequantized weights^T, a block of output rows at a time: the dequantized block (a few MB)
+        stays in cache for its GEMM, and no full-size float copy of the matrix (1 GB for a 1B model's LM head
+        in float32) ever exists."""
+        N, K = self.weight.shape
+        rows = max(64, PREFILL_BLOCK_BYTES // (K * x.element_size()))
+        y = torch.empty((x.shape[0], N), dtype=x.dtype)
+        buffer = torch.empty(min(rows, N) * K, dtype=x.dtype)
+        for n0 in range(0, N, rows):
+            w = kernels.dequantize(self.weight[n0 : n0 + rows], self.scale[n0 : n0 + rows], x.dtype, out=buffer)
+            y[:, n0 : n0 + w.shape[0]] = F.linear(x, w)
+        return y
+
+
+PREFILL_BLOCK_BYTES = 4 << 20  # dequantized weights per GEMM in int8 prefill: cache-sized, large enough to run fast
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

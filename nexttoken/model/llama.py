@@ -12,6 +12,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from .batch import ForwardBatch
+from . import fused
 from .cache import KVCache
 from .linear import Linear
 from .rope import apply_rope, inverse_frequencies, rope_cos_sin
@@ -94,7 +95,12 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # The loader builds this under torch.device("meta") and assigns the checkpoint's weights; nn.Embedding's own
+        # normal_ init on a meta tensor would import torch._dynamo and sympy (~70 MB resident) for nothing.
+        table = torch.empty(cfg.vocab_size, cfg.hidden_size)
+        if table.device.type != "meta":
+            nn.init.normal_(table)
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=table)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -122,6 +128,10 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
         """input_ids (B, T) -> logits (B, V) when batch.last_only, else (B, T, V); in the weights' dtype."""
+        if fused.applies(self, input_ids, batch, cache):  # a plain float32 CPU decode step: one native call
+            logits = fused.decode_step(self, input_ids, batch, cache)
+            if logits is not None:
+                return logits
         x = self.embed(input_ids)  # (B, T, C)
         cos, sin = rope_cos_sin(self.inv_freq, batch.positions, x.dtype)
         for block in self.layers:

@@ -1,0 +1,189 @@
+// One whole decode step of a Llama-family model in one call: every layer, the final norm and the LM head.
+//
+// For small models the weights stream in ~2 ms per token, while a step assembled from ~280 PyTorch operations
+// spends about as long again in dispatch and allocation. This file runs the step llama2.c's way: float32
+// activations in a few reused buffers, the matrix products through nt_linear (gemv.cpp, which splits them across
+// the OpenMP threads), and the small operations between them (RMSNorm, RoPE, the KV-cache write, attention,
+// SiLU) as plain loops. It applies to plain decode steps only (one new token per row, every cache column
+// visible, float32 activations); anything else takes the PyTorch path, which is the reference this is tested
+// against (same tokens, logits within float32 rounding).
+//
+// The arithmetic follows the PyTorch modules operation by operation (normalise then scale, rotate as
+// x*cos + roll(x)*signed_sin, softmax over scaled scores); it is built with -ffp-contract=off so the compiler
+// does not fuse those multiplies and adds into FMAs that the reference does not do.
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <vector>
+
+extern "C" int nt_linear(const void* W, int kind, const float* x, const float* bias, const float* scale, int64_t M,
+                         int64_t N, int64_t K, void* y, int out_kind);
+
+// Every field is 8 bytes wide, so the ctypes mirrors in nexttoken/model/fused.py need no padding rules.
+struct NtLinear {
+  const void* weight;  // (out, in) float32, bfloat16 or int8
+  int64_t kind;        // 0 float32, 1 bfloat16, 2 int8 (then scale is set)
+  const float* scale;  // (out,) or NULL
+  const float* bias;   // (out,) or NULL
+};
+
+struct NtLayer {
+  const float* attn_norm;  // (C,)
+  const float* ffn_norm;   // (C,)
+  NtLinear qkv;            // (H*D + 2*Hkv*D, C): q, k, v fused
+  NtLinear o;              // (C, H*D)
+  NtLinear w13;            // (2*I, C): gate then up
+  NtLinear w2;             // (C, I)
+  float* k_cache;          // this layer's (B, Hkv, S, D) keys
+  float* v_cache;          // and values
+};
+
+struct NtModel {
+  int64_t n_layers, hidden, n_heads, n_kv_heads, head_dim, intermediate, vocab;
+  int64_t cache_row_stride;   // Hkv * S * D
+  int64_t cache_head_stride;  // S * D
+  double eps;
+  const float* inv_freq;    // (D/2,) RoPE inverse frequencies
+  const float* final_norm;  // (C,)
+  NtLinear lm_head;         // (V, C)
+  const NtLayer* layers;
+};
+
+namespace {
+
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+
+struct Scratch {  // per calling thread, grown on demand and reused across steps
+  std::vector<float> h, qkv, att, tmp, gu, act, cos, sin, scores;
+  void fit(const NtModel& m, int64_t B, int64_t kv_len) {
+    const int64_t C = m.hidden, HD = m.n_heads * m.head_dim, I = m.intermediate;
+    grow(h, B * C), grow(tmp, B * C), grow(att, B * HD), grow(act, B * I), grow(gu, B * 2 * I);
+    grow(qkv, B * (HD + 2 * m.n_kv_heads * m.head_dim)), grow(cos, B * m.head_dim), grow(sin, B * m.head_dim);
+    grow(scores, B * m.n_heads * kv_len);
+  }
+  static void grow(std::vector<float>& v, int64_t n) {
+    if ((int64_t)v.size() < n) v.resize(n);
+  }
+};
+
+thread_local Scratch scratch;
+
+int linear(const NtLinear& l, const float* x, int64_t B, int64_t N, int64_t K, float* y) {
+  return nt_linear(l.weight, (int)l.kind, x, l.bias, l.scale, B, N, K, y, 0);
+}
+
+// out = weight * (x * rsqrt(mean(x^2) + eps)), row by row (RMSNorm's order: normalise, then scale).
+TARGET void rms_norm(const float* x, const float* weight, int64_t B, int64_t C, double eps, float* out) {
+  for (int64_t b = 0; b < B; ++b) {
+    const float* xr = x + b * C;
+    float ss = 0.f;
+    for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
+    const float r = 1.f / sqrtf(ss / (float)C + (float)eps);
+    for (int64_t c = 0; c < C; ++c) out[b * C + c] = weight[c] * (xr[c] * r);
+  }
+}
+
+// Rotate one head in place: x*cos + roll(x, D/2)*signed_sin, the sin table's first half negated.
+TARGET void rope(float* x, const float* cos, const float* ssin, int64_t D) {
+  float tmp[512];
+  memcpy(tmp, x, D * sizeof(float));
+  const int64_t half = D / 2;
+  for (int64_t i = 0; i < D; ++i) x[i] = tmp[i] * cos[i] + tmp[(i + half) % D] * ssin[i];
+}
+
+// One query head against cache columns [0, kv_len): softmax(q.k / sqrt(D)) @ v. Dot products in 16-lane
+// vectors (a head is 48-128 wide), the weighted sum of values likewise.
+TARGET void attend(const float* q, const float* keys, const float* values, int64_t kv_len, int64_t D, float* scores,
+                   float* out) {
+  const float scale = 1.f / sqrtf((float)D);
+  float mx = -INFINITY;
+  for (int64_t s = 0; s < kv_len; ++s) {
+    const float* k = keys + s * D;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) {
+      const __mmask16 m = D - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - d)) - 1u);
+      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), _mm512_maskz_loadu_ps(m, k + d), acc);
+    }
+    scores[s] = _mm512_reduce_add_ps(acc) * scale;
+    mx = scores[s] > mx ? scores[s] : mx;
+  }
+  float sum = 0.f;
+  for (int64_t s = 0; s < kv_len; ++s) sum += (scores[s] = expf(scores[s] - mx));
+  const float inv = 1.f / sum;
+  for (int64_t d = 0; d < D; d += 16) {
+    const __mmask16 m = D - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - d)) - 1u);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t s = 0; s < kv_len; ++s)
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[s] * inv), _mm512_maskz_loadu_ps(m, values + s * D + d), acc);
+    _mm512_mask_storeu_ps(out + d, m, acc);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// x: (B, C) float32 embeddings of the new tokens, overwritten; positions: (B,) rotary positions; the new K/V go to
+// cache column `col` (= kv_len - 1) of every row; logits: (B, V) float32. Returns 0, or 1 for unsupported shapes.
+int nt_decode_step(const NtModel* m, float* x, int64_t B, const int64_t* positions, int64_t col, int64_t kv_len,
+                   float* logits) {
+  const int64_t C = m->hidden, H = m->n_heads, Hkv = m->n_kv_heads, D = m->head_dim, I = m->intermediate;
+  const int64_t HD = H * D, KVD = Hkv * D, NQKV = HD + 2 * KVD, group = H / Hkv, half = D / 2;
+  if (D > 512 || D % 2 || H % Hkv || col != kv_len - 1) return 1;
+  Scratch& s = scratch;
+  s.fit(*m, B, kv_len);
+  float *h = s.h.data(), *qkv = s.qkv.data(), *att = s.att.data(), *tmp = s.tmp.data();
+  float *gu = s.gu.data(), *act = s.act.data(), *cos_t = s.cos.data(), *sin_t = s.sin.data();
+
+  for (int64_t b = 0; b < B; ++b) {  // (B, D) cos and signed sin, as rope_cos_sin builds them
+    const float pos = (float)positions[b];
+    for (int64_t i = 0; i < half; ++i) {
+      const float f = pos * m->inv_freq[i];
+      const float c = cosf(f), sn = sinf(f);
+      cos_t[b * D + i] = cos_t[b * D + half + i] = c;
+      sin_t[b * D + i] = -sn;
+      sin_t[b * D + half + i] = sn;
+    }
+  }
+  // Attention fans out over (row, head) when there is enough of it to pay for waking the thread pool.
+  const bool parallel_attention = B * H * kv_len * D >= (1 << 16);
+
+  for (int64_t l = 0; l < m->n_layers; ++l) {
+    const NtLayer& L = m->layers[l];
+    rms_norm(x, L.attn_norm, B, C, m->eps, h);
+    if (linear(L.qkv, h, B, NQKV, C, qkv)) return 1;
+    for (int64_t b = 0; b < B; ++b) {
+      float* row = qkv + b * NQKV;
+      for (int64_t head = 0; head < H + Hkv; ++head) rope(row + head * D, cos_t + b * D, sin_t + b * D, D);
+      for (int64_t kh = 0; kh < Hkv; ++kh) {
+        const int64_t at = b * m->cache_row_stride + kh * m->cache_head_stride + col * D;
+        memcpy(L.k_cache + at, row + HD + kh * D, D * sizeof(float));
+        memcpy(L.v_cache + at, row + HD + KVD + kh * D, D * sizeof(float));
+      }
+    }
+#pragma omp parallel for schedule(static) if (parallel_attention)
+    for (int64_t bh = 0; bh < B * H; ++bh) {
+      const int64_t b = bh / H, head = bh % H;
+      const int64_t base = b * m->cache_row_stride + (head / group) * m->cache_head_stride;
+      attend(qkv + b * NQKV + head * D, L.k_cache + base, L.v_cache + base, kv_len, D,
+             s.scores.data() + bh * kv_len, att + b * HD + head * D);
+    }
+    if (linear(L.o, att, B, C, HD, tmp)) return 1;
+    for (int64_t i = 0; i < B * C; ++i) x[i] = x[i] + tmp[i];
+
+    rms_norm(x, L.ffn_norm, B, C, m->eps, h);
+    if (linear(L.w13, h, B, 2 * I, C, gu)) return 1;
+    for (int64_t b = 0; b < B; ++b) {
+      const float *g = gu + b * 2 * I, *u = g + I;
+      for (int64_t i = 0; i < I; ++i) act[b * I + i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
+    if (linear(L.w2, act, B, C, I, tmp)) return 1;
+    for (int64_t i = 0; i < B * C; ++i) x[i] = x[i] + tmp[i];
+  }
+  rms_norm(x, m->final_norm, B, C, m->eps, h);
+  return linear(m->lm_head, h, B, m->vocab, C, logits);
+}
+}

@@ -1,0 +1,164 @@
+"""A whole decode step in one native call (csrc/decode.cpp): the fast path for small float32 models.
+
+A plain decode step of the PyTorch modules is ~280 small operations; for a 15M-parameter model their dispatch
+costs about as much as streaming the weights. `decode_step` instead hands the embedded tokens, the weights and
+the KV cache to one C++ function that runs every layer, the final norm and the LM head, and returns the logits.
+
+It takes only what it computes exactly like the modules: float32 activations on CPU, one new token per row at
+the last cache column with every column visible (no padding, no sliding window in reach), weights that are plain
+`Linear` or `Int8Linear` layers of the stock blocks. Everything else returns None and runs the modules, which
+are the reference the tests hold this path to (same tokens; logits within float32 rounding).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from typing import Iterator
+
+import torch
+
+from . import kernels
+from .batch import ForwardBatch
+from .cache import KVCache
+from .linear import Int8Linear, Linear
+
+_ENABLED = True
+_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Run the PyTorch modules for decode steps too (the reference the fused step is tested against)."""
+    global _ENABLED
+    before, _ENABLED = _ENABLED, False
+    try:
+        yield
+    finally:
+        _ENABLED = before
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [("weight", ctypes.c_void_p), ("kind", ctypes.c_int64), ("scale", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("qkv", _Linear), ("o", _Linear),
+                ("w13", _Linear), ("w2", _Linear), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "intermediate", "vocab", "cache_row_stride",
+        "cache_head_stride")] + [("eps", ctypes.c_double), ("inv_freq", ctypes.c_void_p),
+                                 ("final_norm", ctypes.c_void_p), ("lm_head", _Linear),
+                                 ("layers", ctypes.POINTER(_Layer))]
+
+
+def _linear(module: torch.nn.Module) -> _Linear | None:
+    if type(module) is Linear:
+        w, scale, bias = module.weight, None, module.bias
+    elif type(module) is Int8Linear:
+        w, scale, bias = module.weight, module.scale, module.bias
+    else:
+        return None
+    if w.dtype not in _KIND or not w.is_contiguous() or (bias is not None and bias.dtype != torch.float32):
+        return None
+    return _Linear(w.data_ptr(), _KIND[w.dtype], None if scale is None else scale.data_ptr(),
+                   None if bias is None else bias.data_ptr())
+
+
+def _key(model: torch.nn.Module, cache: KVCache) -> tuple:
+    """What the native description depends on: the cache (shape too: a new cache of another length can be
+    allocated where a freed one was) and every module and weight the step reads. Checked every step, so it reads
+    the modules' own dicts (nn.Module attribute lookups and model.parameters() would cost ~0.1 ms a step)."""
+    key = [cache.k.shape, cache.k.data_ptr(), cache.v.data_ptr(), model.inv_freq.data_ptr()]
+    for m in (model._modules["norm"], model._modules["lm_head"]):
+        key += (id(m), _weight(m).data_ptr())
+    for block in model._modules["layers"]._modules.values():
+        parts = block._modules
+        att, mlp = parts["attention"]._modules, parts["mlp"]._modules
+        for m in (parts["attention_norm"], parts["ffn_norm"], att["wqkv"], att["wo"], mlp["w13"], mlp["w2"]):
+            key += (id(m), _weight(m).data_ptr())
+    return tuple(key)
+
+
+def _weight(m: torch.nn.Module) -> torch.Tensor:
+    w = m._parameters.get("weight")
+    return m._buffers["weight"] if w is None else w  # Int8Linear keeps its weight as a buffer
+
+
+class _Plan:
+    """The ctypes description of one model + cache, kept while none of their tensors move."""
+
+    def __init__(self, model: torch.nn.Module, cache: KVCache) -> None:
+        from .llama import MLP, Attention, Block, RMSNorm  # here: llama.py imports this module
+
+        cfg = model.config
+        self.key = _key(model, cache)
+        self.ok = False
+        if type(model.norm) is not RMSNorm or cfg.head_dim > 512:
+            return
+        layers = []
+        for i, block in enumerate(model.layers):
+            parts = (type(block), type(block.attention), type(block.mlp), type(block.attention_norm),
+                     type(block.ffn_norm))
+            if parts != (Block, Attention, MLP, RMSNorm, RMSNorm) or block.attention.sliding:
+                return
+            linears = [_linear(m) for m in (block.attention.wqkv, block.attention.wo, block.mlp.w13, block.mlp.w2)]
+            if any(lin is None for lin in linears):
+                return
+            layers.append(_Layer(block.attention_norm.weight.data_ptr(), block.ffn_norm.weight.data_ptr(), *linears,
+                                 cache.k[i].data_ptr(), cache.v[i].data_ptr()))
+        head = _linear(model.lm_head)
+        if head is None:
+            return
+        _, _, Hkv, S, D = cache.k.shape
+        self.layers = (_Layer * len(layers))(*layers)  # kept alive with the plan
+        self.model = _Model(
+            cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+            cfg.intermediate_size, cfg.vocab_size, Hkv * S * D, S * D, cfg.rms_norm_eps, model.inv_freq.data_ptr(),
+            model.norm.weight.data_ptr(), head, self.layers,
+        )
+        self.ok = True
+
+
+def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> bool:
+    """Whether this forward is a plain float32 CPU decode step the native function computes as the modules do."""
+    return (
+        _ENABLED
+        and input_ids.shape[1] == 1
+        and input_ids.shape[0] <= kernels.MAX_ROWS
+        and batch.last_only
+        and batch.mask is None
+        and batch.window_mask is None
+        and batch.write_start == batch.kv_len - 1
+        and input_ids.device.type == "cpu"
+        and cache.k.dtype == torch.float32
+        and model.dtype == torch.float32
+        and model.inv_freq.dtype == torch.float32
+        and not torch.is_grad_enabled()
+        and kernels.library() is not None
+    )
+
+
+def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor | None:
+    """(B, V) float32 logits of the new tokens, or None when this model/cache cannot take the native step."""
+    plan: _Plan | None = getattr(model, "_fused_plan", None)
+    if plan is None or plan.key != _key(model, cache):
+        plan = _Plan(model, cache)
+        model._fused_plan = plan
+    if not plan.ok:
+        return None
+    x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
+    positions = batch.positions.reshape(-1).contiguous()  # (B,) int64
+    if positions.dtype != torch.int64:
+        positions = positions.long()
+    B = x.shape[0]
+    logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
+    rc = kernels.library().nt_decode_step(
+        ctypes.byref(plan.model), x.data_ptr(), B, positions.data_ptr(), batch.write_start, batch.kv_len,
+        logits.data_ptr(),
+    )
+    return logits if rc == 0 else None

@@ -1,0 +1,126 @@
+"""The fused native decode step (csrc/decode.cpp) against the PyTorch modules and against transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nexttoken.generation import generate
+from nexttoken.model import ForwardBatch, fused, kernels, load_model
+from nexttoken.model.quant import quantize_int8
+from tiny_models import VARIANTS, save_variant
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="native kernel unavailable (no g++ or no AVX-512)")
+
+# Unpadded prompts of one length: every decode step is a plain one, the case the fused step takes.
+PROMPTS = torch.tensor([[1, 5, 17, 33, 9, 60], [1, 40, 41, 42, 43, 44], [1, 90, 3, 3, 8, 12]])
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def variant(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp(request.param)
+    hf = save_variant(request.param, directory)
+    return request.param, hf, load_model(directory)
+
+
+def count_fused_steps(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = fused.decode_step
+
+    def counting(*args):  # noqa: ANN002, ANN202
+        out = real(*args)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(fused, "decode_step", counting)
+    return calls
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_greedy_tokens_equal_the_modules(variant, rows, monkeypatch) -> None:
+    name, _, model = variant
+    kwargs = dict(max_new_tokens=24, do_sample=False, eos_token_id=None)
+    calls = count_fused_steps(monkeypatch)
+    fast = generate(model, PROMPTS[:rows], **kwargs)
+    with fused.disabled():
+        reference = generate(model, PROMPTS[:rows], **kwargs)
+    assert torch.equal(fast, reference)
+    # Sliding-window layers keep the modules (their mask matters once the window is in reach); the rest fuse.
+    assert any(calls) == (name != "mistral-sliding")
+
+
+def test_greedy_tokens_equal_transformers(variant) -> None:
+    """The independent reference: transformers' generate on the same weights, one unpadded prompt."""
+    _, hf, model = variant
+    ids = PROMPTS[:1]
+    expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
+                           eos_token_id=None, pad_token_id=0)
+    assert torch.equal(generate(model, ids, max_new_tokens=24, do_sample=False, eos_token_id=None), expected)
+
+
+@torch.inference_mode()
+def step_logits(model, rows: int = 2) -> torch.Tensor:  # noqa: ANN001
+    """Logits of one plain decode step after a 6-token prefill (positions 0..5, new token at column 6)."""
+    P, S = 6, 12
+    ids = torch.randint(5, model.config.vocab_size, (rows, P + 1), generator=torch.Generator().manual_seed(7))
+    valid = torch.ones(rows, S, dtype=torch.bool)
+    cache = model.new_cache(rows, S)
+    cols = torch.arange(P).expand(rows, P)
+    model(ids[:, :P], ForwardBatch.build(cols, cols, valid, P, write_start=0), cache)
+    pos = torch.full((rows, 1), P)
+    return model(ids[:, P:], ForwardBatch.build(pos, pos, valid, P + 1, write_start=P), cache)
+
+
+def test_step_logits_match_the_modules_within_float32_rounding(variant) -> None:
+    name, _, model = variant
+    with fused.disabled():
+        reference = step_logits(model)
+    got = step_logits(model)
+    if name == "mistral-sliding":  # keeps the modules: the very same computation
+        assert torch.equal(got, reference)
+    torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_seeded_sampling_equals_the_modules(variant) -> None:
+    _, _, model = variant
+    kwargs = dict(max_new_tokens=24, do_sample=True, temperature=0.9, top_k=20, seed=11, eos_token_id=None)
+    fast = generate(model, PROMPTS, **kwargs)
+    with fused.disabled():
+        assert torch.equal(fast, generate(model, PROMPTS, **kwargs))
+
+
+def test_int8_model_fuses_and_keeps_its_tokens(tmp_path, monkeypatch) -> None:
+    save_variant("llama-gqa", tmp_path)
+    model = quantize_int8(load_model(tmp_path))
+    calls = count_fused_steps(monkeypatch)
+    kwargs = dict(max_new_tokens=20, do_sample=False, eos_token_id=None)
+    fast = generate(model, PROMPTS, **kwargs)
+    with fused.disabled():
+        reference = generate(model, PROMPTS, **kwargs)
+    assert all(calls) and calls
+    assert torch.equal(fast, reference)
+
+
+def test_padding_bfloat16_and_grad_take_the_modules(tmp_path, monkeypatch) -> None:
+    save_variant("llama-gqa", tmp_path)
+    model = load_model(tmp_path)
+    calls = count_fused_steps(monkeypatch)
+    padded = torch.tensor([[0, 0, 1, 5, 17, 33], [1, 40, 41, 42, 43, 44]])
+    generate(model, padded, attention_mask=(padded != 0).long(), max_new_tokens=4, do_sample=False, pad_token_id=0)
+    generate(model.to(torch.bfloat16), PROMPTS, max_new_tokens=4, do_sample=False)
+    assert calls == []  # applies() said no before decode_step was reached
+
+
+def test_a_new_cache_or_new_weights_rebuild_the_description(tmp_path) -> None:
+    """The native description holds raw addresses: a cache of another length, or replaced weights, must not reuse it."""
+    save_variant("llama-gqa", tmp_path)
+    model = load_model(tmp_path)
+    short = generate(model, PROMPTS[:1], max_new_tokens=5, do_sample=False, eos_token_id=None)
+    longer = generate(model, PROMPTS[:1], max_new_tokens=30, do_sample=False, eos_token_id=None)
+    assert torch.equal(longer[:, : short.shape[1]], short)
+    with torch.no_grad():
+        model.layers[0].mlp.w2.weight = torch.nn.Parameter(torch.zeros_like(model.layers[0].mlp.w2.weight))
+    fast = generate(model, PROMPTS[:1], max_new_tokens=12, do_sample=False, eos_token_id=None)
+    with fused.disabled():
+        reference = generate(model, PROMPTS[:1], max_new_tokens=12, do_sample=False, eos_token_id=None)
+    assert torch.equal(fast, reference)
