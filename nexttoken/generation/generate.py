@@ -14,7 +14,7 @@ from .contrastive import contrastive_search
 from .decode import DecodePlan, GenerationCache, StepHook, StepOutput, check_continuation, decode_steps
 from .group_beam import group_beam_search
 from .llamacpp import MirostatV2
-from .logprobs import collect_logprobs
+from .logprobs import LogprobCollector
 from .modes import GenerationMode, generation_mode
 from .outputs import GenerateOutput
 from .processors import ChainInputs, LogitsProcessor, build_processors
@@ -189,32 +189,41 @@ def plan_generation(
 
 
 def decode(model: Transformer, plan: DecodePlan, cfg: GenerationConfig, streamer: Any = None) -> GenerateOutput:
-    """Greedy / sampling / mirostat: run the decode loop and collect what the options ask for."""
+    """Greedy / sampling / mirostat: run the decode loop and keep what the options ask for, step by step (a
+    step's (B, V) logits and scores are kept only when output_logits / output_scores ask for them)."""
     if streamer is not None:
         streamer.put(plan.input_ids.cpu())
-    steps: list[StepOutput] = []
-    for step in decode_steps(model, plan):
-        steps.append(step)
+    tokens: list[torch.Tensor] = []
+    scores: list[torch.Tensor] = []
+    logits: list[torch.Tensor] = []
+    logprobs = LogprobCollector(cfg.top_logprobs) if cfg.return_dict_in_generate else None
+    last: StepOutput | None = None
+    for last in decode_steps(model, plan):
+        tokens.append(last.tokens)
+        if cfg.output_scores:
+            scores.append(last.scores)
+        if cfg.output_logits:
+            logits.append(last.logits)
+        if logprobs is not None:
+            logprobs.add(last.logits, last.tokens)
         if streamer is not None:
-            streamer.put(step.tokens.cpu())
+            streamer.put(last.tokens.cpu())
     if streamer is not None:
         streamer.end()
-    new = torch.stack([s.tokens for s in steps], dim=1) if steps else plan.input_ids[:, :0]
+    new = torch.stack(tokens, dim=1) if tokens else plan.input_ids[:, :0]
     sequences = torch.cat([plan.input_ids, new], dim=1)
-    finished = steps[-1].unfinished.logical_not() if steps else torch.zeros(len(sequences), dtype=torch.bool)
-    state = steps[-1].state if steps else None
+    finished = last.unfinished.logical_not() if last else torch.zeros(len(sequences), dtype=torch.bool)
+    state = last.state if last else None
     out = GenerateOutput(
         sequences=sequences,
-        scores=tuple(s.scores for s in steps) if cfg.output_scores else None,
-        logits=tuple(s.logits for s in steps) if cfg.output_logits else None,
+        scores=tuple(scores) if cfg.output_scores else None,
+        logits=tuple(logits) if cfg.output_logits else None,
         finished=finished,
         prompt_logprobs=state.prompt_logprobs if state is not None else None,
         past_key_values=state.generation_cache() if state is not None else None,
     )
-    if steps and cfg.return_dict_in_generate:  # a plain tensor result has no room for them
-        out.logprobs, out.top_logprobs, out.top_logprob_ids = collect_logprobs(
-            [s.logits for s in steps], new, cfg.top_logprobs
-        )
+    if tokens and logprobs is not None:  # a plain tensor result has no room for them
+        out.logprobs, out.top_logprobs, out.top_logprob_ids = logprobs.result()
     return out
 
 

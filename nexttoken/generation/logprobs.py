@@ -10,24 +10,42 @@ from typing import Sequence
 import torch
 
 
+class LogprobCollector:
+    """Chosen-token log-probs (and, when top_n > 0, the best N with their ids), one step at a time, so no step's
+    (B, V) logits outlive it: holding every step's logits would cost steps x B x V floats (0.5 MB per row and
+    step for a 128k vocabulary)."""
+
+    def __init__(self, top_n: int = 0) -> None:
+        self.top_n = top_n
+        self.picked: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.ids: list[torch.Tensor] = []
+
+    def add(self, logits: torch.Tensor, chosen: torch.Tensor) -> None:
+        """(B, V) raw logits of a step and the (B,) ids chosen at it."""
+        logp = logits.float().log_softmax(dim=-1)  # (B, V)
+        self.picked.append(logp.gather(1, chosen[:, None]).squeeze(1))
+        if self.top_n > 0:
+            top = logp.topk(min(self.top_n, logp.shape[-1]), dim=-1)
+            self.values.append(top.values)
+            self.ids.append(top.indices)
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(B, T) chosen log-probs; (B, T, N) best log-probs and their ids (sorted, best first) or None, None."""
+        out = torch.stack(self.picked, dim=1)
+        if self.top_n <= 0:
+            return out, None, None
+        return out, torch.stack(self.values, dim=1), torch.stack(self.ids, dim=1)
+
+
 def collect_logprobs(
     logits: Sequence[torch.Tensor], chosen: torch.Tensor, top_n: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Per step (B, V) raw logits and (B, T) chosen ids -> (B, T) chosen log-probs, and when top_n > 0 the
-    (B, T, N) best log-probs with their (B, T, N) ids (sorted, best first). One step at a time: never a
-    (B, T, V) tensor, which for a large vocabulary would be gigabytes."""
-    picked, values, ids = [], [], []
+    """Per step (B, V) raw logits and (B, T) chosen ids -> what LogprobCollector.result() gives for them."""
+    collector = LogprobCollector(top_n)
     for t, step in enumerate(logits):
-        logp = step.float().log_softmax(dim=-1)  # (B, V)
-        picked.append(logp.gather(1, chosen[:, t : t + 1]).squeeze(1))
-        if top_n > 0:
-            top = logp.topk(min(top_n, logp.shape[-1]), dim=-1)
-            values.append(top.values)
-            ids.append(top.indices)
-    out = torch.stack(picked, dim=1)
-    if top_n <= 0:
-        return out, None, None
-    return out, torch.stack(values, dim=1), torch.stack(ids, dim=1)
+        collector.add(step, chosen[:, t])
+    return collector.result()
 
 
 def compute_transition_scores(

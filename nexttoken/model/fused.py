@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 from typing import Iterator
 
 import torch
@@ -23,7 +24,7 @@ from .batch import ForwardBatch
 from .cache import KVCache
 from .linear import Int8Linear, Linear
 
-_ENABLED = True
+_ENABLED = os.environ.get("NEXTTOKEN_FUSED", "1") != "0"  # NEXTTOKEN_FUSED=0: decode steps run the modules
 _KIND = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 
 
