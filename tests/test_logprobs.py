@@ -83,3 +83,30 @@ def test_llm_beam_search_returns_num_return_sequences(tmp_path) -> None:  # noqa
                    eos_token_id=None, pad_token_id=0)
     got = llm.generate(prompt, max_new_tokens=5, num_beams=3, num_return_sequences=2, eos_token_id=None)
     assert [c.token_ids for c in got] == out[:, 4:].tolist()
+
+
+def test_generate_frees_each_steps_scores_unless_asked_to_keep_them() -> None:
+    """Holding every step's (B, V) scores during generation would grow memory by steps x B x V floats; only
+    output_scores keeps them (checked while generating: after it returns, everything is freed either way)."""
+    import gc
+    import weakref
+
+    _, model = model_pair()
+    ids, mask = left_padded(PROMPTS)
+    for keep in (False, True):
+        seen: list[weakref.ref] = []
+        alive_before: list[int] = []
+
+        def watch(input_ids, scores):  # noqa: ANN001, ANN202
+            gc.collect()
+            alive_before.append(sum(ref() is not None for ref in seen))  # earlier steps' scores still held
+            seen.append(weakref.ref(scores))
+            return scores
+
+        out = generate(model, ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=None,
+                       logits_processor=[watch], return_dict_in_generate=True, output_scores=keep, top_logprobs=2)
+        if keep:
+            assert alive_before[-1] == 11, alive_before
+        else:  # at most the step just before (still referenced by the loop)
+            assert max(alive_before) <= 1, alive_before
+        assert out.logprobs.shape == (3, 12) and out.top_logprobs.shape == (3, 12, 2)
