@@ -14,9 +14,15 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+
+// Software prefetch distance for products with 2+ activation rows: each weight byte then costs several FMAs, and
+// the hardware prefetcher alone let an 8-row product over a 98 MB LM head stream at 14 GB/s (23 GB/s with it).
+// At one row it changes nothing measurable, so it is not issued there.
+static const size_t PF_BYTES = 4096;
 
 enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2 };
 enum { OUT_F32 = 0, OUT_BF16 = 1 };
@@ -56,11 +62,15 @@ TARGET static void tile(const void* W, const float* x, int64_t K, int64_t n0, fl
   const __mmask16 tail = (__mmask16)((1u << (K & 15)) - 1u);
   for (int64_t k = 0; k < K; k += 16) {
     const __mmask16 mask = k + 16 <= K ? (__mmask16)0xffff : tail;
-    __m512 xv[M];
-    for (int m = 0; m < M; ++m) xv[m] = _mm512_maskz_loadu_ps(mask, x + (size_t)m * K + k);
+    __m512 w[R];
     for (int r = 0; r < R; ++r) {
-      __m512 w = load_w<KIND>(rows[r], k, mask);
-      for (int m = 0; m < M; ++m) acc[r][m] = _mm512_fmadd_ps(w, xv[m], acc[r][m]);
+      // Rows are contiguous, so prefetching PF_BYTES ahead runs on into the next rows (a prefetch never faults).
+      if (M >= 2) _mm_prefetch(rows[r] + (size_t)k * es + PF_BYTES, _MM_HINT_T0);
+      w[r] = load_w<KIND>(rows[r], k, mask);
+    }
+    for (int m = 0; m < M; ++m) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + (size_t)m * K + k);  // from L1: x is a few KB
+      for (int r = 0; r < R; ++r) acc[r][m] = _mm512_fmadd_ps(w[r], xv, acc[r][m]);
     }
   }
   for (int r = 0; r < R; ++r)
@@ -253,6 +263,36 @@ TARGET static void dequant_row(const int8_t* q, float s, int64_t K, void* out, i
       _mm256_mask_storeu_epi16((uint16_t*)out + k, m, _mm512_cvtepi32_epi16(u));
     }
   }
+}
+
+// Row-wise argmax of x (M, N) float32 with torch.argmax's answer: the first index of the largest value, or of the
+// first NaN when there is one. Two vector passes (the maximum, then where it first occurs): greedy decoding's
+// argmax over a 32k-128k vocabulary is otherwise ~30 us a step in ATen.
+TARGET static int64_t argmax_row(const float* x, int64_t N) {
+  __m512 best = _mm512_set1_ps(-INFINITY);
+  __mmask16 nan = 0;
+  for (int64_t k = 0; k < N; k += 16) {
+    const __mmask16 m = N - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (N - k)) - 1u);
+    const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, x + k);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    best = _mm512_max_ps(best, v);
+  }
+  if (nan) {
+    for (int64_t k = 0; k < N; ++k)
+      if (x[k] != x[k]) return k;
+  }
+  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(best));
+  for (int64_t k = 0; k < N; k += 16) {
+    const __mmask16 m = N - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (N - k)) - 1u);
+    const __mmask16 hit = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, x + k), top, _CMP_EQ_OQ);
+    if (hit) return k + __builtin_ctz((unsigned)hit);
+  }
+  return 0;  // unreachable: the maximum occurs somewhere
+}
+
+int nt_argmax_f32(const float* x, int64_t M, int64_t N, int64_t* out) {
+  for (int64_t m = 0; m < M; ++m) out[m] = argmax_row(x + (size_t)m * N, N);
+  return 0;
 }
 
 int nt_dequantize_i8(const int8_t* q, const float* scale, int64_t N, int64_t K, void* out, int out_kind) {

@@ -131,3 +131,16 @@ def test_int8_prefill_in_blocks_equals_one_dequantized_matrix(dtype, monkeypatch
     with torch.no_grad():
         expected = F.linear(x, (layer.weight.float() * layer.scale[:, None]).to(dtype)) + layer.bias.to(dtype)
         torch.testing.assert_close(layer(x), expected, rtol=0, atol=0)
+
+
+@needs_kernel
+def test_argmax_is_torch_argmax_including_ties_nan_and_inf() -> None:
+    gen = torch.Generator().manual_seed(8)
+    for shape in [(1, 32000), (3, 17), (8, 1000), (2, 1)]:
+        x = torch.randn(*shape, generator=gen)
+        assert torch.equal(kernels.argmax(x), x.argmax(-1)), shape
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([[1.0, 5.0, 5.0, 2.0], [-inf] * 4, [1.0, nan, 9.0, nan], [3.0] * 4, [-inf, inf, 0.0, inf]])
+    assert kernels.argmax(x).tolist() == x.argmax(-1).tolist() == [1, 0, 1, 0, 1]
+    wide = torch.randn(4, 40, generator=gen)[:, ::2]  # not contiguous: torch's own argmax
+    assert torch.equal(kernels.argmax(wide), wide.argmax(-1))

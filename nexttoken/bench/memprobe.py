@@ -1,11 +1,12 @@
 """Peak memory of one engine, in a fresh process: `python -m nexttoken.bench.memprobe '<json>'` prints JSON.
 
-Reported: the process's peak resident data while generating minus its resident data before the model was loaded
-(after a warm-up of the math libraries), so weights + KV cache + runtime buffers, without the interpreter and
-library code. Linux keeps a peak only for all resident memory (VmHWM, reset after loading), which includes
-library code pages that become resident the first time an operation runs (~8 MiB for a first generation);
-those are file-backed and stay resident, so the peak of the data is VmHWM minus the file-backed part (RssFile)
-at the end, and the baseline is the anonymous memory (RssAnon) before loading.
+Reported: the process's peak resident memory while generating minus its resident memory before the model was
+loaded (after a warm-up of the math libraries), both without the pages of shared libraries: so weights (also
+when they stay memory-mapped from the checkpoint, as transformers keeps them) + KV cache + runtime buffers,
+without the interpreter and library code. Linux keeps a peak only for all resident memory (VmHWM, reset after
+loading), which includes library code pages that become resident the first time an operation runs (~8 MiB for
+a first generation); those stay resident, so the peak is VmHWM minus the resident pages of `.so` mappings
+(/proc/self/smaps) at the end.
 """
 
 from __future__ import annotations
@@ -24,6 +25,23 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
+def _library_kib() -> int:
+    """Resident KiB of shared-library mappings (code and read-only data of *.so files)."""
+    total, in_library = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and len(fields) >= 5:  # a mapping's header: range perms offset dev inode [path]
+            path = fields[5] if len(fields) > 5 else ""
+            in_library = ".so" in Path(path).name
+        elif in_library and fields and fields[0] == "Rss:":
+            total += int(fields[1])
+    return total
+
+
+def _data_kib(field: str = "VmRSS") -> int:
+    return _status_kib(field) - _library_kib()
+
+
 def probe(spec: dict) -> dict:
     from .engines import make_engine, transformers_available
 
@@ -39,14 +57,14 @@ def probe(spec: dict) -> dict:
         torch.nn.functional.scaled_dot_product_attention(a, a, a)
         a[0, 0] @ a[0, 0].T
         torch.nn.functional.linear(a[0, 0, :1], a[0, 0])
-    base = _status_kib("RssAnon")
+    base = _data_kib()
     engine = make_engine(spec["engine"], Path(spec["path"]), spec["dtype"])
     ids = torch.randint(3, spec["vocab"], (spec["batch"], spec["prompt_len"]), generator=torch.Generator().manual_seed(0))
     engine.generate(ids, 2)  # warm: lazy allocations, kernel build
-    load_peak = _status_kib("VmHWM") - _status_kib("RssFile")
+    load_peak = _data_kib("VmHWM")
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak to the current resident size
     engine.generate(ids, spec["new_tokens"])
-    peak = _status_kib("VmHWM") - _status_kib("RssFile")
+    peak = _data_kib("VmHWM")
     return {"peak_mib": (peak - base) / 1024, "load_peak_mib": (load_peak - base) / 1024}
 
 

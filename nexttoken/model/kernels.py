@@ -79,6 +79,8 @@ def library() -> ctypes.CDLL | None:
     p, i64, i = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.nt_linear.argtypes = [p, i, p, p, p, i64, i64, i64, p, i]
     lib.nt_linear.restype = i
+    lib.nt_argmax_f32.argtypes = [p, i64, i64, p]
+    lib.nt_argmax_f32.restype = i
     lib.nt_dequantize_i8.argtypes = [p, p, i64, i64, p, i]
     lib.nt_dequantize_i8.restype = i
     lib.nt_decode_step.argtypes = [p, p, i64, p, i64, i64, p]
@@ -132,6 +134,17 @@ def linear(
     )
     assert rc == 0
     return y
+
+
+def argmax(scores: torch.Tensor) -> torch.Tensor:
+    """(B, V) scores -> (B,) int64 ids, exactly torch.argmax(scores, -1): native for contiguous float32 CPU
+    scores (a vectorised two-pass scan), torch otherwise."""
+    lib = library() if scores.device.type == "cpu" and scores.dtype == torch.float32 else None
+    if lib is None or scores.dim() != 2 or not scores.is_contiguous() or scores.shape[1] == 0:
+        return scores.argmax(dim=-1)
+    out = torch.empty(scores.shape[0], dtype=torch.long)
+    lib.nt_argmax_f32(scores.data_ptr(), scores.shape[0], scores.shape[1], out.data_ptr())
+    return out
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -174,7 +174,7 @@ and weights in this folder were trained from scratch on those stories. MIT Licen
 
 (run from the repository root; the teacher is read from `../shared/models/stories260k`). `--reuse-corpus` keeps
 `runs/default_model/corpus.jsonl` from an earlier run of the same command (without it the corpus is sampled
-first: about 20 minutes on 2 shared cores; seeds 1000 and up, so it is the same corpus). The script
+first: about 25 minutes for 30M characters on an idle 2-core machine; seeds 1000 and up, so it is the same corpus). The script
 (`nexttoken/training/`) samples the corpus with nexttoken at temperatures 0.8-1.1, trains a byte-fallback BPE
 tokenizer ({m['vocab_size']} pieces) with `tokenizers`, trains the model with AdamW and a cosine schedule on
 {m['train']['minutes']:.1f} minutes of CPU time ({m['train']['steps']:,} steps of {m['train']['batch']}x{m['train']['seq_len']} tokens,
