@@ -12,6 +12,7 @@ from safetensors import SafetensorError, safe_open
 from ..config import ModelConfig
 from ..errors import MissingFileError, ModelLoadError
 from .llama import Transformer
+from .memory import copy_into_arena
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Tensors some checkpoints carry that hold nothing we need (RoPE tables are recomputed from the config).
@@ -153,12 +154,16 @@ def load_model(
     cfg = ModelConfig.from_dir(path)
     tensors = read_tensors(safetensors_files(path))
     check_tensors(cfg, tensors, path)
-    # copy=True: own memory for every weight, so the checkpoint's file mapping is released with `tensors`
-    # (tensors read from it would otherwise keep every page of the file resident next to the fused copies).
-    # One at a time, so each fused temporary is freed as soon as its copy exists (load peak ~2x, not ~2.7x).
+    # Own memory for every weight, so the checkpoint's file mapping is released with `tensors` (tensors read from
+    # it would otherwise keep every page of the file resident next to the fused copies). On CPU that memory is
+    # one huge-page arena (memory.py: decode streams it faster). One tensor at a time, so each fused temporary
+    # is freed as soon as its copy exists (load peak ~2x, not ~2.7x).
     state = to_state_dict(cfg, tensors)
-    for name in state:
-        state[name] = state[name].to(device=device, dtype=torch_dtype, copy=True)
+    if device.type == "cpu":
+        state = copy_into_arena(state, torch_dtype)
+    else:
+        for name in state:
+            state[name] = state[name].to(device=device, dtype=torch_dtype, copy=True)
     with torch.device("meta"):  # no throw-away random init: parameters are assigned from the checkpoint
         model = Transformer(cfg)
     model.load_state_dict(state, assign=True, strict=True)

@@ -15,6 +15,7 @@ from ..errors import ModelLoadError
 from .linear import Int8Linear, Linear
 from .llama import Transformer
 from .loader import release_freed_memory
+from .memory import repack
 
 QUANTIZATIONS = ("int8",)
 
@@ -48,6 +49,8 @@ def quantize_int8(model: Transformer) -> Transformer:
     model.embed = Int8Embedding(table, dtype)
     model.quantization = "int8"
     release_freed_memory()  # the float weights just replaced
+    repack(model)  # the int8 weights onto huge pages too (memory.py), like the loader's float ones
+    release_freed_memory()
     return model
 
 
