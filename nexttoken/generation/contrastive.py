@@ -17,8 +17,8 @@ import torch
 from ..errors import GenerationConfigError
 from ..model import Transformer
 from .config import GenerationConfig
-from .decode import DecodePlan, DecodeState, StepOutput, forward_last, prefill
-from .logprobs import collect_logprobs
+from .decode import DecodePlan, DecodeState, forward_last, prefill
+from .logprobs import LogprobCollector
 from .outputs import GenerateOutput
 
 
@@ -70,7 +70,10 @@ def contrastive_search(
         context = hidden.last[rows]  # (B, P, H)
         valid = plan.attention_mask.bool()
         unfinished = torch.ones(B, dtype=torch.bool, device=rows.device)
-        steps: list[StepOutput] = []
+        tokens: list[torch.Tensor] = []
+        kept_scores: list[torch.Tensor] = []
+        kept_logits: list[torch.Tensor] = []
+        logprobs = LogprobCollector(cfg.top_logprobs)  # step by step: no step's (B, V) logits outlive it
         for step in range(plan.max_new_tokens):
             ids = state.tokens[rows, : state.length]
             scores = plan.processors(ids, logits)
@@ -89,19 +92,23 @@ def contrastive_search(
             valid = torch.cat([valid, torch.ones_like(valid[:, :1])], dim=1)
             finished = plan.stopping(state.tokens[rows, : state.length], scores) & unfinished
             unfinished = unfinished & ~finished
-            steps.append(StepOutput(chosen, logits, scores, finished, unfinished.clone()))
+            tokens.append(chosen)
+            logprobs.add(logits, chosen)
+            if cfg.output_scores:
+                kept_scores.append(scores)
+            if cfg.output_logits:
+                kept_logits.append(logits)
             logits = cand_logits[torch.arange(B), best]
             if not unfinished.any():
                 break
     finally:
         hidden.close()
-    new = torch.stack([s.tokens for s in steps], dim=1)
+    new = torch.stack(tokens, dim=1)
     out = GenerateOutput(
         sequences=torch.cat([plan.input_ids, new], dim=1),
-        scores=tuple(s.scores for s in steps) if cfg.output_scores else None,
-        logits=tuple(s.logits for s in steps) if cfg.output_logits else None,
+        scores=tuple(kept_scores) if cfg.output_scores else None,
+        logits=tuple(kept_logits) if cfg.output_logits else None,
         finished=~unfinished,
     )
-    logits = [s.logits for s in steps]
-    out.logprobs, out.top_logprobs, out.top_logprob_ids = collect_logprobs(logits, new, cfg.top_logprobs)
+    out.logprobs, out.top_logprobs, out.top_logprob_ids = logprobs.result()
     return out

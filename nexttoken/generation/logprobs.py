@@ -38,16 +38,6 @@ class LogprobCollector:
         return out, torch.stack(self.values, dim=1), torch.stack(self.ids, dim=1)
 
 
-def collect_logprobs(
-    logits: Sequence[torch.Tensor], chosen: torch.Tensor, top_n: int = 0
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Per step (B, V) raw logits and (B, T) chosen ids -> what LogprobCollector.result() gives for them."""
-    collector = LogprobCollector(top_n)
-    for t, step in enumerate(logits):
-        collector.add(step, chosen[:, t])
-    return collector.result()
-
-
 def compute_transition_scores(
     sequences: torch.Tensor,
     scores: Sequence[torch.Tensor],
