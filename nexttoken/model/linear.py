@@ -54,7 +54,6 @@ class Int8Linear(nn.Module):
             y = y + self.bias.to(x.dtype)
         return y.view(*lead, self.out_features)
 
-
     def _prefill_in_blocks(self, x: torch.Tensor) -> torch.Tensor:
         """x (M, K) @ dequantized weights^T, a block of output rows at a time: the dequantized block (a few MB)
         stays in cache for its GEMM, and no full-size float copy of the matrix (1 GB for a 1B model's LM head

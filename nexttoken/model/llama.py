@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from .batch import ForwardBatch
 from . import fused
+from .batch import ForwardBatch
 from .cache import KVCache
 from .linear import Linear
 from .rope import apply_rope, inverse_frequencies, rope_cos_sin
