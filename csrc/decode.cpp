@@ -57,12 +57,11 @@ namespace {
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 
 struct Scratch {  // per calling thread, grown on demand and reused across steps
-  std::vector<float> h, qkv, att, tmp, gu, act, cos, sin, scores;
+  std::vector<float> h, qkv, att, tmp, gu, act, cos, sin;
   void fit(const NtModel& m, int64_t B, int64_t kv_len) {
     const int64_t C = m.hidden, HD = m.n_heads * m.head_dim, I = m.intermediate;
     grow(h, B * C), grow(tmp, B * C), grow(att, B * HD), grow(act, B * I), grow(gu, B * 2 * I);
     grow(qkv, B * (HD + 2 * m.n_kv_heads * m.head_dim)), grow(cos, B * m.head_dim), grow(sin, B * m.head_dim);
-    grow(scores, B * m.n_heads * kv_len);
   }
   static void grow(std::vector<float>& v, int64_t n) {
     if ((int64_t)v.size() < n) v.resize(n);
@@ -70,6 +69,7 @@ struct Scratch {  // per calling thread, grown on demand and reused across steps
 };
 
 thread_local Scratch scratch;
+thread_local std::vector<float> scores;  // one head's attention scores, per OpenMP thread (kv_len floats)
 
 int linear(const NtLinear& l, const float* x, int64_t B, int64_t N, int64_t K, float* y) {
   return nt_linear(l.weight, (int)l.kind, x, l.bias, l.scale, B, N, K, y, 0);
@@ -168,8 +168,9 @@ int nt_decode_step(const NtModel* m, float* x, int64_t B, const int64_t* positio
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H, head = bh % H;
       const int64_t base = b * m->cache_row_stride + (head / group) * m->cache_head_stride;
-      attend(qkv + b * NQKV + head * D, L.k_cache + base, L.v_cache + base, kv_len, D,
-             s.scores.data() + bh * kv_len, att + b * HD + head * D);
+      Scratch::grow(scores, kv_len);  // this thread's own buffer
+      attend(qkv + b * NQKV + head * D, L.k_cache + base, L.v_cache + base, kv_len, D, scores.data(),
+             att + b * HD + head * D);
     }
     if (linear(L.o, att, B, C, HD, tmp)) return 1;
     for (int64_t i = 0; i < B * C; ++i) x[i] = x[i] + tmp[i];
