@@ -77,9 +77,12 @@ TARGET static void tile(const void* W, const float* x, int64_t K, int64_t n0, fl
     for (int m = 0; m < M; ++m) acc_out[r * M + m] = _mm512_reduce_add_ps(acc[r][m]);
 }
 
-template <int KIND, int M, int R>
-TARGET static void run(const void* W, const float* x, const float* bias, const float* scale, int64_t N,
-                       int64_t K, void* y, int out_kind) {
+// Output rows in groups of R (a last, shorter group row by row), split over the OpenMP threads when the product
+// is large enough. full(n0, sums) fills the R x M partial sums of rows n0.., one(n, sums) the M of row n; each sum
+// is then scaled (per activation row, then per output row, where given), biased and stored.
+template <int M, int R, typename Full, typename One>
+static inline void over_rows(Full full, One one, int64_t N, int64_t K, const float* xscale, const float* scale,
+                             const float* bias, void* y, int out_kind) {
   const int64_t groups = N / R;
   // Small products stay on one thread: waking the pool costs more than their few microseconds of work.
   const bool parallel = (double)N * (double)K * (double)(M + 3) >= (double)(1 << 19);
@@ -90,14 +93,15 @@ TARGET static void run(const void* W, const float* x, const float* bias, const f
     const int rows = g < groups ? R : (int)(N - n0);
     if (rows == 0) continue;
     if (rows == R) {
-      tile<KIND, M, R>(W, x, K, n0, sums);
+      full(n0, sums);
     } else {
-      for (int r = 0; r < rows; ++r) tile<KIND, M, 1>(W, x, K, n0 + r, sums + r * M);
+      for (int r = 0; r < rows; ++r) one(n0 + r, sums + r * M);
     }
     for (int r = 0; r < rows; ++r) {
       const int64_t n = n0 + r;
       for (int m = 0; m < M; ++m) {
         float v = sums[r * M + m];
+        if (xscale) v *= xscale[m];
         if (scale) v *= scale[n];
         if (bias) v += bias[n];
         if (out_kind == OUT_F32)
@@ -107,6 +111,14 @@ TARGET static void run(const void* W, const float* x, const float* bias, const f
       }
     }
   }
+}
+
+template <int KIND, int M, int R>
+TARGET static void run(const void* W, const float* x, const float* bias, const float* scale, int64_t N,
+                       int64_t K, void* y, int out_kind) {
+  over_rows<M, R>([&](int64_t n0, float* sums) { tile<KIND, M, R>(W, x, K, n0, sums); },
+                  [&](int64_t n, float* sums) { tile<KIND, M, 1>(W, x, K, n, sums); }, N, K, nullptr, scale, bias,
+                  y, out_kind);
 }
 
 // int8 weights x int16 activations with VNNI (vpdpwssd: 32 int16 products summed pairwise into 16 int32 lanes):
@@ -144,31 +156,9 @@ TARGET_VNNI static void tile_i8(const int8_t* W, const int16_t* xq, int64_t Kp, 
 template <int M, int R>
 TARGET_VNNI static void run_i8(const int8_t* W, const int16_t* xq, const float* xscale, const float* bias,
                                const float* scale, int64_t N, int64_t K, int64_t Kp, void* y, int out_kind) {
-  const int64_t groups = N / R;
-  const bool parallel = (double)N * (double)K * (double)(M + 3) >= (double)(1 << 19);
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t g = 0; g <= groups; ++g) {
-    float sums[R * M];
-    const int64_t n0 = g * R;
-    const int rows = g < groups ? R : (int)(N - n0);
-    if (rows == 0) continue;
-    if (rows == R) {
-      tile_i8<M, R>(W, xq, Kp, K, n0, sums);
-    } else {
-      for (int r = 0; r < rows; ++r) tile_i8<M, 1>(W, xq, Kp, K, n0 + r, sums + r * M);
-    }
-    for (int r = 0; r < rows; ++r) {
-      const int64_t n = n0 + r;
-      for (int m = 0; m < M; ++m) {
-        float v = sums[r * M + m] * xscale[m] * scale[n];
-        if (bias) v += bias[n];
-        if (out_kind == OUT_F32)
-          ((float*)y)[(size_t)m * N + n] = v;
-        else
-          ((uint16_t*)y)[(size_t)m * N + n] = f32_to_bf16(v);
-      }
-    }
-  }
+  over_rows<M, R>([&](int64_t n0, float* sums) { tile_i8<M, R>(W, xq, Kp, K, n0, sums); },
+                  [&](int64_t n, float* sums) { tile_i8<M, 1>(W, xq, Kp, K, n, sums); }, N, K, xscale, scale, bias,
+                  y, out_kind);
 }
 
 typedef void (*kernel_i8_fn)(const int8_t*, const int16_t*, const float*, const float*, const float*, int64_t,

@@ -153,30 +153,32 @@ def test_invalid_config_json(model_dir: Path, tmp_path: Path) -> None:
         load_model(d)
 
 
-def test_missing_tensor_is_named(model_dir: Path, tmp_path: Path) -> None:
+def _drop_up_proj(t: dict) -> None:
+    del t["model.layers.1.mlp.up_proj.weight"]
+
+
+def _reshape_k_proj(t: dict) -> None:
+    t["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(8, 64)
+
+
+def _add_layer_5(t: dict) -> None:
+    t["model.layers.5.self_attn.q_proj.weight"] = torch.zeros(4, 4)
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (_drop_up_proj, r"model\.layers\.1\.mlp\.up_proj\.weight missing"),  # a missing tensor is named
+        (_reshape_k_proj, r"k_proj\.weight has shape \(8, 64\).*\(32, 64\)"),  # a wrong shape is named
+        (_add_layer_5, r"unexpected tensors model\.layers\.5"),  # an unexpected tensor is named
+    ],
+)
+def test_checkpoint_mismatch_is_named(model_dir: Path, tmp_path: Path, change, message: str) -> None:  # noqa: ANN001
     d = copy_of(model_dir, tmp_path)
     tensors = load_file(d / "model.safetensors")
-    del tensors["model.layers.1.mlp.up_proj.weight"]
+    change(tensors)
     save_file(tensors, d / "model.safetensors")
-    with pytest.raises(ModelLoadError, match=r"model\.layers\.1\.mlp\.up_proj\.weight missing"):
-        load_model(d)
-
-
-def test_wrong_shape_is_named(model_dir: Path, tmp_path: Path) -> None:
-    d = copy_of(model_dir, tmp_path)
-    tensors = load_file(d / "model.safetensors")
-    tensors["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(8, 64)
-    save_file(tensors, d / "model.safetensors")
-    with pytest.raises(ModelLoadError, match=r"k_proj\.weight has shape \(8, 64\).*\(32, 64\)"):
-        load_model(d)
-
-
-def test_unexpected_tensor_is_named(model_dir: Path, tmp_path: Path) -> None:
-    d = copy_of(model_dir, tmp_path)
-    tensors = load_file(d / "model.safetensors")
-    tensors["model.layers.5.self_attn.q_proj.weight"] = torch.zeros(4, 4)
-    save_file(tensors, d / "model.safetensors")
-    with pytest.raises(ModelLoadError, match=r"unexpected tensors model\.layers\.5"):
+    with pytest.raises(ModelLoadError, match=message):
         load_model(d)
 
 

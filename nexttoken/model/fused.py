@@ -138,7 +138,6 @@ def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch
         and input_ids.device.type == "cpu"
         and cache.k.dtype == torch.float32
         and model.dtype == torch.float32
-        and model.inv_freq.dtype == torch.float32
         and not torch.is_grad_enabled()
         and kernels.library() is not None
     )
@@ -153,9 +152,7 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardB
     if not plan.ok:
         return None
     x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
-    positions = batch.positions.reshape(-1).contiguous()  # (B,) int64
-    if positions.dtype != torch.int64:
-        positions = positions.long()
+    positions = batch.positions.reshape(-1).to(torch.int64).contiguous()  # (B,)
     B = x.shape[0]
     logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
     rc = kernels.library().nt_decode_step(
