@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import nexttoken
-from nexttoken.engine import EngineConfig, LLMEngine, SamplingParams
+from nexttoken.engine import EngineConfig, LLMEngine
 from nexttoken.errors import GenerationConfigError, PromptTooLongError
 from nexttoken.generation.config import GenerationConfig
 from nexttoken.model import load_model
@@ -31,6 +31,14 @@ def stories(shared_dir):
     return nexttoken.load(shared_dir / "models" / "stories260k")
 
 
+def _run(engine: LLMEngine, prompts: list[list[int]], params: list[GenerationConfig]) -> list:
+    """Requests with options of their own, run to completion together."""
+    seqs = [engine.add_request(p, c) for p, c in zip(prompts, params)]
+    while engine.has_unfinished():
+        engine.step()
+    return seqs
+
+
 def _engine(llm, **config) -> LLMEngine:
     return LLMEngine(llm.model, llm.tokenizer, EngineConfig(**{"chunk_size": 16, "max_num_seqs": 8, **config}))
 
@@ -50,7 +58,7 @@ def test_greedy_equals_transformers_per_prompt(tmp_path, variant) -> None:
     model = load_model(tmp_path)
     engine = LLMEngine(model, None, EngineConfig(chunk_size=8, max_num_seqs=4, max_num_batched_tokens=24))
     prompts = [[1, 5, 9, 22], [1] + list(range(10, 40)), [1, 7], [1, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59]]
-    params = SamplingParams(generation=GENERATION_NO_EOS, max_tokens=12)
+    params = GENERATION_NO_EOS.updated(max_new_tokens=12)
     seqs = engine.generate(prompts, params)
     for prompt, seq in zip(prompts, seqs):
         expected = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
@@ -64,28 +72,32 @@ GENERATION_NO_EOS = GenerationConfig(eos_token_id=None, top_k=None)
 
 def test_greedy_same_alone_batched_and_python_api(stories) -> None:
     engine = _engine(stories)
-    params = SamplingParams(generation=GREEDY, max_tokens=40)
+    params = GREEDY.updated(max_new_tokens=40)
     ids = [stories.encode(p) for p in PROMPTS]
     batched = engine.generate(ids, params)
     for prompt, p_ids, seq in zip(PROMPTS, ids, batched):
         alone = engine.generate([p_ids], params)[0]
         assert alone.output_ids == seq.output_ids
-        reference = stories.generate(prompt, max_new_tokens=40, do_sample=False)  # the plain decode loop
-        assert seq.output_ids == reference.token_ids
-        assert seq.text == reference.text
-        assert seq.logprobs == pytest.approx(reference.logprobs, abs=1e-4)
+        # The padded-batch decode loop, an independent path: same ids, and text and log-probs from them.
+        reference = nexttoken.generate(stories.model, torch.tensor([p_ids]), max_new_tokens=40,
+                                       return_dict_in_generate=True, top_k=None, eos_token_id=2)
+        new = reference.sequences[0, len(p_ids):].tolist()
+        cut = new.index(2) + 1 if 2 in new else len(new)
+        assert seq.output_ids == new[:cut]
+        head = stories.tokenizer.decode(p_ids, skip_special_tokens=True)  # the text continues the prompt's
+        assert head + seq.out.text == stories.tokenizer.decode(p_ids + new[:cut], skip_special_tokens=True)
+        assert seq.out.logprobs == pytest.approx(reference.logprobs[0, :cut].tolist(), abs=1e-4)
 
 
 def test_seeded_samples_do_not_depend_on_batch_mates(stories) -> None:
     engine = _engine(stories)
-    sampled = SamplingParams(generation=GREEDY.updated(do_sample=True, temperature=1.3, seed=7), max_tokens=30)
+    sampled = GREEDY.updated(do_sample=True, temperature=1.3, seed=7).updated(max_new_tokens=30)
     ids = [stories.encode(p) for p in PROMPTS]
     alone = engine.generate([ids[0]], sampled)[0].output_ids
-    greedy = SamplingParams(generation=GREEDY, max_tokens=30)
-    mixed = engine.generate(ids, [sampled, greedy, sampled.__class__(generation=GREEDY.updated(
-        do_sample=True, seed=99), max_tokens=30), greedy])
+    greedy = GREEDY.updated(max_new_tokens=30)
+    mixed = _run(engine, ids, [sampled, greedy, GREEDY.updated(do_sample=True, seed=99, max_new_tokens=30), greedy])
     assert mixed[0].output_ids == alone
-    other_seed = SamplingParams(generation=GREEDY.updated(do_sample=True, temperature=1.3, seed=8), max_tokens=30)
+    other_seed = GREEDY.updated(do_sample=True, temperature=1.3, seed=8).updated(max_new_tokens=30)
     assert engine.generate([ids[0]], other_seed)[0].output_ids != alone
 
 
@@ -93,7 +105,7 @@ def test_prefix_cache_hits_and_changes_nothing(stories) -> None:
     engine = _engine(stories)
     shared = stories.encode(PROMPTS[2] + " " + PROMPTS[2])
     assert len(shared) > 48
-    params = SamplingParams(generation=GREEDY, max_tokens=20)
+    params = GREEDY.updated(max_new_tokens=20)
     first = engine.generate([shared + [400]], params)[0]
     hits_before = engine.prefix_cache.hit_tokens
     second = engine.generate([shared + [401]], params)[0]
@@ -106,7 +118,7 @@ def test_prefix_cache_hits_and_changes_nothing(stories) -> None:
 
 def test_slots_bound_the_batch_and_waiting_requests_run_later(stories) -> None:
     engine = _engine(stories, max_num_seqs=2)
-    params = SamplingParams(generation=GREEDY, max_tokens=10)
+    params = GREEDY.updated(max_new_tokens=10)
     for p in PROMPTS:
         engine.add_request(stories.encode(p), params)
     most = 0
@@ -121,9 +133,9 @@ def test_slots_bound_the_batch_and_waiting_requests_run_later(stories) -> None:
 
 def test_abort_frees_the_slot_at_the_next_step(stories) -> None:
     engine = _engine(stories, max_num_seqs=1)
-    params = SamplingParams(generation=GREEDY, max_tokens=200, ignore_eos=True)
+    params = GREEDY.updated(max_new_tokens=200, ignore_eos=True)
     engine.add_request(stories.encode(PROMPTS[0]), params, request_id="long")
-    engine.add_request(stories.encode(PROMPTS[1]), SamplingParams(generation=GREEDY, max_tokens=5), request_id="next")
+    engine.add_request(stories.encode(PROMPTS[1]), GREEDY.updated(max_new_tokens=5), request_id="next")
     for _ in range(3):
         engine.step()
     assert engine.stats().num_waiting == 1
@@ -137,13 +149,13 @@ def test_abort_frees_the_slot_at_the_next_step(stories) -> None:
 def test_bad_requests_raise_typed_errors(stories) -> None:
     engine = _engine(stories, max_model_len=64)
     with pytest.raises(PromptTooLongError):
-        engine.add_request(list(range(3, 70)), SamplingParams(generation=GREEDY))
+        engine.add_request(list(range(3, 70)), GREEDY)
     with pytest.raises(GenerationConfigError):
-        engine.add_request([1, 999999], SamplingParams(generation=GREEDY))
-    with pytest.raises(GenerationConfigError):
-        SamplingParams(generation=GREEDY.updated(num_beams=2))
-    with pytest.raises(GenerationConfigError):
-        SamplingParams(max_tokens=2, min_tokens=3)
+        engine.add_request([1, 999999], GREEDY)
+    with pytest.raises(GenerationConfigError, match="one greedy or sampled sequence"):
+        engine.add_request([1, 5], GREEDY.updated(num_beams=2))
+    with pytest.raises(GenerationConfigError, match="output_scores"):
+        engine.add_request([1, 5], GREEDY.updated(output_scores=True))
 
 
 def test_greedy_identical_for_any_batch_size(stories) -> None:
@@ -151,33 +163,33 @@ def test_greedy_identical_for_any_batch_size(stories) -> None:
     engine = _engine(stories, max_num_seqs=24)
     words = "the cat dog girl boy sun ball tree ran saw big red happy park".split()
     prompts = [stories.encode(" ".join(words[i % 14 : i % 14 + 2 + i % 5])) for i in range(20)]
-    params = SamplingParams(generation=GREEDY, max_tokens=24, ignore_eos=True)
+    params = GREEDY.updated(max_new_tokens=24, ignore_eos=True)
     together = engine.generate(prompts, params)
     for prompt, seq in zip(prompts, together):
         alone = engine.generate([prompt], params)[0]
         assert alone.output_ids == seq.output_ids
-        assert alone.logprobs == seq.logprobs  # the very same numbers, not merely the same argmax
+        assert alone.out.logprobs == seq.out.logprobs  # the very same numbers, not merely the same argmax
 
 
 def test_a_request_failing_at_run_time_ends_alone(stories) -> None:
     engine = _engine(stories)
-    bad = SamplingParams(generation=GREEDY.updated(logit_bias={100000: 5.0}), max_tokens=5)  # id past the vocab
-    good = SamplingParams(generation=GREEDY, max_tokens=5)
-    failed, served = engine.generate([stories.encode("A"), stories.encode("B")], [bad, good])
-    assert failed.finish_reason == "error" and "logit_bias" in failed.stop_reason
+    bad = GREEDY.updated(logit_bias={100000: 5.0}).updated(max_new_tokens=5)  # id past the vocab
+    good = GREEDY.updated(max_new_tokens=5)
+    failed, served = _run(engine, [stories.encode("A"), stories.encode("B")], [bad, good])
+    assert failed.finish_reason == "error" and "logit_bias" in failed.out.stop_reason
     assert served.finish_reason == "length" and len(served.output_ids) == 5
     assert not engine.has_unfinished() and engine.stats().num_running == 0
 
 
 def test_long_prompt_prefills_in_chunks_while_others_keep_decoding(stories) -> None:
     engine = _engine(stories, max_num_batched_tokens=20)  # room for one 16-token chunk per step
-    engine.add_request(stories.encode("Once upon a time"), SamplingParams(generation=GREEDY, max_tokens=50,
+    engine.add_request(stories.encode("Once upon a time"), GREEDY.updated(max_new_tokens=50,
                                                                           ignore_eos=True), request_id="running")
     for _ in range(3):
         engine.step()
     long_prompt = stories.encode(" ".join([PROMPTS[2]] * 4))
     assert len(long_prompt) > 100
-    long = engine.add_request(long_prompt, SamplingParams(generation=GREEDY, max_tokens=3), request_id="long")
+    long = engine.add_request(long_prompt, GREEDY.updated(max_new_tokens=3), request_id="long")
     steps_to_first_token = 0
     while not long.output_ids:
         events = engine.step()

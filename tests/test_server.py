@@ -371,7 +371,8 @@ def test_openai_client_sees_typed_errors(client) -> None:
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="nope", prompt="x", max_tokens=2)
     with pytest.raises(openai.BadRequestError) as info:
-        client.completions.create(model=_model(client), prompt="x", max_tokens=2, temperature=5)
+        # temperature has one bound everywhere, GenerationConfig's [0, inf) (transformers' and vLLM's, not OpenAI's 2)
+        client.completions.create(model=_model(client), prompt="x", max_tokens=2, temperature=-0.5)
     assert info.value.body["param"] == "temperature"
 
 

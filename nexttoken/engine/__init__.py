@@ -1,7 +1,6 @@
 """The serving engine: continuous batching over a slot KV cache (see llm_engine.py)."""
 
-from .llm_engine import EngineConfig, EngineStats, LLMEngine
-from .params import SamplingParams
+from .llm_engine import EngineConfig, EngineStats, LLMEngine, expand
 from .sequence import Sequence, SequenceStatus, TokenEvent
 
-__all__ = ["EngineConfig", "EngineStats", "LLMEngine", "SamplingParams", "Sequence", "SequenceStatus", "TokenEvent"]
+__all__ = ["EngineConfig", "EngineStats", "LLMEngine", "Sequence", "SequenceStatus", "TokenEvent", "expand"]

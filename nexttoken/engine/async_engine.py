@@ -13,7 +13,7 @@ import threading
 from typing import AsyncIterator, Callable
 
 from .llm_engine import EngineStats, LLMEngine
-from .params import SamplingParams
+from ..generation.config import GenerationConfig
 from .sequence import TokenEvent
 
 
@@ -46,7 +46,7 @@ class AsyncEngine:
         return self._stats
 
     async def stream(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, arrival_time: float | None = None
+        self, request_id: str, prompt_ids: list[int], params: GenerationConfig, arrival_time: float | None = None
     ) -> AsyncIterator[TokenEvent]:
         """Events of one request until it finishes. Closing the iterator early cancels the request."""
         if self.error is not None:

@@ -1,7 +1,7 @@
 """LLMEngine: continuous batching over a slot KV cache. Requests join and leave at every step.
 
     engine = LLMEngine(model, tokenizer)
-    engine.add_request("a", prompt_ids, SamplingParams(...))
+    engine.add_request(prompt_ids, GenerationConfig(...))   # options validated where the request came in
     while engine.has_unfinished():
         for event in engine.step(): ...
 
@@ -11,24 +11,46 @@ and single-threaded; `AsyncEngine` runs it on a thread for the server.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass
+from typing import Sequence as Seq
 
 import torch
 
 from ..detokenizer import IncrementalDetokenizer
 from ..errors import GenerationConfigError, PromptTooLongError
-from ..generation.constraints import MinNewTokens
-from ..generation.processors import ChainInputs, build_processors
-from ..generation.sampling import Sampler
+from ..generation.config import GenerationConfig
+from ..generation.decode import StepHook
+from ..generation.generate import length_budget, model_generation_config
+from ..generation.modes import GenerationMode, generation_mode
+from ..generation.output_pipeline import OutputPipeline
+from ..generation.processors import ChainInputs, LogitsProcessor, build_processors
+from ..generation.sampling import make_sampler
+from ..generation.stopping import MaxTime, StoppingChain, StoppingCriterion
 from ..model import Transformer
 from .model_runner import ModelRunner
-from .params import SamplingParams
 from .postprocess import advance, snapshot
 from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
 from .sequence import Sequence, TokenEvent
+
+# Options only the low-level, transformers-shaped generate() returns: the engine reports per-token events.
+_LOW_LEVEL_ONLY = ("return_dict_in_generate", "output_scores", "output_logits")
+
+
+def expand(prompts: list[list[int]], cfg: GenerationConfig) -> list[tuple[list[int], GenerationConfig]]:
+    """A request's sequences: each prompt's num_return_sequences choices, prompt-major. With a seed, the i-th
+    sequence draws from seed + i, so identical prompts in one request still sample differently and the first
+    sequence equals the same prompt sent alone."""
+    one = dataclasses.replace(cfg, num_return_sequences=1)
+    out = []
+    for prompt in prompts:
+        for _ in range(cfg.num_return_sequences):
+            seed = None if cfg.seed is None else (cfg.seed + len(out)) % 2**63
+            out.append((prompt, one if seed is None else dataclasses.replace(one, seed=seed)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -73,8 +95,17 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, model: Transformer, tokenizer=None, config: EngineConfig | None = None) -> None:  # noqa: ANN001
+    """`generation_config`: the model folder's defaults, which requests are resolved against at the edge."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer=None,  # noqa: ANN001
+        config: EngineConfig | None = None,
+        generation_config: GenerationConfig | None = None,
+    ) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.generation_config = generation_config or model_generation_config(model)
         self.config = config = config or EngineConfig()
         context = model.config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or context, context)
@@ -95,25 +126,36 @@ class LLMEngine:
     def add_request(
         self,
         prompt_ids: list[int],
-        params: SamplingParams,
+        params: GenerationConfig,
         request_id: str | None = None,
         arrival_time: float | None = None,
+        *,
+        logits_processor: Seq[LogitsProcessor] = (),
+        stopping_criteria: Seq[StoppingCriterion] = (),
+        hooks: Seq[StepHook] = (),
     ) -> Sequence:
-        """Queue a request. Its text continues the prompt's (keeps a leading space the decoder would strip)."""
+        """Queue one sequence. `params` is a validated GenerationConfig for one greedy or sampled sequence
+        (`expand` turns num_return_sequences into several). Its text continues the prompt's."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise GenerationConfigError(f"request id {request_id!r} is already running: use a new id")
+        self._check_options(params)
         self._check_prompt(prompt_ids)
-        if params.stop and self.tokenizer is None:
+        if params.stop_string_list and self.tokenizer is None:
             raise GenerationConfigError("stop strings need a tokenizer, and this model folder has none")
+        max_tokens = length_budget(params, len(prompt_ids), self.max_model_len)
+        criteria = list(stopping_criteria)
+        if params.max_time is not None:
+            criteria.insert(0, MaxTime(params.max_time))  # the clock starts when the request is queued
         seq = Sequence(
             request_id=request_id,
             prompt_ids=list(prompt_ids),
             params=params,
-            max_tokens=min(params.max_tokens, self.max_model_len - len(prompt_ids)),
-            processors=self._processors(prompt_ids, params),
-            sampler=Sampler(params.greedy, params.generation.seed, self.model.device),
-            detokenizer=self._detokenizer(prompt_ids, params),
+            out=OutputPipeline(params, max_tokens, self._detokenizer(prompt_ids, params)),
+            processors=self._processors(prompt_ids, params, max_tokens, logits_processor),
+            sampler=make_sampler(params, self.model.device),
+            stopping=StoppingChain(criteria) if criteria else None,
+            hooks=list(hooks),
             arrival_time=arrival_time if arrival_time is not None else time.monotonic(),
         )
         self.requests[request_id] = seq
@@ -126,9 +168,8 @@ class LLMEngine:
         seq = self.requests.pop(request_id, None)
         if seq is None:
             return None
-        seq.finish_reason = "abort"
         self.scheduler.release(seq)
-        return snapshot(seq, [], [], [], time.monotonic())
+        return snapshot(seq, seq.out.finish("abort"), time.monotonic())
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
@@ -146,10 +187,9 @@ class LLMEngine:
         self._generated_tokens += sum(len(e.token_ids) for e in events)
         return events
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Sequence]:
-        """Run prompts to completion (all admitted at once, batched by the scheduler); finished Sequences in order."""
-        each = params if isinstance(params, list) else [params] * len(prompts)
-        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, each)]
+    def generate(self, prompts: list[list[int]], params: GenerationConfig) -> list[Sequence]:
+        """Run a request's prompts to completion (batched by the scheduler); finished Sequences, prompt-major."""
+        seqs = [self.add_request(p, sp) for p, sp in expand(prompts, params)]
         while self.has_unfinished():
             self.step()
         return seqs
@@ -183,26 +223,40 @@ class LLMEngine:
                 f"(max_model_len {self.max_model_len}, one new token at least): shorten it"
             )
 
-    def _processors(self, prompt_ids: list[int], params: SamplingParams):  # noqa: ANN202
+    def _check_options(self, params: GenerationConfig) -> None:
+        mode = generation_mode(params)
+        if mode not in (GenerationMode.GREEDY, GenerationMode.SAMPLE) or params.num_return_sequences != 1:
+            raise GenerationConfigError(
+                f"the engine decodes one greedy or sampled sequence per request, not {mode.value} with "
+                f"num_return_sequences={params.num_return_sequences}: run search strategies through LLM.generate "
+                "or nexttoken.generate, and split n sequences with engine.expand"
+            )
+        for name in _LOW_LEVEL_ONLY:
+            if getattr(params, name):
+                raise GenerationConfigError(
+                    f"{name} is an output of the low-level nexttoken.generate(model, input_ids, ...); "
+                    "the engine reports log-probs per token (top_logprobs, prompt_logprobs) instead"
+                )
+
+    def _processors(self, prompt_ids: list[int], params: GenerationConfig, max_tokens: int,
+                    user: Seq[LogitsProcessor]):  # noqa: ANN202
         inputs = ChainInputs(
             prompt_ids=torch.tensor([prompt_ids], device=self.model.device),
-            max_new_tokens=params.max_tokens,
+            max_new_tokens=max_tokens,
             vocab_size=self.model.config.vocab_size,
+            model=self.model,  # classifier-free guidance runs its unconditional row through it
         )
-        user = []
-        banned = sorted(set(params.generation.eos_ids) | set(params.stop_token_ids))
-        if params.min_tokens and banned:
-            user.append(MinNewTokens(len(prompt_ids), params.min_tokens, banned))
-        return build_processors(params.generation, user, inputs=inputs)
+        return build_processors(params, list(user), inputs=inputs)
 
-    def _detokenizer(self, prompt_ids: list[int], params: SamplingParams):  # noqa: ANN202
+    def _detokenizer(self, prompt_ids: list[int], params: GenerationConfig):  # noqa: ANN202
         if self.tokenizer is None:
             return None
         return IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens, prompt_ids=prompt_ids)
 
     def _advance(self, seq: Sequence, logits: torch.Tensor) -> TokenEvent:
         try:
-            return advance(seq, logits, frozenset(seq.params.generation.eos_ids), self.max_model_len)
+            return advance(seq, logits)
         except Exception as e:  # noqa: BLE001 - a request whose options fail at run time ends alone; the rest go on
-            seq.finish_reason, seq.stop_reason = "error", f"{type(e).__name__}: {e}"
-            return snapshot(seq, [], [], [], time.monotonic())
+            delta = seq.out.finish("error")
+            seq.out.stop_reason = f"{type(e).__name__}: {e}"
+            return snapshot(seq, dataclasses.replace(delta, stop_reason=seq.out.stop_reason), time.monotonic())

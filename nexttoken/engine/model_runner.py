@@ -117,7 +117,7 @@ class ModelRunner:
     def _prefill(self, chunk: PrefillChunk) -> torch.Tensor:
         seq, start, end = chunk.seq, chunk.start, chunk.end
         device = self.model.device
-        want_prompt = seq.params.prompt_logprobs is not None and start < len(seq.prompt_ids)
+        want_prompt = seq.params.wants_prompt_logprobs and start < len(seq.prompt_ids)
         ids = torch.tensor([seq.token_ids[start:end]], dtype=torch.long, device=device)  # (1, T)
         cols = torch.arange(start, end, device=device)[None]  # (1, T) positions = cache columns
         valid = torch.ones(1, end, dtype=torch.bool, device=device)
@@ -150,7 +150,7 @@ class ModelRunner:
 
 def _record_prompt_logprobs(seq: Sequence, start: int, end: int, logits: torch.Tensor) -> None:
     """Log-probability of each prompt token given those before it, from a chunk's (T, V) logits."""
-    P, k = len(seq.prompt_ids), seq.params.prompt_logprobs or 0
+    P, k = len(seq.prompt_ids), seq.params.top_logprobs
     if seq.prompt_logprobs is None:
         seq.prompt_logprobs = [None]  # the first token has no context
     logp = F.log_softmax(logits, dim=-1)  # (T, V)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
+import torch
+
+from ..generation.config import GenerationConfig
+from ..generation.decode import StepHook
+from ..generation.output_pipeline import OutputPipeline, PromptLogprobs, TopLogprobs
 from ..generation.processors import ProcessorChain
-from ..generation.sampling import Sampler
-from .params import SamplingParams
-
-TopLogprobs = list[tuple[int, float]]  # (token id, log-probability), most likely first
+from ..generation.stopping import StoppingChain
 
 
 class SequenceStatus(enum.Enum):
@@ -25,39 +27,45 @@ class Sequence:
 
     request_id: str
     prompt_ids: list[int]
-    params: SamplingParams
-    max_tokens: int  # the request's max_tokens, cut to what fits the engine's max_model_len
+    params: GenerationConfig  # the request's options, validated once where the request came in
+    out: OutputPipeline  # its tokens, text, log-probs and stop decisions
     processors: ProcessorChain
-    sampler: Sampler  # owns this request's torch.Generator: its draws do not depend on batch-mates
-    detokenizer: Any = None  # IncrementalDetokenizer, or None for token-id-only models
+    sampler: Callable[[torch.Tensor], torch.Tensor]  # owns this request's generator: draws ignore batch-mates
+    stopping: StoppingChain | None = None  # a caller's stopping criteria and max_time; None when there are none
+    hooks: list[StepHook] = field(default_factory=list)
     arrival_time: float = 0.0
     status: SequenceStatus = SequenceStatus.WAITING
-    output_ids: list[int] = field(default_factory=list)
     slot: int | None = None
     num_cached: int = 0  # tokens whose K/V are in the slot
     prefix_hit_tokens: int = 0  # of them, copied from the prefix cache
-    text: str = ""  # generated text so far (cut at a stop string once one is found)
-    streamed: int = 0  # characters of `text` already reported
-    logprobs: list[float] = field(default_factory=list)  # chosen tokens, raw model distribution
-    top_logprobs: list[TopLogprobs] = field(default_factory=list)
-    prompt_logprobs: list[tuple[float, TopLogprobs] | None] | None = None  # position 0 has none
-    finish_reason: str | None = None  # "stop", "length" or "abort"
-    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    prompt_logprobs: PromptLogprobs | None = None  # position 0 has none
     scheduled_time: float | None = None  # first admitted to a slot
     first_token_time: float | None = None
     last_token_time: float | None = None
 
     @property
+    def output_ids(self) -> list[int]:
+        return self.out.token_ids
+
+    @property
+    def max_tokens(self) -> int:
+        return self.out.max_tokens
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.out.finish_reason
+
+    @property
     def token_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+        return self.prompt_ids + self.out.token_ids
 
     @property
     def last_token(self) -> int:
-        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+        return self.out.token_ids[-1] if self.out.token_ids else self.prompt_ids[-1]
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return len(self.prompt_ids) + len(self.out.token_ids)
 
     @property
     def num_uncached(self) -> int:
@@ -67,6 +75,24 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    def hook_inputs(self) -> dict[str, Any]:
+        """Extra model inputs from this request's hooks for its next forward ({} without hooks)."""
+        extra: dict[str, Any] = {}
+        for hook in self.hooks:
+            extra.update(hook.model_inputs(HookState(self)))
+        return extra
+
+
+class HookState:
+    """What a StepHook reads on the engine path: DecodeState's names, for a batch of one row."""
+
+    def __init__(self, seq: Sequence) -> None:
+        self.request_id = seq.request_id
+        self.ids = torch.tensor([seq.token_ids])  # (1, L) the prompt, then the generated ids
+        self.length = seq.num_tokens
+        self.next_position = torch.tensor([[seq.num_tokens]])  # (1, 1) position of the next token to be written
+        self.unfinished = torch.tensor([seq.finish_reason is None])  # (1,)
 
 
 @dataclass(frozen=True)
@@ -85,7 +111,7 @@ class TokenEvent:
     time: float
     arrival_time: float
     scheduled_time: float | None
-    prompt_logprobs: list[tuple[float, TopLogprobs] | None] | None = None  # with the first event only
+    prompt_logprobs: PromptLogprobs | None = None  # with the first event only
     prefix_hit_tokens: int = 0
 
     @property

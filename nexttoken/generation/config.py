@@ -92,6 +92,12 @@ class GenerationConfig:
     eos_token_id: int | list[int] | None = None
     stop_strings: str | list[str] | None = None
     max_time: float | None = None
+    stop_token_ids: list[int] | None = None  # ids that end a sequence like EOS, reported as its stop_reason
+    ignore_eos: bool = False  # keep going past EOS (stop_token_ids, stop strings and length still stop)
+    # Text and what is reported with it (the output pipeline, generation/output_pipeline.py).
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False  # keep the matched stop string (or stop token's text) in the text
+    echo: bool = False  # the prompt's text, ids and log-probs lead the completion's
     # Special tokens.
     bos_token_id: int | None = None
     pad_token_id: int | None = None
@@ -101,6 +107,7 @@ class GenerationConfig:
     output_logits: bool = False
     top_logprobs: int = 0  # per generated token: log-probabilities of the N most likely alternatives
     prompt_logprobs: bool = False  # log-probability of every prompt token given the ones before it
+    logprobs_mode: str = "raw"  # "raw": the model's distribution; "processed": the one sampled from
 
     @classmethod
     def from_file(cls, path: str | Path, base: "GenerationConfig | None" = None) -> "GenerationConfig":
@@ -138,6 +145,16 @@ class GenerationConfig:
         if self.eos_token_id is None:
             return []
         return [self.eos_token_id] if isinstance(self.eos_token_id, int) else list(self.eos_token_id)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """echo reports the prompt's log-probs with its text, so it needs them computed too."""
+        return self.prompt_logprobs or self.echo
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """Every id that ends a sequence: EOS (unless ignore_eos) and stop_token_ids."""
+        return frozenset(([] if self.ignore_eos else self.eos_ids) + list(self.stop_token_ids or ()))
 
     @property
     def stop_string_list(self) -> list[str]:
@@ -262,6 +279,14 @@ def _early_stopping(name: str, v: Any) -> None:
         _fail(name, v, 'must be true, false or "never"')
 
 
+def _one_of(*allowed: str) -> Callable[[str, Any], None]:
+    def check(name: str, v: Any) -> None:
+        if v not in allowed:
+            _fail(name, v, "must be one of " + ", ".join(repr(a) for a in allowed))
+
+    return check
+
+
 def _sampler_order(name: str, v: Any) -> None:
     if v is None:
         return
@@ -332,5 +357,11 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "early_stopping": _early_stopping,
     "penalty_alpha": _number(0.0, 1.0, optional=True),
     "max_time": _number(0.0, math.inf, lo_open=True, optional=True),
+    "stop_token_ids": _id_list,
+    "ignore_eos": _boolean,
+    "skip_special_tokens": _boolean,
+    "include_stop_str_in_output": _boolean,
+    "echo": _boolean,
+    "logprobs_mode": _one_of("raw", "processed"),
 }
 assert set(_CHECKS) == {f.name for f in dataclasses.fields(GenerationConfig)}

@@ -13,12 +13,11 @@ from .beam import beam_search
 from .contrastive import contrastive_search
 from .decode import DecodePlan, GenerationCache, StepHook, StepOutput, check_continuation, decode_steps
 from .group_beam import group_beam_search
-from .llamacpp import MirostatV2
 from .logprobs import LogprobCollector
 from .modes import GenerationMode, generation_mode
 from .outputs import GenerateOutput
 from .processors import ChainInputs, LogitsProcessor, build_processors
-from .sampling import Sampler
+from .sampling import make_sampler
 from .stopping import EosToken, MaxTime, StoppingChain, StoppingCriterion, StopStrings
 
 DEFAULT_NEW_TOKENS = 20  # transformers' default max_length=20, which then counts new tokens
@@ -65,12 +64,19 @@ def default_attention_mask(input_ids: torch.Tensor, cfg: GenerationConfig) -> to
 
 
 def new_token_budget(cfg: GenerationConfig, attention_mask: torch.Tensor, context: int) -> int:
-    """How many tokens to generate: the request, cut so the longest prompt stays inside the context."""
-    P = attention_mask.shape[1]
+    """How many tokens a left-padded batch generates: the request, cut so the longest prompt fits the context."""
     longest = int(attention_mask.sum(dim=1).max()) if attention_mask.numel() else 0
-    if longest >= context:
+    return length_budget(cfg, longest, context, width=attention_mask.shape[1])
+
+
+def length_budget(cfg: GenerationConfig, prompt_length: int, context: int, width: int | None = None) -> int:
+    """New tokens for a prompt of `prompt_length` tokens: max_new_tokens, or max_length minus the prompt (its
+    padded `width` in a batch), or transformers' default of 20; cut so prompt + output fit `context`. The one
+    place a length budget is worked out, for the decode loop, the search strategies and the engine."""
+    P = prompt_length if width is None else width
+    if prompt_length >= context:
         raise PromptTooLongError(
-            f"the prompt has {longest} tokens but the model's context is {context}: shorten it to at most "
+            f"the prompt has {prompt_length} tokens but the model's context is {context}: shorten it to at most "
             f"{context - 1} tokens so that at least one new token fits"
         )
     if cfg.max_new_tokens is not None:
@@ -84,7 +90,7 @@ def new_token_budget(cfg: GenerationConfig, attention_mask: torch.Tensor, contex
             )
     else:
         wanted = DEFAULT_NEW_TOKENS
-    return min(wanted, context - longest)
+    return min(wanted, context - prompt_length)
 
 
 def _as_list(items: Callable | Iterable | None) -> list:
@@ -108,8 +114,8 @@ def _stopping(
 ) -> StoppingChain:
     """EOS, stop strings and max_time, then the caller's criteria."""
     criteria: list[StoppingCriterion] = []
-    if cfg.eos_ids:
-        criteria.append(EosToken(cfg.eos_ids))
+    if cfg.stop_ids:
+        criteria.append(EosToken(sorted(cfg.stop_ids)))
     if cfg.stop_string_list:
         if tokenizer is None:
             raise GenerationConfigError("stop_strings need a tokenizer: pass tokenizer=... (or use LLM.generate)")
@@ -118,13 +124,6 @@ def _stopping(
         criteria.append(MaxTime(cfg.max_time))  # the clock starts now, when the call is planned
     criteria.extend(_as_list(user))
     return StoppingChain(criteria)
-
-
-def _chooser(cfg: GenerationConfig, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Mirostat v2 when asked (it samples itself), else argmax or a draw from the request's own generator."""
-    if cfg.mirostat_tau is not None and not cfg.greedy:
-        return MirostatV2(cfg.mirostat_tau, cfg.mirostat_eta, cfg.seed, device)
-    return Sampler(cfg.greedy, cfg.seed, device)
 
 
 def plan_generation(
@@ -180,7 +179,7 @@ def plan_generation(
         max_new_tokens=max_new,
         pad_token_id=pad,
         processors=build_processors(cfg, _as_list(logits_processor), inputs=chain_inputs),
-        sampler=_chooser(cfg, device),
+        sampler=make_sampler(cfg, device),
         stopping=_stopping(cfg, tokenizer, input_ids.shape[1], stopping_criteria),
         hooks=list(hooks),
         past=past_key_values,

@@ -143,8 +143,9 @@ def _penalties(cfg: GenerationConfig, x: ChainInputs) -> list[LogitsProcessor]:
         chain.append(NoBadWords(cfg.bad_words_ids, eos))
     if cfg.min_length > 0 and eos:
         chain.append(MinLength(cfg.min_length, eos))
-    if cfg.min_new_tokens and eos:
-        chain.append(MinNewTokens(P, cfg.min_new_tokens, eos))
+    banned = sorted(set(eos) | set(cfg.stop_token_ids or ()))  # every id that would end the sequence
+    if cfg.min_new_tokens and banned:
+        chain.append(MinNewTokens(P, cfg.min_new_tokens, banned))
     if x.prefix_allowed_tokens_fn is not None:
         chain.append(PrefixConstrained(x.prefix_allowed_tokens_fn, cfg.num_beams))
     if cfg.forced_bos_token_id is not None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from ..model import kernels
+from .config import GenerationConfig
+from .llamacpp import MirostatV2
 
 
 class Sampler:
@@ -27,3 +31,10 @@ class Sampler:
         probs = scores.softmax(dim=-1)
         # torch.multinomial with a generator seeded like torch.manual_seed(s) draws what transformers draws.
         return torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
+
+
+def make_sampler(cfg: GenerationConfig, device: torch.device | str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Mirostat v2 when asked (it samples itself), else argmax or a draw from the request's own generator."""
+    if cfg.mirostat_tau is not None and not cfg.greedy:
+        return MirostatV2(cfg.mirostat_tau, cfg.mirostat_eta, cfg.seed, device)
+    return Sampler(cfg.greedy, cfg.seed, device)

@@ -6,25 +6,22 @@ import json
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from ..engine import EngineConfig, LLMEngine
+from ..engine import LLMEngine, expand
 from ..engine.async_engine import AsyncEngine
 from ..errors import NextTokenError
-from ..llm import LLM
 from .errors import APIError, bad_request, error_body, from_validation_error
 from .guards import ApiKeyGuard, BodyLimit
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from .requests import (
-    DEFAULT_COMPLETION_TOKENS, Limits, chat_prompt, check_ids, completion_prompts, sampling_params,
-    server_generation_base,
-)
+from .options import request_options, server_defaults
+from .requests import DEFAULT_COMPLETION_TOKENS, Limits, chat_prompt, check_ids, completion_prompts, new_tokens
 from .responses import Choice, LogprobFormatter, echo_logprobs, usage
 from .streams import ClientGone, Job, SSEResponse, collect, run_jobs, sse
 
@@ -32,18 +29,17 @@ from .streams import ClientGone, Job, SSEResponse, collect, run_jobs, sse
 @dataclass(frozen=True)
 class ServerSettings:
     model_name: str
-    engine: EngineConfig = field(default_factory=EngineConfig)
     api_key: str | None = None
     max_n: int = 8  # choices per request
     max_body_bytes: int = 1 << 20
 
 
-def build_app(llm: LLM, settings: ServerSettings) -> FastAPI:
-    """The app; its engine thread starts and stops with the app's lifespan."""
-    engine = LLMEngine(llm.model, llm.tokenizer, settings.engine)
+def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
+    """The app over an engine (its model, tokenizer and defaults); the engine thread starts and stops with the
+    app's lifespan."""
     metrics = ServerMetrics(lambda: async_engine.stats)
     async_engine = AsyncEngine(engine, on_step=metrics.on_step)
-    api = OpenAIServing(llm, engine.max_model_len, async_engine, metrics, settings)
+    api = OpenAIServing(engine, async_engine, metrics, settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -82,13 +78,11 @@ def _parse(model: type[BaseModel], body: bytes) -> Any:
 
 
 class OpenAIServing:
-    def __init__(
-        self, llm: LLM, max_model_len: int, engine: AsyncEngine, metrics: ServerMetrics, settings: ServerSettings
-    ) -> None:
-        self.llm, self.tokenizer, self.engine, self.metrics, self.settings = llm, llm.tokenizer, engine, metrics, settings
-        self.limits = Limits(max_model_len, llm.model.config.vocab_size, settings.max_n)
-        self.base = server_generation_base(llm.generation_config)
-        self.logprobs = LogprobFormatter(llm.tokenizer)
+    def __init__(self, core: LLMEngine, engine: AsyncEngine, metrics: ServerMetrics, settings: ServerSettings) -> None:
+        self.tokenizer, self.engine, self.metrics, self.settings = core.tokenizer, engine, metrics, settings
+        self.limits = Limits(core.max_model_len, core.model.config.vocab_size, settings.max_n)
+        self.base = server_defaults(core.generation_config)
+        self.logprobs = LogprobFormatter(core.tokenizer)
         self.created = int(time.time())
 
     def _check_model(self, name: str | None) -> None:
@@ -98,6 +92,13 @@ class OpenAIServing:
                 "model", code="model_not_found",
             )
 
+    def _options(self, req: Any, prompts: list[list[int]], max_tokens: int | None, param: str, **extra: Any) -> Any:
+        """The request's GenerationConfig: its fields through the one translation table, the length checked."""
+        check_ids([int(k) for k in (req.logit_bias or {})], self.limits.vocab_size, "logit_bias")
+        check_ids(req.stop_token_ids or [], self.limits.vocab_size, "stop_token_ids")
+        wanted = new_tokens(prompts, max_tokens, req.n, self.limits, param)
+        return request_options(req, self.base, max_new_tokens=wanted, **extra)
+
     # ---- /v1/completions ---------------------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
         arrival = time.monotonic()
@@ -105,11 +106,10 @@ class OpenAIServing:
         self._check_model(req.model)
         prompts = completion_prompts(req, self.tokenizer, self.limits.vocab_size)
         max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
-        echo_lp = req.logprobs if (req.echo and req.logprobs is not None) else None
-        jobs, rid = [], f"cmpl-{uuid.uuid4().hex}"
-        for p, ids in enumerate(prompts):
-            params = sampling_params(req, len(ids), max_tokens, self.base, self.limits, req.logprobs, echo_lp, "prompt")
-            jobs += [Job(p * req.n + j, f"{rid}-{p * req.n + j}", ids, sp) for j, sp in enumerate(params)]
+        cfg = self._options(req, prompts, max_tokens, "prompt", top_logprobs=req.logprobs or 0,
+                            prompt_logprobs=req.echo and req.logprobs is not None)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        jobs = [Job(i, f"{rid}-{i}", ids, c) for i, (ids, c) in enumerate(expand(prompts, cfg))]
         head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.settings.model_name}
         events = run_jobs(self.engine, jobs, self.metrics, arrival)
         if req.stream:
@@ -182,10 +182,9 @@ class OpenAIServing:
         ids = chat_prompt(req, self.tokenizer)
         check_ids(ids, self.limits.vocab_size, "messages")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        top = (req.top_logprobs or 0) if req.logprobs else None
-        params = sampling_params(req, len(ids), max_tokens, self.base, self.limits, top, None, "messages")
+        cfg = self._options(req, [ids], max_tokens, "messages", top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        jobs = [Job(j, f"{rid}-{j}", ids, sp) for j, sp in enumerate(params)]
+        jobs = [Job(j, f"{rid}-{j}", p, c) for j, (p, c) in enumerate(expand([ids], cfg))]
         head = {"id": rid, "created": int(time.time()), "model": self.settings.model_name}
         events = run_jobs(self.engine, jobs, self.metrics, arrival)
         if req.stream:

@@ -32,24 +32,25 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
-    from ..engine import EngineConfig
-    from ..llm import load
+    from ..engine import EngineConfig, LLMEngine
+    from ..pretrained import load_pretrained
     from .app import ServerSettings, build_app
 
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"loading {args.model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
-    llm = load(args.model, dtype=args.dtype, device=args.device)
-    engine = EngineConfig(
+    loaded = load_pretrained(args.model, dtype=args.dtype, device=args.device)
+    config = EngineConfig(
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
         chunk_size=args.chunk_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
         prefix_cache_blocks=args.prefix_cache_blocks,
     )
-    name = args.served_model_name or Path(llm.path).name
-    settings = ServerSettings(name, engine, args.api_key, args.max_n, args.max_body_bytes)
-    app = build_app(llm, settings)
+    name = args.served_model_name or Path(loaded.path).name
+    settings = ServerSettings(name, args.api_key, args.max_n, args.max_body_bytes)
+    engine = LLMEngine(loaded.model, loaded.tokenizer, config, loaded.generation_config)
+    app = build_app(engine, settings)
     print(f"serving {name!r} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -1,14 +1,16 @@
-"""The request bodies the server accepts: OpenAI's fields plus vLLM's sampling extras, strictly typed.
+"""The request bodies the server accepts: OpenAI's fields, vLLM's and llama.cpp's sampling extras, strictly typed.
 
 Strict: a wrong type is an error, never coerced ("0.5" is not a number here), and an unknown field is an error
-(a misspelt option must not be silently ignored). Range checks follow OpenAI's documented limits.
+(a misspelt option must not be silently ignored). The bodies check structure only (types, OpenAI's limits on
+counts such as `n` and `stop`); the values of sampling options are checked once, by GenerationConfig, when
+`options.py` translates the request into one.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 MAX_STOP_STRINGS = 4
 
@@ -21,29 +23,44 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class SamplingFields(_Strict):
+# Options the library offers for one sequence that go over HTTP under the same name (vLLM's and llama.cpp's
+# names where they have one: typical_p, dry_multiplier, xtc_probability, mirostat_tau, ...). Their values are
+# GenerationConfig's to check; docs/serving.md lists them.
+LIBRARY_OPTIONS = (
+    "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h", "top_n_sigma", "xtc_threshold", "xtc_probability",
+    "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
+    "mirostat_tau", "mirostat_eta", "no_repeat_ngram_size", "bad_words_ids", "sequence_bias", "suppress_tokens",
+    "begin_suppress_tokens", "min_length", "exponential_decay_length_penalty", "renormalize_logits",
+    "remove_invalid_values", "forced_eos_token_id", "encoder_repetition_penalty", "encoder_no_repeat_ngram_size",
+    "watermarking_config", "sampler_order", "guidance_scale", "max_time", "logprobs_mode",
+)
+
+
+class _OpenAIFields(_Strict):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    temperature: float | None = None
+    top_p: float | None = None
     n: int = Field(1, ge=1)
     stop: Union[str, list[str], None] = None
-    seed: int | None = Field(None, ge=0, lt=2**63)
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     # vLLM's extras
-    top_k: int | None = Field(None, ge=-1)  # -1 or 0: off
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0, le=10)
-    min_tokens: int = Field(0, ge=0)
+    top_k: int | None = None  # -1 or 0: off
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # llama.cpp's mirostat mode: 0 off, 2 mirostat v2 (with mirostat_tau, default 5.0); v1 is not offered
+    mirostat: int | None = None
 
     @field_validator("stop")
     @classmethod
@@ -65,15 +82,8 @@ class SamplingFields(_Strict):
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {bias!r} for token {key}")
         return v
 
-    @field_validator("stop_token_ids")
-    @classmethod
-    def _stop_ids(cls, v: list[int] | None) -> list[int] | None:
-        if v is not None and any(t < 0 for t in v):
-            raise ValueError("stop_token_ids must be token ids (integers >= 0)")
-        return v
-
     @model_validator(mode="after")
-    def _stream_options(self) -> "SamplingFields":
+    def _stream_options(self) -> "_OpenAIFields":
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed together with stream=true")
         return self
@@ -83,7 +93,13 @@ class SamplingFields(_Strict):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
-class CompletionRequest(SamplingFields):
+# ... plus every other single-sequence option of the library, typed and checked by GenerationConfig.
+SamplingFields = create_model(
+    "SamplingFields", __base__=_OpenAIFields, **{name: (Any, None) for name in LIBRARY_OPTIONS}  # type: ignore[call-overload]
+)
+
+
+class CompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
     prompt: Union[str, list[str], list[int], list[list[int]]]
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)  # OpenAI allows 5; vLLM 20
@@ -112,7 +128,7 @@ class ChatMessage(_Strict):
         return self.content or ""
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False

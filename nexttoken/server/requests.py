@@ -1,15 +1,13 @@
-"""From a validated OpenAI request to what the engine runs: prompt token ids and one SamplingParams per choice."""
+"""From a validated OpenAI request to what the engine runs: prompt token ids, the length budget, the jobs."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from ..engine.params import SamplingParams
 from ..errors import NextTokenError
-from ..generation.config import GenerationConfig
-from .errors import APIError, bad_request
-from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from .errors import bad_request
+from .protocol import ChatCompletionRequest, CompletionRequest
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -55,74 +53,21 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: Any) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)  # the template writes BOS itself
 
 
-def sampling_params(
-    req: SamplingFields,
-    prompt_len: int,
-    max_tokens: int | None,
-    base: GenerationConfig,
-    limits: Limits,
-    logprobs: int | None,
-    prompt_logprobs: int | None,
-    param: str,
-) -> list[SamplingParams]:
-    """One SamplingParams per choice (n of them); choice i draws from seed + i when a seed is given."""
-    if req.n > limits.max_n:
-        raise bad_request(f"n={req.n} is over this server's limit of {limits.max_n} (--max-n)", "n")
-    room = limits.max_model_len - prompt_len
+def new_tokens(prompts: list[list[int]], max_tokens: int | None, n: int, limits: Limits, param: str) -> int:
+    """max_tokens, checked against the context (a 400, not a silent cut: OpenAI's contract); None: all that fits."""
+    if n > limits.max_n:
+        raise bad_request(f"n={n} is over this server's limit of {limits.max_n} (--max-n)", "n")
+    longest = max(len(p) for p in prompts)
+    room = limits.max_model_len - longest
     if room < 1:
         raise bad_request(
             f"this model's maximum context length is {limits.max_model_len} tokens, but the prompt has "
-            f"{prompt_len}: shorten it", param
+            f"{longest}: shorten it", param
         )
     wanted = max_tokens if max_tokens is not None else room
     if wanted > room:
         raise bad_request(
-            f"this model's maximum context length is {limits.max_model_len} tokens, but {prompt_len} prompt "
-            f"tokens + max_tokens {wanted} = {prompt_len + wanted}: lower max_tokens or shorten the prompt", "max_tokens"
+            f"this model's maximum context length is {limits.max_model_len} tokens, but {longest} prompt "
+            f"tokens + max_tokens {wanted} = {longest + wanted}: lower max_tokens or shorten the prompt", "max_tokens"
         )
-    bias = {int(k): v for k, v in (req.logit_bias or {}).items()}
-    check_ids(list(bias), limits.vocab_size, "logit_bias")
-    check_ids(req.stop_token_ids or [], limits.vocab_size, "stop_token_ids")
-    temperature = 1.0 if req.temperature is None else req.temperature
-    options = dict(
-        do_sample=temperature > 0,
-        temperature=temperature if temperature > 0 else 1.0,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=req.top_k if req.top_k and req.top_k > 0 else None,
-        min_p=req.min_p or None,
-        repetition_penalty=req.repetition_penalty or 1.0,
-        presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty,
-        logit_bias=bias or None,
-        stop_strings=None,  # the engine matches stop strings on the streamed text itself
-    )
-    out = []
-    for i in range(req.n):
-        seed = None if req.seed is None else (req.seed + i) % 2**63
-        try:
-            gen = base.updated(seed=seed, **options)
-            out.append(SamplingParams(
-                generation=gen,
-                max_tokens=wanted,
-                stop=tuple(req.stop_list),
-                stop_token_ids=tuple(req.stop_token_ids or ()),
-                ignore_eos=req.ignore_eos,
-                min_tokens=req.min_tokens,
-                logprobs=logprobs,
-                prompt_logprobs=prompt_logprobs,
-                skip_special_tokens=req.skip_special_tokens,
-                include_stop_str_in_output=req.include_stop_str_in_output,
-            ))
-        except NextTokenError as e:
-            raise APIError(400, str(e)) from e
-    return out
-
-
-def server_generation_base(model_defaults: GenerationConfig) -> GenerationConfig:
-    """The model's special tokens with OpenAI's sampling defaults (transformers' top_k=50 is not OpenAI's)."""
-    return GenerationConfig(
-        bos_token_id=model_defaults.bos_token_id,
-        eos_token_id=model_defaults.eos_token_id,
-        pad_token_id=model_defaults.pad_token_id,
-        top_k=None,
-    )
+    return wanted

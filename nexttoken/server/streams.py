@@ -15,8 +15,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..engine.async_engine import AsyncEngine
-from ..engine.params import SamplingParams
 from ..engine.sequence import TokenEvent
+from ..generation.config import GenerationConfig
 from .metrics import ServerMetrics
 
 
@@ -25,7 +25,7 @@ class Job:
     index: int  # the choice's index in the response
     request_id: str
     prompt_ids: list[int]
-    params: SamplingParams
+    params: GenerationConfig  # one sequence's options
 
 
 async def run_jobs(
