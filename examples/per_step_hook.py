@@ -4,7 +4,8 @@ The model here is a Llama-family Transformer plus a per-row "memory" vector adde
 (a stand-in for a recurrent state, a steering vector or a speaker embedding). The memory is an exponential
 average of the embeddings of the tokens generated so far. A StepHook hands it to the model before each
 forward pass (`model_inputs`) and updates it once each step's tokens are chosen (`after_step`); the decode
-loop itself is not copied or changed. See docs/hooks.md.
+loop itself is not copied or changed. The same hook works per request on the engine that serves `LLM.generate`
+(a hook object per request, batch of one). See docs/hooks.md.
 
 Run:  python examples/per_step_hook.py                  (a tiny random model, no download)
       python examples/per_step_hook.py --model DIR      (any supported model folder)
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nexttoken import LLM, GenerationConfig
 from nexttoken.config import ModelConfig
 from nexttoken.generation import generate
 from nexttoken.generation.decode import DecodeState, StepOutput
@@ -34,6 +36,10 @@ class MemoryLM(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.base.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.base.dtype
 
     def new_cache(self, batch_size: int, max_len: int):  # noqa: ANN201
         return self.base.new_cache(batch_size, max_len)
@@ -90,6 +96,11 @@ def main() -> None:
     print("with memory:", with_memory[:, 4:].tolist())
     print("plain      :", plain[:, 4:].tolist())
     print("final memory norm per row:", [round(float(n), 3) for n in hook.memory.norm(dim=-1)])
+    # The same requests on the engine behind LLM.generate: each sequence gets a fresh hook (batch of one).
+    llm = LLM(model, tokenizer=None, generation_config=GenerationConfig(eos_token_id=None), path=None)  # type: ignore[arg-type]
+    rows = llm.generate(prompts.tolist(), hooks=lambda i: [MemoryHook(model, batch_size=1)],
+                        max_new_tokens=args.new_tokens)
+    print("engine     :", [r.token_ids for r in rows])
 
 
 if __name__ == "__main__":

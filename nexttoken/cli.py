@@ -1,6 +1,7 @@
 """`nexttoken generate | chat | serve | bench`: thin shells over the Python API.
 
-Flags mirror GenerationConfig's field names; a flag left out leaves the model's own default in place.
+Generation flags are GenerationConfig's field names (`--top-p` sets `top_p`); a flag left out leaves the model's own
+default in place.
 """
 
 from __future__ import annotations
@@ -12,17 +13,40 @@ import sys
 from typing import Any, Callable
 
 from .errors import NextTokenError
+from .generation.config import GenerationConfig
 
-# (flag, GenerationConfig field, type, help)
-_OPTION_FLAGS: list[tuple[str, str, Callable[[str], Any], str]] = [
-    ("--max-new-tokens", "max_new_tokens", int, "how many tokens to generate at most"),
-    ("--temperature", "temperature", float, "sampling temperature (with --do-sample)"),
-    ("--top-k", "top_k", int, "keep the k most likely tokens (with --do-sample)"),
-    ("--top-p", "top_p", float, "nucleus sampling mass (with --do-sample)"),
-    ("--min-p", "min_p", float, "drop tokens below min_p x the top probability (with --do-sample)"),
-    ("--repetition-penalty", "repetition_penalty", float, "penalise tokens already present (1.0 = off)"),
-    ("--seed", "seed", int, "seed for reproducible sampling"),
-]
+# The one table from flags to options: every scalar or id-list option of GenerationConfig is a flag of the same
+# name (`top_p` -> --top-p); the values are checked by GenerationConfig, once, like every other caller's options.
+_NOT_FLAGS = {"return_dict_in_generate", "output_scores", "output_logits", "bos_token_id", "pad_token_id"}
+_KINDS: dict[str, tuple[Callable[[str], Any], str | None]] = {  # annotation -> (argparse type, nargs)
+    "int": (int, None), "int | None": (int, None), "float": (float, None), "float | None": (float, None),
+    "str": (str, None), "list[int] | None": (int, "+"), "list[str] | None": (str, "+"),
+}
+_HELP = {
+    "max_new_tokens": "how many tokens to generate at most",
+    "do_sample": "sample instead of taking the argmax (--no-do-sample or --greedy: argmax)",
+    "temperature": "sampling temperature (with --do-sample; 0 means greedy)",
+    "top_k": "keep the k most likely tokens (with --do-sample)",
+    "top_p": "nucleus sampling mass (with --do-sample)",
+    "min_p": "drop tokens below min_p x the top probability (with --do-sample)",
+    "repetition_penalty": "penalise tokens already present (1.0 = off)",
+    "seed": "seed for reproducible sampling",
+}
+
+
+def _option_flags() -> list[tuple[str, dict[str, Any]]]:
+    """(dest, argparse keyword arguments) for every GenerationConfig field that a flag can carry."""
+    flags = []
+    for f in dataclasses.fields(GenerationConfig):
+        if f.name in _NOT_FLAGS:
+            continue
+        help_text = _HELP.get(f.name, f"GenerationConfig.{f.name} (docs/decoding.md)")
+        if f.type == "bool":
+            flags.append((f.name, dict(action=argparse.BooleanOptionalAction, default=None, help=help_text)))
+        elif f.type in _KINDS:
+            kind, nargs = _KINDS[f.type]
+            flags.append((f.name, dict(type=kind, nargs=nargs, help=help_text)))
+    return flags
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -33,15 +57,15 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
-    for flag, field, kind, help_text in _OPTION_FLAGS:
-        p.add_argument(flag, dest=field, type=kind, help=help_text)
-    p.add_argument("--do-sample", dest="do_sample", action="store_const", const=True, help="sample instead of greedy")
-    p.add_argument("--greedy", dest="do_sample", action="store_const", const=False, help="always take the argmax")
-    p.add_argument("--stop", dest="stop_strings", action="append", help="stop string (repeatable)")
+    options = p.add_argument_group("generation options (GenerationConfig's names; left out: the model's default)")
+    for dest, kwargs in _option_flags():
+        options.add_argument("--" + dest.replace("_", "-"), dest=dest, **kwargs)
+    options.add_argument("--greedy", dest="do_sample", action="store_const", const=False, help="always take the argmax")
+    options.add_argument("--stop", dest="stop_strings", action="append", help="stop string (repeatable)")
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
-    names = [f for _, f, _, _ in _OPTION_FLAGS] + ["do_sample", "stop_strings"]
+    names = [dest for dest, _ in _option_flags()] + ["stop_strings"]
     return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence, Union
+from typing import Any, Callable, Iterator, Sequence, Union
 
 import torch
 
@@ -42,7 +42,18 @@ class _Request:
     cfg: GenerationConfig
     logits_processor: list
     stopping_criteria: list
-    hooks: list
+    hooks: list | Callable[[int], list]  # StepHooks of one sequence, or sequence index -> a fresh set
+
+    def hooks_for(self, index: int, count: int) -> list:
+        """The hooks of sequence `index` of `count`: a hook holds one sequence's state, so never shared."""
+        if callable(self.hooks):
+            return _as_list(self.hooks(index))
+        if self.hooks and count > 1:
+            raise GenerationConfigError(
+                f"hooks hold one sequence's state, and this call has {count} sequences: pass "
+                "hooks=lambda i: [YourHook(...)] to give each sequence its own"
+            )
+        return self.hooks
 
     @property
     def searched(self) -> bool:
@@ -109,8 +120,10 @@ class LLM:
     def _request(self, options: dict[str, Any]) -> _Request:
         """Validate the options once against the model's defaults; the caller's hooks travel beside them."""
         options = dict(options)
-        objects = {k: _as_list(options.pop(k, None)) for k in ("logits_processor", "stopping_criteria", "hooks")}
-        return _Request(resolve_config(self.model, None, options), **objects)
+        objects = {k: _as_list(options.pop(k, None)) for k in ("logits_processor", "stopping_criteria")}
+        hooks = options.pop("hooks", None)
+        hooks = hooks if callable(hooks) and not isinstance(hooks, (list, tuple)) else _as_list(hooks)
+        return _Request(resolve_config(self.model, None, options), hooks=hooks, **objects)
 
     def _complete(self, prompts: list[list[int]], request: _Request) -> list[Completion]:
         if not prompts:
@@ -122,7 +135,8 @@ class LLM:
             return searched_completions(self.model, self.tokenizer, prompts, cfg, self._pad_id(cfg),
                                         request.logits_processor, request.stopping_criteria)
         driver = self._driver_for(prompts, cfg)
-        seqs = [driver.submit(p, c, request) for p, c in expand(prompts, cfg)]
+        each = expand(prompts, cfg)
+        seqs = [driver.submit(p, c, request, request.hooks_for(i, len(each))) for i, (p, c) in enumerate(each)]
         driver.run(seqs)
         return [self._completion(s) for s in seqs]
 
@@ -134,7 +148,7 @@ class LLM:
             )
         self._need_tokenizer()
         driver = self._driver_for([prompt], request.cfg)
-        seq = driver.submit(prompt, request.cfg, request)
+        seq = driver.submit(prompt, request.cfg, request, request.hooks_for(0, 1))
         for event in driver.events(seq):
             _check_event(event)
             if event.text:
@@ -180,9 +194,9 @@ class _Driver:
         self.engine = engine
         self.queues: dict[str, deque[TokenEvent]] = {}
 
-    def submit(self, prompt: list[int], cfg: GenerationConfig, request: _Request) -> EngineSequence:
+    def submit(self, prompt: list[int], cfg: GenerationConfig, request: _Request, hooks: list) -> EngineSequence:
         return self.engine.add_request(prompt, cfg, logits_processor=request.logits_processor,
-                                       stopping_criteria=request.stopping_criteria, hooks=request.hooks)
+                                       stopping_criteria=request.stopping_criteria, hooks=hooks)
 
     def run(self, seqs: list[EngineSequence]) -> None:
         """Step until every one of seqs has finished."""

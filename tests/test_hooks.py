@@ -78,3 +78,18 @@ def test_example_script_runs(capsys) -> None:  # noqa: ANN001
     finally:
         sys.argv = argv
     assert "with memory:" in capsys.readouterr().out
+
+
+def test_memory_hook_on_the_engine_path_matches_the_transformers_loop() -> None:
+    """The same hook per request on the engine behind LLM.generate (a batch of one each, run together)."""
+    from nexttoken import LLM, GenerationConfig
+
+    example = _example()
+    hf, ours = model_pair()
+    prompts = torch.tensor([[1, 5, 17, 33], [1, 40, 41, 42]])
+    model = example.MemoryLM(ours)
+    llm = LLM(model, None, GenerationConfig(eos_token_id=None), path=None)  # type: ignore[arg-type]
+    rows = llm.generate(prompts.tolist(), hooks=lambda i: [example.MemoryHook(model, batch_size=1)],
+                        max_new_tokens=10)
+    want = _reference(hf, prompts, 10, 0.8, 4.0)
+    assert [r.token_ids for r in rows] == want.tolist()

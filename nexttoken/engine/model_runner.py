@@ -90,9 +90,13 @@ class ModelRunner:
 
     def _decode(self, seqs: list[Sequence]) -> dict[Sequence, torch.Tensor]:
         groups: dict[int, list[Sequence]] = {}
-        for seq in seqs:
-            groups.setdefault(_bucket(seq.num_tokens, self.max_len), []).append(seq)
         out: dict[Sequence, torch.Tensor] = {}
+        for seq in seqs:
+            extra = seq.hook_inputs()
+            if extra:  # a hook's extra model inputs belong to this row alone: it runs in a forward of its own
+                out[seq] = self._decode_group([seq], _bucket(seq.num_tokens, self.max_len), extra, min_rows=1)
+                continue
+            groups.setdefault(_bucket(seq.num_tokens, self.max_len), []).append(seq)
         for span, group in groups.items():
             for first in range(0, len(group), MAX_ROWS):
                 part = group[first : first + MAX_ROWS]
@@ -101,15 +105,16 @@ class ModelRunner:
                     out[seq] = logits[i : i + 1]
         return out
 
-    def _decode_group(self, group: list[Sequence], span: int) -> torch.Tensor:
+    def _decode_group(self, group: list[Sequence], span: int, extra: dict | None = None,
+                      min_rows: int = MIN_ROWS) -> torch.Tensor:
         device, n = self.model.device, len(group)
-        pad = [group[0]] * (max(n, MIN_ROWS) - n)  # repeats of the first row: computed, never written
+        pad = [group[0]] * (max(n, min_rows) - n)  # repeats of the first row: computed, never written
         rows = torch.tensor([s.slot for s in group + pad], device=device)
         ids = torch.tensor([[s.last_token] for s in group + pad], device=device)  # (B, 1)
         cols = torch.tensor([[s.num_tokens - 1] for s in group + pad], device=device)  # (B, 1)
         valid = torch.ones(len(rows), span, dtype=torch.bool, device=device)
         batch = ForwardBatch.build(cols, cols, valid, span, self.window)
-        logits = self.model(ids, batch, RowsView(self.cache, rows, n, span)).float()
+        logits = self.model(ids, batch, RowsView(self.cache, rows, n, span), **(extra or {})).float()
         for seq in group:
             seq.num_cached = seq.num_tokens
         return logits[:n]
@@ -123,7 +128,7 @@ class ModelRunner:
         valid = torch.ones(1, end, dtype=torch.bool, device=device)
         batch = ForwardBatch.build(cols, cols, valid, end, self.window, write_start=start, last_only=not want_prompt)
         view = SlotView(self.cache.k[:, seq.slot : seq.slot + 1], self.cache.v[:, seq.slot : seq.slot + 1])
-        logits = self.model(ids, batch, view).float()  # (1, V), or (1, T, V) for prompt logprobs
+        logits = self.model(ids, batch, view, **seq.hook_inputs()).float()  # (1, V), or (1, T, V) for prompt logprobs
         seq.num_cached = end
         if end - start == self.prefix_cache.block_size:
             self._store_prefix(seq, start, end)

@@ -52,7 +52,3 @@ def generation_mode(cfg: GenerationConfig) -> GenerationMode:
         )
     return mode
 
-
-def single_sequence_mode(cfg: GenerationConfig) -> bool:
-    """True when one row per prompt runs through the plain decode loop (greedy or sampling, n = 1)."""
-    return generation_mode(cfg) in (GenerationMode.GREEDY, GenerationMode.SAMPLE) and cfg.num_return_sequences == 1

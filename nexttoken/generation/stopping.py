@@ -91,12 +91,6 @@ class StoppingChain:
         return done
 
 
-def find_stop_string(text: str, stop_strings: Sequence[str]) -> int | None:
-    """Index where the earliest stop string starts in text, or None."""
-    hits = [i for i in (text.find(s) for s in stop_strings) if i >= 0]
-    return min(hits) if hits else None
-
-
 def stop_string_holdback(text: str, stop_strings: Sequence[str]) -> int:
     """Length of the longest suffix of text that is a proper prefix of a stop string.
 

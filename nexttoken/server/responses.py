@@ -8,6 +8,13 @@ from typing import Any
 from ..engine.sequence import TokenEvent, TopLogprobs
 
 
+MIN_LOGPROB = -9999.0  # JSON has no -inf: a token masked out (processed log-probs) reports this, as vLLM does
+
+
+def _finite(lp: float | None) -> float | None:
+    return None if lp is None else max(lp, MIN_LOGPROB)
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {
         "prompt_tokens": prompt_tokens,
@@ -63,8 +70,8 @@ class LogprobFormatter:
             offset += len(token)
         return {
             "tokens": tokens,
-            "token_logprobs": logprobs,
-            "top_logprobs": [None if top is None else {self.piece(i): lp for i, lp in top} for top in tops],
+            "token_logprobs": [_finite(lp) for lp in logprobs],
+            "top_logprobs": [None if top is None else {self.piece(i): _finite(lp) for i, lp in top} for top in tops],
             "text_offset": offsets,
         }
 
@@ -74,10 +81,10 @@ class LogprobFormatter:
             piece = self.piece(token_id)
             content.append({
                 "token": piece,
-                "logprob": lp,
+                "logprob": _finite(lp),
                 "bytes": list(piece.encode("utf-8")),
                 "top_logprobs": [
-                    {"token": self.piece(i), "logprob": v, "bytes": list(self.piece(i).encode("utf-8"))} for i, v in top
+                    {"token": self.piece(i), "logprob": _finite(v), "bytes": list(self.piece(i).encode("utf-8"))} for i, v in top
                 ],
             })
         return {"content": content}
