@@ -78,7 +78,3 @@ class PrefixCache:
             _, block = self._index.popitem(last=False)  # evict the least recently used
         self._index[key] = block
         return block
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0

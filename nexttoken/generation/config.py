@@ -162,9 +162,6 @@ class GenerationConfig:
             return []
         return [self.stop_strings] if isinstance(self.stop_strings, str) else list(self.stop_strings)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 def _fail(name: str, value: Any, allowed: str) -> None:
     raise GenerationConfigError(f"invalid value {value!r} for {name}: {allowed}")

@@ -88,10 +88,6 @@ class _OpenAIFields(_Strict):
             raise ValueError("stream_options is only allowed together with stream=true")
         return self
 
-    @property
-    def stop_list(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-
 
 # ... plus every other single-sequence option of the library, typed and checked by GenerationConfig.
 SamplingFields = create_model(
