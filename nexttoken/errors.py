@@ -29,5 +29,9 @@ class GenerationConfigError(NextTokenError, ValueError):
     """An unknown generation option or a value out of its allowed range."""
 
 
+class MissingExtraError(NextTokenError, ImportError):
+    """A feature needs a package that the base install does not carry; the message names the install command."""
+
+
 class PromptTooLongError(NextTokenError, ValueError):
     """The prompt plus the requested new tokens do not fit the model's context."""

@@ -127,7 +127,9 @@ def summarize(concurrency: int, results: list[RequestResult], wall: float) -> Ru
 
 
 def plot(runs: list[tuple[RunReport, list[RequestResult]]], path: str) -> None:
-    import matplotlib
+    from .extras import require
+
+    matplotlib = require("matplotlib", "bench", "nexttoken loadtest --plot")
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

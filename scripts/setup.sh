@@ -23,6 +23,6 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
 fi
 if [ -n "$extras" ]; then target=".[$extras]"; else target="."; fi
 pip install -q -e "$target"
-# Build the native decode kernels now (csrc/gemv.cpp + decode.cpp, ~2 s); without a compiler nexttoken falls back to torch.
+# Build the native decode kernels now (nexttoken/csrc/*.cpp, ~2 s); without a compiler nexttoken falls back to torch.
 .venv/bin/python -c "from nexttoken.model import kernels; print('setup: native kernel', 'built' if kernels.available() else 'unavailable (torch fallback)')" || true
 echo "setup: done ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

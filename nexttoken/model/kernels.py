@@ -1,11 +1,14 @@
-"""The native decode kernels: weight-streaming x @ W^T for a few rows (csrc/gemv.cpp) and a whole fused decode
-step (csrc/decode.cpp, driven by nexttoken/model/fused.py), built on first use.
+"""The native decode kernels: weight-streaming x @ W^T for a few rows (nexttoken/csrc/gemv.cpp) and a whole fused
+decode step (nexttoken/csrc/decode.cpp, driven by nexttoken/model/fused.py), built on first use. The sources are
+package data, so a regular (non-editable) install carries them.
 
 torch's F.linear with one input row streams weights at ~18-20 GB/s on a 2-core Zen 4, a third of what the
 memory can deliver; the kernel streams them at the memory's speed. It is a plain C-ABI shared library compiled
 with the system C++ compiler in about a second and cached (keyed by the source's hash) under
 $NEXTTOKEN_CACHE or ~/.cache/nexttoken, then called through ctypes. Everything falls back to torch when it is
 unavailable: no compiler, no AVX-512, a non-CPU tensor, or NEXTTOKEN_NATIVE=0 in the environment.
+NEXTTOKEN_REQUIRE_NATIVE=1 (CI sets it where g++ and AVX-512 are present) turns "unavailable" into an error that
+carries the compiler's message, so a kernel that stops compiling fails the run instead of skipping its tests.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-CSRC = Path(__file__).resolve().parents[2] / "csrc"
+CSRC = Path(__file__).resolve().parents[1] / "csrc"
 SOURCES = (CSRC / "gemv.cpp", CSRC / "decode.cpp")  # one library
 MAX_ROWS = 16  # activation rows per call; beyond that torch's GEMM is the faster choice
 _W_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
@@ -32,18 +35,31 @@ def _cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
+class NativeKernelError(RuntimeError):
+    """NEXTTOKEN_REQUIRE_NATIVE=1 and the native kernel cannot be built or used here."""
+
+
 def build(verbose: bool = False) -> Path | None:
     """Compile csrc/*.cpp into the cache (once per source version); the library's path, or None."""
-    if not all(f.is_file() for f in SOURCES):
-        return None
+    path, why = _build()
+    if path is None and verbose:
+        print(f"nexttoken: native kernel unavailable ({why}); using torch", file=sys.stderr)
+    return path
+
+
+def _build() -> tuple[Path | None, str]:
+    """(the library's path, "") or (None, why not)."""
+    missing = [str(f) for f in SOURCES if not f.is_file()]
+    if missing:
+        return None, f"sources missing: {missing}"
     digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES)).hexdigest()[:16]
     target = _cache_dir() / f"libnt_gemv_{digest}.so"
     if target.is_file():
-        return target
+        return target, ""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None  # no writable cache: torch fallback
+    except OSError as e:
+        return None, f"no writable cache at {target.parent}: {e}"
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
     # -ffp-contract=off: no multiply-add fused unless the source asks, so the fused step rounds as PyTorch does.
     cmd = [os.environ.get("CXX", "g++"), "-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off",
@@ -51,15 +67,11 @@ def build(verbose: bool = False) -> Path | None:
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
-        if verbose:
-            print(f"nexttoken: native kernel not built ({e}); using torch", file=sys.stderr)
-        return None
+        return None, f"compiler not run: {e}"
     if done.returncode != 0:
-        if verbose:
-            print(f"nexttoken: native kernel build failed; using torch:\n{done.stderr}", file=sys.stderr)
-        return None
+        return None, f"build failed:\n{done.stderr.strip()}"
     os.replace(tmp, target)  # atomic: concurrent first uses never load a half-written file
-    return target
+    return target, ""
 
 
 @functools.cache
@@ -67,15 +79,24 @@ def library() -> ctypes.CDLL | None:
     """The loaded kernel library, or None when it cannot be used on this machine."""
     if os.environ.get("NEXTTOKEN_NATIVE", "1") == "0":
         return None
-    path = build()
-    if path is None:
+    lib, why = _load()
+    if lib is None:
+        if os.environ.get("NEXTTOKEN_REQUIRE_NATIVE") == "1":
+            raise NativeKernelError(f"NEXTTOKEN_REQUIRE_NATIVE=1 but the native kernel is unavailable: {why}")
         return None
+    return lib
+
+
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    path, why = _build()
+    if path is None:
+        return None, why
     try:
         lib = ctypes.CDLL(str(path))  # torch is loaded first, so its libgomp (same soname) is the one we use
-    except OSError:
-        return None
+    except OSError as e:
+        return None, f"cannot load {path}: {e}"
     if not lib.nt_supported():
-        return None
+        return None, "this CPU lacks AVX-512 F/BW/VL/DQ or FMA"
     p, i64, i = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.nt_linear.argtypes = [p, i, p, p, p, i64, i64, i64, p, i]
     lib.nt_linear.restype = i
@@ -85,7 +106,7 @@ def library() -> ctypes.CDLL | None:
     lib.nt_dequantize_i8.restype = i
     lib.nt_decode_step.argtypes = [p, p, i64, p, i64, i64, p]
     lib.nt_decode_step.restype = i
-    return lib
+    return lib, ""
 
 
 def available() -> bool:

@@ -17,7 +17,14 @@ from pathlib import Path
 import tokenizers
 import torch
 
-from . import bpe, corpus, evaluate, export, train
+from ..errors import MissingExtraError
+from ..extras import require
+
+try:
+    require("transformers", "train", "python -m nexttoken.training")  # it trains transformers' LlamaForCausalLM
+except MissingExtraError as e:
+    sys.exit(f"nexttoken: error: {e}")
+from . import bpe, corpus, evaluate, export, train  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TEACHER = REPO.parent / "shared" / "models" / "stories260k"
