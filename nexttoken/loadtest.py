@@ -15,6 +15,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from .errors import NextTokenError
+
 WORDS = ("the little cat dog girl boy park ball sun tree happy big red blue ran jumped saw played with "
          "her his mom friend bird house garden flower day time once upon there was a").split()
 
@@ -188,7 +190,11 @@ def run(args: argparse.Namespace) -> int:
     model = args.model
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     if model is None:
-        model = httpx.get(args.url.rstrip("/") + "/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
+        try:
+            models = httpx.get(args.url.rstrip("/") + "/v1/models", headers=headers, timeout=30)
+        except httpx.HTTPError as e:
+            raise NextTokenError(f"no server answers at {args.url} ({e}): start one with `nexttoken serve`") from e
+        model = models.json()["data"][0]["id"]
     prompts = make_prompts(args.num_requests, *args.prompt_words, args.seed)
     runs = []
     for concurrency in ([1] if args.compare else []) + [args.concurrency]:
