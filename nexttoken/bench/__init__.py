@@ -42,6 +42,9 @@ def add_parser(sub) -> None:  # noqa: ANN001
     p.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; medians are reported")
     p.add_argument("--quantize", default="none", help="our variants, comma-separated: none, int8 (e.g. none,int8)")
     p.add_argument("--no-transformers", action="store_true", help="skip transformers' generate")
+    p.add_argument("--engine", action="store_true",
+                   help="also the continuous-batching engine (what LLM.generate on a list and the server run): the "
+                        "batch as that many concurrent requests, reported against the padded loop")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory probes (fresh processes)")
     p.add_argument("--accuracy", action="store_true",
                    help="instead of timing: int8 vs float32 top-1 agreement and KL on real text (needs --model "
@@ -81,6 +84,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.new_tokens < 1 or args.prompt_len < 1:
         raise BenchError("--new-tokens and --prompt-len must be >= 1")
     engines = ["nexttoken" if v == "none" else f"nexttoken+{v}" for v in variants]
+    if args.engine:
+        engines.append("nexttoken-engine")
     if not args.no_transformers:
         if transformers_available():
             engines.append("transformers")
@@ -90,6 +95,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                         args.rounds, args.threads, memory=not args.no_memory, clock=args.clock)
     summary = summarize(run(workload, progress), workload)
     print(table(summary))
+    for r in summary["rows"]:
+        if r.get("vs_padded_loop") is not None:
+            print(f"engine, {r['batch']} concurrent requests: {r['decode_tok_s']:.1f} tok/s = "
+                  f"{r['vs_padded_loop']:.2f}x the padded loop at batch {r['batch']}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(summary, out.with_suffix(".json"))

@@ -35,6 +35,37 @@ class NextTokenEngine:
                         logits_processor=[recorder] if recorder else None)
 
 
+class NextTokenServingEngine:
+    """The continuous-batching engine (what LLM.generate on a list and the server run): the batch's rows as that
+    many concurrent requests. The recorder is called once the last request has its first token (prefill done),
+    then after every engine step, so decode tokens/s compare with the padded loop's at the same batch."""
+
+    name = "nexttoken-engine"
+
+    def __init__(self, path: Path, dtype: str) -> None:
+        from ..model import load_model
+
+        self.model = load_model(path, dtype=dtype)
+
+    def generate(self, ids: torch.Tensor, new_tokens: int, recorder: "StepClock | None" = None) -> list:
+        from ..engine import EngineConfig, LLMEngine
+        from ..generation.config import GenerationConfig
+
+        B, P = ids.shape
+        length = max(128, 1 << (P + new_tokens - 1).bit_length())
+        engine = LLMEngine(self.model, None, EngineConfig(max_num_seqs=B, max_model_len=length, prefix_cache_blocks=0,
+                                                          max_num_batched_tokens=512))
+        options = GenerationConfig(max_new_tokens=new_tokens, eos_token_id=None, top_k=None)
+        seqs = [engine.add_request(row, options) for row in ids.tolist()]
+        prefilled = False
+        while engine.has_unfinished():
+            engine.step()
+            prefilled = prefilled or all(s.output_ids for s in seqs)
+            if prefilled and recorder is not None:
+                recorder(None, None)  # type: ignore[arg-type]
+        return [s.output_ids for s in seqs]
+
+
 class TransformersEngine:
     name = "transformers"
 
@@ -57,10 +88,12 @@ class TransformersEngine:
                                        logits_processor=extra)
 
 
-def make_engine(kind: str, path: Path, dtype: str) -> NextTokenEngine | TransformersEngine:
-    """kind: "nexttoken", "nexttoken+int8" or "transformers"."""
+def make_engine(kind: str, path: Path, dtype: str) -> NextTokenEngine | NextTokenServingEngine | TransformersEngine:
+    """kind: "nexttoken", "nexttoken+int8", "nexttoken-engine" or "transformers"."""
     if kind == "transformers":
         return TransformersEngine(path, dtype)
+    if kind == "nexttoken-engine":
+        return NextTokenServingEngine(path, dtype)
     quantize = kind.split("+", 1)[1] if "+" in kind else None
     return NextTokenEngine(path, dtype, quantize)
 

@@ -55,6 +55,8 @@ def summarize(raw: dict, workload) -> dict:  # noqa: ANN001
         tps = statistics.median(m.decode_tps) if m.decode_tps else None
         base = by_key.get(("transformers", m.batch))
         base_tps = statistics.median(base.decode_tps) if base and base.decode_tps else None
+        loop = by_key.get(("nexttoken", m.batch))  # the padded-batch decode loop, for the engine's rows
+        loop_tps = statistics.median(loop.decode_tps) if loop and loop.decode_tps else None
         weights, kv = _weights_and_kv(cfg, m.engine, workload.dtype, m.batch, workload.prompt_len + workload.new_tokens)
         # Read per step: every linear layer once (lm_head included, embedding rows negligible) + the KV cache
         # at its average length over the decode.
@@ -69,6 +71,7 @@ def summarize(raw: dict, workload) -> dict:  # noqa: ANN001
             "decode_tok_s": tps,
             "decode_tok_s_rounds": m.decode_tps,
             "vs_transformers": (tps / base_tps) if tps and base_tps and m.engine != "transformers" else None,
+            "vs_padded_loop": (tps / loop_tps) if tps and loop_tps and m.engine == "nexttoken-engine" else None,
             "bytes_per_step": step_bytes,
             "decode_gbs": (tps / m.batch * step_bytes / 1e9) if tps else None,
             "bandwidth_bound_tok_s": m.batch * bw * 1e9 / step_bytes,

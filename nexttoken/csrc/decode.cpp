@@ -122,19 +122,23 @@ TARGET void attend(const float* q, const float* keys, const float* values, int64
   }
 }
 
-}  // namespace
 
-extern "C" {
-
-// x: (B, C) float32 embeddings of the new tokens, overwritten; positions: (B,) rotary positions; the new K/V go to
-// cache column `col` (= kv_len - 1) of every row; logits: (B, V) float32. Returns 0, or 1 for unsupported shapes.
-int nt_decode_step(const NtModel* m, float* x, int64_t B, const int64_t* positions, int64_t col, int64_t kv_len,
-                   float* logits) {
+// The step for B rows that each have their own cache row and length: row b writes its new K/V at column
+// kv_lens[b] - 1 of cache row slots[b] and attends over columns [0, kv_lens[b]). Every number of row b depends on
+// row b alone (the products accumulate each row in the same order whatever the other rows, attention is per row),
+// so a row gives the same logits in any batch: the engine's batch invariance.
+int decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positions, const int64_t* slots,
+                const int64_t* kv_lens, float* logits) {
   const int64_t C = m->hidden, H = m->n_heads, Hkv = m->n_kv_heads, D = m->head_dim, I = m->intermediate;
   const int64_t HD = H * D, KVD = Hkv * D, NQKV = HD + 2 * KVD, group = H / Hkv, half = D / 2;
-  if (D > 512 || D % 2 || H % Hkv || col != kv_len - 1) return 1;
+  if (D > 512 || D % 2 || H % Hkv) return 1;
+  int64_t total_kv = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    if (kv_lens[b] < 1 || kv_lens[b] > m->cache_head_stride / D) return 1;
+    total_kv += kv_lens[b];
+  }
   Scratch& s = scratch;
-  s.fit(*m, B, kv_len);
+  s.fit(*m, B, 0);
   float *h = s.h.data(), *qkv = s.qkv.data(), *att = s.att.data(), *tmp = s.tmp.data();
   float *gu = s.gu.data(), *act = s.act.data(), *cos_t = s.cos.data(), *sin_t = s.sin.data();
 
@@ -149,7 +153,7 @@ int nt_decode_step(const NtModel* m, float* x, int64_t B, const int64_t* positio
     }
   }
   // Attention fans out over (row, head) when there is enough of it to pay for waking the thread pool.
-  const bool parallel_attention = B * H * kv_len * D >= (1 << 16);
+  const bool parallel_attention = total_kv * H * D >= (1 << 16);
 
   for (int64_t l = 0; l < m->n_layers; ++l) {
     const NtLayer& L = m->layers[l];
@@ -159,7 +163,7 @@ int nt_decode_step(const NtModel* m, float* x, int64_t B, const int64_t* positio
       float* row = qkv + b * NQKV;
       for (int64_t head = 0; head < H + Hkv; ++head) rope(row + head * D, cos_t + b * D, sin_t + b * D, D);
       for (int64_t kh = 0; kh < Hkv; ++kh) {
-        const int64_t at = b * m->cache_row_stride + kh * m->cache_head_stride + col * D;
+        const int64_t at = slots[b] * m->cache_row_stride + kh * m->cache_head_stride + (kv_lens[b] - 1) * D;
         memcpy(L.k_cache + at, row + HD + kh * D, D * sizeof(float));
         memcpy(L.v_cache + at, row + HD + KVD + kh * D, D * sizeof(float));
       }
@@ -167,9 +171,9 @@ int nt_decode_step(const NtModel* m, float* x, int64_t B, const int64_t* positio
 #pragma omp parallel for schedule(static) if (parallel_attention)
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H, head = bh % H;
-      const int64_t base = b * m->cache_row_stride + (head / group) * m->cache_head_stride;
-      Scratch::grow(scores, kv_len);  // this thread's own buffer
-      attend(qkv + b * NQKV + head * D, L.k_cache + base, L.v_cache + base, kv_len, D, scores.data(),
+      const int64_t base = slots[b] * m->cache_row_stride + (head / group) * m->cache_head_stride;
+      Scratch::grow(scores, kv_lens[b]);  // this thread's own buffer
+      attend(qkv + b * NQKV + head * D, L.k_cache + base, L.v_cache + base, kv_lens[b], D, scores.data(),
              att + b * HD + head * D);
     }
     if (linear(L.o, att, B, C, HD, tmp)) return 1;
@@ -186,5 +190,25 @@ int nt_decode_step(const NtModel* m, float* x, int64_t B, const int64_t* positio
   }
   rms_norm(x, m->final_norm, B, C, m->eps, h);
   return linear(m->lm_head, h, B, m->vocab, C, logits);
+}
+
+}  // namespace
+
+extern "C" {
+
+// x: (B, C) float32 embeddings of the new tokens, overwritten; positions: (B,) rotary positions; the new K/V go to
+// cache column `col` (= kv_len - 1) of cache row b; logits: (B, V) float32. Returns 0, or 1 for unsupported shapes.
+int nt_decode_step(const NtModel* m, float* x, int64_t B, const int64_t* positions, int64_t col, int64_t kv_len,
+                   float* logits) {
+  if (col != kv_len - 1) return 1;
+  std::vector<int64_t> slots(B), kv_lens(B, kv_len);
+  for (int64_t b = 0; b < B; ++b) slots[b] = b;
+  return decode_rows(m, x, B, positions, slots.data(), kv_lens.data(), logits);
+}
+
+// The engine's step: row b's K/V live in cache row slots[b], kv_lens[b] columns long after this token.
+int nt_decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positions, const int64_t* slots,
+                   const int64_t* kv_lens, float* logits) {
+  return decode_rows(m, x, B, positions, slots, kv_lens, logits);
 }
 }

@@ -31,7 +31,7 @@ from ..generation.sampling import make_sampler
 from ..generation.stopping import MaxTime, StoppingChain, StoppingCriterion
 from ..model import Transformer
 from .model_runner import ModelRunner
-from .postprocess import advance, snapshot
+from .postprocess import advance, advance_greedy, plain_greedy, snapshot
 from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
 from .sequence import Sequence, TokenEvent
@@ -178,9 +178,15 @@ class LLMEngine:
     def step(self) -> list[TokenEvent]:
         """One forward round: admit, prefill chunks and decode one token per running request, free finished."""
         plan = self.scheduler.schedule()
-        logits = self.runner.run(plan)
-        events = [self._advance(seq, row) for seq, row in logits.items()]
-        for seq in [s for s in logits if s.finish_reason is not None]:
+        events, stepped = [], []
+        for seqs, logits in self.runner.run(plan):  # (rows, V) per group computed together
+            greedy = [i for i, seq in enumerate(seqs) if plain_greedy(seq)]
+            if greedy:  # all-greedy rows: one argmax, one log-softmax
+                rows = logits if len(greedy) == len(seqs) else logits[greedy]
+                events += advance_greedy([seqs[i] for i in greedy], rows)
+            events += [self._advance(seq, logits[i : i + 1]) for i, seq in enumerate(seqs) if not plain_greedy(seq)]
+            stepped += seqs
+        for seq in [s for s in stepped if s.finish_reason is not None]:
             self.scheduler.release(seq)
             self.requests.pop(seq.request_id, None)
         self._steps += 1

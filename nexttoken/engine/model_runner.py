@@ -9,6 +9,12 @@ only on the request's own length (a power of two), each group is cut into forwar
 MIN_ROWS rows (torch's GEMM with 1, 2-3 and >= 4 rows differs too), and a prefill chunk always runs one
 request alone with chunk boundaries at fixed multiples of the chunk size. A request's greedy output is then the
 same alone or among others.
+
+The fast path keeps that property by construction: where the model takes the fused native decode step
+(model/fused.py: a float32 model of the stock blocks on CPU), every decode row runs through it with its own cache
+row and its own length, no bucket and no padding. The native step computes each row's numbers from that row alone
+(each product accumulates a row in the same order whatever the other rows; attention is per row), and whether it
+is used depends on the model alone, so a request never changes path with its batch-mates.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import ForwardBatch, KVCache, Transformer
+from ..model import fused
 from ..model.kernels import MAX_ROWS
 from .prefix_cache import PrefixCache
 from .scheduler import PrefillChunk, StepPlan
@@ -75,35 +82,50 @@ class ModelRunner:
         self.window = model.config.sliding_window
 
     @torch.inference_mode()
-    def run(self, plan: StepPlan) -> dict[Sequence, torch.Tensor]:
-        """Logits (1, V) float32 for every request that chooses a token this step."""
+    def run(self, plan: StepPlan) -> list[tuple[list[Sequence], torch.Tensor]]:
+        """(requests, their (rows, V) float32 logits) for every request that chooses a token this step, in the
+        groups they were computed in."""
         for seq, blocks in plan.admitted:
             self._copy_prefix(seq, blocks)
-        out: dict[Sequence, torch.Tensor] = {}
-        if plan.decode:
-            out.update(self._decode(plan.decode))
+        out = self._decode(plan.decode) if plan.decode else []
         for chunk in plan.prefill:
             logits = self._prefill(chunk)
             if chunk.samples:
-                out[chunk.seq] = logits
+                out.append(([chunk.seq], logits))
         return out
 
-    def _decode(self, seqs: list[Sequence]) -> dict[Sequence, torch.Tensor]:
+    def _decode(self, seqs: list[Sequence]) -> list[tuple[list[Sequence], torch.Tensor]]:
         groups: dict[int, list[Sequence]] = {}
-        out: dict[Sequence, torch.Tensor] = {}
+        native: list[Sequence] = []
+        out: list[tuple[list[Sequence], torch.Tensor]] = []
+        plan = fused.rows_plan(self.model, self.cache)  # None: the modules for every row
         for seq in seqs:
             extra = seq.hook_inputs()
             if extra:  # a hook's extra model inputs belong to this row alone: it runs in a forward of its own
-                out[seq] = self._decode_group([seq], _bucket(seq.num_tokens, self.max_len), extra, min_rows=1)
-                continue
-            groups.setdefault(_bucket(seq.num_tokens, self.max_len), []).append(seq)
+                out.append(([seq], self._decode_group([seq], _bucket(seq.num_tokens, self.max_len), extra, 1)))
+            elif plan is not None:
+                native.append(seq)
+            else:
+                groups.setdefault(_bucket(seq.num_tokens, self.max_len), []).append(seq)
+        for first in range(0, len(native), MAX_ROWS):
+            part = native[first : first + MAX_ROWS]
+            out.append((part, self._decode_native(plan, part)))
         for span, group in groups.items():
             for first in range(0, len(group), MAX_ROWS):
                 part = group[first : first + MAX_ROWS]
-                logits = self._decode_group(part, span)  # (rows, V)
-                for i, seq in enumerate(part):
-                    out[seq] = logits[i : i + 1]
+                out.append((part, self._decode_group(part, span)))
         return out
+
+    def _decode_native(self, plan: fused.RowsPlan, part: list[Sequence]) -> torch.Tensor:
+        """(rows, V) logits of the fused native step: each row in its own slot, over its own columns."""
+        ids = torch.tensor([[s.last_token] for s in part])  # (rows, 1)
+        cols = torch.tensor([s.num_tokens - 1 for s in part])  # (rows,) column = position of the new token
+        slots = torch.tensor([s.slot for s in part])
+        logits = fused.decode_rows(plan, self.model, ids, cols, slots, cols + 1)
+        assert logits is not None, "rows_plan said the native step takes this model and cache"
+        for seq in part:
+            seq.num_cached = seq.num_tokens
+        return logits
 
     def _decode_group(self, group: list[Sequence], span: int, extra: dict | None = None,
                       min_rows: int = MIN_ROWS) -> torch.Tensor:

@@ -12,7 +12,35 @@ import torch
 
 from ..generation.decode import StepOutput
 from ..generation.output_pipeline import Delta
+from ..generation.sampling import Sampler
+from ..model import kernels
 from .sequence import HookState, Sequence, TokenEvent
+
+
+def plain_greedy(seq: Sequence) -> bool:
+    """No processors, criteria or hooks, and the argmax: such rows are chosen together (vLLM's all-greedy path)."""
+    s = seq.sampler
+    return (not len(seq.processors) and seq.stopping is None and not seq.hooks and isinstance(s, Sampler)
+            and s.greedy)
+
+
+def advance_greedy(seqs: list[Sequence], logits: torch.Tensor) -> list[TokenEvent]:
+    """Plain greedy rows, (rows, V) float32 logits: one argmax and one log-softmax for them all. Each row's numbers
+    are its own (both reduce within a row), so this gives what `advance` gives row by row."""
+    tokens = kernels.argmax(logits).tolist()
+    logp = torch.log_softmax(logits, dim=-1)  # (rows, V): scores are the logits, so raw == processed
+    chosen = logp.gather(1, torch.tensor(tokens)[:, None]).squeeze(1).tolist()
+    now = time.monotonic()
+    events = []
+    for i, (seq, token) in enumerate(zip(seqs, tokens)):
+        n = seq.params.top_logprobs
+        best = torch.topk(logp[i], min(n, logp.shape[1])) if n else None
+        top = list(zip(best.indices.tolist(), best.values.tolist())) if best is not None else []
+        delta = seq.out.push(token, chosen[i], top)
+        seq.first_token_time = seq.first_token_time or now
+        seq.last_token_time = now
+        events.append(snapshot(seq, delta, now))
+    return events
 
 
 def advance(seq: Sequence, logits: torch.Tensor) -> TokenEvent:

@@ -145,10 +145,7 @@ def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch
 
 def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor | None:
     """(B, V) float32 logits of the new tokens, or None when this model/cache cannot take the native step."""
-    plan: _Plan | None = getattr(model, "_fused_plan", None)
-    if plan is None or plan.key != _key(model, cache):
-        plan = _Plan(model, cache)
-        model._fused_plan = plan
+    plan = _plan(model, cache)
     if not plan.ok:
         return None
     x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
@@ -160,3 +157,46 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardB
         logits.data_ptr(),
     )
     return logits if rc == 0 else None
+
+
+RowsPlan = _Plan  # a checked description of model + cache for the engine's rows
+
+
+def rows_plan(model: torch.nn.Module, cache: KVCache) -> RowsPlan | None:
+    """The native description when the engine's decode rows of this model and slot cache take the native step,
+    else None. A property of the model and the cache alone (never of which requests share a step), so a request's
+    numbers do not depend on its batch-mates. Checked once per step (the weights may have been replaced)."""
+    from .llama import Transformer  # here: llama.py imports this module
+
+    if not (_ENABLED and isinstance(model, Transformer) and cache.k.dtype == torch.float32
+            and cache.k.device.type == "cpu" and model.dtype == torch.float32 and not torch.is_grad_enabled()
+            and kernels.library() is not None):
+        return None
+    plan = _plan(model, cache)
+    return plan if plan.ok else None
+
+
+def decode_rows(plan: RowsPlan, model: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
+                slots: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor | None:
+    """(B, V) float32 logits for B rows that each own a cache row: row b's new token (input_ids (B, 1)) at
+    rotary position positions[b] writes its K/V at column kv_lens[b] - 1 of cache row slots[b] and attends over
+    its first kv_lens[b] columns. `plan` comes from rows_plan for this step. None when the native step fails."""
+    if input_ids.shape[0] > kernels.MAX_ROWS:
+        return None
+    x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
+    B = x.shape[0]
+    positions, slots, kv_lens = (t.reshape(-1).to(torch.int64).contiguous() for t in (positions, slots, kv_lens))
+    logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
+    rc = kernels.library().nt_decode_rows(
+        ctypes.byref(plan.model), x.data_ptr(), B, positions.data_ptr(), slots.data_ptr(), kv_lens.data_ptr(),
+        logits.data_ptr(),
+    )
+    return logits if rc == 0 else None
+
+
+def _plan(model: torch.nn.Module, cache: KVCache) -> _Plan:
+    plan: _Plan | None = getattr(model, "_fused_plan", None)
+    if plan is None or plan.key != _key(model, cache):
+        plan = _Plan(model, cache)
+        model._fused_plan = plan
+    return plan
