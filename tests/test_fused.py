@@ -130,3 +130,50 @@ def test_a_new_cache_or_new_weights_rebuild_the_description(tmp_path) -> None:
     with fused.disabled():
         reference = generate(model, PROMPTS[:1], max_new_tokens=12, do_sample=False, eos_token_id=None)
     assert torch.equal(fast, reference)
+
+
+# ---- the engine's per-row native step -----------------------------------------------------------------------------
+
+def _engine_run(model, prompts: list[list[int]], steps: int) -> list:
+    from nexttoken.engine import EngineConfig, LLMEngine
+    from nexttoken.generation.config import GenerationConfig
+
+    engine = LLMEngine(model, None, EngineConfig(max_num_seqs=len(prompts), max_model_len=128, chunk_size=8,
+                                                 prefix_cache_blocks=0))
+    options = GenerationConfig(max_new_tokens=steps, eos_token_id=None, top_k=None)
+    seqs = [engine.add_request(p, options) for p in prompts]
+    while engine.has_unfinished():
+        engine.step()
+    return seqs
+
+
+ENGINE_PROMPTS = [[1, 5, 17, 33, 9, 60], [1, 40], [1, 90, 3, 3, 8, 12, 7, 7, 7, 70, 71], [1, 2, 3]]
+
+
+@needs_kernel
+def test_engine_rows_take_the_native_step_and_equal_the_modules_and_transformers(variant, monkeypatch) -> None:
+    name, hf, model = variant
+    calls: list[int] = []
+    real = fused.decode_rows
+    monkeypatch.setattr(fused, "decode_rows", lambda *a: calls.append(a[2].shape[0]) or real(*a))
+    native = _engine_run(model, ENGINE_PROMPTS, 12)
+    with torch.inference_mode():
+        takes_native = fused.rows_plan(model, model.new_cache(1, 8)) is not None
+    assert bool(calls) == takes_native == (name != "mistral-sliding")  # a sliding window keeps the modules
+    with fused.disabled():
+        modules = _engine_run(model, ENGINE_PROMPTS, 12)
+    for prompt, a, b in zip(ENGINE_PROMPTS, native, modules):
+        want = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)[0, len(prompt):].tolist()
+        assert a.output_ids == b.output_ids == want
+        assert a.out.logprobs == pytest.approx(b.out.logprobs, abs=1e-5)
+
+
+@needs_kernel
+def test_engine_native_rows_do_not_depend_on_batch_mates(variant) -> None:
+    """Each row alone and among 3 others of other lengths (different slots, different groupings): the same bits."""
+    _, _, model = variant
+    together = _engine_run(model, ENGINE_PROMPTS, 10)
+    for prompt, seq in zip(ENGINE_PROMPTS, together):
+        (alone,) = _engine_run(model, [prompt], 10)
+        assert alone.output_ids == seq.output_ids and alone.out.logprobs == seq.out.logprobs

@@ -37,8 +37,8 @@ class NextTokenEngine:
 
 class NextTokenServingEngine:
     """The continuous-batching engine (what LLM.generate on a list and the server run): the batch's rows as that
-    many concurrent requests. The recorder is called once the last request has its first token (prefill done),
-    then after every engine step, so decode tokens/s compare with the padded loop's at the same batch."""
+    many concurrent requests. The recorder is called after every step in which all of them decode, so decode
+    tokens/s compare with the padded loop's at the same batch."""
 
     name = "nexttoken-engine"
 
@@ -57,11 +57,12 @@ class NextTokenServingEngine:
                                                           max_num_batched_tokens=512))
         options = GenerationConfig(max_new_tokens=new_tokens, eos_token_id=None, top_k=None)
         seqs = [engine.add_request(row, options) for row in ids.tolist()]
-        prefilled = False
         while engine.has_unfinished():
             engine.step()
-            prefilled = prefilled or all(s.output_ids for s in seqs)
-            if prefilled and recorder is not None:
+            # Timed: the steps in which every request decodes (all prefilled, none finished), so each timed
+            # interval produced exactly B tokens, as each step of the padded loop does.
+            full = all(s.output_ids for s in seqs) and not any(s.finish_reason for s in seqs)
+            if full and recorder is not None:
                 recorder(None, None)  # type: ignore[arg-type]
         return [s.output_ids for s in seqs]
 
