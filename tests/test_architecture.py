@@ -14,6 +14,7 @@ BASE = {"errors", "config"}
 TEXT = {"tokenizer", "chat_template", "detokenizer"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
+    "extras": {"errors"},
     "config": {"errors"},
     "model": BASE,
     "tokenizer": {"errors", "chat_template"},
