@@ -3,7 +3,6 @@ max_time in generate, and how min_new_tokens interacts with EOS and stop strings
 
 from __future__ import annotations
 
-import time
 
 import pytest
 import torch
@@ -19,8 +18,18 @@ def tensors(length: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, torch.ones((3, length)) / length
 
 
+class FakeClock:
+    """A clock the test moves by hand: no test depends on how fast the machine runs."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_list_criteria() -> None:
-    criteria = StoppingChain([MaxLength(10), MaxTime(0.1)])
+    criteria = StoppingChain([MaxLength(10), MaxTime(0.1, clock=FakeClock())])
     assert not all(criteria(*tensors(5)))
     assert not all(criteria(*tensors(9)))
     assert all(criteria(*tensors(10)))
@@ -35,8 +44,14 @@ def test_max_length_criteria() -> None:
 
 def test_max_time_criteria() -> None:
     ids, scores = tensors(5)
-    assert not all(MaxTime(0.1)(ids, scores))
-    assert all(MaxTime(0.1, start=time.time() - 0.2)(ids, scores))
+    clock = FakeClock()
+    criterion = MaxTime(0.1, clock=clock)
+    assert not any(criterion(ids, scores))
+    clock.now += 0.1  # exactly max_time: not yet past it
+    assert not any(criterion(ids, scores))
+    clock.now += 0.001
+    assert all(criterion(ids, scores))
+    assert all(MaxTime(0.1, start=clock.now - 0.2, clock=clock)(ids, scores))
 
 
 def test_eos_token_criteria() -> None:

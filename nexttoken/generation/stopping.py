@@ -41,16 +41,17 @@ class MaxLength:
 
 
 class MaxTime:
-    """Done, for every row, once `max_time` seconds passed since `start` (default: construction)."""
+    """Done, for every row, once `max_time` seconds passed since `start` (default: construction) on `clock`
+    (default: a monotonic clock, which wall-clock changes do not move)."""
 
-    def __init__(self, max_time: float, start: float | None = None) -> None:
+    def __init__(self, max_time: float, start: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         if isinstance(max_time, bool) or not isinstance(max_time, (int, float)) or not max_time > 0:
             raise GenerationConfigError(f"max_time must be a number of seconds > 0, got {max_time!r}")
-        self.max_time = float(max_time)
-        self.start = time.time() if start is None else start
+        self.max_time, self.clock = float(max_time), clock
+        self.start = clock() if start is None else start
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor | None) -> torch.Tensor:
-        done = time.time() - self.start > self.max_time
+        done = self.clock() - self.start > self.max_time
         return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
 
