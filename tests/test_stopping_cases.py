@@ -45,11 +45,11 @@ def test_max_length_criteria() -> None:
 def test_max_time_criteria() -> None:
     ids, scores = tensors(5)
     clock = FakeClock()
-    criterion = MaxTime(0.1, clock=clock)
+    criterion = MaxTime(0.125, clock=clock)  # binary fractions: the sums below are exact
     assert not any(criterion(ids, scores))
-    clock.now += 0.1  # exactly max_time: not yet past it
+    clock.now += 0.125  # exactly max_time: not yet past it
     assert not any(criterion(ids, scores))
-    clock.now += 0.001
+    clock.now += 0.0625
     assert all(criterion(ids, scores))
     assert all(MaxTime(0.1, start=clock.now - 0.2, clock=clock)(ids, scores))
 
