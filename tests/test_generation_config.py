@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -74,7 +76,7 @@ def test_file_with_unsupported_option_raises(tmp_path: Path) -> None:
 
 def test_config_is_immutable() -> None:
     cfg = GenerationConfig()
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="temperature"):
         cfg.temperature = 2.0  # type: ignore[misc]
     assert cfg.updated(temperature=2.0).temperature == 2.0 and cfg.temperature == 1.0
 

@@ -63,5 +63,22 @@ def test_first_step_scores_match(pair, settings) -> None:
     torch.testing.assert_close(have[finite], want[finite], rtol=1e-4, atol=1e-4)
 
 
-def test_variants_cover_the_issue() -> None:
-    assert {"llama-gqa", "llama-tied-mha", "llama3-rope-scaling", "qwen2-bias", "mistral-sliding"} <= set(VARIANTS)
+def test_each_variant_exercises_its_feature(pair) -> None:
+    """The variants stand for features (tied embeddings, MHA vs GQA, llama3 RoPE scaling, q/k/v bias, a sliding
+    window shorter than the tests' sequences): each must really have its feature, in transformers' model and in
+    ours, or the parity tests above would pass without testing it."""
+    hf, ours = pair
+    cfg = hf.config
+    tied = hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+    assert tied == cfg.tie_word_embeddings == (ours.lm_head.weight.data_ptr() == ours.embed.weight.data_ptr())
+    assert ours.config.num_key_value_heads == cfg.num_key_value_heads
+    rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope == "llama3":  # long-wavelength frequencies are scaled down: differ from plain RoPE's
+        plain = 1.0 / (cfg.rope_parameters["rope_theta"] ** (torch.arange(0, ours.config.head_dim, 2).float()
+                                                               / ours.config.head_dim))
+        assert not torch.allclose(ours.inv_freq.float(), plain)
+    if cfg.model_type == "qwen2":
+        assert hf.model.layers[0].self_attn.q_proj.bias.abs().sum() > 0
+    window = getattr(cfg, "sliding_window", None)
+    if cfg.model_type == "mistral":
+        assert window is not None and window < max(map(len, PROMPTS)) and ours.config.sliding_window == window

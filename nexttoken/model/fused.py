@@ -139,8 +139,16 @@ def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch
         and cache.k.dtype == torch.float32
         and model.dtype == torch.float32
         and not torch.is_grad_enabled()
+        and not _observed(model)
         and kernels.library() is not None
     )
+
+
+def _observed(model: torch.nn.Module) -> bool:
+    """A forward hook on the final norm (contrastive search reads the hidden states there) needs the modules: the
+    native step never calls it."""
+    norm = model._modules.get("norm")
+    return norm is None or bool(norm._forward_hooks)
 
 
 def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor | None:
@@ -170,7 +178,7 @@ def rows_plan(model: torch.nn.Module, cache: KVCache) -> RowsPlan | None:
 
     if not (_ENABLED and isinstance(model, Transformer) and cache.k.dtype == torch.float32
             and cache.k.device.type == "cpu" and model.dtype == torch.float32 and not torch.is_grad_enabled()
-            and kernels.library() is not None):
+            and not _observed(model) and kernels.library() is not None):
         return None
     plan = _plan(model, cache)
     return plan if plan.ok else None
