@@ -11,7 +11,7 @@ import torch
 import nexttoken
 from nexttoken.errors import GenerationConfigError
 
-from test_server import model_dir, start_server, stop_server  # noqa: F401 - model_dir is a fixture
+from test_server import _model, client, llm, model_dir, server  # noqa: F401 - fixtures, shared with test_server
 
 PROMPT, OTHER = "The little bird", "Tom saw a"
 MESSAGES = [{"role": "user", "content": "Tell me about a cat"}]
@@ -31,30 +31,6 @@ GRID = [
     pytest.param(dict(do_sample=True, top_k=4, min_p=0.05, seed=9, logprobs_mode="processed"),
                  dict(seed=9, extra_body=dict(top_k=4, min_p=0.05, logprobs_mode="processed")), id="processed-logprobs"),
 ]
-
-
-@pytest.fixture(scope="module")
-def server(model_dir):  # noqa: F811
-    proc, url = start_server(model_dir)
-    yield url
-    stop_server(proc)
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def llm(model_dir):  # noqa: F811
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the server runs (--threads 1): the same arithmetic
-    yield nexttoken.load(model_dir)
-    torch.set_num_threads(before)
-
-
-def _model(client) -> str:  # noqa: ANN001
-    return client.models.list().data[0].id
 
 
 def _pieces(llm, ids: list[int]) -> list[str]:  # noqa: ANN001
