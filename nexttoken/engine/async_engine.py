@@ -46,14 +46,15 @@ class AsyncEngine:
         return self._stats
 
     async def stream(
-        self, request_id: str, prompt_ids: list[int], params: GenerationConfig, arrival_time: float | None = None
+        self, request_id: str, prompt_ids: list[int], params: GenerationConfig, arrival_time: float | None = None,
+        group: str | None = None,
     ) -> AsyncIterator[TokenEvent]:
         """Events of one request until it finishes. Closing the iterator early cancels the request."""
         if self.error is not None:
             raise EngineDeadError(f"the engine stopped: {self.error!r}")
         events: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), events)
-        self._inbox.put(("add", (request_id, prompt_ids, params, arrival_time)))
+        self._inbox.put(("add", (request_id, prompt_ids, params, arrival_time, group)))
         finished = False
         try:
             while True:
@@ -92,9 +93,9 @@ class AsyncEngine:
                 return
             block = False
             if kind == "add":
-                request_id, prompt_ids, params, arrival = item
+                request_id, prompt_ids, params, arrival, group = item
                 try:
-                    self.engine.add_request(prompt_ids, params, request_id, arrival_time=arrival)
+                    self.engine.add_request(prompt_ids, params, request_id, arrival_time=arrival, group=group)
                 except Exception as e:  # noqa: BLE001 - a bad request fails alone
                     self._send(request_id, e)
             elif kind == "abort":

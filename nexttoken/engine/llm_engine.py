@@ -130,12 +130,14 @@ class LLMEngine:
         request_id: str | None = None,
         arrival_time: float | None = None,
         *,
+        group: str | None = None,
         logits_processor: Seq[LogitsProcessor] = (),
         stopping_criteria: Seq[StoppingCriterion] = (),
         hooks: Seq[StepHook] = (),
     ) -> Sequence:
         """Queue one sequence. `params` is a validated GenerationConfig for one greedy or sampled sequence
-        (`expand` turns num_return_sequences into several). Its text continues the prompt's."""
+        (`expand` turns num_return_sequences into several). Its text continues the prompt's. `group` names the
+        client request it belongs to (default: its own id): waiting requests get free slots in turn."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise GenerationConfigError(f"request id {request_id!r} is already running: use a new id")
@@ -156,6 +158,7 @@ class LLMEngine:
             sampler=make_sampler(params, self.model.device),
             stopping=StoppingChain(criteria) if criteria else None,
             hooks=list(hooks),
+            group=group if group is not None else request_id,
             arrival_time=arrival_time if arrival_time is not None else time.monotonic(),
         )
         self.requests[request_id] = seq

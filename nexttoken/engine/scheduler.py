@@ -1,15 +1,19 @@
 """The scheduler: which requests get a cache slot, and what each running one computes this step.
 
-Two deques, as in nano-vllm: `waiting` (no slot yet, FIFO) and `running` (owns a slot). A step runs one decode
-token for every running request that has finished its prompt, plus prefill chunks of the others within a token
-budget, so a long prompt is prefilled over several steps while the other streams keep flowing. KV memory is
-bounded by the number of slots: when all are taken, new requests wait.
+As in nano-vllm, sequences are `waiting` (no slot yet) or `running` (own a slot). A step runs one decode token for
+every running sequence that has finished its prompt, plus prefill chunks of the others within a token budget, so
+a long prompt is prefilled over several steps while the other streams keep flowing. KV memory is bounded by the
+number of slots: when all are taken, new sequences wait.
+
+Waiting sequences queue per request (`Sequence.group`: one client request's prompts x n), and free slots go to
+the requests in turn, round robin: a request with thousands of sequences cannot hold every slot while a small one
+waits behind all of them; the small one gets the next free slot.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from .prefix_cache import PrefixCache
@@ -42,18 +46,27 @@ class StepPlan:
 class Scheduler:
     def __init__(self, num_slots: int, chunk_size: int, token_budget: int, prefix_cache: PrefixCache) -> None:
         self.chunk_size, self.token_budget, self.prefix_cache = chunk_size, token_budget, prefix_cache
-        self.waiting: deque[Sequence] = deque()
+        self.waiting: OrderedDict[str, deque[Sequence]] = OrderedDict()  # group -> its sequences, FIFO; groups in turn
         self.running: deque[Sequence] = deque()
         self.free_slots: deque[int] = deque(range(num_slots))
         self.num_slots = num_slots
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self.waiting.setdefault(seq.group, deque()).append(seq)
+
+    def _next_waiting(self) -> Sequence:
+        """The first sequence of the request whose turn it is; that request then goes to the back of the line."""
+        group, queue = next(iter(self.waiting.items()))
+        seq = queue.popleft()
+        del self.waiting[group]
+        if queue:
+            self.waiting[group] = queue
+        return seq
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         while self.waiting and self.free_slots:
-            seq = self.waiting.popleft()
+            seq = self._next_waiting()
             seq.slot, seq.status = self.free_slots.popleft(), SequenceStatus.RUNNING
             seq.scheduled_time = seq.scheduled_time or time.monotonic()
             # Prompt logprobs need the logits of every prompt position, so such a request computes them all.
@@ -78,8 +91,11 @@ class Scheduler:
         """Give a finished or aborted request's slot back; it is free for the next step."""
         if seq in self.running:
             self.running.remove(seq)
-        if seq in self.waiting:
-            self.waiting.remove(seq)
+        queue = self.waiting.get(seq.group)
+        if queue is not None and seq in queue:
+            queue.remove(seq)
+            if not queue:
+                del self.waiting[seq.group]
         if seq.slot is not None:
             self.free_slots.append(seq.slot)
             seq.slot = None
@@ -91,4 +107,4 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return sum(len(q) for q in self.waiting.values())

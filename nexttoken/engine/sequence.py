@@ -33,6 +33,7 @@ class Sequence:
     sampler: Callable[[torch.Tensor], torch.Tensor]  # owns this request's generator: draws ignore batch-mates
     stopping: StoppingChain | None = None  # a caller's stopping criteria and max_time; None when there are none
     hooks: list[StepHook] = field(default_factory=list)
+    group: str = ""  # the client request it belongs to: free slots go to the requests in turn
     arrival_time: float = 0.0
     status: SequenceStatus = SequenceStatus.WAITING
     slot: int | None = None

@@ -31,6 +31,10 @@ _FILE_NO_OP_VALUES: dict[str, object] = {
 }
 
 
+GREEDY_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS: below it, sampling is greedy decoding
+PENALTY_RANGE = (0.01, 100.0)  # multiplicative penalties outside it overflow float32 scores (1e-300: inf, NaN)
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     # Length. When neither is set, 20 new tokens (transformers' default `max_length=20` counts new tokens then).
@@ -137,8 +141,9 @@ class GenerationConfig:
 
     @property
     def greedy(self) -> bool:
-        # temperature 0 means greedy, as in OpenAI-style APIs (transformers would raise).
-        return not self.do_sample or self.temperature == 0
+        # Temperatures below GREEDY_TEMPERATURE (0 included) mean greedy, as in vLLM: dividing logits by 1e-300
+        # would overflow to inf and NaN probabilities, and a temperature that small picks the argmax anyway.
+        return not self.do_sample or self.temperature < GREEDY_TEMPERATURE
 
     @property
     def eos_ids(self) -> list[int]:
@@ -302,7 +307,7 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "top_k": _int_at_least(0),
     "top_p": _number(0.0, 1.0, lo_open=True),
     "min_p": _number(0.0, 1.0, optional=True),
-    "repetition_penalty": _number(0.0, math.inf, lo_open=True),
+    "repetition_penalty": _number(*PENALTY_RANGE),
     "eos_token_id": _token_ids,
     "stop_strings": _stop_strings,
     "bos_token_id": _token_id,
@@ -316,7 +321,7 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "typical_p": _number(0.0, 1.0, lo_open=True),
     "epsilon_cutoff": _number(0.0, 1.0),
     "eta_cutoff": _number(0.0, 1.0),
-    "encoder_repetition_penalty": _number(0.0, math.inf, lo_open=True),
+    "encoder_repetition_penalty": _number(*PENALTY_RANGE),
     "no_repeat_ngram_size": _int_at_least(0, optional=False),
     "encoder_no_repeat_ngram_size": _int_at_least(0, optional=False),
     "bad_words_ids": _id_lists,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
@@ -26,12 +28,17 @@ from .responses import Choice, LogprobFormatter, echo_logprobs, usage
 from .streams import ClientGone, Job, SSEResponse, collect, run_jobs, sse
 
 
+log = logging.getLogger("nexttoken.server")
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     model_name: str
     api_key: str | None = None
     max_n: int = 8  # choices per request
+    max_seqs_per_request: int = 256  # prompts x n: one request may not create more sequences than this
     max_body_bytes: int = 1 << 20
+    body_timeout_s: float = 30.0  # a request body not fully sent by then gets 408
 
 
 def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
@@ -49,7 +56,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
 
     app = FastAPI(title="nexttoken", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_middleware(ApiKeyGuard, api_key=settings.api_key)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -57,14 +64,26 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(error_body(f"internal error: {exc!r}", "internal_server_error"), status_code=500)
+        # The exception's text stays in the server's log: it can name files, addresses or internal state.
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return JSONResponse(error_body("internal error: the server could not complete this request",
+                                       "internal_server_error"), status_code=500)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kinds = {404: ("not_found_error", f"no route {request.url.path!r}: see /v1/models, /v1/completions, "
+                                          "/v1/chat/completions, /tokenize, /detokenize, /health, /metrics"),
+                 405: ("invalid_request_error", f"{request.method} is not allowed on {request.url.path!r}")}
+        kind, message = kinds.get(exc.status_code, ("invalid_request_error", str(exc.detail)))
+        return JSONResponse(error_body(message, kind), status_code=exc.status_code, headers=exc.headers)
 
     app.post("/v1/completions")(api.completions)
     app.post("/v1/chat/completions")(api.chat_completions)
     app.get("/v1/models")(api.models)
+    app.get("/v1/models/{model_id:path}")(api.model)
     app.post("/tokenize")(api.tokenize)
     app.post("/detokenize")(api.detokenize)
-    app.get("/health")(api.health)
+    app.api_route("/health", methods=["GET", "HEAD"])(api.health)
     app.get("/metrics")(api.prometheus)
     app.state.engine = async_engine
     return app
@@ -96,6 +115,11 @@ class OpenAIServing:
         """The request's GenerationConfig: its fields through the one translation table, the length checked."""
         check_ids([int(k) for k in (req.logit_bias or {})], self.limits.vocab_size, "logit_bias")
         check_ids(req.stop_token_ids or [], self.limits.vocab_size, "stop_token_ids")
+        count = len(prompts) * req.n
+        if count > self.settings.max_seqs_per_request:
+            raise bad_request(
+                f"this request asks for {len(prompts)} prompts x n={req.n} = {count} sequences, over this server's "
+                f"limit of {self.settings.max_seqs_per_request} (--max-seqs-per-request): split it", "prompt")
         wanted = new_tokens(prompts, max_tokens, req.n, self.limits, param)
         return request_options(req, self.base, max_new_tokens=wanted, **extra)
 
@@ -109,7 +133,7 @@ class OpenAIServing:
         cfg = self._options(req, prompts, max_tokens, "prompt", top_logprobs=req.logprobs or 0,
                             prompt_logprobs=req.echo and req.logprobs is not None)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        jobs = [Job(i, f"{rid}-{i}", ids, c) for i, (ids, c) in enumerate(expand(prompts, cfg))]
+        jobs = [Job(i, f"{rid}-{i}", ids, c, rid) for i, (ids, c) in enumerate(expand(prompts, cfg))]
         head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.settings.model_name}
         events = run_jobs(self.engine, jobs, self.metrics, arrival)
         if req.stream:
@@ -153,6 +177,9 @@ class OpenAIServing:
         offsets = [0] * len(jobs)
         try:
             async for index, event in events:
+                if event.finish_reason == "error":
+                    yield sse(json.dumps(_engine_failure(event).body()))
+                    break
                 job = jobs[index]
                 first = index not in started
                 started.add(index)
@@ -184,7 +211,7 @@ class OpenAIServing:
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         cfg = self._options(req, [ids], max_tokens, "messages", top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        jobs = [Job(j, f"{rid}-{j}", p, c) for j, (p, c) in enumerate(expand([ids], cfg))]
+        jobs = [Job(j, f"{rid}-{j}", p, c, rid) for j, (p, c) in enumerate(expand([ids], cfg))]
         head = {"id": rid, "created": int(time.time()), "model": self.settings.model_name}
         events = run_jobs(self.engine, jobs, self.metrics, arrival)
         if req.stream:
@@ -215,6 +242,9 @@ class OpenAIServing:
         completion_tokens = 0
         try:
             async for index, event in events:
+                if event.finish_reason == "error":
+                    yield sse(json.dumps(_engine_failure(event).body()))
+                    break
                 completion_tokens += len(event.token_ids)
                 lp = self.logprobs.chat(event.token_ids, event.logprobs, event.top_logprobs) if req.logprobs else None
                 if not (event.text or event.finished or (lp and lp["content"])):
@@ -230,10 +260,15 @@ class OpenAIServing:
 
     # ---- the rest ----------------------------------------------------------------------------------------------
     async def models(self) -> dict:
-        return {"object": "list", "data": [{
-            "id": self.settings.model_name, "object": "model", "created": self.created, "owned_by": "nexttoken",
-            "max_model_len": self.limits.max_model_len,
-        }]}
+        return {"object": "list", "data": [self._model_card()]}
+
+    async def model(self, model_id: str) -> dict:
+        self._check_model(model_id)
+        return self._model_card()
+
+    def _model_card(self) -> dict:
+        return {"id": self.settings.model_name, "object": "model", "created": self.created, "owned_by": "nexttoken",
+                "max_model_len": self.limits.max_model_len}
 
     async def tokenize(self, request: Request) -> dict:
         req: TokenizeRequest = _parse(TokenizeRequest, await request.body())
@@ -274,4 +309,15 @@ async def _collect_choices(request: Request, n: int, events: AsyncIterator) -> l
         return None
     except NextTokenError as e:
         raise bad_request(str(e)) from e
+    failed = next((c for c in choices if c.finish_reason == "error"), None)
+    if failed is not None:
+        raise _engine_failure(failed)
     return choices
+
+
+def _engine_failure(event: Any) -> APIError:
+    """A request that failed inside the engine (its own options at run time; the others go on): a 500 in
+    OpenAI's body for it alone. What failed is logged here, not sent."""
+    log.error("a request failed inside the engine: %s", event.stop_reason)
+    return APIError(500, "generation failed inside the engine for this request (other requests are not "
+                         "affected); the server log has the details", type="internal_server_error")

@@ -22,7 +22,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=256, help="tokens computed per engine step")
     p.add_argument("--prefix-cache-blocks", type=int, default=256, help="prefix-cache capacity in blocks (0: off)")
     p.add_argument("--max-n", type=int, default=8, help="largest n (choices) a request may ask for")
+    p.add_argument("--max-seqs-per-request", type=int, default=256,
+                   help="most sequences (prompts x n) one request may create; more is a 400")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
+    p.add_argument("--body-timeout", type=float, default=30.0, help="seconds to send a request body; later: 408")
+    p.add_argument("--shutdown-timeout", type=float, default=10.0,
+                   help="on SIGTERM/SIGINT: seconds in-flight requests get to finish before they are cut off")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
     p.set_defaults(run=run)
@@ -48,9 +53,25 @@ def run(args: argparse.Namespace) -> int:
         prefix_cache_blocks=args.prefix_cache_blocks,
     )
     name = args.served_model_name or Path(loaded.path).name
-    settings = ServerSettings(name, args.api_key, args.max_n, args.max_body_bytes)
+    settings = ServerSettings(name, args.api_key, args.max_n, args.max_seqs_per_request, args.max_body_bytes,
+                              args.body_timeout)
     engine = LLMEngine(loaded.model, loaded.tokenizer, config, loaded.generation_config)
     app = build_app(engine, settings)
     print(f"serving {name!r} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    if not args.api_key and not _loopback(args.host):
+        print(f"nexttoken serve: WARNING: listening on {args.host} without --api-key: anyone who can reach this "
+              "address can use the model. Set --api-key KEY, or bind to 127.0.0.1.", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=args.shutdown_timeout)
     return 0
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything

@@ -1,7 +1,9 @@
-"""ASGI guards in front of the app: a request-body size limit (413) and the optional API key (401)."""
+"""ASGI guards in front of the app: a request-body size and time limit (413, 408) and the optional API key (401)."""
 
 from __future__ import annotations
 
+import asyncio
+import hmac
 import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -19,13 +21,14 @@ async def _send_error(send: Send, status: int, body: dict) -> None:
 
 
 class BodyLimit:
-    """Read the whole body first (refusing more than max_bytes with 413), then replay it to the app.
+    """Read the whole body first (refusing more than max_bytes with 413, and a body not sent within timeout_s
+    with 408, so a slow or stalled client cannot hold a connection), then replay it to the app.
 
     After the replay, `receive` is the server's own again, so the app still hears `http.disconnect`.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 30.0) -> None:
+        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -34,8 +37,13 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             return await self._too_large(send)
         chunks, size = [], 0
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
+            except asyncio.TimeoutError:
+                message = f"the request body did not arrive within {self.timeout_s:g} s"
+                return await _send_error(send, 408, error_body(message, "invalid_request_error", None, "timeout"))
             if message["type"] == "http.disconnect":
                 return
             chunks.append(message.get("body", b""))
@@ -69,7 +77,9 @@ class ApiKeyGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.api_key and scope["type"] == "http" and scope["path"].startswith(_PROTECTED):
             auth = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-            if auth != f"Bearer {self.api_key}":
+            scheme, _, key = auth.strip().partition(" ")
+            # The scheme is case-insensitive (RFC 7235); the key is compared in constant time.
+            if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key.encode()):
                 body = error_body("invalid or missing API key: send Authorization: Bearer <key>",
                                   "invalid_request_error", None, "invalid_api_key")
                 return await _send_error(send, 401, body)

@@ -84,6 +84,7 @@ class _EngineCollector:
         yield _counter("nexttoken_generation_tokens", "Tokens generated", s.generated_tokens_total)
         yield _counter("nexttoken_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache", s.prefix_queried_tokens)
         yield _counter("nexttoken_prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache", s.prefix_hit_tokens)
+        yield _counter("nexttoken_engine_steps", "Engine steps run (one forward round each)", s.steps_total)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

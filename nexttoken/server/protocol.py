@@ -8,11 +8,13 @@ counts such as `n` and `stop`); the values of sampling options are checked once,
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 MAX_STOP_STRINGS = 4
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")
 
 
 class _Strict(BaseModel):
@@ -76,8 +78,8 @@ class _OpenAIFields(_Strict):
     @classmethod
     def _logit_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         for key, bias in (v or {}).items():
-            if not key.isdigit():
-                raise ValueError(f"logit_bias keys must be token ids (decimal strings), got {key!r}")
+            if not _TOKEN_ID.fullmatch(key):  # not str.isdigit(): "²" is a digit to it, and int() refuses it
+                raise ValueError(f"logit_bias keys must be token ids written in ASCII digits, got {key!r}")
             if not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {bias!r} for token {key}")
         return v
@@ -99,6 +101,18 @@ class CompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
     prompt: Union[str, list[str], list[int], list[list[int]]]
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)  # OpenAI allows 5; vLLM 20
+    best_of: int | None = Field(None, ge=1)  # OpenAI's; only best_of == n (or absent) is offered
+    suffix: str | None = None  # OpenAI's insertion; refused unless empty
+
+    @model_validator(mode="after")
+    def _not_offered(self) -> "CompletionRequest":
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError(f"best_of={self.best_of} (ranking more samples than n={self.n} are returned) is not "
+                             "offered: leave it out, or set it to n")
+        if self.suffix:
+            raise ValueError("suffix (insertion between a prompt and a suffix) is not offered by this server: "
+                             "leave it out")
+        return self
 
     @field_validator("prompt")
     @classmethod
@@ -117,11 +131,18 @@ class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextPart], None] = None
     name: str | None = None
+    refusal: str | None = None  # an assistant's refusal, as OpenAI returns it: kept out of the prompt
+    tool_call_id: str | None = None  # a tool message's call id (tool calls themselves are not offered yet)
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
         return self.content or ""
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["text", "json_object", "json_schema"]
 
 
 class ChatCompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
@@ -130,6 +151,45 @@ class ChatCompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     add_generation_prompt: bool = True
+    # OpenAI's other fields. Accepted with no effect on a local model (docs/serving.md says so): metadata, store
+    # (nothing is stored), service_tier, prompt_cache_key, safety_identifier, reasoning_effort and verbosity (no
+    # reasoning model here), prediction (a latency hint; the output is the same), parallel_tool_calls, modalities
+    # ["text"]. Offered in part: response_format "text", tool_choice "none" / tools []. The rest is refused by value
+    # in _not_offered, the one place later features (structured output, tool calls) replace.
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: Union[Literal["none", "auto"], dict[str, Any], None] = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    prediction: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _not_offered(self) -> "ChatCompletionRequest":
+        if self.response_format is not None and self.response_format.type != "text":
+            raise ValueError(f"response_format type {self.response_format.type!r} (structured output) is not "
+                             "offered yet: use {\"type\": \"text\"} or leave it out")
+        if self.tools or self.functions:
+            raise ValueError("tools / functions (tool calls) are not offered yet: leave them out or send []")
+        if self.tool_choice not in (None, "none", "auto") or self.function_call not in (None, "none", "auto"):
+            raise ValueError(f"tool_choice {self.tool_choice!r} needs tools, which are not offered yet: use "
+                             "\"none\" or leave it out")
+        if self.modalities is not None and self.modalities != ["text"]:
+            raise ValueError(f"modalities {self.modalities!r}: this model answers in text only; use [\"text\"]")
+        for name in ("audio", "web_search_options"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name} is not offered by this server (a local text model): leave it out")
+        return self
 
     @model_validator(mode="after")
     def _top_logprobs(self) -> "ChatCompletionRequest":

@@ -26,6 +26,7 @@ class Job:
     request_id: str
     prompt_ids: list[int]
     params: GenerationConfig  # one sequence's options
+    group: str = ""  # the client request: its sequences share turns for free slots with other requests
 
 
 async def run_jobs(
@@ -37,7 +38,7 @@ async def run_jobs(
     async def pump(job: Job) -> None:
         previous, finished = None, False
         try:
-            async for event in engine.stream(job.request_id, job.prompt_ids, job.params, arrival):
+            async for event in engine.stream(job.request_id, job.prompt_ids, job.params, arrival, job.group or None):
                 metrics.observe(event, previous)
                 previous, finished = (event.time if event.token_ids else previous), event.finished
                 await merged.put((job.index, event))
