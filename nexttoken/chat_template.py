@@ -2,14 +2,19 @@
 
 Templates come from model repositories, so they are untrusted code: they run in jinja2's
 `ImmutableSandboxedEnvironment`, with the same globals and filters transformers gives them
-(`utils/chat_template_utils.py`), because templates are written against exactly that environment.
+(`utils/chat_template_utils.py`), because templates are written against exactly that environment. The sandbox
+stops a template from reaching Python; a budget (RenderLimits: seconds and characters) stops one from running or
+growing without end: every call the template makes, every namespace assignment, every repetition (`*`) and every
+piece of output is checked against it.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
@@ -36,6 +41,46 @@ _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 _RESERVED = ("messages", "tools", "documents", "add_generation_prompt")
 
 
+@dataclasses.dataclass(frozen=True)
+class RenderLimits:
+    """How long one rendering may run and how much text it may produce (and build with `*`)."""
+
+    seconds: float = 10.0
+    characters: int = 4_000_000
+
+
+_BUDGET: contextvars.ContextVar[tuple[float, RenderLimits] | None] = contextvars.ContextVar("_BUDGET", default=None)
+
+
+def _check_budget(produced: int = 0) -> None:
+    budget = _BUDGET.get()
+    if budget is None:
+        return
+    deadline, limits = budget
+    if time.monotonic() > deadline:
+        raise ChatTemplateError(f"the chat template ran longer than {limits.seconds:g} s: it was stopped")
+    if produced > limits.characters:
+        raise ChatTemplateError(f"the chat template produced more than {limits.characters} characters: it was stopped")
+
+
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox, with every call and every `*` checked against the rendering's budget."""
+
+    intercepted_binops = frozenset({"*"})
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - jinja's names
+        _check_budget()
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        _check_budget()
+        if operator == "*" and isinstance(right, int) and hasattr(left, "__len__") and not isinstance(left, bool):
+            _check_budget(len(left) * right)
+        if operator == "*" and isinstance(left, int) and hasattr(right, "__len__") and not isinstance(right, bool):
+            _check_budget(len(right) * left)
+        return super().call_binop(context, operator, left, right)
+
+
 def render_chat_template(
     template: str,
     messages: Sequence[Mapping[str, Any]],
@@ -45,6 +90,7 @@ def render_chat_template(
     tools: Sequence[Mapping[str, Any]] | None = None,
     documents: Sequence[Mapping[str, Any]] | None = None,
     variables: Mapping[str, Any] | None = None,
+    limits: RenderLimits = RenderLimits(),
 ) -> str:
     """Render `messages` with the jinja `template` source, as transformers' `apply_chat_template(tokenize=False)`.
 
@@ -87,16 +133,26 @@ def render_chat_template(
         final_text = _tag_final_message(chat, continue_final_message, template)
 
     compiled = compile_chat_template(template)
+    token = _BUDGET.set((time.monotonic() + limits.seconds, limits))
     try:
-        rendered = compiled.render(
+        pieces, size = [], 0
+        for piece in compiled.generate(
             messages=chat,
             tools=_plain(list(tools)) if tools is not None else None,
             documents=_plain(list(documents)) if documents is not None else None,
             add_generation_prompt=add_generation_prompt,
             **_plain(variables),
-        )
+        ):
+            size += len(piece)
+            _check_budget(size)
+            pieces.append(piece)
+        rendered = "".join(pieces)
+    except ChatTemplateError:
+        raise
     except Exception as exc:  # the template is untrusted code: any failure in it is a template error
         raise ChatTemplateError(f"chat template failed to render: {type(exc).__name__}: {exc}") from exc
+    finally:
+        _BUDGET.reset(token)
 
     if final_text is not None:
         rendered = _cut_at_continue_tag(rendered, final_text)
@@ -114,7 +170,7 @@ def compile_chat_template(template: str) -> jinja2.Template:
             f"jinja2 {jinja2.__version__} has known sandbox escapes; chat templates need jinja2>=3.1.6 "
             "(pip install -U jinja2)"
         )
-    env = ImmutableSandboxedEnvironment(
+    env = _BoundedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = _tojson
@@ -168,6 +224,7 @@ class _TemplateNamespace(jinja2.utils.Namespace):
 
     def __setitem__(self, name: str, value: Any) -> None:
         _TemplateNamespace._check_name(name)
+        _check_budget(len(value) if isinstance(value, str) else 0)  # a loop growing a string needs no call
         jinja2.utils.Namespace.__setitem__(self, name, value)
 
     @staticmethod

@@ -19,7 +19,7 @@ from typing import Any
 
 import tokenizers
 
-from .chat_template import render_chat_template
+from .chat_template import RenderLimits, render_chat_template
 from .errors import ChatTemplateError, MissingFileError, TokenizerError
 
 # transformers' named special tokens, in its order (which is the order of `all_special_ids`).
@@ -232,6 +232,7 @@ class Tokenizer:
         documents: Sequence[Mapping[str, Any]] | None = None,
         chat_template: str | None = None,
         continue_final_message: bool | str = False,
+        limits: RenderLimits = RenderLimits(),
         **template_kwargs: Any,
     ) -> str | list[int]:
         """Render a conversation with the model's chat template, as transformers does; with `tokenize=True`, its ids.
@@ -249,6 +250,7 @@ class Tokenizer:
             tools=tools,
             documents=documents,
             variables={**self._special, **template_kwargs},
+            limits=limits,
         )
         return self.encode(text, add_special_tokens=False) if tokenize else text
 

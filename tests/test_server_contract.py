@@ -9,6 +9,7 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
@@ -192,3 +193,35 @@ def test_bearer_is_case_insensitive_and_a_public_host_without_key_warns(model_di
         stop_server(proc)
     said = proc.stdout.read().decode()
     assert "WARNING: listening on 0.0.0.0 without --api-key" in said
+
+
+# ---- 8. untrusted template work off the event loop, bounded -------------------------------------------------------
+
+LOOPING_TEMPLATE = "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}{{ bos_token }}"
+
+
+def test_a_runaway_chat_template_is_stopped_and_health_keeps_answering(model_dir, tmp_path) -> None:  # noqa: F811
+    """A template looping 10^8 times: the request is refused (400, the template was stopped) within the render
+    budget, and /health answers meanwhile: rendering runs off the event loop."""
+    folder = tmp_path / "looping"
+    folder.mkdir()
+    for f in Path(model_dir).iterdir():
+        if f.name != "tokenizer_config.json":
+            (folder / f.name).symlink_to(f.resolve())
+    config = json.loads((Path(model_dir) / "tokenizer_config.json").read_text())
+    config["chat_template"] = LOOPING_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    proc, url = start_server(folder)
+    try:
+        result: dict = {}
+        chat = threading.Thread(target=lambda: result.update(r=httpx.post(
+            url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=60)))
+        chat.start()
+        answered = 0
+        while chat.is_alive():
+            answered += httpx.get(url + "/health", timeout=60).status_code == 200
+        assert answered >= 3  # health answered while the template ran
+        error = _error(result["r"], 400, "messages")
+        assert "longer than 2 s" in error["message"]
+    finally:
+        stop_server(proc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -206,7 +207,7 @@ class OpenAIServing:
         arrival = time.monotonic()
         req: ChatCompletionRequest = _parse(ChatCompletionRequest, await request.body())
         self._check_model(req.model)
-        ids = chat_prompt(req, self.tokenizer)
+        ids = await asyncio.to_thread(chat_prompt, req, self.tokenizer)  # untrusted template work: off the loop
         check_ids(ids, self.limits.vocab_size, "messages")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         cfg = self._options(req, [ids], max_tokens, "messages", top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
@@ -277,7 +278,7 @@ class OpenAIServing:
             raise bad_request("this model has no tokenizer", "prompt")
         if req.messages is not None:
             chat = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt)
-            ids = chat_prompt(chat, self.tokenizer)
+            ids = await asyncio.to_thread(chat_prompt, chat, self.tokenizer)
         else:
             ids = self.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         return {"count": len(ids), "max_model_len": self.limits.max_model_len, "tokens": ids}

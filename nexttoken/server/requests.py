@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..chat_template import RenderLimits
 from ..errors import NextTokenError
 from .errors import bad_request
 from .protocol import ChatCompletionRequest, CompletionRequest
@@ -42,12 +43,18 @@ def completion_prompts(req: CompletionRequest, tokenizer: Any, vocab: int) -> li
     return prompts
 
 
+# A request's chat template rendering: the template is the model's, but the messages are the client's, and a
+# template can loop over them; the server gives it this much (off the event loop, see app.chat_completions).
+TEMPLATE_LIMITS = RenderLimits(seconds=2.0, characters=2_000_000)
+
+
 def chat_prompt(req: ChatCompletionRequest, tokenizer: Any) -> list[int]:
     if tokenizer is None:
         raise bad_request("this model has no tokenizer, so chat is not available", "messages")
     messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in req.messages]
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
+                                             limits=TEMPLATE_LIMITS)
     except NextTokenError as e:
         raise bad_request(str(e), "messages") from e
     return tokenizer.encode(text, add_special_tokens=False)  # the template writes BOS itself
