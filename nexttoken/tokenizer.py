@@ -211,6 +211,32 @@ class Tokenizer:
             self._byte_fallback_ids = found
         return self._byte_fallback_ids
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token `token_id` adds to a text, as the decoder writes them (`▁` as a space, `<0xE6>` as
+        that byte, byte-level BPE's characters as the bytes they stand for); a special token gives its name."""
+        cache = self.__dict__.setdefault("_token_bytes", {})
+        if token_id not in cache:
+            piece = self._tk.id_to_token(int(token_id)) or ""
+            if int(token_id) in self._tk.get_added_tokens_decoder():
+                raw = piece.encode("utf-8")
+            elif self._byte_level:
+                raw = bytes(_UNICODE_TO_BYTE.get(c, 0) for c in piece)
+            elif int(token_id) in self.byte_fallback_ids:
+                raw = bytes([int(piece[3:5], 16)])
+            else:
+                raw = piece.replace("▁", " ").encode("utf-8")
+            cache[token_id] = raw
+        return cache[token_id]
+
+    def token_text(self, token_id: int) -> str:
+        """`token_bytes` as text; a token that is part of a multi-byte character writes its bytes as \\xNN."""
+        return self.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
+
+    @property
+    def _byte_level(self) -> bool:
+        decoder = self._tk.decoder
+        return decoder is not None and '"ByteLevel"' in decoder.__getstate__().decode()
+
     # ---- chat ----------------------------------------------------------------------------------------------
 
     @property
@@ -367,3 +393,19 @@ def _chat_templates(config: dict[str, Any], folder: Path) -> dict[str, str]:
         f"{folder / 'tokenizer_config.json'}: chat_template must be a string or a list of "
         f"{{\"name\": ..., \"template\": ...}} objects, got {type(raw).__name__}"
     )
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: every byte as a printable character (what byte-level BPE vocabularies store)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in _byte_to_unicode().items()}

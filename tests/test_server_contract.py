@@ -225,3 +225,168 @@ def test_a_runaway_chat_template_is_stopped_and_health_keeps_answering(model_dir
         assert "longer than 2 s" in error["message"]
     finally:
         stop_server(proc)
+
+
+# ---- real clients with their default requests ----------------------------------------------------------------------
+
+def test_langchain_chat_openai_invoke_stream_batch(server, client) -> None:  # noqa: F811
+    from langchain_openai import ChatOpenAI
+
+    chat = ChatOpenAI(base_url=server + "/v1", api_key="unused", model=_model(client), temperature=0, max_tokens=12,
+                      max_retries=0)
+    said = chat.invoke("Tell me a story")
+    assert said.content and said.response_metadata["finish_reason"] in ("stop", "length")
+    streamed = "".join(chunk.content for chunk in chat.stream("Tell me a story"))
+    assert streamed == said.content
+    batch = chat.batch(["Tell me a story", "A cat"])
+    assert batch[0].content == said.content and batch[1].content
+
+
+# ---- a bounded soak ---------------------------------------------------------------------------------------------------
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_soak_mixed_traffic_keeps_the_contract(model_dir) -> None:  # noqa: F811
+    """~330 requests at concurrency 32: plain, streamed, chat, ~10% bad, some clients leaving mid-stream. Every
+    good request completes, every bad one is a 4xx in OpenAI's body, no 5xx, a greedy probe answers the same
+    throughout, and the server's memory after the run is within a few MB of where it was after a warm-up."""
+    import asyncio
+    import random
+
+    proc, url = start_server(model_dir, "--max-num-seqs", "16")
+    probe = {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0}
+    bad = [
+        (b'{"prompt": "x",', None), (json.dumps(_body(temprature=1)).encode(), "temprature"),
+        (json.dumps(_body(temperature=-1)).encode(), "temperature"),
+        (json.dumps(_body(logit_bias={"\u00b2": 1})).encode(), "logit_bias"),
+        (json.dumps(_body(prompt=[1] * 600)).encode(), "prompt"),
+    ]
+    rng = random.Random(0)
+    tally = {"good": 0, "bad": 0, "left": 0, "probe": 0}
+
+    async def one(h: httpx.AsyncClient, i: int, expected_probe: str | None) -> None:
+        kind = rng.random()
+        if i % 25 == 0:
+            r = await h.post(url + "/v1/completions", json=probe)
+            assert r.status_code == 200 and r.json()["choices"][0]["text"] == expected_probe
+            tally["probe"] += 1
+        elif kind < 0.10:
+            body, param = bad[i % len(bad)]
+            r = await h.post(url + "/v1/completions", content=body, headers={"Content-Type": "application/json"})
+            assert 400 <= r.status_code < 500, r.text
+            error = r.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"} and (param is None or error["param"] == param)
+            tally["bad"] += 1
+        elif kind < 0.18:  # a client that leaves after its first chunk
+            async with h.stream("POST", url + "/v1/completions", json={**probe, "max_tokens": 200, "stream": True,
+                                                                        "ignore_eos": True}) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: "):
+                        break
+            tally["left"] += 1
+        elif kind < 0.40:
+            body = {"prompt": f"Tom had {i} apples", "max_tokens": 12, "stream": True, "seed": i}
+            async with h.stream("POST", url + "/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+            assert lines[-1] == "data: [DONE]" and all("error" not in line for line in lines)
+            tally["good"] += 1
+        elif kind < 0.55:
+            r = await h.post(url + "/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": f"story {i}"}], "max_tokens": 10})
+            assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+            tally["good"] += 1
+        else:
+            r = await h.post(url + "/v1/completions", json={"prompt": f"Lily saw {i} birds", "max_tokens": 10,
+                                                             "n": 1 + i % 3, "seed": i})
+            assert r.status_code == 200 and len(r.json()["choices"]) == 1 + i % 3
+            tally["good"] += 1
+
+    async def run(count: int, expected_probe: str | None) -> None:
+        gate = asyncio.Semaphore(32)
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=40)) as h:
+            async def bounded(i: int) -> None:
+                async with gate:
+                    await one(h, i, expected_probe)
+            await asyncio.gather(*(bounded(i) for i in range(count)))
+
+    try:
+        expected = httpx.post(url + "/v1/completions", json=probe, timeout=60).json()["choices"][0]["text"]
+        asyncio.run(run(60, expected))  # warm-up: every kind of request once at least, allocator pools filled
+        start = _rss_kib(proc.pid)
+        asyncio.run(run(270, expected))
+        assert tally["bad"] >= 20 and tally["left"] >= 15 and tally["good"] >= 200 and tally["probe"] >= 12, tally
+        metrics = httpx.get(url + "/metrics").text
+        assert 'finish_reason="error"' not in metrics
+        grown = _rss_kib(proc.pid) - start
+        assert grown < 8 * 1024, f"RSS grew by {grown} KiB over the soak"
+    finally:
+        stop_server(proc)
+
+
+# ---- 4. log-probs as OpenAI returns them ---------------------------------------------------------------------------
+
+def test_logprob_tokens_are_output_text_and_offsets_index_the_returned_text(server, client) -> None:  # noqa: F811
+    r = httpx.post(server + "/v1/completions", json={"prompt": "Once upon a", "max_tokens": 6, "temperature": 0,
+                                                      "echo": True, "logprobs": 1}).json()["choices"][0]
+    text, lp = r["text"], r["logprobs"]
+    assert lp["tokens"][:4] == ["<s>", " Once", " upon", " a"]  # BOS listed (first, logprob null), adds no text
+    assert lp["token_logprobs"][0] is None and lp["text_offset"][:4] == [0, 0, 4, 9]
+    assert text.startswith("Once upon a")
+    for token, at in list(zip(lp["tokens"], lp["text_offset"]))[2:]:
+        assert text[at : at + len(token)] == token  # every offset points at its token in the returned text
+    # The decoder drops the text's first space: the first text token, " Once", starts the text as "Once".
+    assert text[: len(" Once") - 1] == "Once"
+
+
+def test_logprob_bytes_of_split_characters(shared_dir, tmp_path) -> None:
+    """Byte-level pieces of 🦙 and 𝄞: each token's `bytes` are its own (not valid UTF-8 alone), they join to the
+    content's bytes, and the completions offsets point at where the character they belong to starts."""
+    from chain_model import build_chain_model, chain_ids
+
+    tokenizers = shared_dir / "tokenizers" / "llama-3.2-instruct"
+    chain = chain_ids(tokenizers, " 🦙 Grüße 𝄞 日本")
+    folder = build_chain_model(tmp_path / "chain", tokenizers, chain, 128009)
+    proc, url = start_server(folder)
+    try:
+        chat = httpx.post(url + "/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": len(chain), "temperature": 0,
+            "logprobs": True}).json()["choices"][0]
+        content = chat["logprobs"]["content"]
+        assert b"".join(bytes(t["bytes"]) for t in content) == chat["message"]["content"].encode()
+        assert content[1]["bytes"] == [0xA6] and content[1]["token"] == "\\xa6"  # a middle byte of 🦙
+        comp = httpx.post(url + "/v1/completions", json={"prompt": " 日本", "max_tokens": len(chain),
+                                                         "temperature": 0, "logprobs": 0}).json()["choices"][0]
+        text, offsets = comp["text"], comp["logprobs"]["text_offset"]
+        assert text == " 🦙 Grüße 𝄞 日本" and offsets[:4] == [0, 1, 1, 2]  # " " + 🦙's bytes, then " Grü"
+    finally:
+        stop_server(proc)
+
+
+def test_tokenized_loglikelihood_requests_equal_transformers(server, client, shared_dir) -> None:  # noqa: F811
+    """lm-evaluation-harness's local-completions with tokenized_requests=True: token-id prompts, echo=True,
+    logprobs=1, max_tokens=1; the log-likelihood of a continuation is the sum of its tokens' log-probs."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import nexttoken
+
+    hf = AutoModelForCausalLM.from_pretrained(shared_dir / "models" / "stories260k").eval()
+    tok = nexttoken.load(shared_dir / "models" / "stories260k").tokenizer
+    pairs = [("Once upon a time, there was a", " little girl"), ("The dog ran to the", " park and played")]
+    prompts = [tok.encode(c) + tok.encode(x, add_special_tokens=False) for c, x in pairs]
+    r = httpx.post(server + "/v1/completions", json={"prompt": prompts, "echo": True, "logprobs": 1, "max_tokens": 1,
+                                                      "temperature": 0}).json()
+    for (context, cont), ids, choice in zip(pairs, prompts, r["choices"]):
+        n = len(tok.encode(cont, add_special_tokens=False))
+        got = choice["logprobs"]["token_logprobs"][len(ids) - n : len(ids)]
+        with torch.no_grad():
+            logp = hf(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+        want = [logp[i - 1, ids[i]].item() for i in range(len(ids) - n, len(ids))]
+        assert got == pytest.approx(want, abs=1e-4)
+        assert sum(got) == pytest.approx(sum(want), abs=1e-3)

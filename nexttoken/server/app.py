@@ -25,7 +25,7 @@ from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .options import request_options, server_defaults
 from .requests import DEFAULT_COMPLETION_TOKENS, Limits, chat_prompt, check_ids, completion_prompts, new_tokens
-from .responses import Choice, LogprobFormatter, echo_logprobs, usage
+from .responses import Choice, LogprobFormatter, TextOffsets, echo_logprobs, usage
 from .streams import ClientGone, Job, SSEResponse, collect, run_jobs, sse
 
 
@@ -144,14 +144,24 @@ class OpenAIServing:
     def _echo_text(self, req: CompletionRequest, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=req.skip_special_tokens) if self.tokenizer else ""
 
+    def _offsets(self, req: CompletionRequest, job: Job) -> TextOffsets:
+        """A choice's offset counter; with echo it starts on the prompt, whose decode may drop a leading space."""
+        strip = 0
+        if req.echo and self.tokenizer is not None:
+            raw = b"".join(self.tokenizer.token_bytes(t) for t in job.prompt_ids
+                           if not (req.skip_special_tokens and t in self.tokenizer.skipped_special_ids))
+            whole, shown = raw.decode("utf-8", errors="replace"), self._echo_text(req, job.prompt_ids)
+            strip = len(whole) - len(shown) if whole.endswith(shown) else 0
+        return TextOffsets(self.tokenizer, req.skip_special_tokens, strip)
+
     def _completion_logprobs(self, req: CompletionRequest, job: Job, ids: list[int], lps: list, tops: list,
-                             with_prompt: bool, prompt_lp: list | None, offset: int) -> dict | None:
+                             with_prompt: bool, prompt_lp: list | None, offsets: TextOffsets) -> dict | None:
         if req.logprobs is None:
             return None
         if with_prompt:
             p_values, p_tops = echo_logprobs(job.prompt_ids, prompt_lp)
             ids, lps, tops = job.prompt_ids + ids, p_values + lps, p_tops + tops
-        return self.logprobs.completion(ids, lps, tops, offset)
+        return self.logprobs.completion(ids, lps, tops, offsets)
 
     async def _completion_full(self, request: Request, req: CompletionRequest, jobs: list[Job], head: dict,
                                events: AsyncIterator) -> Response:
@@ -165,7 +175,7 @@ class OpenAIServing:
                 "index": job.index,
                 "text": prefix + c.text,
                 "logprobs": self._completion_logprobs(req, job, c.token_ids, c.logprobs, c.top_logprobs,
-                                                      req.echo, c.prompt_logprobs, 0),
+                                                      req.echo, c.prompt_logprobs, self._offsets(req, job)),
                 "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason,
             })
@@ -175,7 +185,7 @@ class OpenAIServing:
     async def _completion_stream(self, req: CompletionRequest, jobs: list[Job], head: dict,
                                  events: AsyncIterator) -> AsyncIterator[str]:
         started, completion_tokens = set(), 0
-        offsets = [0] * len(jobs)
+        offsets = [self._offsets(req, job) for job in jobs]
         try:
             async for index, event in events:
                 if event.finish_reason == "error":
@@ -187,8 +197,6 @@ class OpenAIServing:
                 text = (self._echo_text(req, job.prompt_ids) if req.echo and first else "") + event.text
                 lp = self._completion_logprobs(req, job, event.token_ids, event.logprobs, event.top_logprobs,
                                                req.echo and first, event.prompt_logprobs, offsets[index])
-                if lp is not None and lp["tokens"]:
-                    offsets[index] = lp["text_offset"][-1] + len(lp["tokens"][-1])
                 completion_tokens += len(event.token_ids)
                 if not (text or event.finished or lp):
                     continue

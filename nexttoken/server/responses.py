@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,44 +48,61 @@ class Choice:
         self.num_prompt_tokens = event.num_prompt_tokens
 
 
+class TextOffsets:
+    """Where each token's text starts in the returned text, token after token (a stream keeps one per choice).
+
+    Offsets count characters of the text the response returns: the UTF-8 bytes of the tokens so far, decoded
+    incrementally, so the bytes of one multi-byte character all point at where that character starts. Special
+    tokens the text skips add nothing. `strip` is how many characters the decoder drops at the very start of a
+    text (SentencePiece's leading space), for an echoed prompt."""
+
+    def __init__(self, tokenizer: Any, skip_special: bool, strip: int = 0) -> None:
+        self.tokenizer, self.strip = tokenizer, strip
+        self.skipped = tokenizer.skipped_special_ids if (tokenizer is not None and skip_special) else frozenset()
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.chars = 0
+
+    def next(self, token_id: int) -> int:
+        at = max(0, self.chars - self.strip)
+        if self.tokenizer is not None and token_id not in self.skipped:
+            self.chars += len(self.decoder.decode(self.tokenizer.token_bytes(token_id)))
+        return at
+
+
 class LogprobFormatter:
-    """Token strings for logprobs: the vocabulary piece of each id (exact, one per id)."""
+    """Logprobs in OpenAI's layouts: each token as the text it adds to the output (" Once", not the vocabulary
+    piece "▁Once"; a byte of a multi-byte character as \\xNN) and its exact UTF-8 bytes."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
 
-    def piece(self, token_id: int) -> str:
-        if self.tokenizer is None:
-            return f"token_id:{token_id}"
-        piece = self.tokenizer.convert_ids_to_tokens(token_id)
-        return piece if piece is not None else f"token_id:{token_id}"
+    def token(self, token_id: int) -> str:
+        return self.tokenizer.token_text(token_id) if self.tokenizer is not None else f"token_id:{token_id}"
+
+    def token_bytes(self, token_id: int) -> list[int]:
+        raw = self.tokenizer.token_bytes(token_id) if self.tokenizer is not None else self.token(token_id).encode()
+        return list(raw)
 
     def completion(
-        self, ids: list[int], logprobs: list[float | None], tops: list[TopLogprobs | None], offset: int
+        self, ids: list[int], logprobs: list[float | None], tops: list[TopLogprobs | None], offsets: TextOffsets
     ) -> dict[str, Any]:
         """The legacy completions layout: parallel lists, top alternatives as {token: logprob}."""
-        tokens = [self.piece(t) for t in ids]
-        offsets = []
-        for token in tokens:
-            offsets.append(offset)
-            offset += len(token)
         return {
-            "tokens": tokens,
+            "tokens": [self.token(t) for t in ids],
             "token_logprobs": [_finite(lp) for lp in logprobs],
-            "top_logprobs": [None if top is None else {self.piece(i): _finite(lp) for i, lp in top} for top in tops],
-            "text_offset": offsets,
+            "top_logprobs": [None if top is None else {self.token(i): _finite(lp) for i, lp in top} for top in tops],
+            "text_offset": [offsets.next(t) for t in ids],
         }
 
     def chat(self, ids: list[int], logprobs: list[float], tops: list[TopLogprobs]) -> dict[str, Any]:
         content = []
         for token_id, lp, top in zip(ids, logprobs, tops):
-            piece = self.piece(token_id)
             content.append({
-                "token": piece,
+                "token": self.token(token_id),
                 "logprob": _finite(lp),
-                "bytes": list(piece.encode("utf-8")),
+                "bytes": self.token_bytes(token_id),
                 "top_logprobs": [
-                    {"token": self.piece(i), "logprob": _finite(v), "bytes": list(self.piece(i).encode("utf-8"))} for i, v in top
+                    {"token": self.token(i), "logprob": _finite(v), "bytes": self.token_bytes(i)} for i, v in top
                 ],
             })
         return {"content": content}
