@@ -328,6 +328,7 @@ def test_soak_mixed_traffic_keeps_the_contract(model_dir) -> None:  # noqa: F811
         metrics = httpx.get(url + "/metrics").text
         assert 'finish_reason="error"' not in metrics
         grown = _rss_kib(proc.pid) - start
+        print(f"soak: {tally}, RSS {start} -> {start + grown} KiB")
         assert grown < 8 * 1024, f"RSS grew by {grown} KiB over the soak"
     finally:
         stop_server(proc)
