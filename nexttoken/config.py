@@ -14,7 +14,7 @@ from typing import Any
 
 from .errors import MissingFileError, ModelLoadError
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -45,6 +45,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # bias on q, k, v and o (Llama's `attention_bias`)
     qkv_bias: bool = False  # bias on q, k, v only (Qwen2)
+    qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3)
     mlp_bias: bool = False
     # Layers that attend only to the last `sliding_window` positions (Mistral: all; Qwen2: from max_window_layers).
     sliding_window: int | None = None
@@ -108,6 +109,7 @@ class ModelConfig:
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", False)),
             qkv_bias=arch == "Qwen2ForCausalLM",
+            qk_norm=arch == "Qwen3ForCausalLM",
             mlp_bias=bool(raw.get("mlp_bias", False)),
             sliding_window=sliding_window,
             sliding_layers=sliding_layers,
@@ -152,7 +154,7 @@ def _sliding_window(arch: str, raw: dict[str, Any], layers: int) -> tuple[int | 
     window = raw.get("sliding_window")
     if arch == "LlamaForCausalLM" or window is None:
         return None, (False,) * layers
-    if arch == "Qwen2ForCausalLM":
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
         if not raw.get("use_sliding_window", False):
             return None, (False,) * layers
         types = raw.get("layer_types")

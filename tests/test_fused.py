@@ -13,6 +13,9 @@ from tiny_models import VARIANTS, save_variant
 # Only the tests that compare against the native step need it; the others hold with or without it.
 needs_kernel = pytest.mark.skipif(not kernels.available(), reason="native kernel unavailable (no g++ or no AVX-512)")
 
+# Variants the native step does not cover (a sliding window; Qwen3's q/k norms): they run the modules.
+MODULES_ONLY = {"mistral-sliding", "qwen3-qk-norm"}
+
 # Unpadded prompts of one length: every decode step is a plain one, the case the fused step takes.
 PROMPTS = torch.tensor([[1, 5, 17, 33, 9, 60], [1, 40, 41, 42, 43, 44], [1, 90, 3, 3, 8, 12]])
 
@@ -47,8 +50,8 @@ def test_greedy_tokens_equal_the_modules(variant, rows, monkeypatch) -> None:
     with fused.disabled():
         reference = generate(model, PROMPTS[:rows], **kwargs)
     assert torch.equal(fast, reference)
-    # Sliding-window layers keep the modules (their mask matters once the window is in reach); the rest fuse.
-    assert any(calls) == (name != "mistral-sliding")
+    # Sliding-window layers and q/k norms keep the modules; the rest fuse.
+    assert any(calls) == (name not in MODULES_ONLY)
 
 
 def test_greedy_tokens_equal_transformers(variant) -> None:
@@ -159,7 +162,7 @@ def test_engine_rows_take_the_native_step_and_equal_the_modules_and_transformers
     native = _engine_run(model, ENGINE_PROMPTS, 12)
     with torch.inference_mode():
         takes_native = fused.rows_plan(model, model.new_cache(1, 8)) is not None
-    assert bool(calls) == takes_native == (name != "mistral-sliding")  # a sliding window keeps the modules
+    assert bool(calls) == takes_native == (name not in MODULES_ONLY)
     with fused.disabled():
         modules = _engine_run(model, ENGINE_PROMPTS, 12)
     for prompt, a, b in zip(ENGINE_PROMPTS, native, modules):

@@ -79,6 +79,10 @@ def test_each_variant_exercises_its_feature(pair) -> None:
         assert not torch.allclose(ours.inv_freq.float(), plain)
     if cfg.model_type == "qwen2":
         assert hf.model.layers[0].self_attn.q_proj.bias.abs().sum() > 0
+    if cfg.model_type == "qwen3":  # per-head q/k norms with weights that are not ones, head_dim != hidden / heads
+        norm = ours.layers[0].attention.q_norm
+        assert norm is not None and not torch.equal(norm.weight, torch.ones_like(norm.weight))
+        assert ours.config.head_dim * ours.config.num_attention_heads != ours.config.hidden_size
     window = getattr(cfg, "sliding_window", None)
     if cfg.model_type == "mistral":
         assert window is not None and window < max(map(len, PROMPTS)) and ours.config.sliding_window == window

@@ -45,6 +45,7 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     ),
     "qwen2-bias": ("qwen2", dict(tie_word_embeddings=True)),
     "mistral-sliding": ("mistral", dict(sliding_window=5)),
+    "qwen3-qk-norm": ("qwen3", dict(head_dim=24)),  # head_dim != hidden / heads, as in Qwen3 checkpoints
 }
 
 
@@ -55,6 +56,7 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
     }[arch]
     cfg = cfg_cls(**{**BASE, **overrides})
     cfg._attn_implementation = "eager"
@@ -65,6 +67,11 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
             for name, p in model.named_parameters():
                 if name.endswith("bias"):
                     p.normal_(0, 0.3)
+    if arch == "qwen3":  # random-init norm weights are ones; make the q/k norms matter
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(("q_norm.weight", "k_norm.weight")):
+                    p.normal_(1.0, 0.5)
     return model
 
 

@@ -44,6 +44,9 @@ class Attention(nn.Module):
         self.wqkv = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias or cfg.attention_bias)
         self.wo = Linear(q_size, cfg.hidden_size, bias=cfg.attention_bias)
         self.sliding = cfg.sliding_layers[layer] if cfg.sliding_layers else False
+        # Qwen3: each head of q and of k is RMS-normalised over its head_dim before RoPE.
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor
@@ -51,7 +54,11 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         qk, v = self.wqkv(x).split((self.split[0] + self.split[1], self.split[2]), dim=-1)
         # q and k heads rotated together: one set of RoPE ops per layer instead of two (fewer ops per decode step).
-        qk = qk.view(B, T, self.n_heads + self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, H + Hkv, T, D)
+        qk = qk.view(B, T, self.n_heads + self.n_kv_heads, self.head_dim)  # (B, T, H + Hkv, D)
+        if self.q_norm is not None:
+            q, k = qk.split((self.n_heads, self.n_kv_heads), dim=2)
+            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=2)
+        qk = qk.transpose(1, 2)  # (B, H + Hkv, T, D)
         q, k = apply_rope(qk, cos, sin).split((self.n_heads, self.n_kv_heads), dim=1)  # (B, H|Hkv, T, D)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         keys, values = cache.update(self.layer, batch, k, v)  # (B, Hkv, S, D)

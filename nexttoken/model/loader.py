@@ -94,6 +94,8 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "mlp.up_proj.weight": (I, C),
             p + "mlp.down_proj.weight": (C, I),
         }
+        if cfg.qk_norm:
+            shapes |= {p + "self_attn.q_norm.weight": (D,), p + "self_attn.k_norm.weight": (D,)}
         if cfg.qkv_bias or cfg.attention_bias:
             shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,), p + "self_attn.v_proj.bias": (kv,)}
         if cfg.attention_bias:
@@ -130,6 +132,9 @@ def to_state_dict(cfg: ModelConfig, t: dict[str, torch.Tensor]) -> dict[str, tor
         p, o = f"model.layers.{i}.", f"layers.{i}."
         sd[o + "attention_norm.weight"] = t[p + "input_layernorm.weight"]
         sd[o + "ffn_norm.weight"] = t[p + "post_attention_layernorm.weight"]
+        if cfg.qk_norm:
+            sd[o + "attention.q_norm.weight"] = t[p + "self_attn.q_norm.weight"]
+            sd[o + "attention.k_norm.weight"] = t[p + "self_attn.k_norm.weight"]
         for kind in ("weight", "bias"):
             names = [p + f"self_attn.{x}_proj.{kind}" for x in "qkv"]
             if names[0] in t:
