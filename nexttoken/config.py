@@ -14,7 +14,10 @@ from typing import Any
 
 from .errors import MissingFileError, ModelLoadError
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Olmo2ForCausalLM",
+    "GraniteForCausalLM",
+)
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -45,7 +48,14 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # bias on q, k, v and o (Llama's `attention_bias`)
     qkv_bias: bool = False  # bias on q, k, v only (Qwen2)
-    qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3)
+    qk_norm: str | None = None  # RMSNorm of q and k before RoPE: "head" (each head: Qwen3), "projection" (OLMo 2)
+    norm_after: bool = False  # OLMo 2: the block norms the attention / MLP output before the residual add
+    # Granite's multipliers (1.0 and None elsewhere): embeddings x, attention scale (None: 1/sqrt(head_dim)),
+    # residual branches x, logits / logits_scaling.
+    embedding_multiplier: float = 1.0
+    attention_multiplier: float | None = None
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
     mlp_bias: bool = False
     # Layers that attend only to the last `sliding_window` positions (Mistral: all; Qwen2: from max_window_layers).
     sliding_window: int | None = None
@@ -54,6 +64,13 @@ class ModelConfig:
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
     torch_dtype: str | None = None
+
+    @property
+    def plain(self) -> bool:
+        """Llama's block exactly (what the fused native decode step computes): no q/k norms, norms before the
+        attention and the MLP, no multipliers."""
+        return (self.qk_norm is None and not self.norm_after and self.embedding_multiplier == 1.0
+                and self.attention_multiplier is None and self.residual_multiplier == 1.0 and self.logits_scaling == 1.0)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "ModelConfig":
@@ -109,7 +126,12 @@ class ModelConfig:
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", False)),
             qkv_bias=arch == "Qwen2ForCausalLM",
-            qk_norm=arch == "Qwen3ForCausalLM",
+            qk_norm={"Qwen3ForCausalLM": "head", "Olmo2ForCausalLM": "projection"}.get(arch),
+            norm_after=arch == "Olmo2ForCausalLM",
+            embedding_multiplier=float(raw.get("embedding_multiplier", 1.0)) if arch == "GraniteForCausalLM" else 1.0,
+            attention_multiplier=float(raw["attention_multiplier"]) if arch == "GraniteForCausalLM" else None,
+            residual_multiplier=float(raw.get("residual_multiplier", 1.0)) if arch == "GraniteForCausalLM" else 1.0,
+            logits_scaling=float(raw.get("logits_scaling", 1.0)) if arch == "GraniteForCausalLM" else 1.0,
             mlp_bias=bool(raw.get("mlp_bias", False)),
             sliding_window=sliding_window,
             sliding_layers=sliding_layers,

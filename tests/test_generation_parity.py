@@ -83,6 +83,13 @@ def test_each_variant_exercises_its_feature(pair) -> None:
         norm = ours.layers[0].attention.q_norm
         assert norm is not None and not torch.equal(norm.weight, torch.ones_like(norm.weight))
         assert ours.config.head_dim * ours.config.num_attention_heads != ours.config.hidden_size
+    if cfg.model_type == "olmo2":  # norms after the branches, q/k norms over the whole projection
+        assert ours.config.norm_after and ours.layers[0].attention.q_norm.weight.shape == (
+            cfg.num_attention_heads * ours.config.head_dim,)
+    if cfg.model_type == "granite":  # every multiplier away from 1, so a forgotten one changes the tokens
+        assert all(getattr(cfg, name) != 1.0 for name in ("embedding_multiplier", "attention_multiplier",
+                                                          "residual_multiplier", "logits_scaling"))
+        assert ours.config.attention_multiplier == cfg.attention_multiplier
     window = getattr(cfg, "sliding_window", None)
     if cfg.model_type == "mistral":
         assert window is not None and window < max(map(len, PROMPTS)) and ours.config.sliding_window == window

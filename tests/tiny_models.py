@@ -46,6 +46,9 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "qwen2-bias": ("qwen2", dict(tie_word_embeddings=True)),
     "mistral-sliding": ("mistral", dict(sliding_window=5)),
     "qwen3-qk-norm": ("qwen3", dict(head_dim=24)),  # head_dim != hidden / heads, as in Qwen3 checkpoints
+    "olmo2-post-norm": ("olmo2", {}),
+    "granite-multipliers": ("granite", dict(embedding_multiplier=3.0, attention_multiplier=0.2,
+                                            residual_multiplier=0.5, logits_scaling=4.0)),
 }
 
 
@@ -57,6 +60,8 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
+        "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM),
     }[arch]
     cfg = cfg_cls(**{**BASE, **overrides})
     cfg._attn_implementation = "eager"
@@ -67,7 +72,7 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
             for name, p in model.named_parameters():
                 if name.endswith("bias"):
                     p.normal_(0, 0.3)
-    if arch == "qwen3":  # random-init norm weights are ones; make the q/k norms matter
+    if arch in ("qwen3", "olmo2"):  # random-init norm weights are ones; make the q/k norms matter
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):

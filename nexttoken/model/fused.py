@@ -107,7 +107,7 @@ class _Plan:
                      type(block.ffn_norm))
             if parts != (Block, Attention, MLP, RMSNorm, RMSNorm) or block.attention.sliding:
                 return
-            if block.attention.q_norm is not None:  # q/k norms (Qwen3) are not in the native step: the modules run
+            if not cfg.plain:  # q/k norms, norms after the branches, multipliers: not in the native step
                 return
             linears = [_linear(m) for m in (block.attention.wqkv, block.attention.wo, block.mlp.w13, block.mlp.w2)]
             if any(lin is None for lin in linears):

@@ -44,18 +44,24 @@ class Attention(nn.Module):
         self.wqkv = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias or cfg.attention_bias)
         self.wo = Linear(q_size, cfg.hidden_size, bias=cfg.attention_bias)
         self.sliding = cfg.sliding_layers[layer] if cfg.sliding_layers else False
-        # Qwen3: each head of q and of k is RMS-normalised over its head_dim before RoPE.
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        # q and k RMS-normalised before RoPE: each head over its head_dim (Qwen3), or the whole projection (OLMo 2).
+        self.qk_norm = cfg.qk_norm
+        q_dim, k_dim = (self.head_dim, self.head_dim) if cfg.qk_norm == "head" else (q_size, kv_size)
+        self.q_norm = RMSNorm(q_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(k_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.scale = cfg.attention_multiplier  # None: SDPA's 1/sqrt(head_dim)
 
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
         B, T, _ = x.shape
         qk, v = self.wqkv(x).split((self.split[0] + self.split[1], self.split[2]), dim=-1)
+        if self.qk_norm == "projection":
+            q, k = qk.split(self.split[:2], dim=-1)
+            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=-1)
         # q and k heads rotated together: one set of RoPE ops per layer instead of two (fewer ops per decode step).
         qk = qk.view(B, T, self.n_heads + self.n_kv_heads, self.head_dim)  # (B, T, H + Hkv, D)
-        if self.q_norm is not None:
+        if self.qk_norm == "head":
             q, k = qk.split((self.n_heads, self.n_kv_heads), dim=2)
             qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=2)
         qk = qk.transpose(1, 2)  # (B, H + Hkv, T, D)
@@ -64,7 +70,7 @@ class Attention(nn.Module):
         keys, values = cache.update(self.layer, batch, k, v)  # (B, Hkv, S, D)
         mask = batch.window_mask if self.sliding else batch.mask
         y = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv_heads
+            q, keys, values, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv_heads, scale=self.scale
         )  # (B, H, T, D)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
@@ -88,10 +94,17 @@ class Block(nn.Module):
         self.attention = Attention(cfg, layer)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
+        self.norm_after, self.residual = cfg.norm_after, cfg.residual_multiplier
 
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
+        if self.norm_after:  # OLMo 2: the branch's output is normed, then added
+            x = x + self.attention_norm(self.attention(x, batch, cache, cos, sin))
+            return x + self.ffn_norm(self.mlp(x))
+        if self.residual != 1.0:  # Granite scales each branch before the residual add
+            x = x + self.attention(self.attention_norm(x), batch, cache, cos, sin) * self.residual
+            return x + self.mlp(self.ffn_norm(x)) * self.residual
         x = x + self.attention(self.attention_norm(x), batch, cache, cos, sin)
         return x + self.mlp(self.ffn_norm(x))
 
@@ -139,10 +152,14 @@ class Transformer(nn.Module):
             logits = fused.decode_step(self, input_ids, batch, cache)
             if logits is not None:
                 return logits
+        cfg = self.config
         x = self.embed(input_ids)  # (B, T, C)
+        if cfg.embedding_multiplier != 1.0:
+            x = x * cfg.embedding_multiplier
         cos, sin = rope_cos_sin(self.inv_freq, batch.positions, x.dtype)
         for block in self.layers:
             x = block(x, batch, cache, cos, sin)
         if batch.last_only:
             x = x[:, -1]
-        return self.lm_head(self.norm(x))
+        logits = self.lm_head(self.norm(x))
+        return logits / cfg.logits_scaling if cfg.logits_scaling != 1.0 else logits

@@ -83,9 +83,11 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (cfg.vocab_size, C)
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
+        norms = ("post_attention_layernorm", "post_feedforward_layernorm") if cfg.norm_after else (
+            "input_layernorm", "post_attention_layernorm")
         shapes |= {
-            p + "input_layernorm.weight": (C,),
-            p + "post_attention_layernorm.weight": (C,),
+            p + norms[0] + ".weight": (C,),
+            p + norms[1] + ".weight": (C,),
             p + "self_attn.q_proj.weight": (q, C),
             p + "self_attn.k_proj.weight": (kv, C),
             p + "self_attn.v_proj.weight": (kv, C),
@@ -95,7 +97,8 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "mlp.down_proj.weight": (C, I),
         }
         if cfg.qk_norm:
-            shapes |= {p + "self_attn.q_norm.weight": (D,), p + "self_attn.k_norm.weight": (D,)}
+            qn, kn = (D, D) if cfg.qk_norm == "head" else (q, kv)
+            shapes |= {p + "self_attn.q_norm.weight": (qn,), p + "self_attn.k_norm.weight": (kn,)}
         if cfg.qkv_bias or cfg.attention_bias:
             shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,), p + "self_attn.v_proj.bias": (kv,)}
         if cfg.attention_bias:
@@ -130,8 +133,11 @@ def to_state_dict(cfg: ModelConfig, t: dict[str, torch.Tensor]) -> dict[str, tor
     sd["lm_head.weight"] = sd["embed.weight"] if cfg.tie_word_embeddings else t["lm_head.weight"]
     for i in range(cfg.num_hidden_layers):
         p, o = f"model.layers.{i}.", f"layers.{i}."
-        sd[o + "attention_norm.weight"] = t[p + "input_layernorm.weight"]
-        sd[o + "ffn_norm.weight"] = t[p + "post_attention_layernorm.weight"]
+        # The block's two norms: before attention and MLP (Llama), or after them (OLMo 2's post norms).
+        first, second = ("post_attention_layernorm", "post_feedforward_layernorm") if cfg.norm_after else (
+            "input_layernorm", "post_attention_layernorm")
+        sd[o + "attention_norm.weight"] = t[p + first + ".weight"]
+        sd[o + "ffn_norm.weight"] = t[p + second + ".weight"]
         if cfg.qk_norm:
             sd[o + "attention.q_norm.weight"] = t[p + "self_attn.q_norm.weight"]
             sd[o + "attention.k_norm.weight"] = t[p + "self_attn.k_norm.weight"]
