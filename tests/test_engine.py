@@ -173,10 +173,14 @@ def test_greedy_identical_for_any_batch_size(stories) -> None:
 
 def test_a_request_failing_at_run_time_ends_alone(stories) -> None:
     engine = _engine(stories)
-    bad = GREEDY.updated(logit_bias={100000: 5.0}).updated(max_new_tokens=5)  # id past the vocab
+    with pytest.raises(GenerationConfigError, match="logit_bias names token ids \\[100000\\] outside"):
+        engine.add_request(stories.encode("A"), GREEDY.updated(logit_bias={100000: 5.0}))  # refused up front
+    # Sampling with every token suppressed: valid options, nothing left to sample from when it runs.
+    vocab = stories.model.config.vocab_size
+    bad = GREEDY.updated(do_sample=True, suppress_tokens=list(range(vocab)), max_new_tokens=5)
     good = GREEDY.updated(max_new_tokens=5)
     failed, served = _run(engine, [stories.encode("A"), stories.encode("B")], [bad, good])
-    assert failed.finish_reason == "error" and "logit_bias" in failed.out.stop_reason
+    assert failed.finish_reason == "error" and "probability tensor" in failed.out.stop_reason
     assert served.finish_reason == "length" and len(served.output_ids) == 5
     assert not engine.has_unfinished() and engine.stats().num_running == 0
 

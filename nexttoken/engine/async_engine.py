@@ -8,6 +8,7 @@ asyncio.Queue per request.
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from typing import AsyncIterator, Callable
@@ -17,8 +18,15 @@ from ..generation.config import GenerationConfig
 from .sequence import TokenEvent
 
 
+log = logging.getLogger("nexttoken.engine")
+
+
 class EngineDeadError(RuntimeError):
     """The engine thread stopped on an unexpected error; requests cannot be served."""
+
+
+class EngineClosedError(RuntimeError):
+    """The engine was closed (the server is shutting down): the request was refused, or aborted unfinished."""
 
 
 class AsyncEngine:
@@ -30,10 +38,17 @@ class AsyncEngine:
         self._stats = engine.stats()
         self._thread = threading.Thread(target=self._run, name="nexttoken-engine", daemon=True)
         self._stopping = False
+        self._closed: str | None = None  # why new requests are refused (close())
         self.error: BaseException | None = None
 
     def start(self) -> None:
         self._thread.start()
+
+    def close(self, reason: str) -> None:
+        """Refuse new requests and abort the running and waiting ones: each of their streams raises
+        EngineClosedError(reason). The end of a graceful shutdown: what did not finish in time stops here."""
+        self._closed = reason
+        self._inbox.put(("close", reason))
 
     def shutdown(self) -> None:
         self._stopping = True
@@ -52,6 +67,8 @@ class AsyncEngine:
         """Events of one request until it finishes. Closing the iterator early cancels the request."""
         if self.error is not None:
             raise EngineDeadError(f"the engine stopped: {self.error!r}")
+        if self._closed is not None:
+            raise EngineClosedError(self._closed)
         events: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), events)
         self._inbox.put(("add", (request_id, prompt_ids, params, arrival_time, group)))
@@ -81,6 +98,7 @@ class AsyncEngine:
                 if self._on_step is not None:
                     self._on_step(self._stats)
         except BaseException as e:  # noqa: BLE001 - reported to every waiting request, then the thread ends
+            log.exception("the engine thread stopped")
             self.error = e
             for rid in list(self._streams):
                 self._send(rid, EngineDeadError(f"the engine stopped: {e!r}"))
@@ -100,6 +118,10 @@ class AsyncEngine:
                     self._send(request_id, e)
             elif kind == "abort":
                 self.engine.abort(item)
+            elif kind == "close":
+                for request_id in list(self.engine.requests):
+                    self.engine.abort(request_id)
+                    self._send(request_id, EngineClosedError(item))
 
     def _deliver(self, events: list[TokenEvent]) -> None:
         for event in events:

@@ -142,6 +142,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise GenerationConfigError(f"request id {request_id!r} is already running: use a new id")
         self._check_options(params)
+        params.check_vocabulary(self.model.config.vocab_size)  # ids past it: a bad option now, not a crash later
         self._check_prompt(prompt_ids)
         if params.stop_string_list and self.tokenizer is None:
             raise GenerationConfigError("stop strings need a tokenizer, and this model folder has none")

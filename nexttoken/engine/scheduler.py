@@ -5,9 +5,10 @@ every running sequence that has finished its prompt, plus prefill chunks of the 
 a long prompt is prefilled over several steps while the other streams keep flowing. KV memory is bounded by the
 number of slots: when all are taken, new sequences wait.
 
-Waiting sequences queue per request (`Sequence.group`: one client request's prompts x n), and free slots go to
-the requests in turn, round robin: a request with thousands of sequences cannot hold every slot while a small one
-waits behind all of them; the small one gets the next free slot.
+Waiting sequences queue per request (`Sequence.group`: one client request's prompts x n), and each free slot goes
+to the waiting request that holds the fewest slots (ties: round robin, in turn). A request with thousands of
+sequences cannot keep a small one waiting behind all of them: the small one gets the next free slot. (Slots are
+not taken back from a running sequence: there is no preemption, so that next slot is the first one to free.)
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Scheduler:
         self.chunk_size, self.token_budget, self.prefix_cache = chunk_size, token_budget, prefix_cache
         self.waiting: OrderedDict[str, deque[Sequence]] = OrderedDict()  # group -> its sequences, FIFO; groups in turn
         self.running: deque[Sequence] = deque()
+        self.slots_held: dict[str, int] = {}  # group -> running sequences (slots) it holds
         self.free_slots: deque[int] = deque(range(num_slots))
         self.num_slots = num_slots
 
@@ -55,12 +57,14 @@ class Scheduler:
         self.waiting.setdefault(seq.group, deque()).append(seq)
 
     def _next_waiting(self) -> Sequence:
-        """The first sequence of the request whose turn it is; that request then goes to the back of the line."""
-        group, queue = next(iter(self.waiting.items()))
+        """The first sequence of the waiting request that holds the fewest slots (the first such in line); that
+        request then goes to the back of the line."""
+        group = min(self.waiting, key=lambda g: self.slots_held.get(g, 0))
+        queue = self.waiting.pop(group)
         seq = queue.popleft()
-        del self.waiting[group]
         if queue:
             self.waiting[group] = queue
+        self.slots_held[group] = self.slots_held.get(group, 0) + 1
         return seq
 
     def schedule(self) -> StepPlan:
@@ -91,6 +95,9 @@ class Scheduler:
         """Give a finished or aborted request's slot back; it is free for the next step."""
         if seq in self.running:
             self.running.remove(seq)
+            held = self.slots_held.pop(seq.group, 0) - 1
+            if held > 0:
+                self.slots_held[seq.group] = held
         queue = self.waiting.get(seq.group)
         if queue is not None and seq in queue:
             queue.remove(seq)

@@ -33,6 +33,10 @@ _FILE_NO_OP_VALUES: dict[str, object] = {
 
 GREEDY_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS: below it, sampling is greedy decoding
 PENALTY_RANGE = (0.01, 100.0)  # multiplicative penalties outside it overflow float32 scores (1e-300: inf, NaN)
+# Additive biases (sequence_bias values, the watermark's bias) in OpenAI's logit_bias range: +-100 already makes a
+# token certain or impossible, and much larger values overflow float32 scores. sequence_bias also takes -inf (a ban).
+BIAS_LIMIT = 100.0
+GUIDANCE_LIMIT = 100.0  # classifier-free guidance scales past it only overflow (the guided distribution is one-hot)
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,39 @@ class GenerationConfig:
             return []
         return [self.stop_strings] if isinstance(self.stop_strings, str) else list(self.stop_strings)
 
+    def ids_outside(self, vocab_size: int) -> dict[str, list[int]]:
+        """The token ids options name that lie outside [0, vocab_size), per option ({} when all fit).
+
+        The field checks cannot know the vocabulary; whoever holds the model (the engine, the server) calls this
+        before running, so an id past the vocabulary is a bad option, not a failure inside a processor."""
+        from .penalties import _parse_sequence_bias, parse_logit_bias  # late: penalties imports this module
+
+        def flat(v: Any) -> list[int]:
+            return [v] if isinstance(v, int) else [t for x in v for t in flat(x)] if v is not None else []
+
+        named = {
+            "bad_words_ids": flat(self.bad_words_ids),
+            "sequence_bias": flat([list(k) for k in _parse_sequence_bias(self.sequence_bias)])
+            if self.sequence_bias is not None else [],
+            "suppress_tokens": flat(self.suppress_tokens),
+            "begin_suppress_tokens": flat(self.begin_suppress_tokens),
+            "forced_bos_token_id": flat(self.forced_bos_token_id),
+            "forced_eos_token_id": flat(self.forced_eos_token_id),
+            "dry_sequence_breakers": flat(self.dry_sequence_breakers),
+            "stop_token_ids": flat(self.stop_token_ids),
+            "logit_bias": list(parse_logit_bias(self.logit_bias)) if self.logit_bias is not None else [],
+        }
+        outside = {name: sorted({t for t in ids if not 0 <= t < vocab_size}) for name, ids in named.items()}
+        return {name: ids for name, ids in outside.items() if ids}
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Raise GenerationConfigError naming the first option with a token id outside [0, vocab_size)."""
+        for name, ids in self.ids_outside(vocab_size).items():
+            raise GenerationConfigError(
+                f"{name} names token ids {ids[:5]} outside the vocabulary [0, {vocab_size}): use ids below "
+                f"{vocab_size}"
+            )
+
 
 def _fail(name: str, value: Any, allowed: str) -> None:
     raise GenerationConfigError(f"invalid value {value!r} for {name}: {allowed}")
@@ -263,9 +300,32 @@ def _parsed_by(parser_path: str, errors: tuple[type[Exception], ...] = (Generati
     return check
 
 
-_sequence_bias = _parsed_by("penalties:_parse_sequence_bias")
+_sequence_bias_parsed = _parsed_by("penalties:_parse_sequence_bias")
 _logit_bias = _parsed_by("penalties:parse_logit_bias")
-_watermarking = _parsed_by("watermark:WatermarkingConfig.from_any", (GenerationConfigError, TypeError))
+_watermarking_parsed = _parsed_by("watermark:WatermarkingConfig.from_any", (GenerationConfigError, TypeError))
+
+
+def _sequence_bias(name: str, v: Any) -> None:
+    _sequence_bias_parsed(name, v)
+    if v is None:
+        return
+    from .penalties import _parse_sequence_bias
+
+    for ids, bias in _parse_sequence_bias(v).items():
+        if not (-BIAS_LIMIT <= bias <= BIAS_LIMIT or bias == -math.inf):
+            _fail(name, v, f"the bias for {list(ids)} must be in [-{BIAS_LIMIT:g}, {BIAS_LIMIT:g}] (or -inf, a ban), "
+                           f"got {bias!r}")
+
+
+def _watermarking(name: str, v: Any) -> None:
+    _watermarking_parsed(name, v)
+    if v is None:
+        return
+    from .watermark import WatermarkingConfig
+
+    bias = WatermarkingConfig.from_any(v).bias
+    if not (math.isfinite(bias) and abs(bias) <= BIAS_LIMIT):
+        _fail(name, v, f"bias must be a number in [-{BIAS_LIMIT:g}, {BIAS_LIMIT:g}], got {bias!r}")
 
 
 def _decay(name: str, v: Any) -> None:
@@ -334,7 +394,7 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "exponential_decay_length_penalty": _decay,
     "suppress_tokens": _id_list,
     "begin_suppress_tokens": _id_list,
-    "guidance_scale": _number(0.0, math.inf, optional=True),
+    "guidance_scale": _number(0.0, GUIDANCE_LIMIT, optional=True),
     "watermarking_config": _watermarking,
     "renormalize_logits": _boolean,
     "presence_penalty": _number(-2.0, 2.0),

@@ -17,15 +17,16 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
 from ..engine import LLMEngine, expand
-from ..engine.async_engine import AsyncEngine
+from ..engine.async_engine import AsyncEngine, EngineClosedError, EngineDeadError
 from ..errors import NextTokenError
 from .errors import APIError, bad_request, error_body, from_validation_error
-from .guards import ApiKeyGuard, BodyLimit
+from .guards import ApiKeyGuard, BodyLimit, InternalErrors
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .options import request_options, server_defaults
 from .requests import DEFAULT_COMPLETION_TOKENS, Limits, chat_prompt, check_ids, completion_prompts, new_tokens
-from .responses import Choice, LogprobFormatter, TextOffsets, echo_logprobs, usage
+from .responses import Choice, LogprobFormatter, TokenTexts, echo_logprobs, echo_token_texts, usage
+from .shutdown import MESSAGE as SHUTTING_DOWN, Drain
 from .streams import ClientGone, Job, SSEResponse, collect, run_jobs, sse
 
 
@@ -40,6 +41,7 @@ class ServerSettings:
     max_seqs_per_request: int = 256  # prompts x n: one request may not create more sequences than this
     max_body_bytes: int = 1 << 20
     body_timeout_s: float = 30.0  # a request body not fully sent by then gets 408
+    shutdown_timeout_s: float = 10.0  # on SIGTERM / SIGINT: what is still running after this is aborted (503)
 
 
 def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
@@ -48,27 +50,24 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     metrics = ServerMetrics(lambda: async_engine.stats)
     async_engine = AsyncEngine(engine, on_step=metrics.on_step)
     api = OpenAIServing(engine, async_engine, metrics, settings)
+    drain = Drain(settings.shutdown_timeout_s)  # cli.py starts its clock on the signal
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async_engine.start()
+        drain.attach(asyncio.get_running_loop(), lambda: async_engine.close(SHUTTING_DOWN))
         yield
         async_engine.shutdown()
 
     app = FastAPI(title="nexttoken", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_middleware(ApiKeyGuard, api_key=settings.api_key)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s,
+                       drain=drain)
+    app.add_middleware(InternalErrors)  # outermost of ours: whatever goes wrong below is a 500 in OpenAI's body
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
         return exc.response()
-
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        # The exception's text stays in the server's log: it can name files, addresses or internal state.
-        log.exception("internal error on %s %s", request.method, request.url.path)
-        return JSONResponse(error_body("internal error: the server could not complete this request",
-                                       "internal_server_error"), status_code=500)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -86,7 +85,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     app.post("/detokenize")(api.detokenize)
     app.api_route("/health", methods=["GET", "HEAD"])(api.health)
     app.get("/metrics")(api.prometheus)
-    app.state.engine = async_engine
+    app.state.engine, app.state.drain = async_engine, drain
     return app
 
 
@@ -114,15 +113,17 @@ class OpenAIServing:
 
     def _options(self, req: Any, prompts: list[list[int]], max_tokens: int | None, param: str, **extra: Any) -> Any:
         """The request's GenerationConfig: its fields through the one translation table, the length checked."""
-        check_ids([int(k) for k in (req.logit_bias or {})], self.limits.vocab_size, "logit_bias")
-        check_ids(req.stop_token_ids or [], self.limits.vocab_size, "stop_token_ids")
         count = len(prompts) * req.n
         if count > self.settings.max_seqs_per_request:
             raise bad_request(
                 f"this request asks for {len(prompts)} prompts x n={req.n} = {count} sequences, over this server's "
                 f"limit of {self.settings.max_seqs_per_request} (--max-seqs-per-request): split it", "prompt")
         wanted = new_tokens(prompts, max_tokens, req.n, self.limits, param)
-        return request_options(req, self.base, max_new_tokens=wanted, **extra)
+        cfg = request_options(req, self.base, max_new_tokens=wanted, **extra)
+        for name, ids in cfg.ids_outside(self.limits.vocab_size).items():  # bad_words_ids, logit_bias, ...
+            raise bad_request(f"{name} contains token ids {ids[:5]} outside the vocabulary [0, "
+                              f"{self.limits.vocab_size})", name)
+        return cfg
 
     # ---- /v1/completions ---------------------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
@@ -144,24 +145,22 @@ class OpenAIServing:
     def _echo_text(self, req: CompletionRequest, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=req.skip_special_tokens) if self.tokenizer else ""
 
-    def _offsets(self, req: CompletionRequest, job: Job) -> TextOffsets:
-        """A choice's offset counter; with echo it starts on the prompt, whose decode may drop a leading space."""
-        strip = 0
-        if req.echo and self.tokenizer is not None:
-            raw = b"".join(self.tokenizer.token_bytes(t) for t in job.prompt_ids
-                           if not (req.skip_special_tokens and t in self.tokenizer.skipped_special_ids))
-            whole, shown = raw.decode("utf-8", errors="replace"), self._echo_text(req, job.prompt_ids)
-            strip = len(whole) - len(shown) if whole.endswith(shown) else 0
-        return TextOffsets(self.tokenizer, req.skip_special_tokens, strip)
+    def _token_texts(self, req: CompletionRequest, job: Job) -> TokenTexts | None:
+        """A choice's token texts and offsets, read in context (with echo, from the prompt's first token)."""
+        if req.logprobs is None:
+            return None
+        if req.echo:
+            return echo_token_texts(self.tokenizer, job.prompt_ids, req.skip_special_tokens)
+        return TokenTexts(self.tokenizer, req.skip_special_tokens)
 
     def _completion_logprobs(self, req: CompletionRequest, job: Job, ids: list[int], lps: list, tops: list,
-                             with_prompt: bool, prompt_lp: list | None, offsets: TextOffsets) -> dict | None:
-        if req.logprobs is None:
+                             with_prompt: bool, prompt_lp: list | None, texts: TokenTexts | None) -> dict | None:
+        if texts is None:
             return None
         if with_prompt:
             p_values, p_tops = echo_logprobs(job.prompt_ids, prompt_lp)
             ids, lps, tops = job.prompt_ids + ids, p_values + lps, p_tops + tops
-        return self.logprobs.completion(ids, lps, tops, offsets)
+        return self.logprobs.completion(ids, lps, tops, texts)
 
     async def _completion_full(self, request: Request, req: CompletionRequest, jobs: list[Job], head: dict,
                                events: AsyncIterator) -> Response:
@@ -175,7 +174,7 @@ class OpenAIServing:
                 "index": job.index,
                 "text": prefix + c.text,
                 "logprobs": self._completion_logprobs(req, job, c.token_ids, c.logprobs, c.top_logprobs,
-                                                      req.echo, c.prompt_logprobs, self._offsets(req, job)),
+                                                      req.echo, c.prompt_logprobs, self._token_texts(req, job)),
                 "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason,
             })
@@ -185,7 +184,7 @@ class OpenAIServing:
     async def _completion_stream(self, req: CompletionRequest, jobs: list[Job], head: dict,
                                  events: AsyncIterator) -> AsyncIterator[str]:
         started, completion_tokens = set(), 0
-        offsets = [self._offsets(req, job) for job in jobs]
+        texts = [self._token_texts(req, job) for job in jobs]
         try:
             async for index, event in events:
                 if event.finish_reason == "error":
@@ -196,7 +195,7 @@ class OpenAIServing:
                 started.add(index)
                 text = (self._echo_text(req, job.prompt_ids) if req.echo and first else "") + event.text
                 lp = self._completion_logprobs(req, job, event.token_ids, event.logprobs, event.top_logprobs,
-                                               req.echo and first, event.prompt_logprobs, offsets[index])
+                                               req.echo and first, event.prompt_logprobs, texts[index])
                 completion_tokens += len(event.token_ids)
                 if not (text or event.finished or lp):
                     continue
@@ -205,6 +204,8 @@ class OpenAIServing:
                 yield sse(json.dumps({**head, "choices": [choice]}))
         except NextTokenError as e:
             yield sse(json.dumps(bad_request(str(e)).body()))
+        except (EngineClosedError, EngineDeadError) as e:
+            yield sse(json.dumps(_unavailable(e).body()))
         if req.stream_options and req.stream_options.include_usage:
             n_prompt = sum(len(j.prompt_ids) for j in jobs[:: req.n])
             yield sse(json.dumps({**head, "choices": [], "usage": usage(n_prompt, completion_tokens)}))
@@ -263,6 +264,8 @@ class OpenAIServing:
                 yield sse(json.dumps({**head, "choices": [choice]}))
         except NextTokenError as e:
             yield sse(json.dumps(bad_request(str(e)).body()))
+        except (EngineClosedError, EngineDeadError) as e:
+            yield sse(json.dumps(_unavailable(e).body()))
         if req.stream_options and req.stream_options.include_usage:
             yield sse(json.dumps({**head, "choices": [], "usage": usage(len(jobs[0].prompt_ids), completion_tokens)}))
         yield sse("[DONE]")
@@ -300,8 +303,9 @@ class OpenAIServing:
         return {"prompt": self.tokenizer.decode(req.tokens)}
 
     async def health(self) -> Response:
-        if self.engine.error is not None:
-            return JSONResponse(error_body(f"engine stopped: {self.engine.error!r}", "internal_server_error"), 503)
+        if self.engine.error is not None:  # what stopped it is in the server's log, not for clients
+            return JSONResponse(error_body("the engine stopped: this server cannot generate; see its log",
+                                           "internal_server_error"), 503)
         return Response(status_code=200)
 
     async def prometheus(self) -> Response:
@@ -318,10 +322,19 @@ async def _collect_choices(request: Request, n: int, events: AsyncIterator) -> l
         return None
     except NextTokenError as e:
         raise bad_request(str(e)) from e
+    except (EngineClosedError, EngineDeadError) as e:
+        raise _unavailable(e) from e
     failed = next((c for c in choices if c.finish_reason == "error"), None)
     if failed is not None:
         raise _engine_failure(failed)
     return choices
+
+
+def _unavailable(e: Exception) -> APIError:
+    """The engine is closed (shutting down) or dead: a 503, retryable elsewhere or later."""
+    if isinstance(e, EngineClosedError):
+        return APIError(503, SHUTTING_DOWN, type="service_unavailable_error", code="server_shutting_down")
+    return APIError(503, "the engine stopped: this server cannot generate; see its log", type="internal_server_error")
 
 
 def _engine_failure(event: Any) -> APIError:

@@ -27,7 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
     p.add_argument("--body-timeout", type=float, default=30.0, help="seconds to send a request body; later: 408")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
-                   help="on SIGTERM/SIGINT: seconds in-flight requests get to finish before they are cut off")
+                   help="on SIGTERM/SIGINT: seconds in-flight requests get to finish; then they are aborted (503) "
+                        "and the process exits")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
     p.set_defaults(run=run)
@@ -40,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from ..engine import EngineConfig, LLMEngine
     from ..pretrained import load_pretrained
     from .app import ServerSettings, build_app
+    from .shutdown import BACKSTOP_S
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -54,16 +56,25 @@ def run(args: argparse.Namespace) -> int:
     )
     name = args.served_model_name or Path(loaded.path).name
     settings = ServerSettings(name, args.api_key, args.max_n, args.max_seqs_per_request, args.max_body_bytes,
-                              args.body_timeout)
+                              args.body_timeout, args.shutdown_timeout)
     engine = LLMEngine(loaded.model, loaded.tokenizer, config, loaded.generation_config)
     app = build_app(engine, settings)
     print(f"serving {name!r} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     if not args.api_key and not _loopback(args.host):
         print(f"nexttoken serve: WARNING: listening on {args.host} without --api-key: anyone who can reach this "
               "address can use the model. Set --api-key KEY, or bind to 127.0.0.1.", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=args.shutdown_timeout)
-    return 0
+    drain = app.state.drain
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:  # noqa: ANN001 - uvicorn's signal handler
+            drain.begin()  # in-flight requests get --shutdown-timeout seconds, then the rest is aborted (503)
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=args.shutdown_timeout + BACKSTOP_S)
+    server = Server(config)
+    server.run()
+    return 0 if server.started else 1
 
 
 def _loopback(host: str) -> bool:

@@ -35,22 +35,33 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 
 def from_validation_error(e: ValidationError) -> APIError:
     """The first problem pydantic found, named by its field path (e.g. `messages.0.role`)."""
-    err = e.errors(include_url=False)[0]
+    errors = e.errors(include_url=False)
+    err = errors[0]
+    # A union field (str | list of parts) reports every member's complaint; a validator's own message on the same
+    # field ("content parts of type 'image_url' ...") says more than "Input should be a valid string".
+    first = _path(err["loc"])
+    err = next((x for x in errors if x["type"] == "value_error" and _path(x["loc"])[: len(first)] == first), err)
     if err["type"] == "json_invalid":
         return bad_request(f"the request body is not valid JSON: {err.get('ctx', {}).get('error', err['msg'])}")
     if err["type"] == "model_type" and not err["loc"]:
         return bad_request("the request body must be a JSON object")
     # Union members add their type name to the path ("prompt", "list[int]", 0): keep the field names.
-    loc = [str(p) for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
-    param = ".".join(loc) or None
+    param = ".".join(_path(err["loc"])) or None
     message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         message = f"unknown field {param!r}: not an option of this endpoint"
     elif err["type"] == "missing":
         message = f"{param} is required"
     else:
-        message = f"{param}: {message} (got {err.get('input')!r})" if param else message
+        got = repr(err.get("input"))
+        got = got if len(got) <= 200 else got[:200] + "..."  # the client's own value, cut short
+        message = f"{param}: {message} (got {got})" if param else message
     return bad_request(message, param)
 
 
-_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "function-after", "TextPart"}
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "function-after", "ContentPart"}
+
+
+def _path(loc: tuple) -> list[str]:
+    """A field path without pydantic's union member tags."""
+    return [str(p) for p in loc if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]

@@ -1,14 +1,17 @@
-"""ASGI guards in front of the app: a request-body size and time limit (413, 408) and the optional API key (401)."""
+"""ASGI guards in front of the app: unexpected errors as OpenAI's 500 body, a request-body size and time limit (413,
+408, 503 at shutdown) and the optional API key (401)."""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
 import json
+import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import error_body
+from .shutdown import MESSAGE as SHUTTING_DOWN, Drain
 
 _PROTECTED = ("/v1/", "/tokenize", "/detokenize")  # /health and /metrics stay open for probes and scrapers
 
@@ -20,15 +23,44 @@ async def _send_error(send: Send, status: int, body: dict) -> None:
     await send({"type": "http.response.body", "body": data})
 
 
+class InternalErrors:
+    """An exception no handler expected becomes OpenAI's 500 body, without its text (it can name files, addresses
+    or internal state: it goes to the server's log). Caught here, not re-raised to the server, so a keep-alive
+    connection stays usable (Starlette's own error middleware re-raises, and uvicorn then drops the connection)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception:
+            logging.getLogger("nexttoken.server").exception("internal error on %s %s", scope["method"], scope["path"])
+            if started:
+                raise  # half a response is out: only closing the connection can say it failed
+            body = error_body("internal error: the server could not complete this request", "internal_server_error")
+            await _send_error(send, 500, body)
+
+
 class BodyLimit:
     """Read the whole body first (refusing more than max_bytes with 413, and a body not sent within timeout_s
-    with 408, so a slow or stalled client cannot hold a connection), then replay it to the app.
+    with 408, so a slow or stalled client cannot hold a connection), then replay it to the app. A body still
+    arriving when a graceful shutdown runs out of time (`drain.expired`) gets 503.
 
     After the replay, `receive` is the server's own again, so the app still hears `http.disconnect`.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 30.0) -> None:
-        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 30.0, drain: Drain | None = None) -> None:
+        self.app, self.max_bytes, self.timeout_s, self.drain = app, max_bytes, timeout_s, drain
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -37,21 +69,33 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             return await self._too_large(send)
         chunks, size = [], 0
-        deadline = asyncio.get_running_loop().time() + self.timeout_s
-        while True:
-            try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
-            except asyncio.TimeoutError:
-                message = f"the request body did not arrive within {self.timeout_s:g} s"
-                return await _send_error(send, 408, error_body(message, "invalid_request_error", None, "timeout"))
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.max_bytes:
-                return await self._too_large(send)
-            if not message.get("more_body", False):
-                break
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        stopping = asyncio.ensure_future(self.drain.expired.wait()) if self.drain is not None else None
+        try:
+            while True:
+                receiving = asyncio.ensure_future(receive())
+                waits = {receiving} if stopping is None else {receiving, stopping}
+                await asyncio.wait(waits, timeout=max(0.0, deadline - loop.time()), return_when=asyncio.FIRST_COMPLETED)
+                if not receiving.done():
+                    receiving.cancel()
+                    if stopping is not None and stopping.done():
+                        body = error_body(SHUTTING_DOWN, "service_unavailable_error", None, "server_shutting_down")
+                        return await _send_error(send, 503, body)
+                    message = f"the request body did not arrive within {self.timeout_s:g} s"
+                    return await _send_error(send, 408, error_body(message, "invalid_request_error", None, "timeout"))
+                message = receiving.result()
+                if message["type"] == "http.disconnect":
+                    return
+                chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
+                if size > self.max_bytes:
+                    return await self._too_large(send)
+                if not message.get("more_body", False):
+                    break
+        finally:
+            if stopping is not None:
+                stopping.cancel()
         replayed = False
 
         async def replay() -> Message:

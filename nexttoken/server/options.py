@@ -3,7 +3,7 @@
 Each request field either has the same name in GenerationConfig (temperature, top_p, seed, typical_p,
 dry_multiplier, ...: vLLM's and llama.cpp's names are the library's) or a row in `RENAMED`. Every value is checked
 by GenerationConfig, and a bad one is a 400 naming the field the client sent. `temperature: 0` needs no rule here:
-GenerationConfig reads temperature 0 as greedy, wherever it comes from.
+GenerationConfig reads temperatures below 1e-5 (0 included) as greedy, wherever they come from.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    include_obfuscation: bool = True  # OpenAI pads events against length side channels; no padding is added here
 
 
 # Options the library offers for one sequence that go over HTTP under the same name (vLLM's and llama.cpp's
@@ -63,6 +64,12 @@ class _OpenAIFields(_Strict):
     include_stop_str_in_output: bool = False
     # llama.cpp's mirostat mode: 0 off, 2 mirostat v2 (with mirostat_tau, default 5.0); v1 is not offered
     mirostat: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        """OpenAI's optional fields are nullable, and null means "not given": the default applies."""
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
     @field_validator("stop")
     @classmethod
@@ -122,21 +129,42 @@ class CompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
         return v
 
 
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
+class ContentPart(BaseModel):
+    """One part of a message's content. This model reads text: "text" parts are its input, an assistant's
+    "refusal" parts are kept out of the prompt (as `refusal` is), and other kinds (image_url, input_audio, file)
+    are refused by name."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: str
+    text: str | None = None
+    refusal: str | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self) -> "ContentPart":
+        if self.type not in ("text", "refusal"):
+            raise ValueError(f"content parts of type {self.type!r} are not supported: this model reads text only; "
+                             "send \"text\" parts")
+        if getattr(self, self.type) is None or self.model_extra:
+            raise ValueError(f"a {self.type!r} content part is {{\"type\": \"{self.type}\", \"{self.type}\": "
+                             "string}, nothing else")
+        return self
 
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[TextPart], None] = None
+    content: Union[str, list[ContentPart], None] = None
     name: str | None = None
     refusal: str | None = None  # an assistant's refusal, as OpenAI returns it: kept out of the prompt
     tool_call_id: str | None = None  # a tool message's call id (tool calls themselves are not offered yet)
+    # An assistant turn's tool calls, function call and audio, as OpenAI returns them: refused unless empty, in
+    # ChatCompletionRequest._not_offered with the other features that are not offered yet.
+    tool_calls: list[dict[str, Any]] | None = None
+    function_call: dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
+            return "".join(part.text or "" for part in self.content if part.type == "text")
         return self.content or ""
 
 
@@ -154,8 +182,9 @@ class ChatCompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
     # OpenAI's other fields. Accepted with no effect on a local model (docs/serving.md says so): metadata, store
     # (nothing is stored), service_tier, prompt_cache_key, safety_identifier, reasoning_effort and verbosity (no
     # reasoning model here), prediction (a latency hint; the output is the same), parallel_tool_calls, modalities
-    # ["text"]. Offered in part: response_format "text", tool_choice "none" / tools []. The rest is refused by value
-    # in _not_offered, the one place later features (structured output, tool calls) replace.
+    # ["text"]. Offered in part: response_format "text", tool_choice "none" / "auto" with tools [] or absent. The
+    # rest (json_object / json_schema, tools, tool calls in past turns, audio) is refused by value in _not_offered:
+    # the one place later features (structured output, tool calls) replace.
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
@@ -164,11 +193,11 @@ class ChatCompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
     function_call: Union[Literal["none", "auto"], dict[str, Any], None] = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
-    service_tier: str | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    reasoning_effort: str | None = None
-    verbosity: str | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
     prediction: dict[str, Any] | None = None
     modalities: list[str] | None = None
     audio: dict[str, Any] | None = None
@@ -181,6 +210,11 @@ class ChatCompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
                              "offered yet: use {\"type\": \"text\"} or leave it out")
         if self.tools or self.functions:
             raise ValueError("tools / functions (tool calls) are not offered yet: leave them out or send []")
+        for i, m in enumerate(self.messages):
+            for name in ("tool_calls", "function_call", "audio"):
+                if getattr(m, name):
+                    raise ValueError(f"messages[{i}].{name}: an assistant turn with {name} needs tools / audio, "
+                                     "which are not offered yet: leave it out")
         if self.tool_choice not in (None, "none", "auto") or self.function_call not in (None, "none", "auto"):
             raise ValueError(f"tool_choice {self.tool_choice!r} needs tools, which are not offered yet: use "
                              "\"none\" or leave it out")

@@ -48,25 +48,52 @@ class Choice:
         self.num_prompt_tokens = event.num_prompt_tokens
 
 
-class TextOffsets:
-    """Where each token's text starts in the returned text, token after token (a stream keeps one per choice).
+class TokenTexts:
+    """Each token's text as it appears in the returned text, and where in that text it starts (completions'
+    `tokens` and `text_offset`), token after token; a stream keeps one per choice.
 
-    Offsets count characters of the text the response returns: the UTF-8 bytes of the tokens so far, decoded
-    incrementally, so the bytes of one multi-byte character all point at where that character starts. Special
-    tokens the text skips add nothing. `strip` is how many characters the decoder drops at the very start of a
-    text (SentencePiece's leading space), for an echoed prompt."""
+    A token's text is its bytes as the decoder writes them, read in context: the decoder drops `strip`
+    characters at the very start of a text (SentencePiece's leading space), so the first text token of an echoed
+    prompt loses them (`"▁Once"` starts the text as `"Once"`). A token that is part of a multi-byte character is
+    written \\xNN (its bytes are its own). Offsets count characters of the returned text, so the byte tokens of
+    one character all point at where that character starts. Special tokens that the text skips keep their name
+    and add nothing."""
 
     def __init__(self, tokenizer: Any, skip_special: bool, strip: int = 0) -> None:
         self.tokenizer, self.strip = tokenizer, strip
         self.skipped = tokenizer.skipped_special_ids if (tokenizer is not None and skip_special) else frozenset()
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.chars = 0
+        self.chars = 0  # characters the tokens so far wrote, before the strip
 
-    def next(self, token_id: int) -> int:
+    def text(self, token_id: int) -> str:
+        """The text `token_id` shows if it comes next (the chosen token or an alternative)."""
+        if self.tokenizer is None:
+            return f"token_id:{token_id}"
+        text = self.tokenizer.token_text(token_id)
+        if self.chars >= self.strip or token_id in self.skipped or self.decoder.getstate()[0]:
+            return text
+        whole = text.encode("utf-8") == self.tokenizer.token_bytes(token_id)  # not a piece of a character
+        return text[self.strip - self.chars :] if whole else text
+
+    def advance(self, token_id: int) -> int:
+        """Take the next token; returns where its text starts in the returned text."""
         at = max(0, self.chars - self.strip)
         if self.tokenizer is not None and token_id not in self.skipped:
             self.chars += len(self.decoder.decode(self.tokenizer.token_bytes(token_id)))
         return at
+
+
+def echo_token_texts(tokenizer: Any, prompt_ids: list[int], skip_special: bool) -> TokenTexts:
+    """Token texts for a completion that echoes its prompt: the returned text starts with the prompt's decode,
+    which may drop characters the tokens write (SentencePiece's leading space); those are the strip."""
+    strip = 0
+    if tokenizer is not None:
+        skipped = tokenizer.skipped_special_ids if skip_special else frozenset()
+        written = b"".join(tokenizer.token_bytes(t) for t in prompt_ids if t not in skipped)
+        whole = written.decode("utf-8", errors="replace")
+        shown = tokenizer.decode(prompt_ids, skip_special_tokens=skip_special)
+        strip = len(whole) - len(shown) if whole.endswith(shown) else 0
+    return TokenTexts(tokenizer, skip_special, strip)
 
 
 class LogprobFormatter:
@@ -84,14 +111,20 @@ class LogprobFormatter:
         return list(raw)
 
     def completion(
-        self, ids: list[int], logprobs: list[float | None], tops: list[TopLogprobs | None], offsets: TextOffsets
+        self, ids: list[int], logprobs: list[float | None], tops: list[TopLogprobs | None], texts: TokenTexts
     ) -> dict[str, Any]:
         """The legacy completions layout: parallel lists, top alternatives as {token: logprob}."""
+        tokens, top_logprobs, offsets = [], [], []
+        for i, token_id in enumerate(ids):
+            top = tops[i] if i < len(tops) else None
+            tokens.append(texts.text(token_id))
+            top_logprobs.append(None if top is None else {texts.text(i): _finite(lp) for i, lp in top})
+            offsets.append(texts.advance(token_id))
         return {
-            "tokens": [self.token(t) for t in ids],
+            "tokens": tokens,
             "token_logprobs": [_finite(lp) for lp in logprobs],
-            "top_logprobs": [None if top is None else {self.token(i): _finite(lp) for i, lp in top} for top in tops],
-            "text_offset": [offsets.next(t) for t in ids],
+            "top_logprobs": top_logprobs,
+            "text_offset": offsets,
         }
 
     def chat(self, ids: list[int], logprobs: list[float], tops: list[TopLogprobs]) -> dict[str, Any]:
