@@ -348,8 +348,8 @@ def test_openai_fields_langchain_and_litellm_send_are_accepted(server, client) -
     image = [{"type": "image_url", "image_url": {"url": "data:,"}}]
     call = [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
     for extra, param, said in [
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, None, "'json_schema'"),
-        ({"response_format": {"type": "json_object"}}, None, "'json_object'"),
+        ({"response_format": {"type": "json_schema"}}, None, "json_schema"),  # offered, with its schema
+        ({"response_format": {"type": "xml"}}, "response_format.type", "'xml'"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, None, "tools"),
         ({"tool_choice": "required"}, None, "'required'"), ({"audio": {"voice": "x"}}, None, "audio"),
         ({"reasoning_effort": "extreme"}, "reasoning_effort", "'extreme'"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence as Seq
 
@@ -29,12 +30,21 @@ from ..generation.output_pipeline import OutputPipeline
 from ..generation.processors import ChainInputs, LogitsProcessor, build_processors
 from ..generation.sampling import make_sampler
 from ..generation.stopping import MaxTime, StoppingChain, StoppingCriterion
+from ..generation.structured import GrammarMask
 from ..model import Transformer
 from .model_runner import ModelRunner
 from .postprocess import advance, advance_greedy, plain_greedy, snapshot
 from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
 from .sequence import Sequence, TokenEvent
+
+def _prefetch(seqs: list[Sequence]) -> None:
+    for seq in seqs:
+        try:
+            seq.grammar.prefetch([seq.out.token_ids])  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 - the same error comes back from the processor, and ends that request only
+            pass
+
 
 # Options only the low-level, transformers-shaped generate() returns: the engine reports per-token events.
 _LOW_LEVEL_ONLY = ("return_dict_in_generate", "output_scores", "output_logits")
@@ -119,6 +129,7 @@ class LLMEngine:
         )
         self.runner = ModelRunner(model, config.max_num_seqs, self.max_model_len, self.prefix_cache)
         self.requests: dict[str, Sequence] = {}
+        self._masks: ThreadPoolExecutor | None = None  # computes grammar masks while the forward pass runs
         self._ids = itertools.count()
         self._prompt_tokens = self._generated_tokens = self._steps = 0
 
@@ -150,15 +161,17 @@ class LLMEngine:
         criteria = list(stopping_criteria)
         if params.max_time is not None:
             criteria.insert(0, MaxTime(params.max_time))  # the clock starts when the request is queued
+        processors = self._processors(prompt_ids, params, max_tokens, logits_processor)
         seq = Sequence(
             request_id=request_id,
             prompt_ids=list(prompt_ids),
             params=params,
             out=OutputPipeline(params, max_tokens, self._detokenizer(prompt_ids, params)),
-            processors=self._processors(prompt_ids, params, max_tokens, logits_processor),
+            processors=processors,
             sampler=make_sampler(params, self.model.device),
             stopping=StoppingChain(criteria) if criteria else None,
             hooks=list(hooks),
+            grammar=next((p for p in processors.processors if isinstance(p, GrammarMask)), None),
             group=group if group is not None else request_id,
             arrival_time=arrival_time if arrival_time is not None else time.monotonic(),
         )
@@ -182,8 +195,12 @@ class LLMEngine:
     def step(self) -> list[TokenEvent]:
         """One forward round: admit, prefill chunks and decode one token per running request, free finished."""
         plan = self.scheduler.schedule()
+        masks = self._prefetch_masks()
         events, stepped = [], []
         for seqs, logits in self.runner.run(plan):  # (rows, V) per group computed together
+            if masks is not None:  # the rows' processors read the masks computed meanwhile
+                masks.result()
+                masks = None
             greedy = [i for i, seq in enumerate(seqs) if plain_greedy(seq)]
             if greedy:  # all-greedy rows: one argmax, one log-softmax
                 rows = logits if len(greedy) == len(seqs) else logits[greedy]
@@ -220,6 +237,16 @@ class LLMEngine:
         )
 
     # ---- helpers -----------------------------------------------------------------------------------------------
+    def _prefetch_masks(self) -> Future | None:
+        """Start computing the next grammar mask of every constrained running request, on a worker thread, so it
+        is ready when the forward pass returns (llguidance releases the GIL while it computes)."""
+        constrained = [s for s in self.scheduler.running if s.grammar is not None]
+        if not constrained:
+            return None
+        if self._masks is None:
+            self._masks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nexttoken-grammar")
+        return self._masks.submit(_prefetch, constrained)
+
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         vocab = self.model.config.vocab_size
         if not prompt_ids:
@@ -254,6 +281,7 @@ class LLMEngine:
             prompt_ids=torch.tensor([prompt_ids], device=self.model.device),
             max_new_tokens=max_tokens,
             vocab_size=self.model.config.vocab_size,
+            tokenizer=self.tokenizer,
             model=self.model,  # classifier-free guidance runs its unconditional row through it
         )
         return build_processors(params, list(user), inputs=inputs)

@@ -13,6 +13,7 @@ from ..generation.decode import StepHook
 from ..generation.output_pipeline import OutputPipeline, PromptLogprobs, TopLogprobs
 from ..generation.processors import ProcessorChain
 from ..generation.stopping import StoppingChain
+from ..generation.structured import GrammarMask
 
 
 class SequenceStatus(enum.Enum):
@@ -33,6 +34,7 @@ class Sequence:
     sampler: Callable[[torch.Tensor], torch.Tensor]  # owns this request's generator: draws ignore batch-mates
     stopping: StoppingChain | None = None  # a caller's stopping criteria and max_time; None when there are none
     hooks: list[StepHook] = field(default_factory=list)
+    grammar: GrammarMask | None = None  # structured output's mask, in `processors`: its next mask is prefetched
     group: str = ""  # the client request it belongs to: free slots go to the requests in turn
     arrival_time: float = 0.0
     status: SequenceStatus = SequenceStatus.WAITING

@@ -116,6 +116,13 @@ class GenerationConfig:
     top_logprobs: int = 0  # per generated token: log-probabilities of the N most likely alternatives
     prompt_logprobs: bool = False  # log-probability of every prompt token given the ones before it
     logprobs_mode: str = "raw"  # "raw": the model's distribution; "processed": the one sampled from
+    # Structured output (generation/structured.py, docs/structured_output.md): at most one constraint.
+    json_schema: Any = None  # a JSON Schema: dict, JSON string or pydantic model class (kept as a dict)
+    json_object: bool = False  # any JSON object
+    regex: str | None = None  # the whole output matches it
+    choice: list[str] | None = None  # the output is one of these strings
+    grammar: str | None = None  # a Lark grammar (llguidance's dialect), or GBNF (llama.cpp's) when it has '::='
+    structured_best_effort: bool = False  # enforce what the grammar engine can and let unimplemented keywords pass
 
     @classmethod
     def from_file(cls, path: str | Path, base: "GenerationConfig | None" = None) -> "GenerationConfig":
@@ -141,7 +148,13 @@ class GenerationConfig:
                     f"unknown generation option {name!r} ({_source}); known options: {', '.join(sorted(names))}"
                 )
             _CHECKS[name](name, value)
-        return dataclasses.replace(self, **options)
+            if name in _CANONICAL:
+                options[name] = _CANONICAL[name](value)
+        updated = dataclasses.replace(self, **options)
+        from .structured import check_combination  # late: structured reads this module's fields
+
+        check_combination(updated)
+        return updated
 
     @property
     def greedy(self) -> bool:
@@ -341,6 +354,25 @@ def _early_stopping(name: str, v: Any) -> None:
         _fail(name, v, 'must be true, false or "never"')
 
 
+def _json_schema(name: str, v: Any) -> None:
+    if v is not None:
+        from .structured import json_schema_value
+
+        json_schema_value(v)
+
+
+def _choice(name: str, v: Any) -> None:
+    if v is not None:
+        from .structured import check_choice
+
+        check_choice(v)
+
+
+def _text(name: str, v: Any) -> None:
+    if v is not None and not (isinstance(v, str) and v):
+        _fail(name, v, "must be a non-empty string or None")
+
+
 def _one_of(*allowed: str) -> Callable[[str, Any], None]:
     def check(name: str, v: Any) -> None:
         if v not in allowed:
@@ -425,5 +457,17 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "include_stop_str_in_output": _boolean,
     "echo": _boolean,
     "logprobs_mode": _one_of("raw", "processed"),
+    "json_schema": _json_schema,
+    "json_object": _boolean,
+    "regex": _text,
+    "choice": _choice,
+    "grammar": _text,
+    "structured_best_effort": _boolean,
+}
+# Values kept in one form once checked: a schema as a dict (from a JSON string or a pydantic class), choices a list.
+_CANONICAL: dict[str, Callable[[Any], Any]] = {
+    "json_schema": lambda v: None if v is None else importlib.import_module(".structured", __package__)
+    .json_schema_value(v),
+    "choice": lambda v: None if v is None else list(v),
 }
 assert set(_CHECKS) == {f.name for f in dataclasses.fields(GenerationConfig)}

@@ -167,7 +167,7 @@ def plan_generation(
     chain_inputs = ChainInputs(
         prompt_ids=input_ids, padding=padding, max_new_tokens=max_new, model=model,
         negative_prompt_ids=negative_prompt_ids, negative_prompt_attention_mask=negative_prompt_attention_mask,
-        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, vocab_size=vocab,
+        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, vocab_size=vocab, tokenizer=tokenizer,
     )
     n = _expansion(cfg, mode)
     if n > 1 and past_key_values is not None:

@@ -31,6 +31,7 @@ from .constraints import (
 )
 from .guidance import ClassifierFreeGuidance
 from .llamacpp import DRY, XTC, TopNSigma
+from .structured import GrammarMask, compile_for, constraint_of
 from .penalties import (
     EncoderNoRepeatNGram,
     EncoderRepetitionPenalty,
@@ -80,7 +81,8 @@ class ChainInputs:
     negative_prompt_ids: torch.Tensor | None = None
     negative_prompt_attention_mask: torch.Tensor | None = None
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Sequence[int]] | None = None
-    vocab_size: int | None = None  # for watermarking
+    vocab_size: int | None = None  # for watermarking and grammar masks (the model's logits width)
+    tokenizer: Any = None  # for structured output (a grammar is compiled against the tokens)
 
     @property
     def prompt_length(self) -> int:
@@ -186,14 +188,21 @@ def build_processors(
 ) -> ProcessorChain:
     """The chain transformers' `_get_logits_processor` builds for these options, in its order.
 
-    Penalties and constraints first, then the user's processors, then (only when sampling) the warpers, then
-    the watermark and finally `renormalize_logits`.
+    Penalties and constraints first, then the user's processors, then the grammar mask of structured output
+    (so truncation only ever keeps tokens the grammar allows), then (only when sampling) the warpers, then the
+    watermark and finally `renormalize_logits`.
     """
     x = inputs or ChainInputs()
     if padding is not None:
         x.padding = padding
     chain = _penalties(cfg, x)
     chain.extend(user)
+    constraint = constraint_of(cfg)
+    if constraint is not None:  # after everything that may add to scores, before truncation picks from them
+        if x.vocab_size is None:
+            raise GenerationConfigError(f"{constraint.kind} needs the vocabulary size (ChainInputs.vocab_size)")
+        compiled = compile_for(cfg, x.tokenizer, x.vocab_size)
+        chain.append(GrammarMask(compiled, x.prompt_length, x.vocab_size, constraint.kind))  # type: ignore[arg-type]
     if not cfg.greedy:
         chain.extend(warpers(cfg, x))
     if cfg.watermarking_config is not None:

@@ -23,7 +23,8 @@ from .errors import APIError, bad_request, error_body, from_validation_error
 from .guards import ApiKeyGuard, BodyLimit, InternalErrors
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from .options import request_options, server_defaults
+from ..generation.structured import compile_for, constraint_of
+from .options import constraint_field, request_options, server_defaults
 from .requests import DEFAULT_COMPLETION_TOKENS, Limits, chat_prompt, check_ids, completion_prompts, new_tokens
 from .responses import Choice, LogprobFormatter, TokenTexts, echo_logprobs, echo_token_texts, usage
 from .shutdown import MESSAGE as SHUTTING_DOWN, Drain
@@ -125,6 +126,17 @@ class OpenAIServing:
                               f"{self.limits.vocab_size})", name)
         return cfg
 
+    async def _compile(self, req: Any, cfg: Any) -> None:
+        """Compile the request's grammar off the event loop (the engine then finds it cached); a constraint that
+        cannot be enforced is a 400 naming what, before any work is queued."""
+        if constraint_of(cfg) is None:
+            return
+        try:
+            compiled = await asyncio.to_thread(compile_for, cfg, self.tokenizer, self.limits.vocab_size)
+        except NextTokenError as e:
+            raise bad_request(str(e), constraint_field(req)) from e
+        self.metrics.grammar(compiled)  # type: ignore[arg-type]
+
     # ---- /v1/completions ---------------------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
         arrival = time.monotonic()
@@ -134,6 +146,7 @@ class OpenAIServing:
         max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
         cfg = self._options(req, prompts, max_tokens, "prompt", top_logprobs=req.logprobs or 0,
                             prompt_logprobs=req.echo and req.logprobs is not None)
+        await self._compile(req, cfg)
         rid = f"cmpl-{uuid.uuid4().hex}"
         jobs = [Job(i, f"{rid}-{i}", ids, c, rid) for i, (ids, c) in enumerate(expand(prompts, cfg))]
         head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.settings.model_name}
@@ -220,6 +233,7 @@ class OpenAIServing:
         check_ids(ids, self.limits.vocab_size, "messages")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         cfg = self._options(req, [ids], max_tokens, "messages", top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
+        await self._compile(req, cfg)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         jobs = [Job(j, f"{rid}-{j}", p, c, rid) for j, (p, c) in enumerate(expand([ids], cfg))]
         head = {"id": rid, "created": int(time.time()), "model": self.settings.model_name}

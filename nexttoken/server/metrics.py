@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..engine.llm_engine import EngineStats
 from ..engine.sequence import TokenEvent
+from ..generation.structured import Compiled
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5, 10, 20, 40, 80)
 _RATE_WINDOW_S = 10.0
@@ -27,6 +28,10 @@ class ServerMetrics:
         self.queue = Histogram("nexttoken_request_queue_time_seconds", "Arrival to first scheduled", buckets=_LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("nexttoken_e2e_request_latency_seconds", "Arrival to finish", buckets=_LATENCY_BUCKETS, registry=r)
         self.finished = Counter("nexttoken_requests_finished", "Finished requests", ["finish_reason"], registry=r)
+        self.grammar_compile = Histogram("nexttoken_grammar_compile_seconds", "Compiling a structured-output grammar "
+                                         "(cache misses)", buckets=_LATENCY_BUCKETS, registry=r)
+        self.grammar_requests = Counter("nexttoken_grammar_requests", "Structured-output requests by grammar cache "
+                                        "result (hit: compiled before)", ["cache"], registry=r)
         self._samples: deque[tuple[float, int]] = deque()  # (time, generated tokens) from the engine thread
         self._lock = threading.Lock()
         r.register(_EngineCollector(self))
@@ -60,6 +65,12 @@ class ServerMetrics:
         if event.finished:
             self.e2e.observe(event.time - event.arrival_time)
             self.finished.labels(event.finish_reason).inc()
+
+    def grammar(self, compiled: Compiled) -> None:
+        """A structured-output request's grammar: compiled now (its seconds observed) or found in the cache."""
+        self.grammar_requests.labels("hit" if compiled.cached else "miss").inc()
+        if not compiled.cached:
+            self.grammar_compile.observe(compiled.seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

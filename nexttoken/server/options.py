@@ -44,16 +44,43 @@ def server_defaults(model_defaults: GenerationConfig) -> GenerationConfig:
     )
 
 
+def _constraints(req: SamplingFields) -> dict[str, tuple[str, Any]]:
+    """Structured output, from whichever of OpenAI's, vLLM's or llama.cpp's fields carries it (one at most)."""
+    found: list[tuple[str, str, Any]] = []  # (request field, GenerationConfig field, value)
+    rf = req.response_format
+    if rf is not None and rf.type == "json_object":
+        found.append(("response_format", "json_object", True))
+    elif rf is not None and rf.type == "json_schema":
+        schema = rf.json_schema.schema_  # type: ignore[union-attr]
+        found.append(("response_format", "json_schema", schema) if schema is not None
+                     else ("response_format", "json_object", True))
+    so = req.structured_outputs
+    if so is not None:
+        for field, name in (("json_", "json_schema"), ("regex", "regex"), ("choice", "choice"),
+                            ("grammar", "grammar"), ("json_object", "json_object")):
+            if getattr(so, field) not in (None, False):
+                found.append(("structured_outputs", name, getattr(so, field)))
+    for field, name in (("guided_json", "json_schema"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                        ("guided_grammar", "grammar"), ("json_schema", "json_schema"), ("grammar", "grammar")):
+        if getattr(req, field, None) is not None:
+            found.append((field, name, getattr(req, field)))
+    if len(found) > 1:
+        raise bad_request(f"structured output is given twice ({', '.join(f for f, _, _ in found)}): send one",
+                          found[1][0])
+    return {name: (field, value) for field, name, value in found}
+
+
 def request_options(req: SamplingFields, base: GenerationConfig, **extra: Any) -> GenerationConfig:
     """The request's GenerationConfig over `base`; `extra` are GenerationConfig values the endpoint worked out
     itself (max_new_tokens, top_logprobs, prompt_logprobs)."""
     options: dict[str, tuple[str, Any]] = {}  # GenerationConfig field -> (request field, value)
     for field in (*RENAMED, *SAME_NAME):
         value = getattr(req, field, None)
-        if value is None or field not in req.model_fields_set:
+        if value is None or field not in req.model_fields_set or field in ("json_schema", "grammar"):
             continue
         name, translate = RENAMED.get(field, (field, lambda v: v))
         options[name] = (field, translate(value))
+    options.update(_constraints(req))
     if req.mirostat is not None:
         if req.mirostat not in (0, 2):
             raise bad_request(f"mirostat: {req.mirostat} is not offered: use 0 (off) or 2 (mirostat v2)", "mirostat")
@@ -73,3 +100,12 @@ def request_options(req: SamplingFields, base: GenerationConfig, **extra: Any) -
             f"min_tokens ({cfg.min_new_tokens}) must not exceed max_tokens ({cfg.max_new_tokens})", "min_tokens"
         )
     return cfg
+
+
+def constraint_field(req: SamplingFields) -> str:
+    """The request field that carried the structured-output constraint (for a 400's `param`)."""
+    for field in ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                  "guided_grammar", "json_schema", "grammar"):
+        if getattr(req, field, None) is not None:
+            return field
+    return "structured_outputs"

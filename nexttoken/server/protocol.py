@@ -36,7 +36,52 @@ LIBRARY_OPTIONS = (
     "begin_suppress_tokens", "min_length", "exponential_decay_length_penalty", "renormalize_logits",
     "remove_invalid_values", "forced_eos_token_id", "encoder_repetition_penalty", "encoder_no_repeat_ngram_size",
     "watermarking_config", "sampler_order", "guidance_scale", "max_time", "logprobs_mode",
+    "json_schema", "grammar", "structured_best_effort",  # llama.cpp's top-level json_schema and grammar
 )
+
+
+class JsonSchemaFormat(_Strict):
+    """OpenAI's response_format.json_schema. `strict` is accepted either way: the schema is always enforced, and
+    a keyword the grammar engine cannot enforce is a 400 unless `structured_best_effort` is set."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_type(self) -> "ResponseFormat":
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError('response_format gives json_schema exactly when its type is "json_schema"')
+        return self
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's structured_outputs: one of json (a schema), regex, choice, grammar, json_object."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    json_: Union[dict[str, Any], str, None] = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool | None = None  # JSON is always written without free whitespace here
+    disable_fallback: bool | None = None  # there is one grammar engine: no fallback to disable
+
+    @model_validator(mode="after")
+    def _one(self) -> "StructuredOutputs":
+        given = [n for n in ("json", "regex", "choice", "grammar", "json_object")
+                 if getattr(self, "json_" if n == "json" else n) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs takes exactly one of json, regex, choice, grammar, json_object; "
+                             f"got {given or 'none'}")
+        return self
 
 
 class _OpenAIFields(_Strict):
@@ -64,6 +109,14 @@ class _OpenAIFields(_Strict):
     include_stop_str_in_output: bool = False
     # llama.cpp's mirostat mode: 0 off, 2 mirostat v2 (with mirostat_tau, default 5.0); v1 is not offered
     mirostat: int | None = None
+    # Structured output (options.py turns these into GenerationConfig's constraint): OpenAI's response_format,
+    # vLLM's structured_outputs and its older guided_* fields.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: Union[dict[str, Any], str, None] = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -182,10 +235,8 @@ class ChatCompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
     # OpenAI's other fields. Accepted with no effect on a local model (docs/serving.md says so): metadata, store
     # (nothing is stored), service_tier, prompt_cache_key, safety_identifier, reasoning_effort and verbosity (no
     # reasoning model here), prediction (a latency hint; the output is the same), parallel_tool_calls, modalities
-    # ["text"]. Offered in part: response_format "text", tool_choice "none" / "auto" with tools [] or absent. The
-    # rest (json_object / json_schema, tools, tool calls in past turns, audio) is refused by value in _not_offered:
-    # the one place later features (structured output, tool calls) replace.
-    response_format: ResponseFormat | None = None
+    # ["text"]. Offered in part: tool_choice "none" / "auto" with tools [] or absent. The rest (tools, tool calls
+    # in past turns, audio) is refused by value in _not_offered: the one place later features (tool calls) replace.
     tools: list[dict[str, Any]] | None = None
     tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
     parallel_tool_calls: bool | None = None
@@ -205,9 +256,6 @@ class ChatCompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
 
     @model_validator(mode="after")
     def _not_offered(self) -> "ChatCompletionRequest":
-        if self.response_format is not None and self.response_format.type != "text":
-            raise ValueError(f"response_format type {self.response_format.type!r} (structured output) is not "
-                             "offered yet: use {\"type\": \"text\"} or leave it out")
         if self.tools or self.functions:
             raise ValueError("tools / functions (tool calls) are not offered yet: leave them out or send []")
         for i, m in enumerate(self.messages):
