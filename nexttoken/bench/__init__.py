@@ -49,6 +49,12 @@ def add_parser(sub) -> None:  # noqa: ANN001
     p.add_argument("--accuracy", action="store_true",
                    help="instead of timing: int8 vs float32 top-1 agreement and KL on real text (needs --model "
                         "with a tokenizer, e.g. stories260k)")
+    p.add_argument("--structured", action="store_true",
+                   help="instead of the speed table: tokens/s under a JSON Schema vs unconstrained (the packaged "
+                        "model, --model DIR, or --shape with --tokenizer DIR), and llguidance vs xgrammar on the "
+                        "schema corpus")
+    p.add_argument("--tokenizer", help="with --structured --shape: a tokenizer folder whose vocabulary fits the shape "
+                                       "(e.g. a Llama 2 tokenizer for tiny and small)")
     p.add_argument("--out", default="bench", help="output prefix: writes OUT.json and OUT.png")
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "nexttoken" / "bench"),
                    help="where random-weight checkpoints are written (reused across runs)")
@@ -67,6 +73,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.accuracy:
         return _accuracy(args, progress)
+    if args.structured:
+        return _structured(args, progress)
     if args.model:
         path, label = Path(args.model), Path(args.model).name
         dtype = args.dtype or "float32"
@@ -105,6 +113,49 @@ def cmd_bench(args: argparse.Namespace) -> int:
     wrote_plot = plot(summary, out.with_suffix(".png"))
     progress(f"wrote {out.with_suffix('.json')}" + (f" and {out.with_suffix('.png')}" if wrote_plot else
                                                      " (no plot: matplotlib is not installed)"))
+    return 0
+
+
+def _structured(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
+    import json
+    import shutil
+
+    import torch
+
+    from ..llm import load
+    from .structured import compare_engines, throughput
+
+    torch.set_num_threads(args.threads)
+    if args.model or "--shape" not in sys.argv:
+        path, label = args.model, Path(args.model).name if args.model else "packaged model"
+    else:
+        if not args.tokenizer:
+            raise BenchError("--structured --shape needs --tokenizer DIR (a tokenizer.json with the shape's vocabulary)")
+        dtype = args.dtype or SHAPES[args.shape][1]
+        path = random_checkpoint(args.shape, dtype, Path(args.cache_dir) / f"{args.shape}-{dtype}")
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            if (Path(args.tokenizer) / name).is_file():
+                shutil.copy(Path(args.tokenizer) / name, path / name)
+        label = f"{args.shape} (random weights, {Path(args.tokenizer).name} tokenizer)"
+    llm = load(path)
+    progress(f"structured output on {label}: throughput ...")
+    report = {"model": label, "threads": args.threads, "new_tokens": args.new_tokens,
+              "throughput": throughput(llm, args.batch_sizes, args.new_tokens, args.rounds, progress)}
+    for b, r in report["throughput"].items():
+        print(f"batch {b}: unconstrained {r['free_tok_s']:.1f} tok/s, json_schema {r['json_schema_tok_s']:.1f} "
+              f"tok/s = {r['ratio']:.2f}x")
+    progress("grammar engines on the schema corpus ...")
+    report["engines"] = compare_engines(llm, progress)
+    for name, r in report["engines"].items():
+        print(f"{name}: compiled {r['compiled']}/{r['schemas']} schemas, compile median {r['compile_ms_median']:.2f} "
+              f"ms (max {r['compile_ms_max']:.1f}), mask median {r['mask_us_median']:.1f} us/token "
+              f"(p99 {r['mask_us_p99']:.1f})")
+        for kw, verdict in r["unsupported"].items():
+            print(f"  {kw}: {verdict}")
+    out = Path(args.out).with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    progress(f"wrote {out}")
     return 0
 
 
