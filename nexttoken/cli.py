@@ -20,8 +20,9 @@ from .generation.config import GenerationConfig
 _NOT_FLAGS = {"return_dict_in_generate", "output_scores", "output_logits", "bos_token_id", "pad_token_id"}
 _KINDS: dict[str, tuple[Callable[[str], Any], str | None]] = {  # annotation -> (argparse type, nargs)
     "int": (int, None), "int | None": (int, None), "float": (float, None), "float | None": (float, None),
-    "str": (str, None), "list[int] | None": (int, "+"), "list[str] | None": (str, "+"),
+    "str": (str, None), "str | None": (str, None), "list[int] | None": (int, "+"), "list[str] | None": (str, "+"),
 }
+_BY_NAME = {"json_schema": (str, None)}  # a JSON Schema as JSON text (GenerationConfig turns it into a dict)
 _HELP = {
     "max_new_tokens": "how many tokens to generate at most",
     "do_sample": "sample instead of taking the argmax (--no-do-sample or --greedy: argmax)",
@@ -43,8 +44,8 @@ def _option_flags() -> list[tuple[str, dict[str, Any]]]:
         help_text = _HELP.get(f.name, f"GenerationConfig.{f.name} (docs/decoding.md)")
         if f.type == "bool":
             flags.append((f.name, dict(action=argparse.BooleanOptionalAction, default=None, help=help_text)))
-        elif f.type in _KINDS:
-            kind, nargs = _KINDS[f.type]
+        elif f.type in _KINDS or f.name in _BY_NAME:
+            kind, nargs = _BY_NAME.get(f.name) or _KINDS[f.type]
             flags.append((f.name, dict(type=kind, nargs=nargs, help=help_text)))
     return flags
 

@@ -13,22 +13,36 @@ import torch
 from ..generation.decode import StepOutput
 from ..generation.output_pipeline import Delta
 from ..generation.sampling import Sampler
+from ..generation.structured import allowed_tokens
 from ..model import kernels
 from .sequence import HookState, Sequence, TokenEvent
 
 
 def plain_greedy(seq: Sequence) -> bool:
-    """No processors, criteria or hooks, and the argmax: such rows are chosen together (vLLM's all-greedy path)."""
+    """The argmax with no processors, criteria or hooks, or with structured output's mask alone (its log-probs
+    raw): such rows are chosen together (vLLM's all-greedy path, with the grammar bitmask applied in one op)."""
     s = seq.sampler
-    return (not len(seq.processors) and seq.stopping is None and not seq.hooks and isinstance(s, Sampler)
-            and s.greedy)
+    alone = not len(seq.processors) or (
+        len(seq.processors) == 1 and seq.grammar is not None and seq.params.logprobs_mode == "raw")
+    return alone and seq.stopping is None and not seq.hooks and isinstance(s, Sampler) and s.greedy
 
 
 def advance_greedy(seqs: list[Sequence], logits: torch.Tensor) -> list[TokenEvent]:
     """Plain greedy rows, (rows, V) float32 logits: one argmax and one log-softmax for them all. Each row's numbers
-    are its own (both reduce within a row), so this gives what `advance` gives row by row."""
-    tokens = kernels.argmax(logits).tolist()
-    logp = torch.log_softmax(logits, dim=-1)  # (rows, V): scores are the logits, so raw == processed
+    are its own (both reduce within a row), so this gives what `advance` gives row by row. Rows under a grammar
+    take their argmax over the tokens it allows; their log-probs stay the model's (logprobs_mode "raw")."""
+    masked = [i for i, seq in enumerate(seqs) if seq.grammar is not None]
+    scores = logits
+    if masked:
+        masks = torch.stack([seqs[i].grammar.mask_for(seqs[i].out.token_ids) for i in masked])  # type: ignore[union-attr]
+        forbidden = ~allowed_tokens(masks, logits.shape[1])  # (len(masked), V)
+        if len(masked) == len(seqs):
+            scores = logits.masked_fill(forbidden, -torch.inf)
+        else:
+            scores = logits.clone()
+            scores[masked] = logits[masked].masked_fill(forbidden, -torch.inf)
+    tokens = kernels.argmax(scores).tolist()
+    logp = torch.log_softmax(logits, dim=-1)  # (rows, V): the raw distribution
     chosen = logp.gather(1, torch.tensor(tokens)[:, None]).squeeze(1).tolist()
     now = time.monotonic()
     events = []

@@ -234,12 +234,13 @@ def compile_for(cfg: Any, tokenizer: Any, vocab_size: int, cache: GrammarCache =
 
 # ---- the processor -------------------------------------------------------------------------------------------
 
-_BITS = torch.arange(32, dtype=torch.int32)
+# byte value -> its 8 bits, least significant first: one gather unpacks a bitmask
+_BYTE_BITS = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool()  # (256, 8)
 
 
 def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """(B, ceil(V/32)) int32 bitmask (bit j of word w: token 32w + j) -> (B, V) bool."""
-    return ((bitmask[:, :, None] >> _BITS) & 1).bool().flatten(1)[:, :vocab_size]
+    """(B, ceil(V/32)) int32 bitmask (bit j of word w: token 32w + j, little-endian words) -> (B, V) bool."""
+    return _BYTE_BITS[bitmask.view(torch.uint8).long()].flatten(1)[:, :vocab_size]
 
 
 class GrammarMask:
@@ -275,6 +276,12 @@ class GrammarMask:
         for row, ids in enumerate(generated):
             self.prepare(row, ids)
 
+    def mask_for(self, generated: list[int]) -> torch.Tensor:
+        """One row's (ceil(V/32),) int32 bitmask after `generated` (prefetched, or computed now)."""
+        self._rows(1)
+        self.prepare(0, generated)
+        return self.bitmask[0]
+
     def prepare(self, row: int, generated: list[int]) -> None:
         """Feed row's matcher the generated tokens it has not seen and compute its next mask (GIL released)."""
         if self.done[row]:
@@ -307,11 +314,10 @@ class GrammarMask:
             if not self.done[row] and self.seen[row] + P != input_ids.shape[1] or self.masked_at[row] < 0:
                 self.prepare(row, input_ids[row, P:].tolist())
         allowed = allowed_tokens(self.bitmask, scores.shape[1]).to(scores.device)
-        live = torch.tensor([not d for d in self.done], device=scores.device)
-        allowed |= ~live[:, None]
+        if any(self.done):  # rows that have ended keep their scores
+            allowed |= torch.tensor(self.done, device=scores.device)[:, None]
         out = scores.masked_fill(~allowed, -math.inf)
-        stuck = live & ~torch.isfinite(out).any(dim=-1)
-        if bool(stuck.any()):
+        if not bool(torch.isfinite(out).any(dim=-1).all()):
             raise StructuredOutputError(
                 f"{self.kind}: every token the grammar allows next is ruled out by another option (min_new_tokens, "
                 "forced_eos_token_id, bad_words_ids, suppress_tokens, a logits processor...): drop the conflicting "
