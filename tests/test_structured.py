@@ -17,7 +17,7 @@ import nexttoken
 from nexttoken.bench.schemas import PARTIAL, SCHEMAS, UNSUPPORTED
 from nexttoken.engine import EngineConfig, LLMEngine
 from nexttoken.generation.config import GenerationConfig
-from nexttoken.generation.structured import GRAMMARS, StructuredOutputError
+from nexttoken.generation.structured import GRAMMARS, StructuredOutputError, compile_for
 
 FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER
 PROMPT = "Once upon a time"
@@ -183,22 +183,17 @@ item ::= [a-z] [a-z]?
 """
 
 
-def test_lark_grammar_outputs_parse_with_lark(llm) -> None:  # noqa: ANN001
-    parser = lark.Lark(LARK_ARITHMETIC)
-    outs = _outputs(llm, grammar=LARK_ARITHMETIC)
+@pytest.mark.parametrize("grammar, reference", [
+    (LARK_ARITHMETIC, LARK_ARITHMETIC),
+    (GBNF_LIST, 'start: "[" ITEM ("," ITEM)? ("," ITEM)? "]"\nITEM: /[a-z][a-z]?/'),  # GBNF, its Lark equivalent
+])
+def test_grammar_outputs_parse_with_lark(llm, grammar, reference) -> None:  # noqa: ANN001
+    parser = lark.Lark(reference)
+    outs = _outputs(llm, grammar=grammar)
     assert sum(o.finish_reason == "stop" for o in outs) >= 3
     for out in outs:
         if out.finish_reason == "stop":
             parser.parse(out.text)
-
-
-def test_gbnf_grammar_outputs_parse(llm) -> None:  # noqa: ANN001
-    lark_equivalent = lark.Lark('start: "[" ITEM ("," ITEM)? ("," ITEM)? "]"\nITEM: /[a-z][a-z]?/')
-    outs = _outputs(llm, grammar=GBNF_LIST)
-    assert sum(o.finish_reason == "stop" for o in outs) >= 3
-    for out in outs:
-        if out.finish_reason == "stop":
-            lark_equivalent.parse(out.text)
 
 
 def test_json_object_is_any_object(llm) -> None:  # noqa: ANN001
@@ -297,9 +292,7 @@ def test_compiled_grammars_are_cached(llm) -> None:  # noqa: ANN001
     (dict(regex="(?<=a)b"), "look-around"),
     (dict(grammar="start: undefined_rule"), "undefined_rule"),
 ])
-def test_bad_constraints_are_clear_errors(options, message) -> None:  # noqa: ANN001
+def test_bad_constraints_are_clear_errors(llm, options, message) -> None:  # noqa: ANN001
     with pytest.raises(nexttoken.errors.GenerationConfigError, match=re.escape(message)):
         cfg = GenerationConfig(eos_token_id=2).updated(**options)
-        from nexttoken.generation.structured import compile_for
-
-        compile_for(cfg, nexttoken.load().tokenizer, 2048)
+        compile_for(cfg, llm.tokenizer, llm.model.config.vocab_size)

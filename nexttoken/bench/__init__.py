@@ -28,8 +28,9 @@ def _int_list(text: str) -> list[int]:
 def add_parser(sub) -> None:  # noqa: ANN001
     p = sub.add_parser("bench", help="speed vs transformers on random-weight models (or --model), JSON + plot")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--shape", choices=list(SHAPES), default="tiny",
-                     help="random-weight Llama: tiny 15M, small 110M, 1b (Llama-3.2-1B, bf16); micro for smoke tests")
+    src.add_argument("--shape", choices=list(SHAPES),
+                     help="random-weight Llama: tiny 15M (the default), small 110M, 1b (Llama-3.2-1B, bf16); micro for "
+                          "smoke tests")
     src.add_argument("--model", help="a Hugging Face model folder instead of a random shape")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: the shape's (1b: bfloat16, else float32)")
     p.add_argument("--prompt-len", type=int, default=128)
@@ -75,6 +76,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return _accuracy(args, progress)
     if args.structured:
         return _structured(args, progress)
+    args.shape = args.shape or "tiny"
     if args.model:
         path, label = Path(args.model), Path(args.model).name
         dtype = args.dtype or "float32"
@@ -126,7 +128,7 @@ def _structured(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
     from .structured import compare_engines, throughput
 
     torch.set_num_threads(args.threads)
-    if args.model or "--shape" not in sys.argv:
+    if args.shape is None:
         path, label = args.model, Path(args.model).name if args.model else "packaged model"
     else:
         if not args.tokenizer:

@@ -120,31 +120,29 @@ def _engines(tokenizer: Any, vocab: int, eos: list[int], progress: Callable[[str
     return engines
 
 
-def _decode(llm: Any, engine: Any, compiled: Any, max_new: int) -> list[int]:
-    """Greedy tokens under `engine`'s mask (its own matcher), for checking what it lets through."""
-    from ..generation.structured import allowed_tokens
+class _MaskedBy:
+    """A logits processor applying another engine's matcher, so nexttoken.generate decodes under that engine's
+    masks (to see what it lets through)."""
 
-    matcher = engine.matcher(compiled)
-    ids = llm.encode(PROMPT)
-    out: list[int] = []
-    eos = set(llm.generation_config.eos_ids)
-    with torch.inference_mode():
-        for _ in range(max_new):
-            logits = _logits(llm, ids + out)
-            allowed = allowed_tokens(matcher.fill(), logits.shape[0])[0]
-            token = int(logits.masked_fill(~allowed, -torch.inf).argmax())
-            out.append(token)
-            if token in eos or not matcher.accept(token):
-                break
-    return out
+    def __init__(self, matcher: Any, prompt_length: int) -> None:
+        self.matcher, self.prompt_length = matcher, prompt_length
+
+    def __call__(self, ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        from ..generation.structured import allowed_tokens
+
+        if ids.shape[1] > self.prompt_length:
+            self.matcher.accept(int(ids[0, -1]))
+        return scores.masked_fill(~allowed_tokens(self.matcher.fill(), scores.shape[1]), -torch.inf)
 
 
-def _logits(llm: Any, ids: list[int]) -> torch.Tensor:
+def _decode(llm: Any, engine: Any, compiled: Any, max_new: int) -> str:
+    """Greedy text under `engine`'s masks."""
     from ..generation.generate import generate
 
-    res = generate(llm.model, torch.tensor([ids]), max_new_tokens=1, do_sample=False, output_logits=True,
-                   return_dict_in_generate=True)
-    return res.logits[0][0]
+    ids = torch.tensor([llm.encode(PROMPT)])
+    out = generate(llm.model, ids, max_new_tokens=max_new, do_sample=False,
+                   logits_processor=[_MaskedBy(engine.matcher(compiled), ids.shape[1])])
+    return llm.tokenizer.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
 
 
 def compare_engines(llm: Any, progress: Callable[[str], None], max_new: int = 80) -> dict:
@@ -180,7 +178,7 @@ def compare_engines(llm: Any, progress: Callable[[str], None], max_new: int = 80
             except Exception as err:  # noqa: BLE001
                 report[e.name]["unsupported"][kw] = "refused: " + str(err).splitlines()[0][:120]
                 continue
-            text = tok.decode(_decode(llm, e, compiled, max_new), skip_special_tokens=True)
+            text = _decode(llm, e, compiled, max_new)
             report[e.name]["unsupported"][kw] = "accepted silently; output " + _verdict(schema, text)
     for e in engines:
         r = report[e.name]

@@ -41,7 +41,7 @@ from .sequence import Sequence, TokenEvent
 def _prefetch(seqs: list[Sequence]) -> None:
     for seq in seqs:
         try:
-            seq.grammar.prefetch([seq.out.token_ids])  # type: ignore[union-attr]
+            seq.grammar.mask_for(seq.out.token_ids)  # type: ignore[union-attr]
         except Exception:  # noqa: BLE001 - the same error comes back from the processor, and ends that request only
             pass
 

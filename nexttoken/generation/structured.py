@@ -247,7 +247,7 @@ class GrammarMask:
     """(B, L) ids, (B, V) scores -> scores with every token the grammar forbids at -inf.
 
     Row r's generated tokens are ids[r, prompt_length:]; each call feeds the matcher the ones it has not seen, then
-    asks for the next mask. `prepare` does the same ahead of time (the engine runs it while the forward pass
+    asks for the next mask. `mask_for` does the same ahead of time (the engine runs it while the forward pass
     runs), so the call only applies the mask. A row whose matcher has ended (EOS taken) or that was finished by
     something else (a stop string: the loop then appends padding, which the mask never allowed) is left alone.
     """
@@ -270,14 +270,9 @@ class GrammarMask:
         self.seen, self.masked_at, self.done = [0] * batch, [-1] * batch, [False] * batch
         self.bitmask = torch.zeros(batch, (self.vocab_size + 31) // 32, dtype=torch.int32)
 
-    def prefetch(self, generated: list[list[int]]) -> None:
-        """Compute each row's next mask from its generated tokens so far, ahead of the call that applies it."""
-        self._rows(len(generated))
-        for row, ids in enumerate(generated):
-            self.prepare(row, ids)
-
     def mask_for(self, generated: list[int]) -> torch.Tensor:
-        """One row's (ceil(V/32),) int32 bitmask after `generated` (prefetched, or computed now)."""
+        """One row's (ceil(V/32),) int32 bitmask after `generated`: computed now, or found ready when the engine
+        called this ahead of time, during the forward pass."""
         self._rows(1)
         self.prepare(0, generated)
         return self.bitmask[0]
@@ -288,9 +283,9 @@ class GrammarMask:
             return
         m = self.matchers[row]
         for token in generated[self.seen[row]:]:
-            allowed = self.masked_at[row] == self.seen[row] and self._allowed(row, token)
             if not m.consume_token(token):
-                if allowed:  # the grammar engine refused a token its own mask allowed: never let that pass
+                if self.masked_at[row] == self.seen[row] and self._allowed(row, token):
+                    # the grammar engine refused a token its own mask allowed: never let that pass
                     raise StructuredOutputError(f"{self.kind}: the grammar engine refused token {token}, which "
                                                 f"its mask allowed ({m.get_error()})")
                 self.done[row] = True  # padding after the row finished: the mask never allowed it
@@ -311,7 +306,7 @@ class GrammarMask:
         self._rows(B)
         P = self.prompt_length
         for row in range(B):
-            if not self.done[row] and self.seen[row] + P != input_ids.shape[1] or self.masked_at[row] < 0:
+            if not self.done[row] and self.masked_at[row] != input_ids.shape[1] - P:  # not prefetched
                 self.prepare(row, input_ids[row, P:].tolist())
         allowed = allowed_tokens(self.bitmask, scores.shape[1]).to(scores.device)
         if any(self.done):  # rows that have ended keep their scores

@@ -102,10 +102,7 @@ def request_options(req: SamplingFields, base: GenerationConfig, **extra: Any) -
     return cfg
 
 
+
 def constraint_field(req: SamplingFields) -> str:
     """The request field that carried the structured-output constraint (for a 400's `param`)."""
-    for field in ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
-                  "guided_grammar", "json_schema", "grammar"):
-        if getattr(req, field, None) is not None:
-            return field
-    return "structured_outputs"
+    return next((field for field, _ in _constraints(req).values()), "structured_outputs")
