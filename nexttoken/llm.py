@@ -7,6 +7,7 @@ search, beam sampling, group beam, contrastive search) run the padded-batch loop
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ from .generation.output_pipeline import Completion
 from .model import Transformer
 from .pretrained import DEFAULT_MODEL_DIR, Pretrained, load_pretrained
 from .tokenizer import Tokenizer
+from .tools import ToolUse, format_named, template_messages
+from .tools.request import tool_options
 
 Prompt = Union[str, Sequence[int]]
 Message = dict[str, Any]
@@ -69,6 +72,7 @@ class LLM:
         self.model, self.tokenizer, self.generation_config, self.path = model, tokenizer, generation_config, path
         model.generation_config = generation_config  # low-level generate(model, ...) uses the same defaults
         self._driver: _Driver | None = None
+        self.tool_call_parser: str | None = None  # vLLM's --tool-call-parser name; None: read off the template
 
     @classmethod
     def from_pretrained(cls, loaded: Pretrained) -> "LLM":
@@ -105,16 +109,47 @@ class LLM:
         results = self._complete([self.encode(p) for p in prompts], self._request(options))
         return results[0] if single and len(results) == 1 else results
 
-    def chat(self, messages: Sequence[Message], **options: Any) -> Completion:
-        """Answer a conversation ([{"role": ..., "content": ...}, ...]) through the model's chat template."""
-        return self._complete([self.chat_prompt(messages)], self._request(options))[0]
+    def chat(self, messages: Sequence[Message], tools: Sequence[Any] | None = None, tool_choice: Any = None,
+             parallel_tool_calls: bool | None = None, **options: Any) -> Completion:
+        """Answer a conversation ([{"role": ..., "content": ...}, ...]) through the model's chat template.
+
+        With `tools` (OpenAI's function definitions) the model may call them: the completion's `tool_calls` are
+        the calls (arguments valid under each function's JSON Schema: they are decoded under it), its `text` the
+        content outside them, and its finish_reason "tool_calls". `tool_choice` is "auto" (the default with
+        tools: the model decides), "none", "required", or {"type": "function", "function": {"name": ...}};
+        `parallel_tool_calls=False` allows one call. Past calls and results go in `messages` as OpenAI sends
+        them (an assistant message's `tool_calls`, then `role: "tool"` messages with `tool_call_id`). The call
+        format is read off the chat template, or set with `llm.tool_call_parser` (vLLM's names)."""
+        use = self.tool_use(tools, tool_choice, parallel_tool_calls)
+        if use is None:
+            return self._complete([self.chat_prompt(template_messages(messages))], self._request(options))[0]
+        request = self._request(tool_options(use, self._need_tokenizer(), options))
+        prompt = self.chat_prompt(template_messages(messages), tools=list(use.tools))
+        completion = self._complete([prompt], request)[0]
+        parser = use.parser()
+        if parser is None:
+            return completion
+        content, calls = parser.parse(completion.text)
+        if not calls:
+            return dataclasses.replace(completion, text=content or "")
+        reason = "tool_calls" if completion.finish_reason == "stop" else completion.finish_reason
+        return dataclasses.replace(completion, text=content or "", tool_calls=calls, finish_reason=reason)
+
+    def tool_use(self, tools: Sequence[Any] | None, tool_choice: Any = None,
+                 parallel_tool_calls: bool | None = None) -> ToolUse | None:
+        """A request's tools, validated against this model's call format (None without tools)."""
+        template = self.tokenizer.chat_template_for(tools) if self.tokenizer is not None else None
+        return ToolUse.of(tools, tool_choice, parallel_tool_calls, self.tool_call_parser, template)
 
     def stream(self, prompt: Prompt, **options: Any) -> Iterator[str]:
         """Yield text deltas as they are generated; they concatenate to `generate(prompt).text`."""
         yield from self._stream(self.encode(prompt), self._request(options))
 
     def stream_chat(self, messages: Sequence[Message], **options: Any) -> Iterator[str]:
-        yield from self._stream(self.chat_prompt(messages), self._request(options))
+        if options.get("tools"):
+            raise GenerationConfigError("stream_chat() yields text; for tool calls use chat(..., tools=...), or "
+                                        "the server's streamed delta.tool_calls")
+        yield from self._stream(self.chat_prompt(template_messages(messages)), self._request(options))
 
     # ---- internals ---------------------------------------------------------------------------------------------
     def _request(self, options: dict[str, Any]) -> _Request:
@@ -244,9 +279,16 @@ def load(
     dtype: str | torch.dtype | None = None,
     device: str | torch.device | None = None,
     quantize: str | None = None,
+    tool_call_parser: str | None = None,
 ) -> LLM:
     """Load a Hugging Face model folder (or the packaged default model when path is None).
 
     quantize="int8": weight-only int8 (per-row scales), about half of bf16's bytes read per token.
+    tool_call_parser: the format the model writes tool calls in (vLLM's names: "hermes", "llama3_json",
+    "mistral"); by default it is read off the chat template.
     """
-    return LLM.from_pretrained(load_pretrained(path, dtype, device, quantize))
+    llm = LLM.from_pretrained(load_pretrained(path, dtype, device, quantize))
+    if tool_call_parser is not None:
+        format_named(tool_call_parser)  # an unknown name fails here, not at the first chat
+        llm.tool_call_parser = tool_call_parser
+    return llm

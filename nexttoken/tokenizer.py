@@ -280,6 +280,13 @@ class Tokenizer:
         )
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
+    def chat_template_for(self, tools: Any = None, chat_template: str | None = None) -> str | None:
+        """The template `apply_chat_template` would render with (None if there is none to pick)."""
+        try:
+            return self._pick_template(chat_template, tools)
+        except ChatTemplateError:
+            return None
+
     def _pick_template(self, chat_template: str | None, tools: Any) -> str:
         if chat_template is not None:
             return self._chat_templates.get(chat_template, chat_template)

@@ -97,3 +97,25 @@ def left_padded(prompts: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, t
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     return ids, mask
+
+
+def build_chat_model(folder: Path, tokenizer_dir: Path, arch: str, seed: int = 0) -> Path:
+    """A random-weight `arch` model over a real tokenizer (its files copied in, its chat template with them), for
+    end-to-end chat runs: the outputs are noise, but every path (template, tokenizer, constraints) is real."""
+    import json
+    import shutil
+
+    from nexttoken.tokenizer import Tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for file in tokenizer_dir.iterdir():
+        shutil.copy(file, folder / file.name)
+    tok = Tokenizer.from_dir(folder)
+    generation = tokenizer_dir / "generation_config.json"
+    eos = json.loads(generation.read_text())["eos_token_id"] if generation.is_file() else tok.eos_token_id
+    vocab = -(-len(tok) // 64) * 64  # checkpoints round the embedding rows up
+    model = build_hf_model(arch, seed=seed, vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                           max_position_embeddings=4096, tie_word_embeddings=True, initializer_range=0.02,
+                           bos_token_id=tok.bos_token_id, eos_token_id=eos, pad_token_id=None)
+    model.save_pretrained(folder)
+    return folder

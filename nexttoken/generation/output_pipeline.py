@@ -34,13 +34,16 @@ class Completion:
     text: str  # generated text, special tokens skipped, cut before a matched stop string
     token_ids: list[int]  # generated ids, including the EOS id that ended it
     prompt_token_ids: list[int]
-    finish_reason: str  # "stop" (EOS, stop token, stop string or criterion) or "length"
+    finish_reason: str  # "stop" (EOS, stop token, stop string or criterion), "length" or "tool_calls"
     logprobs: list[float]  # log-probability of each generated token (raw distribution unless logprobs_mode)
     # With top_logprobs=N: per generated token, its N most likely alternatives {id: log-prob}.
     top_logprobs: list[dict[int, float]] | None = None
     # With prompt_logprobs=True (or echo=True): log p(prompt token | the ones before); None for the first.
     prompt_logprobs: list[float | None] | None = None
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    # LLM.chat with tools: the calls the model made (nexttoken.tools.ToolCall); `text` is then the content
+    # outside them and finish_reason "tool_calls".
+    tool_calls: list[Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,8 @@ class Constraint:
         from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
 
         try:  # GBNF (llama.cpp's) is translated to Lark, llguidance's own syntax
-            lark = gbnf_to_lark(self.spec) if "::=" in self.spec else self.spec
+            gbnf = "::=" in self.spec and not self.spec.lstrip().startswith("%llguidance")
+            lark = gbnf_to_lark(self.spec) if gbnf else self.spec
         except GbnfToLarkError as e:
             raise StructuredOutputError(f"grammar is not valid GBNF: {e}") from e
         return M.grammar_from_lark(lark)

@@ -23,7 +23,9 @@ from .errors import APIError, bad_request, error_body, from_validation_error
 from .guards import ApiKeyGuard, BodyLimit, InternalErrors
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from ..generation.structured import compile_for, constraint_of
+from ..generation.structured import CONSTRAINTS, compile_for, constraint_of
+from ..tools import ToolCallParser, ToolsError, ToolUse
+from ..tools.request import tool_options
 from .options import constraint_field, request_options, server_defaults
 from .requests import DEFAULT_COMPLETION_TOKENS, Limits, chat_prompt, check_ids, completion_prompts, new_tokens
 from .responses import Choice, LogprobFormatter, TokenTexts, echo_logprobs, echo_token_texts, usage
@@ -43,6 +45,7 @@ class ServerSettings:
     max_body_bytes: int = 1 << 20
     body_timeout_s: float = 30.0  # a request body not fully sent by then gets 408
     shutdown_timeout_s: float = 10.0  # on SIGTERM / SIGINT: what is still running after this is aborted (503)
+    tool_call_parser: str | None = None  # vLLM's --tool-call-parser name; None: read off the chat template
 
 
 def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
@@ -126,15 +129,15 @@ class OpenAIServing:
                               f"{self.limits.vocab_size})", name)
         return cfg
 
-    async def _compile(self, req: Any, cfg: Any) -> None:
+    async def _compile(self, req: Any, cfg: Any, field: str | None = None) -> None:
         """Compile the request's grammar off the event loop (the engine then finds it cached); a constraint that
-        cannot be enforced is a 400 naming what, before any work is queued."""
+        cannot be enforced is a 400 naming what (and the field that carried it), before any work is queued."""
         if constraint_of(cfg) is None:
             return
         try:
             compiled = await asyncio.to_thread(compile_for, cfg, self.tokenizer, self.limits.vocab_size)
         except NextTokenError as e:
-            raise bad_request(str(e), constraint_field(req)) from e
+            raise bad_request(str(e), field or constraint_field(req)) from e
         self.metrics.grammar(compiled)  # type: ignore[arg-type]
 
     # ---- /v1/completions ---------------------------------------------------------------------------------------
@@ -229,40 +232,69 @@ class OpenAIServing:
         arrival = time.monotonic()
         req: ChatCompletionRequest = _parse(ChatCompletionRequest, await request.body())
         self._check_model(req.model)
-        ids = await asyncio.to_thread(chat_prompt, req, self.tokenizer)  # untrusted template work: off the loop
+        use = self._tool_use(req.tools, req.tool_choice, req.parallel_tool_calls)
+        tools = list(use.tools) if use is not None else None
+        ids = await asyncio.to_thread(chat_prompt, req, self.tokenizer, tools)  # untrusted template work: off the loop
         check_ids(ids, self.limits.vocab_size, "messages")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         cfg = self._options(req, [ids], max_tokens, "messages", top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
-        await self._compile(req, cfg)
+        if use is not None:
+            cfg = self._with_tools(cfg, use)
+        await self._compile(req, cfg, "tools" if use is not None and use.calls else None)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         jobs = [Job(j, f"{rid}-{j}", p, c, rid) for j, (p, c) in enumerate(expand([ids], cfg))]
         head = {"id": rid, "created": int(time.time()), "model": self.settings.model_name}
         events = run_jobs(self.engine, jobs, self.metrics, arrival)
+        parsing = use if use is not None and use.calls else None
         if req.stream:
-            return SSEResponse(self._chat_stream(req, jobs, head, events))
+            return SSEResponse(self._chat_stream(req, jobs, head, events, parsing))
         choices = await _collect_choices(request, len(jobs), events)
         if choices is None:
             return Response(status_code=499)  # the client left; its requests were cancelled
-        body = [
-            {
+        body = []
+        for i, c in enumerate(choices):
+            message, finish_reason = {"role": "assistant", "content": c.text}, c.finish_reason
+            if parsing is not None:
+                content, calls = parsing.parser().parse(c.text)  # type: ignore[union-attr]
+                message["content"] = content
+                if calls:
+                    message["tool_calls"] = [call.to_openai() for call in calls]
+                    finish_reason = "tool_calls" if c.finish_reason == "stop" else c.finish_reason
+            body.append({
                 "index": i,
-                "message": {"role": "assistant", "content": c.text},
+                "message": message,
                 "logprobs": self.logprobs.chat(c.token_ids, c.logprobs, c.top_logprobs) if req.logprobs else None,
-                "finish_reason": c.finish_reason,
+                "finish_reason": finish_reason,
                 "stop_reason": c.stop_reason,
-            }
-            for i, c in enumerate(choices)
-        ]
+            })
         total = sum(len(c.token_ids) for c in choices)
         return JSONResponse({**head, "object": "chat.completion", "choices": body, "usage": usage(len(ids), total)})
 
+    def _tool_use(self, tools: list | None, tool_choice: Any, parallel: bool | None) -> ToolUse | None:
+        template = self.tokenizer.chat_template_for(tools) if self.tokenizer is not None else None
+        try:
+            return ToolUse.of(tools, tool_choice, parallel, self.settings.tool_call_parser, template)
+        except ToolsError as e:
+            raise bad_request(str(e), e.param) from e
+
+    def _with_tools(self, cfg: Any, use: ToolUse) -> Any:
+        """The request's options with what its tools need (the calls' grammar; special tokens kept in the text
+        when a call marker is one)."""
+        try:
+            return cfg.updated(**tool_options(use, self.tokenizer, {n: getattr(cfg, n) for n in CONSTRAINTS}))
+        except ToolsError as e:
+            raise bad_request(str(e), e.param) from e
+        except NextTokenError as e:
+            raise bad_request(str(e), "tools") from e
+
     async def _chat_stream(self, req: ChatCompletionRequest, jobs: list[Job], head: dict,
-                           events: AsyncIterator) -> AsyncIterator[str]:
+                           events: AsyncIterator, use: ToolUse | None) -> AsyncIterator[str]:
         head = {**head, "object": "chat.completion.chunk"}
         for job in jobs:  # the role comes first, in a chunk of its own, as OpenAI sends it
             delta = {"role": "assistant", "content": ""}
             yield sse(json.dumps({**head, "choices": [{"index": job.index, "delta": delta, "logprobs": None,
                                                        "finish_reason": None}]}))
+        parsers = {job.index: use.parser() for job in jobs} if use is not None else {}
         completion_tokens = 0
         try:
             async for index, event in events:
@@ -271,11 +303,8 @@ class OpenAIServing:
                     break
                 completion_tokens += len(event.token_ids)
                 lp = self.logprobs.chat(event.token_ids, event.logprobs, event.top_logprobs) if req.logprobs else None
-                if not (event.text or event.finished or (lp and lp["content"])):
-                    continue
-                choice = {"index": index, "delta": {"content": event.text} if event.text else {}, "logprobs": lp,
-                          "finish_reason": event.finish_reason, "stop_reason": event.stop_reason}
-                yield sse(json.dumps({**head, "choices": [choice]}))
+                for choice in _chat_deltas(index, event, lp, parsers.get(index)):
+                    yield sse(json.dumps({**head, "choices": [choice]}))
         except NextTokenError as e:
             yield sse(json.dumps(bad_request(str(e)).body()))
         except (EngineClosedError, EngineDeadError) as e:
@@ -302,8 +331,8 @@ class OpenAIServing:
         if self.tokenizer is None:
             raise bad_request("this model has no tokenizer", "prompt")
         if req.messages is not None:
-            chat = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt)
-            ids = await asyncio.to_thread(chat_prompt, chat, self.tokenizer)
+            use = self._tool_use(req.tools, "none", None)
+            ids = await asyncio.to_thread(chat_prompt, req, self.tokenizer, list(use.tools) if use else None)
         else:
             ids = self.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         return {"count": len(ids), "max_model_len": self.limits.max_model_len, "tokens": ids}
@@ -324,6 +353,26 @@ class OpenAIServing:
 
     async def prometheus(self) -> Response:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _chat_deltas(index: int, event: Any, lp: dict | None, parser: ToolCallParser | None) -> list[dict]:
+    """One event as chat chunks' choices: its content, or with tools each piece in a chunk of its own (the text
+    outside calls as content; a call's id and name, then its argument text, as delta.tool_calls, as OpenAI sends
+    them). Log-probs go with the first chunk, the finish with the last; an event with nothing to say sends none."""
+    finish_reason = event.finish_reason
+    if parser is None:
+        deltas: list[dict] = [{"content": event.text}] if event.text else []
+    else:
+        pieces = parser.feed(event.text) + (parser.finish() if event.finished else [])
+        deltas = [{"content": p} if isinstance(p, str) else {"tool_calls": [p.to_openai()]} for p in pieces]
+        if finish_reason == "stop" and parser.calls:
+            finish_reason = "tool_calls"
+    if not deltas and (event.finished or (lp and lp["content"])):
+        deltas = [{}]
+    last = len(deltas) - 1
+    return [{"index": index, "delta": delta, "logprobs": lp if k == 0 else None,
+             "finish_reason": finish_reason if k == last else None,
+             "stop_reason": event.stop_reason if k == last else None} for k, delta in enumerate(deltas)]
 
 
 async def _collect_choices(request: Request, n: int, events: AsyncIterator) -> list[Choice] | None:

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..tools.formats import FORMATS
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
@@ -29,6 +31,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="on SIGTERM/SIGINT: seconds in-flight requests get to finish; then they are aborted (503) "
                         "and the process exits")
+    p.add_argument("--tool-call-parser", choices=sorted(FORMATS),
+                   help="the format the model writes tool calls in (vLLM's names; default: read off the chat "
+                        "template)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="accepted for vLLM's command lines: tool_choice \"auto\" is always on when the call "
+                        "format is known")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
     p.set_defaults(run=run)
@@ -56,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     )
     name = args.served_model_name or Path(loaded.path).name
     settings = ServerSettings(name, args.api_key, args.max_n, args.max_seqs_per_request, args.max_body_bytes,
-                              args.body_timeout, args.shutdown_timeout)
+                              args.body_timeout, args.shutdown_timeout, args.tool_call_parser)
     engine = LLMEngine(loaded.model, loaded.tokenizer, config, loaded.generation_config)
     app = build_app(engine, settings)
     print(f"serving {name!r} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)

@@ -203,15 +203,28 @@ class ContentPart(BaseModel):
         return self
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI returns it
+
+
+class ToolCall(_Strict):
+    """A past assistant turn's call, as OpenAI returned it."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[ContentPart], None] = None
     name: str | None = None
     refusal: str | None = None  # an assistant's refusal, as OpenAI returns it: kept out of the prompt
-    tool_call_id: str | None = None  # a tool message's call id (tool calls themselves are not offered yet)
-    # An assistant turn's tool calls, function call and audio, as OpenAI returns them: refused unless empty, in
-    # ChatCompletionRequest._not_offered with the other features that are not offered yet.
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    # An assistant turn's legacy function call and audio: refused unless empty, in
+    # ChatCompletionRequest._not_offered with the other features that are not offered.
     function_call: dict[str, Any] | None = None
     audio: dict[str, Any] | None = None
 
@@ -221,25 +234,20 @@ class ChatMessage(_Strict):
         return self.content or ""
 
 
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-    type: Literal["text", "json_object", "json_schema"]
-
-
 class ChatCompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     add_generation_prompt: bool = True
-    # OpenAI's other fields. Accepted with no effect on a local model (docs/serving.md says so): metadata, store
-    # (nothing is stored), service_tier, prompt_cache_key, safety_identifier, reasoning_effort and verbosity (no
-    # reasoning model here), prediction (a latency hint; the output is the same), parallel_tool_calls, modalities
-    # ["text"]. Offered in part: tool_choice "none" / "auto" with tools [] or absent. The rest (tools, tool calls
-    # in past turns, audio) is refused by value in _not_offered: the one place later features (tool calls) replace.
+    # Tools: OpenAI's function definitions, passed to the chat template as sent (nexttoken.tools checks them).
     tools: list[dict[str, Any]] | None = None
     tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
     parallel_tool_calls: bool | None = None
+    # OpenAI's other fields. Accepted with no effect on a local model (docs/serving.md says so): metadata, store
+    # (nothing is stored), service_tier, prompt_cache_key, safety_identifier, reasoning_effort and verbosity (no
+    # reasoning model here), prediction (a latency hint; the output is the same), modalities ["text"]. The rest
+    # (the legacy functions / function_call, audio) is refused by value in _not_offered.
     functions: list[dict[str, Any]] | None = None
     function_call: Union[Literal["none", "auto"], dict[str, Any], None] = None
     metadata: dict[str, str] | None = None
@@ -256,16 +264,14 @@ class ChatCompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
 
     @model_validator(mode="after")
     def _not_offered(self) -> "ChatCompletionRequest":
-        if self.tools or self.functions:
-            raise ValueError("tools / functions (tool calls) are not offered yet: leave them out or send []")
+        if self.functions or self.function_call not in (None, "none", "auto"):
+            raise ValueError("functions / function_call (OpenAI's deprecated form) are not offered: send tools "
+                             "and tool_choice")
         for i, m in enumerate(self.messages):
-            for name in ("tool_calls", "function_call", "audio"):
+            for name in ("function_call", "audio"):
                 if getattr(m, name):
-                    raise ValueError(f"messages[{i}].{name}: an assistant turn with {name} needs tools / audio, "
-                                     "which are not offered yet: leave it out")
-        if self.tool_choice not in (None, "none", "auto") or self.function_call not in (None, "none", "auto"):
-            raise ValueError(f"tool_choice {self.tool_choice!r} needs tools, which are not offered yet: use "
-                             "\"none\" or leave it out")
+                    raise ValueError(f"messages[{i}].{name} is not offered (send tool_calls for past calls): "
+                                     "leave it out")
         if self.modalities is not None and self.modalities != ["text"]:
             raise ValueError(f"modalities {self.modalities!r}: this model answers in text only; use [\"text\"]")
         for name in ("audio", "web_search_options"):
@@ -284,6 +290,7 @@ class TokenizeRequest(_Strict):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[dict[str, Any]] | None = None  # with messages: rendered by the chat template
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 

@@ -8,7 +8,8 @@ from typing import Any
 from ..chat_template import RenderLimits
 from ..errors import NextTokenError
 from .errors import bad_request
-from .protocol import ChatCompletionRequest, CompletionRequest
+from ..tools import template_messages
+from .protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, TokenizeRequest
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -48,16 +49,33 @@ def completion_prompts(req: CompletionRequest, tokenizer: Any, vocab: int) -> li
 TEMPLATE_LIMITS = RenderLimits(seconds=2.0, characters=2_000_000)
 
 
-def chat_prompt(req: ChatCompletionRequest, tokenizer: Any) -> list[int]:
+def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tokenizer: Any, tools: list | None = None) -> list[int]:
+    """The conversation rendered by the model's chat template (with `tools`, as sent), as token ids."""
     if tokenizer is None:
         raise bad_request("this model has no tokenizer, so chat is not available", "messages")
-    messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in req.messages]
+    try:
+        messages = template_messages([_message(m) for m in req.messages or []])
+    except NextTokenError as e:
+        raise bad_request(str(e), "messages") from e
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
-                                             limits=TEMPLATE_LIMITS)
+                                             tools=tools, limits=TEMPLATE_LIMITS)
     except NextTokenError as e:
         raise bad_request(str(e), "messages") from e
     return tokenizer.encode(text, add_special_tokens=False)  # the template writes BOS itself
+
+
+def _message(m: ChatMessage) -> dict[str, Any]:
+    """A message as templates read it: text content; an assistant's calls and a tool result's call id kept."""
+    message: dict[str, Any] = {"role": m.role, "content": m.text() if m.content is not None or not m.tool_calls
+                               else None}
+    if m.name:
+        message["name"] = m.name
+    if m.tool_calls:
+        message["tool_calls"] = [call.model_dump() for call in m.tool_calls]
+    if m.tool_call_id is not None:
+        message["tool_call_id"] = m.tool_call_id
+    return message
 
 
 def new_tokens(prompts: list[list[int]], max_tokens: int | None, n: int, limits: Limits, param: str) -> int:

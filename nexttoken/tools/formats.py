@@ -1,0 +1,256 @@
+"""The model families' tool-call formats: how each writes a call, how to read it back, and its grammar.
+
+Each format is what its models were trained to write (and what their chat templates render for past calls), under
+vLLM's `--tool-call-parser` name:
+
+- `hermes` (Hermes, Qwen2.5, Qwen3): `<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`, one
+  block per call, after any text;
+- `llama3_json` (Llama 3.1 to 3.3): the whole answer is `{"name": "f", "parameters": {...}}`, calls separated
+  by `; `, optionally after `<|python_tag|>`;
+- `mistral`: `[TOOL_CALLS] [{"name": "f", "arguments": {...}}, ...]` (v3 tokenizers), or
+  `[TOOL_CALLS]f[ARGS]{...}` per call (v11+), after any text.
+
+The grammar (llguidance's Lark) is the constraint of a request with tools: with `tool_choice` "required" or a
+named function the output is calls only; with "auto" the text is free until the model opens a call, and from there
+the call must be one of the tools with arguments valid under its JSON Schema. A marker that is one token of the
+tokenizer (Qwen's `<tool_call>`, Llama's `<|python_tag|>`, Mistral's `[TOOL_CALLS]`) is written as that token.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import string
+from typing import TYPE_CHECKING, Any, Callable
+
+from .parser import Reader, ToolCallParser, openai_call_id
+
+if TYPE_CHECKING:
+    from .request import ToolUse
+
+# Arguments are written as json.dumps writes them (the templates render past calls so): no free whitespace.
+_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+TokenOf = Callable[[str], "int | None"]  # a marker -> its token id when the tokenizer has it as one token
+
+
+def _lit(text: str) -> str:
+    return json.dumps(text)  # a Lark string literal (JSON's escapes are Lark's)
+
+
+def _arguments_schema(parameters: dict[str, Any]) -> str:
+    schema = dict(parameters)
+    schema.setdefault("type", "object")
+    schema["x-guidance"] = _JSON_LAYOUT
+    return "%json " + json.dumps(schema)
+
+
+class ToolFormat:
+    name: str
+    markers: tuple[str, ...] = ()  # the format's marker strings, which the parser must see in the text
+    args_key = "arguments"
+
+    def parser(self) -> ToolCallParser:
+        raise NotImplementedError
+
+    @staticmethod
+    def detect(template: str) -> bool:
+        raise NotImplementedError
+
+    def grammar(self, use: "ToolUse", token_of: TokenOf) -> str:
+        """The Lark grammar of the output under `use` (its choice decides: "auto", "required" or one function)."""
+        lines = ["%llguidance {}", f"start: {self._start(use, token_of)}"]
+        functions = use.callable_functions
+        lines.append("call: " + " | ".join(f"call_{i}" for i in range(len(functions))))
+        for i, fn in enumerate(functions):
+            head = "{" + f'"name": {json.dumps(fn.name)}, "{self.args_key}": '
+            lines.append(f"call_{i}: {_lit(head)} {_arguments_schema(fn.parameters)} {_lit('}')}")
+        lines.append(r"TEXT: /(.|\n)+/")
+        return "\n".join(lines) + "\n" + self._extra_rules(use, token_of)
+
+    def _start(self, use: "ToolUse", token_of: TokenOf) -> str:
+        raise NotImplementedError
+
+    def _extra_rules(self, use: "ToolUse", token_of: TokenOf) -> str:
+        return ""
+
+    def _marker(self, marker: str, token_of: TokenOf) -> str:
+        token = token_of(marker)
+        return f"<[{token}]>" if token is not None else _lit(marker)
+
+
+class Hermes(ToolFormat):
+    name = "hermes"
+    markers = ("<tool_call>", "</tool_call>")
+
+    @staticmethod
+    def detect(template: str) -> bool:
+        return "<tool_call>" in template
+
+    def parser(self) -> ToolCallParser:
+        return _HermesParser()
+
+    def _start(self, use: "ToolUse", token_of: TokenOf) -> str:
+        opening, closing = (self._marker(m, token_of) for m in self.markers)
+        block = f'{opening} "\\n" call "\\n" {closing}'
+        calls = f'{block} ("\\n" {block})*' if use.parallel else block
+        if use.choice != "auto":
+            return calls
+        if token_of("<tool_call>") is None:  # a plain-text marker: text ends lazily at the first "<tool_call>"
+            return f'TEXT? | before_call "\\n" call "\\n" {closing}' + (
+                f' ("\\n" {block})*' if use.parallel else "")
+        return f"TEXT? | TEXT? {calls}"
+
+    def _extra_rules(self, use: "ToolUse", token_of: TokenOf) -> str:
+        if use.choice == "auto" and token_of("<tool_call>") is None:
+            return 'before_call[lazy]: /(.|\\n)*<tool_call>/\n'
+        return ""
+
+
+class _HermesParser(ToolCallParser):
+    def _read(self) -> Reader:
+        strip = False
+        while True:
+            if (yield from self._text_until(("<tool_call>",), strip)) is None:
+                return
+            first = yield from self._skip_space()
+            if first == "{":
+                left = yield from self._call_object()
+                self._text(left or "")
+            else:
+                self._unget(first)
+            yield from self._expect("</tool_call>")
+            strip = True
+
+
+class Llama3Json(ToolFormat):
+    name = "llama3_json"
+    markers = ("<|python_tag|>",)
+    args_key = "parameters"
+
+    @staticmethod
+    def detect(template: str) -> bool:
+        return "<|python_tag|>" in template or ('"parameters": ' in template and "<|start_header_id|>" in template)
+
+    def parser(self) -> ToolCallParser:
+        return _Llama3Parser()
+
+    def _start(self, use: "ToolUse", token_of: TokenOf) -> str:
+        calls = 'call ("; " call)*' if use.parallel else "call"
+        if use.choice != "auto":
+            return calls
+        # An answer is text that does not start with "{" (a call does), or calls after <|python_tag|>.
+        tag = token_of("<|python_tag|>")
+        return f"ANSWER? | {calls}" + (f" | <[{tag}]> {calls}" if tag is not None else "")
+
+    def _extra_rules(self, use: "ToolUse", token_of: TokenOf) -> str:
+        return "ANSWER: /[^{](.|\\n)*/\n"
+
+
+class _Llama3Parser(ToolCallParser):
+    def _read(self) -> Reader:
+        first = yield from self._getc()
+        self._unget(first)
+        if first != "{" and (yield from self._text_until(self._markers())) is None:
+            return
+        while True:
+            while True:  # calls, separated by ";"
+                ch = yield from self._skip_space()
+                if ch != "{":
+                    self._unget(ch)
+                    break
+                left = yield from self._call_object()
+                if left is not None and left != "":
+                    self._text(left)
+                    break
+                if not (yield from self._expect(";")):
+                    break
+            if (yield from self._text_until(self._markers(), strip_leading=True)) is None:
+                return
+
+    def _markers(self) -> tuple[str, ...]:
+        return Llama3Json.markers
+
+
+class Mistral(ToolFormat):
+    name = "mistral"
+    markers = ("[TOOL_CALLS]",)
+
+    @staticmethod
+    def detect(template: str) -> bool:
+        return "[TOOL_CALLS]" in template
+
+    def parser(self) -> ToolCallParser:
+        return _MistralParser(mistral_call_id)
+
+    def _start(self, use: "ToolUse", token_of: TokenOf) -> str:
+        opening = self._marker("[TOOL_CALLS]", token_of)
+        calls = f'{opening} " [" call (", " call)* "]"' if use.parallel else f'{opening} " [" call "]"'
+        if use.choice != "auto":
+            return calls
+        if token_of("[TOOL_CALLS]") is None:
+            return f'TEXT? | before_call " [" call' + (' (", " call)*' if use.parallel else "") + ' "]"'
+        return f"TEXT? | TEXT? {calls}"
+
+    def _extra_rules(self, use: "ToolUse", token_of: TokenOf) -> str:
+        if use.choice == "auto" and token_of("[TOOL_CALLS]") is None:
+            return 'before_call[lazy]: /(.|\\n)*\\[TOOL_CALLS\\]/\n'
+        return ""
+
+
+class _MistralParser(ToolCallParser):
+    def _read(self) -> Reader:
+        strip = False
+        while True:
+            if (yield from self._text_until(("[TOOL_CALLS]",), strip)) is None:
+                return
+            strip = True
+            first = yield from self._skip_space()
+            if first == "[":  # v3: a JSON list of call objects
+                while True:
+                    ch = yield from self._skip_space()
+                    if ch != "{":
+                        self._unget(ch if ch != "]" else None)
+                        break
+                    left = yield from self._call_object()
+                    if left:
+                        self._text(left)
+                        break
+                    if not (yield from self._expect(",")):
+                        yield from self._expect("]")
+                        break
+            elif first is not None:  # v11: name[ARGS]{...}, with an optional [CALL_ID]id before [ARGS]
+                name, marker = yield from self._until(("[ARGS]", "[CALL_ID]"))
+                if marker == "[CALL_ID]":
+                    _, marker = yield from self._until(("[ARGS]",))
+                if marker is None:
+                    self._text("[TOOL_CALLS]" + first + name)
+                    continue
+                self._start_call((first + name).strip())
+                value = yield from self._skip_space()
+                if value is not None:
+                    yield from self._json_value(value, self._arguments)
+
+
+def mistral_call_id() -> str:
+    """Mistral's templates want call ids of exactly 9 letters and digits."""
+    return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
+
+
+FORMATS: dict[str, ToolFormat] = {f.name: f for f in (Hermes(), Llama3Json(), Mistral())}
+
+
+def format_named(name: str) -> ToolFormat:
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown tool-call parser {name!r}: choose one of {sorted(FORMATS)}") from None
+
+
+def detect_format(template: str | None) -> ToolFormat | None:
+    """The format a chat template renders past tool calls in, or None if it shows none of them."""
+    if not template:
+        return None
+    return next((f for f in FORMATS.values() if f.detect(template)), None)
+
+
+__all__ = ["FORMATS", "ToolFormat", "detect_format", "format_named", "openai_call_id"]
