@@ -23,8 +23,9 @@ ALLOWED: dict[str, set[str]] = {
     "generation": BASE | TEXT | {"model"},
     "engine": BASE | TEXT | {"model", "generation"},
     "pretrained": BASE | TEXT | {"model", "generation"},
-    "llm": BASE | TEXT | {"model", "generation", "engine", "pretrained"},
-    "server": BASE | TEXT | {"model", "generation", "engine", "pretrained"},
+    "tools": BASE | TEXT | {"generation"},
+    "llm": BASE | TEXT | {"model", "generation", "engine", "pretrained", "tools"},
+    "server": BASE | TEXT | {"model", "generation", "engine", "pretrained", "tools"},
 }
 # The shells on top may use everything: the CLI, benchmarks, the load generator, the training recipe.
 TOP = {"cli", "__main__", "__init__", "bench", "loadtest", "training"}

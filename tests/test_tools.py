@@ -404,3 +404,15 @@ def test_chat_refuses_tools_it_cannot_use(chat_llm):
         chat_llm.chat(QUESTION, tools=TOOLS, tool_choice="required", json_schema={"type": "object"})
     with pytest.raises(GenerationConfigError, match="stream_chat"):
         next(chat_llm.stream_chat(QUESTION, tools=TOOLS))
+
+
+def test_a_tool_grammar_is_lark_even_when_a_schema_mentions_gbnf(toks):
+    """A grammar text containing "::=" is read as GBNF, unless it is llguidance's Lark (as tool grammars are):
+    a description quoting a BNF rule must not turn the tools' grammar into GBNF."""
+    odd = {"type": "function", "function": {"name": "parse", "description": "expr ::= term '+' term",
+                                            "parameters": {"type": "object", "properties": {
+                                                "rule": {"type": "string", "description": "a ::= b"}}}}}
+    tok = toks["qwen2.5-instruct"]
+    use = ToolUse.of([odd], "required", template=tok.chat_template_for([odd]))
+    matcher = _Matcher(tok, use.grammar(tok), tok.encode("<|im_end|>", add_special_tokens=False)[0])
+    assert matcher.allows('<tool_call>\n{"name": "parse", "arguments": {"rule": "x ::= y"}}\n</tool_call>')
