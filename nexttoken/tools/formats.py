@@ -19,11 +19,10 @@ tokenizer (Qwen's `<tool_call>`, Llama's `<|python_tag|>`, Mistral's `[TOOL_CALL
 from __future__ import annotations
 
 import json
-import secrets
-import string
+import re
 from typing import TYPE_CHECKING, Any, Callable
 
-from .parser import Reader, ToolCallParser, openai_call_id
+from .parser import Reader, ToolCallParser, openai_call_id, random_id
 
 if TYPE_CHECKING:
     from .request import ToolUse
@@ -46,6 +45,7 @@ def _arguments_schema(parameters: dict[str, Any]) -> str:
 
 class ToolFormat:
     name: str
+    opening: str  # the marker that opens the calls
     markers: tuple[str, ...] = ()  # the format's marker strings, which the parser must see in the text
     args_key = "arguments"
 
@@ -68,9 +68,25 @@ class ToolFormat:
         return "\n".join(lines) + "\n" + self._extra_rules(use, token_of)
 
     def _start(self, use: "ToolUse", token_of: TokenOf) -> str:
+        """The output: calls, opened by the format's marker; with "auto", after any text. Where the marker is one
+        token, the text (which cannot contain that token) ends at it; where it is plain text, the text is a lazy
+        lexeme ending at the marker's first appearance (llguidance's trigger mode)."""
+        rest = self._after_opening(use, token_of)
+        calls = f"{self._marker(self.opening, token_of)} {rest}"
+        if use.choice != "auto":
+            return calls
+        if token_of(self.opening) is None:
+            return f"TEXT? | before_call {rest}"
+        return f"TEXT? | TEXT? {calls}"
+
+    def _after_opening(self, use: "ToolUse", token_of: TokenOf) -> str:
+        """The calls' grammar after the opening marker."""
         raise NotImplementedError
 
     def _extra_rules(self, use: "ToolUse", token_of: TokenOf) -> str:
+        if use.choice == "auto" and token_of(self.opening) is None:
+            marker = re.escape(self.opening).replace("/", "\\/")  # a regex literal inside Lark's /.../
+            return f"before_call[lazy]: /(.|\\n)*{marker}/\n"
         return ""
 
     def _marker(self, marker: str, token_of: TokenOf) -> str:
@@ -80,6 +96,7 @@ class ToolFormat:
 
 class Hermes(ToolFormat):
     name = "hermes"
+    opening = "<tool_call>"
     markers = ("<tool_call>", "</tool_call>")
 
     @staticmethod
@@ -89,21 +106,10 @@ class Hermes(ToolFormat):
     def parser(self) -> ToolCallParser:
         return _HermesParser()
 
-    def _start(self, use: "ToolUse", token_of: TokenOf) -> str:
+    def _after_opening(self, use: "ToolUse", token_of: TokenOf) -> str:
         opening, closing = (self._marker(m, token_of) for m in self.markers)
-        block = f'{opening} "\\n" call "\\n" {closing}'
-        calls = f'{block} ("\\n" {block})*' if use.parallel else block
-        if use.choice != "auto":
-            return calls
-        if token_of("<tool_call>") is None:  # a plain-text marker: text ends lazily at the first "<tool_call>"
-            return f'TEXT? | before_call "\\n" call "\\n" {closing}' + (
-                f' ("\\n" {block})*' if use.parallel else "")
-        return f"TEXT? | TEXT? {calls}"
-
-    def _extra_rules(self, use: "ToolUse", token_of: TokenOf) -> str:
-        if use.choice == "auto" and token_of("<tool_call>") is None:
-            return 'before_call[lazy]: /(.|\\n)*<tool_call>/\n'
-        return ""
+        rest = f'"\\n" call "\\n" {closing}'
+        return f'{rest} ("\\n" {opening} {rest})*' if use.parallel else rest
 
 
 class _HermesParser(ToolCallParser):
@@ -124,6 +130,7 @@ class _HermesParser(ToolCallParser):
 
 class Llama3Json(ToolFormat):
     name = "llama3_json"
+    opening = "<|python_tag|>"
     markers = ("<|python_tag|>",)
     args_key = "parameters"
 
@@ -150,7 +157,7 @@ class _Llama3Parser(ToolCallParser):
     def _read(self) -> Reader:
         first = yield from self._getc()
         self._unget(first)
-        if first != "{" and (yield from self._text_until(self._markers())) is None:
+        if first != "{" and (yield from self._text_until(Llama3Json.markers)) is None:
             return
         while True:
             while True:  # calls, separated by ";"
@@ -159,20 +166,18 @@ class _Llama3Parser(ToolCallParser):
                     self._unget(ch)
                     break
                 left = yield from self._call_object()
-                if left is not None and left != "":
+                if left:
                     self._text(left)
                     break
                 if not (yield from self._expect(";")):
                     break
-            if (yield from self._text_until(self._markers(), strip_leading=True)) is None:
+            if (yield from self._text_until(Llama3Json.markers, strip_leading=True)) is None:
                 return
-
-    def _markers(self) -> tuple[str, ...]:
-        return Llama3Json.markers
 
 
 class Mistral(ToolFormat):
     name = "mistral"
+    opening = "[TOOL_CALLS]"
     markers = ("[TOOL_CALLS]",)
 
     @staticmethod
@@ -182,19 +187,8 @@ class Mistral(ToolFormat):
     def parser(self) -> ToolCallParser:
         return _MistralParser(mistral_call_id)
 
-    def _start(self, use: "ToolUse", token_of: TokenOf) -> str:
-        opening = self._marker("[TOOL_CALLS]", token_of)
-        calls = f'{opening} " [" call (", " call)* "]"' if use.parallel else f'{opening} " [" call "]"'
-        if use.choice != "auto":
-            return calls
-        if token_of("[TOOL_CALLS]") is None:
-            return f'TEXT? | before_call " [" call' + (' (", " call)*' if use.parallel else "") + ' "]"'
-        return f"TEXT? | TEXT? {calls}"
-
-    def _extra_rules(self, use: "ToolUse", token_of: TokenOf) -> str:
-        if use.choice == "auto" and token_of("[TOOL_CALLS]") is None:
-            return 'before_call[lazy]: /(.|\\n)*\\[TOOL_CALLS\\]/\n'
-        return ""
+    def _after_opening(self, use: "ToolUse", token_of: TokenOf) -> str:
+        return '" [" call (", " call)* "]"' if use.parallel else '" [" call "]"'
 
 
 class _MistralParser(ToolCallParser):
@@ -233,7 +227,7 @@ class _MistralParser(ToolCallParser):
 
 def mistral_call_id() -> str:
     """Mistral's templates want call ids of exactly 9 letters and digits."""
-    return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
+    return random_id(9)
 
 
 FORMATS: dict[str, ToolFormat] = {f.name: f for f in (Hermes(), Llama3Json(), Mistral())}

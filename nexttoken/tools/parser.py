@@ -49,11 +49,12 @@ class ToolCallDelta:
                 "function": {"name": self.name, "arguments": self.arguments}}
 
 
-Piece = "str | ToolCallDelta"  # content text, or a piece of a call
+def random_id(length: int) -> str:
+    return "".join(secrets.choice(_ALNUM) for _ in range(length))
 
 
 def openai_call_id() -> str:
-    return "call_" + "".join(secrets.choice(_ALNUM) for _ in range(24))
+    return "call_" + random_id(24)
 
 
 class ToolCallParser:
@@ -233,14 +234,14 @@ class ToolCallParser:
                 break
             if ch != '"':
                 return self._broken(name)
-            key = _decoded('"' + (yield from self._json_string()))
+            key = _decoded((yield from self._json_string()))
             if key is None or not (yield from self._expect(":")):
                 return self._broken(name)
             first = yield from self._skip_space()
             if first is None:
                 return self._broken(name)
             if key in name_keys and name is None and first == '"':
-                name = _decoded('"' + (yield from self._json_string()))
+                name = _decoded((yield from self._json_string()))
                 if not isinstance(name, str):
                     return self._broken(None)
                 self._start_call(name)
@@ -283,51 +284,26 @@ class ToolCallParser:
         return "".join(self._record or ()) if name is None else None
 
     def _json_string(self) -> Reader:
-        """The rest of a JSON string whose opening quote was read, closing quote included."""
-        text, escaped = "", False
-        while True:
-            ch = yield from self._getc()
-            if ch is None:
-                return text
-            text += ch
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                return text
+        """A JSON string whose opening quote was read: its whole text, quotes included (cut short at the end)."""
+        text: list[str] = []
+        yield from self._json_value('"', text.append)
+        return "".join(text)
 
     def _json_value(self, first: str, write: Callable[[str], None]) -> Reader:
         """A JSON value starting with `first` (already read), each character handed to `write` as it comes;
         True if it ended (a scalar's end is seen on the character after it, which is pushed back)."""
         write(first)
-        if first == '"':
-            escaped = False
-            while True:
+        if first in '"{[':  # a string, or a container: read to the quote or bracket that closes it
+            depth, in_string, escaped = (0, True, False) if first == '"' else (1, False, False)
+            while in_string or depth:
                 ch = yield from self._getc()
                 if ch is None:
                     return False
                 write(ch)
                 if escaped:
                     escaped = False
-                elif ch == "\\":
-                    escaped = True
-                elif ch == '"':
-                    return True
-        if first in "{[":
-            depth, in_string, escaped = 1, False, False
-            while depth:
-                ch = yield from self._getc()
-                if ch is None:
-                    return False
-                write(ch)
-                if in_string:
-                    if escaped:
-                        escaped = False
-                    elif ch == "\\":
-                        escaped = True
-                    elif ch == '"':
-                        in_string = False
+                elif in_string:
+                    escaped, in_string = ch == "\\", ch != '"'
                 elif ch == '"':
                     in_string = True
                 elif ch in "{[":
