@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Sequence, Union
 import torch
 
 from .engine import EngineConfig, LLMEngine, TokenEvent, expand
+from .engine.postprocess import traced
 from .engine.sequence import Sequence as EngineSequence
 from .errors import GenerationConfigError, TokenizerError
 from .generation.completions import searched_completions
@@ -195,7 +196,10 @@ class LLM:
         prompt_text = ""
         if seq.params.echo and self.tokenizer is not None:
             prompt_text = self.tokenizer.decode(seq.prompt_ids, skip_special_tokens=seq.params.skip_special_tokens)
-        return seq.out.completion(seq.prompt_ids, seq.prompt_logprobs, prompt_text)
+        completion = seq.out.completion(seq.prompt_ids, seq.prompt_logprobs, prompt_text)
+        if seq.trace is None:
+            return completion
+        return dataclasses.replace(completion, trace={**traced(seq), "model": str(self.path)})
 
     def _driver_for(self, prompts: list[list[int]], cfg: GenerationConfig) -> "_Driver":
         """The engine, rebuilt larger when this call needs more slots or a longer context than it has. Its length

@@ -31,6 +31,7 @@ from ..generation.processors import ChainInputs, LogitsProcessor, build_processo
 from ..generation.sampling import make_sampler
 from ..generation.stopping import MaxTime, StoppingChain, StoppingCriterion
 from ..generation.structured import GrammarMask
+from ..generation.trace import TraceRecorder, options_of
 from ..model import Transformer
 from .model_runner import ModelRunner
 from .postprocess import advance, advance_greedy, plain_greedy, snapshot
@@ -172,6 +173,7 @@ class LLMEngine:
             stopping=StoppingChain(criteria) if criteria else None,
             hooks=list(hooks),
             grammar=next((p for p in processors.processors if isinstance(p, GrammarMask)), None),
+            trace=self._recorder(prompt_ids, params, max_tokens) if params.trace else None,
             group=group if group is not None else request_id,
             arrival_time=arrival_time if arrival_time is not None else time.monotonic(),
         )
@@ -197,7 +199,13 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         masks = self._prefetch_masks()
         events, stepped = [], []
-        for seqs, logits in self.runner.run(plan):  # (rows, V) per group computed together
+        start = time.perf_counter()
+        groups = self.runner.run(plan)
+        forward_s = time.perf_counter() - start
+        for seqs, logits in groups:  # (rows, V) per group computed together
+            for seq in seqs:
+                if seq.trace is not None:
+                    seq.trace.forward_done(forward_s)
             if masks is not None:  # the rows' processors read the masks computed meanwhile
                 masks.result()
                 masks = None
@@ -285,6 +293,12 @@ class LLMEngine:
             model=self.model,  # classifier-free guidance runs its unconditional row through it
         )
         return build_processors(params, list(user), inputs=inputs)
+
+    def _recorder(self, prompt_ids: list[int], params: GenerationConfig, max_tokens: int) -> TraceRecorder:
+        tok = self.tokenizer
+        decode = None if tok is None else (lambda i: tok.decode([i], skip_special_tokens=False))
+        meta = {"prompt_ids": list(prompt_ids), "options": options_of(params), "max_tokens": max_tokens}
+        return TraceRecorder(params.trace_top_n, meta, decode)
 
     def _detokenizer(self, prompt_ids: list[int], params: GenerationConfig):  # noqa: ANN202
         if self.tokenizer is None:

@@ -24,7 +24,7 @@ def plain_greedy(seq: Sequence) -> bool:
     s = seq.sampler
     alone = not len(seq.processors) or (
         len(seq.processors) == 1 and seq.grammar is not None and seq.params.logprobs_mode == "raw")
-    return alone and seq.stopping is None and not seq.hooks and isinstance(s, Sampler) and s.greedy
+    return alone and seq.stopping is None and not seq.hooks and isinstance(s, Sampler) and s.greedy and seq.trace is None
 
 
 def advance_greedy(seqs: list[Sequence], logits: torch.Tensor) -> list[TokenEvent]:
@@ -60,13 +60,21 @@ def advance_greedy(seqs: list[Sequence], logits: torch.Tensor) -> list[TokenEven
 def advance(seq: Sequence, logits: torch.Tensor) -> TokenEvent:
     """Choose seq's next token from logits (1, V) float32, record it, decide whether seq is done."""
     ids = torch.tensor([seq.token_ids], device=logits.device) if len(seq.processors) else None  # (1, L)
-    scores = seq.processors(ids, logits) if ids is not None else logits
-    token = int(seq.sampler(scores)[0])
+    if seq.trace is None:
+        scores = seq.processors(ids, logits) if ids is not None else logits
+        token = int(seq.sampler(scores)[0])
+    else:  # the same calls, one processor at a time, each recorded
+        scores, token = seq.trace.choose(seq.processors.processors, seq.sampler, ids, logits)
     logprob, top = seq.out.logprobs_of(logits[0], scores[0], token)
     stop = False
+    stop_start = time.perf_counter()
     if seq.stopping is not None:  # a caller's criteria see the ids with the new token, as in the decode loop
-        stop = bool(seq.stopping(torch.tensor([seq.token_ids + [token]], device=logits.device), scores)[0])
+        with_token = torch.tensor([seq.token_ids + [token]], device=logits.device)
+        stop = bool(seq.stopping(with_token, scores)[0]) if seq.trace is None else seq.trace.criteria(
+            seq.stopping, with_token, scores)
     delta = seq.out.push(token, logprob, top, stop)
+    if seq.trace is not None:
+        seq.trace.stopped(seq.out, token, time.perf_counter() - stop_start)
     now = time.monotonic()
     seq.first_token_time = seq.first_token_time or now
     seq.last_token_time = now
@@ -97,4 +105,12 @@ def snapshot(seq: Sequence, delta: Delta, now: float) -> TokenEvent:
         scheduled_time=seq.scheduled_time,
         prompt_logprobs=seq.prompt_logprobs if first else None,
         prefix_hit_tokens=seq.prefix_hit_tokens,
+        trace=traced(seq) if seq.trace is not None and delta.finish_reason else None,
     )
+
+
+def traced(seq: Sequence) -> dict:
+    """A finished traced request's trace, with what it produced."""
+    out = seq.out
+    return seq.trace.to_dict({"output_ids": list(out.token_ids), "text": out.text,  # type: ignore[union-attr]
+                              "finish_reason": out.finish_reason, "stop_reason": out.stop_reason})

@@ -14,6 +14,7 @@ from ..generation.output_pipeline import OutputPipeline, PromptLogprobs, TopLogp
 from ..generation.processors import ProcessorChain
 from ..generation.stopping import StoppingChain
 from ..generation.structured import GrammarMask
+from ..generation.trace import TraceRecorder
 
 
 class SequenceStatus(enum.Enum):
@@ -35,6 +36,7 @@ class Sequence:
     stopping: StoppingChain | None = None  # a caller's stopping criteria and max_time; None when there are none
     hooks: list[StepHook] = field(default_factory=list)
     grammar: GrammarMask | None = None  # structured output's mask, in `processors`: its next mask is prefetched
+    trace: TraceRecorder | None = None  # GenerationConfig.trace: each step recorded (None: nothing extra runs)
     group: str = ""  # the client request it belongs to: free slots go to the requests in turn
     arrival_time: float = 0.0
     status: SequenceStatus = SequenceStatus.WAITING
@@ -116,6 +118,7 @@ class TokenEvent:
     scheduled_time: float | None
     prompt_logprobs: PromptLogprobs | None = None  # with the first event only
     prefix_hit_tokens: int = 0
+    trace: dict | None = None  # with the last event of a traced request: its trace (generation/trace.py)
 
     @property
     def finished(self) -> bool:

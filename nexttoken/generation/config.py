@@ -123,6 +123,10 @@ class GenerationConfig:
     choice: list[str] | None = None  # the output is one of these strings
     grammar: str | None = None  # a Lark grammar (llguidance's dialect), or GBNF (llama.cpp's) when it has '::='
     structured_best_effort: bool = False  # enforce what the grammar engine can and let unimplemented keywords pass
+    # Traces (generation/trace.py, docs/tracing.md): per step, the top trace_top_n candidates before and after
+    # each processor, the draw, the stop decisions and timings. Recorded by the engine (greedy and sampling).
+    trace: bool = False
+    trace_top_n: int = 10
 
     @classmethod
     def from_file(cls, path: str | Path, base: "GenerationConfig | None" = None) -> "GenerationConfig":
@@ -390,6 +394,14 @@ def _sampler_order(name: str, v: Any) -> None:
         _fail(name, v, f"must be a list of distinct names from {sorted(WARPERS)}")
 
 
+TRACE_TOP_N_LIMIT = 1000  # candidates kept per stage and step: the trace's memory bound
+
+
+def _trace_top_n(name: str, v: Any) -> None:
+    if not (_is_int(v) and 1 <= v <= TRACE_TOP_N_LIMIT):
+        _fail(name, v, f"must be an integer in [1, {TRACE_TOP_N_LIMIT}]")
+
+
 _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "max_new_tokens": _int_at_least(0),
     "max_length": _int_at_least(1),
@@ -463,6 +475,8 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "choice": _choice,
     "grammar": _text,
     "structured_best_effort": _boolean,
+    "trace": _boolean,
+    "trace_top_n": _trace_top_n,
 }
 # Values kept in one form once checked: a schema as a dict (from a JSON string or a pydantic class), choices a list.
 _CANONICAL: dict[str, Callable[[Any], Any]] = {

@@ -264,6 +264,12 @@ def generate(
     output's cache, with input_ids = its sequences plus the new tokens.
     """
     cfg = resolve_config(model, generation_config, options)
+    if cfg.trace:
+        raise GenerationConfigError(
+            "trace is recorded by the engine, for greedy decoding and sampling: use LLM.generate / chat / stream, "
+            "the server's `trace` field or `nexttoken generate --trace` (the padded-batch generate() and the "
+            "search strategies are not traced)"
+        )
     mode = generation_mode(cfg)
     plan = plan_generation(
         model, input_ids, attention_mask, cfg, logits_processor, stopping_criteria, tokenizer,

@@ -44,6 +44,8 @@ class Completion:
     # LLM.chat with tools: the calls the model made (nexttoken.tools.ToolCall); `text` is then the content
     # outside them and finish_reason "tool_calls".
     tool_calls: list[Any] | None = None
+    # With trace=True: why each token came out (generation/trace.py; nexttoken.generation.trace_page renders it).
+    trace: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
