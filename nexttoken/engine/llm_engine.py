@@ -297,7 +297,8 @@ class LLMEngine:
     def _recorder(self, prompt_ids: list[int], params: GenerationConfig, max_tokens: int) -> TraceRecorder:
         tok = self.tokenizer
         decode = None if tok is None else (lambda i: tok.decode([i], skip_special_tokens=False))
-        meta = {"prompt_ids": list(prompt_ids), "options": options_of(params), "max_tokens": max_tokens}
+        meta = {"prompt_ids": list(prompt_ids), "options": options_of(params), "max_tokens": max_tokens,
+                "prompt_text": None if tok is None else tok.decode(prompt_ids, skip_special_tokens=False)}
         return TraceRecorder(params.trace_top_n, meta, decode)
 
     def _detokenizer(self, prompt_ids: list[int], params: GenerationConfig):  # noqa: ANN202

@@ -39,8 +39,9 @@ def distribution(scores: torch.Tensor) -> tuple[torch.Tensor, float]:
 
 
 def top_candidates(scores: torch.Tensor, probs: torch.Tensor, n: int) -> dict[str, list]:
-    """The n most likely tokens, best first (ties by the lower id): ids, scores and probabilities."""
-    n = min(n, scores.shape[-1])
+    """The n most likely tokens, best first (ties by the lower id), masked ones (-inf) left out: ids, scores and
+    probabilities."""
+    n = min(n, int((scores > -torch.inf).sum()))
     order = torch.argsort(scores, descending=True, stable=True)[:n]
     return {"ids": order.tolist(), "logits": _floats(scores[order]), "probs": _floats(probs[order])}
 
@@ -85,6 +86,7 @@ class TraceRecorder:
         self.top_n, self.meta, self.decode = top_n, meta, decode
         self.steps: list[dict[str, Any]] = []
         self._forward_s = 0.0
+        self._text_length = 0  # characters of the output pipeline's text already given to a step
 
     def forward_done(self, seconds: float) -> None:
         """The time of the forward pass this step's logits came from (the whole batch's)."""
@@ -160,6 +162,8 @@ class TraceRecorder:
             {"name": "max_tokens", "stop": n_out >= out.max_tokens, "detail": f"{n_out} of {out.max_tokens}"},
         ]
         step = self.steps[-1]
+        step["text"] = out.text[self._text_length:]  # the text this token added, read in context
+        self._text_length = max(self._text_length, len(out.text))
         step["stop"] = decisions
         step["finish_reason"] = reason
         step["ms"]["stop"] = seconds * 1e3
