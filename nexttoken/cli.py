@@ -17,7 +17,7 @@ from .generation.config import GenerationConfig
 
 # The one table from flags to options: every scalar or id-list option of GenerationConfig is a flag of the same
 # name (`top_p` -> --top-p); the values are checked by GenerationConfig, once, like every other caller's options.
-_NOT_FLAGS = {"return_dict_in_generate", "output_scores", "output_logits", "bos_token_id", "pad_token_id"}
+_NOT_FLAGS = {"return_dict_in_generate", "output_scores", "output_logits", "bos_token_id", "pad_token_id", "trace"}
 _KINDS: dict[str, tuple[Callable[[str], Any], str | None]] = {  # annotation -> (argparse type, nargs)
     "int": (int, None), "int | None": (int, None), "float": (float, None), "float | None": (float, None),
     "str": (str, None), "str | None": (str, None), "list[int] | None": (int, "+"), "list[str] | None": (str, "+"),
@@ -81,6 +81,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     llm = _load(args)
     options = _options(args)
+    if args.trace:
+        return _generate_traced(llm, prompt, options, args.trace)
     if args.json:
         result = llm.generate(prompt, **options)
         print(json.dumps(dataclasses.asdict(result), ensure_ascii=False, indent=2))
@@ -91,6 +93,55 @@ def cmd_generate(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     sys.stdout.write("\n")
     return 0
+
+
+def _generate_traced(llm: Any, prompt: str, options: dict[str, Any], page: str) -> int:
+    """Generate with a trace; write the explain page and, beside it, the trace as JSON (for `nexttoken replay`)."""
+    from pathlib import Path
+
+    from .generation.trace import to_json
+    from .generation.trace_page import render_page
+
+    result = llm.generate(prompt, **options, trace=True)
+    html = Path(page)
+    html.parent.mkdir(parents=True, exist_ok=True)
+    data = html.with_suffix(".json") if html.suffix != ".json" else html.with_suffix(".trace.json")
+    html.write_text(render_page(result.trace, f"nexttoken trace: {Path(str(llm.path)).name}"), encoding="utf-8")
+    data.write_text(to_json(result.trace, indent=1), encoding="utf-8")
+    print(prompt + result.text)
+    print(f"trace: {html} (explain page), {data} (for nexttoken replay)", file=sys.stderr)
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Run a trace's request again; 0 when identical, 1 with the first divergence."""
+    from pathlib import Path
+
+    from .errors import GenerationConfigError
+    from .generation.replay import replay
+    from .llm import load
+
+    try:
+        trace = json.loads(Path(args.trace).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise GenerationConfigError(f"cannot read the trace {args.trace!r}: {e}") from e
+    if not isinstance(trace, dict):
+        raise GenerationConfigError(f"{args.trace!r} is not a nexttoken trace (a JSON object)")
+    overrides = {}
+    for item in args.option or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise GenerationConfigError(f"--option takes NAME=JSON (e.g. top_k=5), got {item!r}")
+        try:
+            overrides[name] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[name] = value  # a bare string
+    model = args.model or trace.get("model")
+    print(f"loading {model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
+    llm = load(model, dtype=args.dtype, device=args.device, quantize=args.quantize)
+    report, _ = replay(trace, llm, overrides)
+    print(report.summary())
+    return 0 if report.identical else 1
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -129,9 +180,17 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="complete a prompt (from the argument or stdin), streaming")
     gen.add_argument("prompt", nargs="?", help="the prompt; read from stdin when omitted")
     gen.add_argument("--json", action="store_true", help="print the full result as JSON instead of streaming")
+    gen.add_argument("--trace", metavar="PAGE.html", help="record why each token was chosen: write the explain "
+                     "page there and the trace beside it as .json (see docs/tracing.md)")
     _add_model_args(gen)
     _add_generation_args(gen)
     gen.set_defaults(run=cmd_generate)
+
+    rep = sub.add_parser("replay", help="run a trace's request again: identical, or the first step that differs")
+    rep.add_argument("trace", help="a trace .json written by generate --trace, LLM.generate(trace=True) or the server")
+    rep.add_argument("--option", action="append", metavar="NAME=JSON", help="change an option (what-if; repeatable)")
+    _add_model_args(rep)
+    rep.set_defaults(run=cmd_replay)
 
     chat = sub.add_parser("chat", help="multi-turn chat on the model's chat template (Ctrl-D exits)")
     chat.add_argument("--system", help="system message")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import secrets
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -159,6 +160,8 @@ class LLMEngine:
         if params.stop_string_list and self.tokenizer is None:
             raise GenerationConfigError("stop strings need a tokenizer, and this model folder has none")
         max_tokens = length_budget(params, len(prompt_ids), self.max_model_len)
+        if params.trace and params.seed is None and not params.greedy:  # a traced draw names its seed: replayable
+            params = dataclasses.replace(params, seed=secrets.randbelow(2**63))
         criteria = list(stopping_criteria)
         if params.max_time is not None:
             criteria.insert(0, MaxTime(params.max_time))  # the clock starts when the request is queued
