@@ -31,6 +31,7 @@ from .requests import DEFAULT_COMPLETION_TOKENS, Limits, chat_prompt, check_ids,
 from .responses import Choice, LogprobFormatter, TokenTexts, echo_logprobs, echo_token_texts, usage
 from .shutdown import MESSAGE as SHUTTING_DOWN, Drain
 from .streams import ClientGone, Job, SSEResponse, collect, run_jobs, sse
+from .traces import TraceStore
 
 
 log = logging.getLogger("nexttoken.server")
@@ -89,6 +90,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     app.post("/detokenize")(api.detokenize)
     app.api_route("/health", methods=["GET", "HEAD"])(api.health)
     app.get("/metrics")(api.prometheus)
+    app.get("/v1/traces/{trace_id}")(api.traces.get)
     app.state.engine, app.state.drain = async_engine, drain
     return app
 
@@ -107,6 +109,7 @@ class OpenAIServing:
         self.base = server_defaults(core.generation_config)
         self.logprobs = LogprobFormatter(core.tokenizer)
         self.created = int(time.time())
+        self.traces = TraceStore(settings.model_name)  # traced requests' explain pages
 
     def _check_model(self, name: str | None) -> None:
         if name is not None and name != self.settings.model_name:
@@ -193,6 +196,7 @@ class OpenAIServing:
                                                       req.echo, c.prompt_logprobs, self._token_texts(req, job)),
                 "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason,
+                **self._trace_field(c.trace),
             })
         n_prompt = sum(len(j.prompt_ids) for j in jobs[:: req.n])
         return JSONResponse({**head, "choices": body, "usage": usage(n_prompt, sum(len(c.token_ids) for c in choices))})
@@ -216,7 +220,7 @@ class OpenAIServing:
                 if not (text or event.finished or lp):
                     continue
                 choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": event.finish_reason,
-                          "stop_reason": event.stop_reason}
+                          "stop_reason": event.stop_reason, **self._trace_field(event.trace)}
                 yield sse(json.dumps({**head, "choices": [choice]}))
         except NextTokenError as e:
             yield sse(json.dumps(bad_request(str(e)).body()))
@@ -266,9 +270,14 @@ class OpenAIServing:
                 "logprobs": self.logprobs.chat(c.token_ids, c.logprobs, c.top_logprobs) if req.logprobs else None,
                 "finish_reason": finish_reason,
                 "stop_reason": c.stop_reason,
+                **self._trace_field(c.trace),
             })
         total = sum(len(c.token_ids) for c in choices)
         return JSONResponse({**head, "object": "chat.completion", "choices": body, "usage": usage(len(ids), total)})
+
+    def _trace_field(self, trace: dict | None) -> dict:
+        """A traced choice's `trace` (its id and the URLs of its explain page and JSON); {} when not traced."""
+        return {} if trace is None else {"trace": self.traces.add(trace)}
 
     def _tool_use(self, tools: list | None, tool_choice: Any, parallel: bool | None) -> ToolUse | None:
         template = self.tokenizer.chat_template_for(tools) if self.tokenizer is not None else None
@@ -303,7 +312,10 @@ class OpenAIServing:
                     break
                 completion_tokens += len(event.token_ids)
                 lp = self.logprobs.chat(event.token_ids, event.logprobs, event.top_logprobs) if req.logprobs else None
-                for choice in _chat_deltas(index, event, lp, parsers.get(index)):
+                choices = _chat_deltas(index, event, lp, parsers.get(index))
+                if choices:
+                    choices[-1].update(self._trace_field(event.trace))
+                for choice in choices:
                     yield sse(json.dumps({**head, "choices": [choice]}))
         except NextTokenError as e:
             yield sse(json.dumps(bad_request(str(e)).body()))

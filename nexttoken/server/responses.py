@@ -36,6 +36,7 @@ class Choice:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_prompt_tokens: int = 0
+    trace: dict | None = None  # a traced request's trace, with its last event
 
     def add(self, event: TokenEvent) -> None:
         self.text += event.text
@@ -46,6 +47,8 @@ class Choice:
             self.prompt_logprobs = event.prompt_logprobs
         self.finish_reason, self.stop_reason = event.finish_reason, event.stop_reason
         self.num_prompt_tokens = event.num_prompt_tokens
+        if event.trace is not None:
+            self.trace = event.trace
 
 
 class TokenTexts:
