@@ -192,8 +192,12 @@ function timeline() {
 
 meta(); strip(); timeline();
 document.getElementById("shade").addEventListener("change", shade);
-const m = /step=(\\d+)/.exec(location.hash);
-if (trace.steps.length) select(m ? Math.min(+m[1], trace.steps.length - 1) : 0);
+function fromHash() {
+  const m = /step=(\\d+)/.exec(location.hash);
+  if (trace.steps.length) select(m ? Math.min(+m[1], trace.steps.length - 1) : 0);
+}
+window.addEventListener("hashchange", fromHash);  // a link to another step of the same page
+fromHash();
 document.body.dataset.ready = "1";
 </script>
 </body></html>
