@@ -22,6 +22,14 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   fi
 fi
 if [ -n "$extras" ]; then target=".[$extras]"; else target="."; fi
+# The test extra drives a real headless browser (the explain page of traces): Debian's chromium, installed once
+# when it is missing and this is root with apt-get; elsewhere those tests say what to install.
+if [[ ",$extras," == *",test,"* ]] && ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
+   && [ "$(id -u)" = 0 ]; then
+  echo "setup: installing Debian's chromium (for the explain-page tests)"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) \
+    >/dev/null || echo "setup: chromium could not be installed; the browser tests will fail until it is"
+fi
 pip install -q -e "$target"
 # Build the native decode kernels now (nexttoken/csrc/*.cpp, ~2 s); without a compiler nexttoken falls back to torch.
 .venv/bin/python -c "from nexttoken.model import kernels; print('setup: native kernel', 'built' if kernels.available() else 'unavailable (torch fallback)')" || true
