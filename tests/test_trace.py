@@ -376,3 +376,39 @@ def test_cli_generate_trace_writes_page_and_json(tmp_path) -> None:
     assert json.loads(html.split('id="trace-data">')[1].split("</script>")[0]) == trace
     again = _cli("replay", str(page.with_suffix(".json")), cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+# ---- grammar masks, mirostat and a caller's criteria in the trace --------------------------------------------------
+
+@pytest.fixture(scope="module")
+def packaged():
+    return nexttoken.load()
+
+
+def test_a_grammar_mask_is_a_stage(packaged) -> None:
+    c = packaged.generate("Once upon a time", max_new_tokens=8, choice=["yes", "no way"], trace=True)
+    assert c.text in ("yes", "no way")
+    for step in c.trace["steps"]:
+        mask = [s for s in step["stages"] if s["name"] == "GrammarMask"]
+        assert len(mask) == 1 and mask[0]["masked"] > 0
+        assert step["chosen"]["id"] in mask[0]["top"]["ids"]  # the allowed tokens are what is left
+        assert all(p > 0 for p in mask[0]["top"]["probs"])  # masked ones never listed as candidates
+    report, _ = replay(c.trace, packaged)
+    assert report.identical, report.summary()
+
+
+def test_mirostat_draws_replay(packaged) -> None:
+    c = packaged.generate("Once upon a time", max_new_tokens=10, do_sample=True, mirostat_tau=3.0, seed=9, trace=True)
+    assert {s["sampler"]["kind"] for s in c.trace["steps"]} == {"MirostatV2"}
+    assert len({s["sampler"]["state"] for s in c.trace["steps"]}) == 10  # the generator moves every draw
+    report, _ = replay(c.trace, packaged)
+    assert report.identical, report.summary()
+
+
+def test_a_callers_criterion_is_recorded(packaged) -> None:
+    def after_four(ids, scores):  # noqa: ANN001, ANN202
+        return ids.shape[1] >= len(packaged.encode("Once upon a time")) + 4
+
+    c = packaged.generate("Once upon a time", max_new_tokens=10, stopping_criteria=[after_four], trace=True)
+    decisions = [{d["name"]: d["stop"] for d in s["stop"]}["criterion:after_four"] for s in c.trace["steps"]]
+    assert decisions == [False, False, False, True] and len(c.token_ids) == 4
