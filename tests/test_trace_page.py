@@ -150,3 +150,21 @@ def test_server_serves_the_page_of_a_traced_request(browser, server) -> None:
     bad = httpx.post(server + "/v1/completions", json={"model": model, "prompt": "x", "trace_top_n": 0,
                                                        "trace": True})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "trace_top_n"
+
+
+def test_the_servers_trace_store_is_bounded() -> None:
+    import asyncio
+
+    from nexttoken.server.errors import APIError
+    from nexttoken.server.traces import TraceStore
+
+    store = TraceStore("m", capacity=3, budget_bytes=10_000)
+    small = {"steps": [], "padding": "x" * 1000}
+    ids = [store.add(small)["id"] for _ in range(4)]
+    assert list(store.traces) == ids[1:]  # the count bound
+    big = store.add({"steps": [], "padding": "y" * 9_500})["id"]
+    assert list(store.traces) == [big] and store.bytes == len(store.traces[big])  # the byte bound keeps the newest
+    with pytest.raises(APIError, match="no trace"):
+        asyncio.run(store.get(ids[-1]))
+    page = asyncio.run(store.get(big + ".json"))
+    assert json.loads(page.body)["model"] == "m"

@@ -24,7 +24,8 @@ def plain_greedy(seq: Sequence) -> bool:
     s = seq.sampler
     alone = not len(seq.processors) or (
         len(seq.processors) == 1 and seq.grammar is not None and seq.params.logprobs_mode == "raw")
-    return alone and seq.stopping is None and not seq.hooks and isinstance(s, Sampler) and s.greedy and seq.trace is None
+    plain = seq.stopping is None and not seq.hooks and seq.trace is None  # a traced row records its own choice
+    return alone and plain and isinstance(s, Sampler) and s.greedy
 
 
 def advance_greedy(seqs: list[Sequence], logits: torch.Tensor) -> list[TokenEvent]:
@@ -58,7 +59,8 @@ def advance_greedy(seqs: list[Sequence], logits: torch.Tensor) -> list[TokenEven
 
 
 def advance(seq: Sequence, logits: torch.Tensor) -> TokenEvent:
-    """Choose seq's next token from logits (1, V) float32, record it, decide whether seq is done."""
+    """Choose seq's next token from logits (1, V) float32, record it, decide whether seq is done. A traced
+    request (seq.trace) makes the same calls through its recorder, which notes what each one did."""
     ids = torch.tensor([seq.token_ids], device=logits.device) if len(seq.processors) else None  # (1, L)
     if seq.trace is None:
         scores = seq.processors(ids, logits) if ids is not None else logits
@@ -67,7 +69,7 @@ def advance(seq: Sequence, logits: torch.Tensor) -> TokenEvent:
         scores, token = seq.trace.choose(seq.processors.processors, seq.sampler, ids, logits)
     logprob, top = seq.out.logprobs_of(logits[0], scores[0], token)
     stop = False
-    stop_start = time.perf_counter()
+    stop_start = time.perf_counter() if seq.trace is not None else 0.0
     if seq.stopping is not None:  # a caller's criteria see the ids with the new token, as in the decode loop
         with_token = torch.tensor([seq.token_ids + [token]], device=logits.device)
         stop = bool(seq.stopping(with_token, scores)[0]) if seq.trace is None else seq.trace.criteria(
