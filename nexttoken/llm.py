@@ -182,6 +182,9 @@ class LLM:
                 "stream() yields one greedy or sampled sequence: leave num_beams, penalty_alpha and "
                 "num_return_sequences at their defaults (use generate() for those)"
             )
+        if request.cfg.trace:
+            raise GenerationConfigError("stream() yields text and has nowhere to put a trace: use generate() or "
+                                        "chat() with trace=True (the server's streams carry it on the last chunk)")
         self._need_tokenizer()
         driver = self._driver_for([prompt], request.cfg)
         seq = driver.submit(prompt, request.cfg, request, request.hooks_for(0, 1))

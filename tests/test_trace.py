@@ -184,6 +184,8 @@ def test_trace_options_are_validated(tiny) -> None:
             llm.generate(PROMPT, max_new_tokens=2, **bad)
     with pytest.raises(GenerationConfigError, match="trace is recorded by the engine"):
         llm.generate(PROMPT, max_new_tokens=2, num_beams=2, trace=True)
+    with pytest.raises(GenerationConfigError, match="nowhere to put a trace"):
+        list(nexttoken.load().stream("Once", max_new_tokens=2, trace=True))
     c = llm.generate(PROMPT, max_new_tokens=3, trace=True, trace_top_n=3)
     assert all(len(s["raw"]["ids"]) == 3 for s in c.trace["steps"])  # bounded by N
 

@@ -48,7 +48,8 @@ class TraceStore:
         text = self.traces.get(key)
         if text is None:
             raise APIError(404, f"no trace {key!r}: traces come from requests sent with \"trace\": true, and this "
-                                f"server keeps the newest {self.capacity} ({self.budget_bytes >> 20} MiB at most)", "trace_id", type="not_found_error")
+                                f"server keeps the newest {self.capacity} ({self.budget_bytes >> 20} MiB at most)",
+                           "trace_id", type="not_found_error")
         if wants_json:
             return Response(text, media_type="application/json")
         return HTMLResponse(render_page(json.loads(text), f"nexttoken trace {key}"))
