@@ -13,6 +13,7 @@ import pytest
 
 import nexttoken
 from cdp import Browser, browser_or_skip
+from nexttoken.generation.replay import replay
 from nexttoken.generation.trace_page import render_page
 from nexttoken.pretrained import DEFAULT_MODEL_DIR
 
@@ -132,6 +133,8 @@ def test_server_serves_the_page_of_a_traced_request(browser, server) -> None:
     trace = httpx.get(server + info["json_url"]).json()
     assert trace["text"] == r.choices[0].text and len(trace["steps"]) == r.usage.completion_tokens
     assert trace["options"]["seed"] == 3 and [s["name"] for s in trace["steps"][0]["stages"]] == ["TopP"]
+    report, _ = replay(trace, nexttoken.load())  # the server's run, again in the library: the same, bit for bit
+    assert report.identical, report.summary()
     page = httpx.get(server + info["url"])
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     browser.open(server + info["url"])

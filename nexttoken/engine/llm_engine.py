@@ -301,7 +301,10 @@ class LLMEngine:
         tok = self.tokenizer
         decode = None if tok is None else (lambda i: tok.decode([i], skip_special_tokens=False))
         meta = {"prompt_ids": list(prompt_ids), "options": options_of(params), "max_tokens": max_tokens,
-                "prompt_text": None if tok is None else tok.decode(prompt_ids, skip_special_tokens=False)}
+                "prompt_text": None if tok is None else tok.decode(prompt_ids, skip_special_tokens=False),
+                # what else decides the logits' last bits: a replay elsewhere names the ones that differ
+                "engine": {"chunk_size": self.config.chunk_size, "threads": torch.get_num_threads(),
+                           "dtype": str(self.model.dtype), "device": str(self.model.device), "torch": torch.__version__}}
         return TraceRecorder(params.trace_top_n, meta, decode)
 
     def _detokenizer(self, prompt_ids: list[int], params: GenerationConfig):  # noqa: ANN202

@@ -10,11 +10,13 @@ decision. Numbers are compared exactly: a replay on the same model, options and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import GenerationConfigError
+from .config import GenerationConfig
 from .trace import to_json
 
 
@@ -42,8 +44,10 @@ class ReplayReport:
         return f"diverged at step {d.step} ({d.where}{': ' + d.name if d.name else ''}): {d.detail}"
 
 
-def replay_options(trace: dict[str, Any]) -> dict[str, Any]:
-    """The options to run the traced request with again: the recorded ones, the sampler's seed pinned."""
+def replay_options(trace: dict[str, Any], defaults: GenerationConfig | None = None) -> dict[str, Any]:
+    """The options to run the traced request with again, as keyword options over `defaults` (the model's
+    generation defaults that a library call starts from): every value of the recorded config that differs from
+    them, the sampler's seed pinned."""
     if trace.get("version") != 1 or "steps" not in trace or "prompt_ids" not in trace:
         raise GenerationConfigError("this is not a nexttoken trace (version 1): write one with trace=True, "
                                     "`nexttoken generate --trace out.html` or the server's `trace` field")
@@ -53,12 +57,16 @@ def replay_options(trace: dict[str, Any]) -> dict[str, Any]:
     first = trace["steps"][0]["sampler"] if trace["steps"] else {}
     if options.get("seed") is None and first.get("seed") is not None:
         options["seed"] = first["seed"]  # an unseeded draw: the seed its generator was started from
-    return {**options, "trace": True, "trace_top_n": trace["top_n"]}
+    recorded = GenerationConfig().updated(**options)  # the trace holds the values that differ from these
+    base = defaults or GenerationConfig()
+    differ = {f.name: getattr(recorded, f.name) for f in dataclasses.fields(GenerationConfig)
+              if getattr(recorded, f.name) != getattr(base, f.name)}
+    return {**differ, "trace": True, "trace_top_n": trace["top_n"]}
 
 
 def replay(trace: dict[str, Any], llm: Any, overrides: dict[str, Any] | None = None) -> tuple[ReplayReport, dict]:
     """Run the traced request again on `llm` (an LLM; `overrides` change options) -> (report, the new trace)."""
-    options = {**replay_options(trace), **(overrides or {})}
+    options = {**replay_options(trace, getattr(llm, "generation_config", None)), **(overrides or {})}
     completion = llm.generate(list(trace["prompt_ids"]), **options)
     return compare(trace, completion.trace), completion.trace
 
@@ -69,6 +77,8 @@ def compare(recorded: dict[str, Any], fresh: dict[str, Any]) -> ReplayReport:
     a_steps, b_steps = recorded["steps"], fresh["steps"]
     for i, (a, b) in enumerate(zip(a_steps, b_steps)):
         found = _compare_step(i, a, b)
+        if found is not None and found.where == "model":
+            found = dataclasses.replace(found, detail=found.detail + _setting_changes(recorded, fresh))
         if found is not None:
             return ReplayReport(i + 1, found)
     n = min(len(a_steps), len(b_steps))
@@ -112,6 +122,13 @@ def _compare_step(i: int, a: dict, b: dict) -> Divergence | None:
         return Divergence(i, "stop", None, "the stop conditions differ: "
                           f"{[d['name'] for d in a.get('stop', [])]} -> {[d['name'] for d in b.get('stop', [])]}")
     return None
+
+
+def _setting_changes(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """The recorded engine settings (prefill chunk, threads, dtype, device, torch) that differ, as a sentence."""
+    ea, eb = a.get("engine") or {}, b.get("engine") or {}
+    changed = [f"{k} {ea.get(k)} -> {eb.get(k)}" for k in sorted(set(ea) | set(eb)) if ea.get(k) != eb.get(k)]
+    return f"; settings that differ: {', '.join(changed)}" if changed else ""
 
 
 def _head(xs: list, n: int = 3) -> str:
