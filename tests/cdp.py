@@ -100,6 +100,11 @@ class Browser:
         for kind in ("mousePressed", "mouseReleased"):
             self.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
 
+    def key(self, name: str) -> None:
+        """A real key press and release (e.g. "ArrowRight")."""
+        for kind in ("keyDown", "keyUp"):
+            self.call("Input.dispatchKeyEvent", type=kind, key=name, code=name)
+
     def screenshot(self, path: Path) -> bytes:
         png = base64.b64decode(self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"])
         path.write_bytes(png)

@@ -84,6 +84,16 @@ def test_page_in_chromium_click_a_token(browser, trace, tmp_path) -> None:
         assert ["stop_strings", "stop"] in _shown(browser)["stops"]
     browser.click("#tl-3")  # the latency timeline selects too
     _check_step(_shown(browser), trace, 3)
+    browser.key("ArrowRight")
+    _check_step(_shown(browser), trace, 4)
+    browser.key("ArrowLeft")
+    browser.key("ArrowLeft")
+    _check_step(_shown(browser), trace, 2)
+    browser.eval("document.getElementById('shade').value = 'entropy'; "
+                 "document.getElementById('shade').dispatchEvent(new Event('change'))")
+    shades = browser.eval("[...document.querySelectorAll('#strip .tok')].map(t => t.style.background)")
+    top = max(range(n), key=lambda i: trace["steps"][i]["final"]["entropy"])
+    assert shades[top] == "rgba(220, 60, 40, 0.88)"  # the most uncertain step is the darkest
     browser.open(page.as_uri() + "#step=5")  # a link to one step
     _check_step(_shown(browser), trace, 5)
     png = browser.screenshot(tmp_path / "explain.png")

@@ -1,7 +1,7 @@
 """The explain page: one self-contained HTML file (inline script and style, nothing fetched) for one trace.
 
 The output is a strip of tokens shaded by the chosen token's probability or by the entropy of its step; clicking
-a token (or opening the page at `#step=N`) shows that step's candidates before and after each processor as bars,
+a token (or opening the page at `#step=N`, or the arrow keys) shows that step's candidates before and after each processor as bars,
 the draw and each stop decision; a timeline shows every step's forward, processor, sampling and stop times.
 Token texts are set as text, never as markup, so a trace served by the server cannot inject script.
 """
@@ -197,6 +197,11 @@ function fromHash() {
   if (trace.steps.length) select(m ? Math.min(+m[1], trace.steps.length - 1) : 0);
 }
 window.addEventListener("hashchange", fromHash);  // a link to another step of the same page
+document.addEventListener("keydown", e => {  // left / right: the previous / next token
+  if (e.target.tagName === "SELECT") return;
+  if (e.key === "ArrowRight" && selected + 1 < trace.steps.length) select(selected + 1);
+  if (e.key === "ArrowLeft" && selected > 0) select(selected - 1);
+});
 fromHash();
 document.body.dataset.ready = "1";
 </script>
