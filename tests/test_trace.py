@@ -414,3 +414,19 @@ def test_a_callers_criterion_is_recorded(packaged) -> None:
     c = packaged.generate("Once upon a time", max_new_tokens=10, stopping_criteria=[after_four], trace=True)
     decisions = [{d["name"]: d["stop"] for d in s["stop"]}["criterion:after_four"] for s in c.trace["steps"]]
     assert decisions == [False, False, False, True] and len(c.token_ids) == 4
+
+
+def test_each_sequence_has_its_own_trace_and_user_processors_are_stages(packaged) -> None:
+    cs = packaged.generate("Once upon a time", max_new_tokens=4, do_sample=True, num_return_sequences=2, trace=True)
+    seeds = [c.trace["steps"][0]["sampler"]["seed"] for c in cs]
+    assert seeds[0] != seeds[1] and all(c.trace["output_ids"] == c.token_ids for c in cs)
+
+    class Ban:
+        def __call__(self, ids, scores):  # noqa: ANN001, ANN204
+            return scores.index_fill(1, torch.tensor([cs[0].token_ids[0]]), -math.inf)
+
+    c = packaged.generate("Once upon a time", max_new_tokens=3, do_sample=False, logits_processor=[Ban()],
+                          guidance_scale=1.5, trace=True)
+    stages = c.trace["steps"][0]["stages"]
+    assert [s["name"] for s in stages] == ["ClassifierFreeGuidance", "Ban"]
+    assert stages[1]["masked"] == 1 and stages[1]["changed"] == 1 and c.token_ids[0] != cs[0].token_ids[0]

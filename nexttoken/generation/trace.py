@@ -98,7 +98,7 @@ class TraceRecorder:
         each; (1, V) processed scores and the chosen id. The calls are the same, in the same order, on the same
         inputs, so the chosen token is the one an untraced run chooses."""
         n = self.top_n
-        raw = logits[0].float()
+        raw = logits[0].detach().float()  # (V,) read, never written
         p_raw, h_raw = distribution(raw)
         step: dict[str, Any] = {"index": len(self.steps), "raw": {**top_candidates(raw, p_raw, n), "entropy": h_raw}}
         scores, row, probs, entropy, stages = logits, raw, p_raw, h_raw, []
@@ -106,7 +106,7 @@ class TraceRecorder:
             start = time.perf_counter()
             scores = p(ids, scores)
             seconds = time.perf_counter() - start
-            after = scores[0].float()
+            after = scores[0].detach().float()  # (V,): a processor that runs the model (guidance) may track grads
             p_after, h_after = distribution(after)
             stages.append(stage_record(processor_name(p), row, after, probs, p_after, entropy, h_after, n, seconds))
             row, probs, entropy = after, p_after, h_after
