@@ -430,3 +430,18 @@ def test_each_sequence_has_its_own_trace_and_user_processors_are_stages(packaged
     stages = c.trace["steps"][0]["stages"]
     assert [s["name"] for s in stages] == ["ClassifierFreeGuidance", "Ban"]
     assert stages[1]["masked"] == 1 and stages[1]["changed"] == 1 and c.token_ids[0] != cs[0].token_ids[0]
+
+
+def test_a_note_joins_its_step() -> None:
+    from nexttoken.generation.processors import Temperature
+    from nexttoken.generation.trace import TraceRecorder
+
+    rec = TraceRecorder(3, {"prompt_ids": [1]})
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    scores, token = rec.choose([Temperature(0.5)], Sampler(True), torch.tensor([[1]]), logits)
+    rec.note("speculative", {"drafted": 4, "accepted": 2})
+    assert token == 0 and torch.equal(scores, logits / 0.5)
+    step = rec.to_dict()["steps"][0]
+    assert step["notes"] == {"speculative": {"drafted": 4, "accepted": 2}}
+    assert step["raw"]["ids"] == [0, 1, 2] and step["stages"][0]["top"]["probs"][0] == pytest.approx(
+        float(torch.softmax(logits[0].double() / 0.5, -1)[0]))

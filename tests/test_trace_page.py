@@ -109,7 +109,8 @@ def test_page_shows_token_text_as_text(browser, tmp_path) -> None:
             "chosen": {"id": 5, "rank": 1, "prob": 1.0, "logit": 1.0, "raw_rank": 1, "raw_prob": 1.0},
             "sampler": {"kind": "Sampler", "greedy": True, "seed": None, "state": None},
             "ms": {"forward": 1.0, "processors": 0.0, "sampling": 0.1, "stop": 0.1},
-            "stop": [{"name": "max_tokens", "stop": True, "detail": "1 of 1"}], "text": "<img src=x onerror=alert(1)>"}
+            "stop": [{"name": "max_tokens", "stop": True, "detail": "1 of 1"}], "text": "<img src=x onerror=alert(1)>",
+            "notes": {"speculative": {"drafted": 4, "accepted": 2}}}
     trace = {"version": 1, "prompt_ids": [1], "prompt_text": "</script><b>hi</b>", "options": {}, "top_n": 1,
              "steps": [step], "token_texts": {"5": "<i>x</i>"}, "text": "", "finish_reason": "length",
              "stop_reason": None}
@@ -119,6 +120,8 @@ def test_page_shows_token_text_as_text(browser, tmp_path) -> None:
     assert browser.eval("document.querySelectorAll('#strip img, #strip b, #detail i').length") == 0
     assert browser.eval("document.getElementById('tok-0').textContent") == "<img src=x onerror=alert(1)>"
     assert browser.eval("document.querySelector('#strip .prompt').textContent") == "</script><b>hi</b>"
+    rows = browser.eval("[...document.querySelectorAll('#stops tbody tr')].map(r => [...r.cells].map(c => c.textContent))")
+    assert rows == [["max_tokens", "stop", "1 of 1"], ["speculative", "note", '{"drafted":4,"accepted":2}']]
 
 
 # ---- through the server ----------------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ A step's record holds what the engine's choice did, stage by stage, on the (V,) 
   before and after, and the top-N after it;
 - `chosen`: the token with its rank and probability under the final scores (and under the raw logits);
 - `sampler`: greedy or a draw, the seed and a digest of the generator's state before the draw;
-- `stop`: each stop condition's decision; `ms`: the step's timings (forward, each processor, sampling, stop).
+- `stop`: each stop condition's decision; `ms`: the step's timings (forward, each processor, sampling, stop);
+- `notes`: other decisions a step's code adds with `TraceRecorder.note` (speculation, for one).
 
 Memory is bounded by `trace_top_n`: no (V,) tensor is kept. The recorder is only ever built for a traced
 request, so an untraced step runs exactly the operations it ran before tracing existed.
@@ -135,6 +136,11 @@ class TraceRecorder:
                       "sampling": sample_s * 1e3}
         self.steps.append(step)
         return scores, token
+
+    def note(self, name: str, decision: Any) -> None:
+        """Another per-step decision for this step (JSON-ready: e.g. a speculative draft's accepted length); the
+        page lists it under the stop decisions."""
+        self.steps[-1].setdefault("notes", {})[name] = decision
 
     def criteria(self, chain: Any, ids: torch.Tensor, scores: torch.Tensor) -> bool:
         """A caller's stopping criteria, each called once (as StoppingChain does) and its answer recorded."""

@@ -168,6 +168,13 @@ function select(i) {
     tr.appendChild(el("td", null, d.detail === null || d.detail === undefined ? "" : String(d.detail)));
     body.appendChild(tr);
   });
+  Object.entries(s.notes || {}).forEach(([name, value]) => {
+    const tr = el("tr");
+    tr.appendChild(el("td", null, name));
+    tr.appendChild(el("td", null, "note"));
+    tr.appendChild(el("td", null, JSON.stringify(value)));
+    body.appendChild(tr);
+  });
   if (location.hash !== "#step=" + i) history.replaceState(null, "", "#step=" + i);
 }
 
