@@ -304,7 +304,8 @@ class LLMEngine:
                 "prompt_text": None if tok is None else tok.decode(prompt_ids, skip_special_tokens=False),
                 # what else decides the logits' last bits: a replay elsewhere names the ones that differ
                 "engine": {"chunk_size": self.config.chunk_size, "threads": torch.get_num_threads(),
-                           "dtype": str(self.model.dtype), "device": str(self.model.device), "torch": torch.__version__}}
+                           "dtype": str(self.model.dtype), "device": str(self.model.device),
+                           "torch": torch.__version__}}
         return TraceRecorder(params.trace_top_n, meta, decode)
 
     def _detokenizer(self, prompt_ids: list[int], params: GenerationConfig):  # noqa: ANN202
