@@ -56,13 +56,13 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                                               tie_word_embeddings=True, num_hidden_layers=3)),
     # Gemma 3: per-head q/k norms, a local RoPE base for the sliding layers and linear scaling on the global ones.
     "gemma3-local-global-rope": ("gemma3", dict(
-        head_dim=16, sliding_window=5, query_pre_attn_scalar=16, num_hidden_layers=3,
+        head_dim=16, sliding_window=5, query_pre_attn_scalar=20, num_hidden_layers=3,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
                          "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0}})),
     # Mixture of experts: Mixtral (top 2 of 4, renormalised), Qwen2-MoE (a shared expert with its gate, no
     # renormalisation, a dense layer), Qwen3-MoE (top 3 of 8, norm_topk_prob, per-head q/k norms).
-    "mixtral-moe": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "mixtral-moe": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=6)),
     "qwen2-moe-shared": ("qwen2_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
                                            shared_expert_intermediate_size=80, norm_topk_prob=False,
                                            mlp_only_layers=[1], tie_word_embeddings=True)),
