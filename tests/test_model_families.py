@@ -1,0 +1,149 @@
+"""Gemma 2 / 3 and the mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE) beyond the shared parity tests
+(test_generation_parity.py, test_fused.py run every variant): the engine, bfloat16, int8 and sharded checkpoints,
+each against transformers on the same random weights."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from nexttoken.engine import EngineConfig, LLMEngine
+from nexttoken.generation import generate
+from nexttoken.generation.config import GenerationConfig
+from nexttoken.model import kernels, load_model
+from nexttoken.model.linear import Int8Linear, Linear, quantize_rows
+from nexttoken.model.moe import MoE
+from nexttoken.model.quant import quantize_int8
+from tiny_models import PROMPTS, left_padded, save_variant
+
+FAMILIES = ["gemma2-softcap-sliding", "gemma3-local-global-rope", "mixtral-moe", "qwen2-moe-shared",
+            "qwen3-moe-norm-topk"]
+MOE = [v for v in FAMILIES if "moe" in v]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Tiny models are overhead-bound; one thread avoids spin-waiting on a shared 2-core machine.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def pair(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp(request.param)
+    hf = save_variant(request.param, directory)
+    return request.param, directory, hf
+
+
+def test_engine_greedy_equals_transformers_per_prompt(pair) -> None:
+    """Every row of an engine batch (chunked prefill, rows of other lengths beside it) equals transformers'
+    generate on that prompt alone; the sequences run past the sliding windows."""
+    _, directory, hf = pair
+    engine = LLMEngine(load_model(directory), None, EngineConfig(chunk_size=8, max_num_seqs=4,
+                                                                 max_num_batched_tokens=24))
+    prompts = [[1, 5, 9, 22], [1] + list(range(10, 30)), [1, 7], [1, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59]]
+    seqs = engine.generate(prompts, GenerationConfig(eos_token_id=None, top_k=None, max_new_tokens=12))
+    for prompt, seq in zip(prompts, seqs):
+        expected = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                               pad_token_id=0)[0, len(prompt):].tolist()
+        assert seq.output_ids == expected, prompt
+
+
+def test_bfloat16_logits_close_to_transformers_in_bfloat16(pair) -> None:
+    """Loaded as bfloat16: first-step logits of a left-padded batch within bf16 rounding of transformers' in
+    bfloat16 (Gemma's (1 + w) norm in float32 and its embedding scale rounded to bf16, as transformers does), and a
+    bf16 generation runs to length. (Greedy tokens over many steps are compared in float32: in bf16 two
+    implementations part at the first near-tie.)"""
+    _, directory, hf = pair
+    ours = load_model(directory, dtype="bfloat16")
+    hf = hf.to(torch.bfloat16)
+    ids, mask = left_padded(PROMPTS)
+    first = dict(max_new_tokens=1, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    want = hf.generate(input_ids=ids, attention_mask=mask, **first).logits[0].float()
+    have = generate(ours, ids, attention_mask=mask, **first).logits[0].float()
+    torch.testing.assert_close(have, want, rtol=0.02, atol=0.02 * want.abs().max().item())
+    assert torch.equal(have.argmax(-1), want.argmax(-1))
+    out = generate(ours, ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert out.shape == (3, ids.shape[1] + 12)
+    hf.float()
+
+
+def test_int8_equals_the_float_model_on_its_dequantized_weights(pair) -> None:
+    """int8 weights: every expert (and dense) projection and the embedding are quantized, the router stays in the
+    model's dtype; the logits equal (within float rounding) the float model's with each weight replaced by its
+    dequantized value (the same routing, by construction), and the engine generates with it."""
+    name, directory, _ = pair
+    reference = load_model(directory)
+    with torch.no_grad():
+        for m in reference.modules():
+            if type(m) is Linear:  # lm_head shares the embedding's tensor where tied
+                q, scale = quantize_rows(m.weight)
+                m.weight.copy_(q.float() * scale[:, None])
+        if not reference.config.tie_word_embeddings:
+            q, scale = quantize_rows(reference.embed.weight)
+            reference.embed.weight.copy_(q.float() * scale[:, None])
+    model = quantize_int8(load_model(directory))
+    assert not any(type(m) is Linear for m in model.modules())
+    if name in MOE:
+        moe = next(m for m in model.modules() if isinstance(m, MoE))
+        assert all(isinstance(e.w13, Int8Linear) and isinstance(e.w2, Int8Linear) for e in moe.experts)
+        assert type(moe.gate) is torch.nn.Linear and moe.gate.weight.dtype == torch.float32
+    ids, mask = left_padded(PROMPTS)
+    first = dict(max_new_tokens=1, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    want = generate(reference, ids, attention_mask=mask, **first).logits[0]
+    have = generate(model, ids, attention_mask=mask, **first).logits[0]
+    torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    float_model = generate(load_model(directory), ids, attention_mask=mask, **first).logits[0]
+    assert not torch.allclose(have, float_model, atol=1e-3)  # quantized for real
+    engine = LLMEngine(model, None, EngineConfig(chunk_size=8, max_num_seqs=4))
+    out = engine.generate(PROMPTS, GenerationConfig(eos_token_id=None, top_k=None, max_new_tokens=8))
+    assert all(len(s.output_ids) == 8 for s in out)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="native kernel unavailable")
+@pytest.mark.parametrize("variant", MOE)
+def test_int8_experts_kernel_and_torch_fallback_agree(variant, tmp_path, monkeypatch) -> None:
+    save_variant(variant, tmp_path)
+    model = quantize_int8(load_model(tmp_path))
+    ids = torch.tensor([[1, 5, 17, 33, 9], [1, 40, 41, 42, 43]])
+    kwargs = dict(max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
+    fast = generate(model, ids, **kwargs)
+    monkeypatch.setattr(kernels, "usable", lambda x, w: False)  # torch's _weight_int8pack_mm instead
+    assert torch.equal(generate(model, ids, **kwargs), fast)
+
+
+@pytest.mark.parametrize("variant", ["gemma3-local-global-rope", "qwen2-moe-shared"])
+def test_sharded_checkpoint_from_save_pretrained(variant, tmp_path) -> None:
+    """transformers' own sharding (save_pretrained(max_shard_size=...)): several files and an index, loaded to the
+    same weights and tokens as the single file."""
+    hf = save_variant(variant, tmp_path / "single")
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 2
+    assert not (tmp_path / "sharded" / "model.safetensors").exists()
+    single, sharded = load_model(tmp_path / "single"), load_model(tmp_path / "sharded")
+    for (name, a), (_, b) in zip(single.state_dict().items(), sharded.state_dict().items()):
+        assert torch.equal(a, b), name
+    ids, mask = left_padded(PROMPTS)
+    kwargs = dict(max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(generate(sharded, ids, attention_mask=mask, **kwargs),
+                       hf.generate(input_ids=ids, attention_mask=mask, **kwargs))
+
+
+def test_moe_runs_only_the_chosen_experts(tmp_path) -> None:
+    """Per token only its top k experts run: an expert no token chose is never called."""
+    save_variant("qwen3-moe-norm-topk", tmp_path)
+    model = load_model(tmp_path)
+    calls: dict[int, int] = {}
+    moe = model.layers[0].mlp
+    for e, expert in enumerate(moe.experts):
+        expert.register_forward_hook(lambda m, i, o, e=e: calls.__setitem__(e, calls.get(e, 0) + i[0].shape[0]))
+    x = torch.randn(1, 3, model.config.hidden_size)  # 3 tokens x top 3 of 8 experts
+    _, chosen = moe.route(x.reshape(-1, x.shape[-1]))
+    moe(x)
+    assert set(calls) == set(chosen.unique().tolist())
+    assert sum(calls.values()) == chosen.numel() == 3 * 3
