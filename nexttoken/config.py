@@ -17,9 +17,9 @@ from .errors import MissingFileError, ModelLoadError
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Olmo2ForCausalLM",
     "GraniteForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-    "Qwen3MoeForCausalLM",
+    "Qwen3MoeForCausalLM", "Phi3ForCausalLM",
 )
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 _GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 _MOE = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
@@ -34,6 +34,10 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # longrope only (Phi-3): per-frequency divisors below / beyond the original context, and the cos/sin scale
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,8 @@ class ModelConfig:
                 and self.attention_multiplier is None and self.residual_multiplier == 1.0 and self.logits_scaling == 1.0
                 and self.hidden_act == "silu" and not self.norm_plus_one and not self.sandwich_norm
                 and self.embed_scale is None and self.attn_logit_softcapping is None
-                and self.final_logit_softcapping is None and self.rope_local is None and self.moe is None)
+                and self.final_logit_softcapping is None and self.rope_local is None and self.moe is None
+                and self.rope.type != "longrope")
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "ModelConfig":
@@ -143,7 +148,7 @@ class ModelConfig:
 
         sliding_window, sliding_layers = _sliding_window(arch, raw, layers)
         gemma = arch in _GEMMA
-        rope, rope_local = _rope_config(raw, source), None
+        rope, rope_local = _rope_config(raw, source, head_dim), None
         if arch == "Gemma3ForCausalLM":
             rope, rope_local = _gemma3_ropes(raw, source)
         cfg = cls(
@@ -226,7 +231,7 @@ def _gemma3_ropes(raw: dict[str, Any], source: str) -> tuple[RopeConfig, RopeCon
     else:
         full = {**(raw.get("rope_scaling") or {}), "rope_theta": raw.get("rope_theta", 1_000_000.0)}
         local = {"rope_theta": raw.get("rope_local_base_freq", 10_000.0)}
-    return _rope_config({"rope_parameters": full}, source), _rope_config({"rope_parameters": local}, source)
+    return (_rope_config({"rope_parameters": full}, source, 0), _rope_config({"rope_parameters": local}, source, 0))
 
 
 def _moe_config(arch: str, raw: dict[str, Any], layers: int, source: str) -> MoeConfig:
@@ -250,17 +255,21 @@ def _moe_config(arch: str, raw: dict[str, Any], layers: int, source: str) -> Moe
                      False, shared, sparse)
 
 
-def _rope_config(raw: dict[str, Any], source: str) -> RopeConfig:
+def _rope_config(raw: dict[str, Any], source: str, head_dim: int) -> RopeConfig:
     # transformers 5 writes `rope_parameters` (theta inside); older configs write `rope_theta` + `rope_scaling`.
     params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
     theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type in ("su", "yarn") and raw.get("model_type") == "phi3":  # Phi-3's old names for longrope
+        rope_type = "longrope"
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ModelLoadError(
             f"{source}: rope type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
         )
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise ModelLoadError(f"{source}: partial_rotary_factor != 1 is not supported")
+    if rope_type == "longrope":
+        return _longrope_config(raw, params, theta, source, head_dim)
     factor = float(params.get("factor", 1.0))
     if not (math.isfinite(factor) and factor >= 1.0):
         raise ModelLoadError(f"{source}: rope scaling factor must be >= 1, got {factor}")
@@ -274,6 +283,29 @@ def _rope_config(raw: dict[str, Any], source: str) -> RopeConfig:
             original_max_position_embeddings=int(params["original_max_position_embeddings"]),
         )
     return RopeConfig(theta=theta, type=rope_type, factor=factor)
+
+
+def _longrope_config(raw: dict[str, Any], params: dict[str, Any], theta: float, source: str,
+                     head_dim: int) -> RopeConfig:
+    """Phi-3's LongRoPE, by transformers' rules: frequencies divided by short_factor while the sequence fits the
+    original context and by long_factor beyond it; cos and sin scaled by attention_factor (default
+    sqrt(1 + ln(factor) / ln(original context)), factor = max_position_embeddings / original context)."""
+    original = params.get("original_max_position_embeddings", raw.get("original_max_position_embeddings"))
+    short, long = params.get("short_factor"), params.get("long_factor")
+    if not isinstance(original, int) or original < 1:
+        raise ModelLoadError(f"{source}: longrope needs original_max_position_embeddings, got {original!r}")
+    for name, values in (("short_factor", short), ("long_factor", long)):
+        if not (isinstance(values, list) and len(values) == head_dim // 2
+                and all(isinstance(v, (int, float)) and v > 0 for v in values)):
+            raise ModelLoadError(f"{source}: longrope {name} must be {head_dim // 2} positive numbers "
+                                 f"(head_dim / 2), got {values!r}")
+    factor = params.get("factor") or int(raw.get("max_position_embeddings", original)) / original
+    attention = params.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return RopeConfig(theta=theta, type="longrope", factor=float(factor), original_max_position_embeddings=original,
+                      short_factor=tuple(map(float, short)), long_factor=tuple(map(float, long)),
+                      attention_factor=float(attention))
 
 
 def _sliding_window(arch: str, raw: dict[str, Any], layers: int) -> tuple[int | None, tuple[bool, ...]]:

@@ -111,6 +111,14 @@ def test_each_variant_exercises_its_feature(pair) -> None:
         assert (moe.shared_intermediate_size > 0) == (cfg.model_type == "qwen2_moe")
         if cfg.model_type == "qwen2_moe":  # mlp_only_layers: layer 1 is a dense MLP
             assert moe.sparse_layers == (True, False)
+    if cfg.model_type == "phi3":  # fused checkpoint tensors; LongRoPE on one side of the original context or the other
+        assert ours.config.architecture == "Phi3ForCausalLM"
+        rope = ours.config.rope
+        if rope.type == "longrope":
+            widest = max(map(len, PROMPTS))
+            long = rope.original_max_position_embeddings < min(map(len, PROMPTS))  # long from the prompt on
+            assert long or rope.original_max_position_embeddings >= widest + 40  # or short throughout
+            assert rope.attention_factor > 1.0 and not torch.allclose(ours.long_inv_freq, ours.inv_freq)
     window = getattr(cfg, "sliding_window", None)
-    if cfg.model_type in ("mistral", "mixtral"):
+    if cfg.model_type in ("mistral", "mixtral") or (cfg.model_type == "phi3" and window is not None):
         assert window is not None and window < max(map(len, PROMPTS)) and ours.config.sliding_window == window

@@ -66,6 +66,16 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "qwen2-moe-shared": ("qwen2_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
                                            shared_expert_intermediate_size=80, norm_topk_prob=False,
                                            mlp_only_layers=[1], tie_word_embeddings=True)),
+    # Phi-3: fused qkv and gate_up checkpoints; LongRoPE in both regimes: within the original context (short factors
+    # throughout) and past it from the prompt on (long factors throughout; transformers re-prefills a sequence that
+    # crosses mid-generation, see docs/models.md); and a sliding-window, tied, MHA variant.
+    "phi3-longrope-short": ("phi3", dict(original_max_position_embeddings=64, rope_parameters=dict(
+        rope_type="longrope", rope_theta=10000.0, short_factor=[1.0 + 0.3 * i for i in range(8)],
+        long_factor=[1.0 + 1.5 * i for i in range(8)]))),
+    "phi3-longrope-long": ("phi3", dict(original_max_position_embeddings=2, rope_parameters=dict(
+        rope_type="longrope", rope_theta=10000.0, short_factor=[1.0 + 0.3 * i for i in range(8)],
+        long_factor=[1.0 + 1.5 * i for i in range(8)]))),
+    "phi3-sliding-tied": ("phi3", dict(sliding_window=6, tie_word_embeddings=True, num_key_value_heads=4)),
     "qwen3-moe-norm-topk": ("qwen3_moe", dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
                                               norm_topk_prob=True, head_dim=24)),
 }
@@ -84,6 +94,7 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
         "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
         "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
         "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
         "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
     }[arch]

@@ -16,7 +16,7 @@ from .batch import ForwardBatch
 from .cache import KVCache
 from .linear import Linear
 from .moe import MoE
-from .rope import apply_rope, inverse_frequencies, rope_cos_sin
+from .rope import apply_rope, inverse_frequencies, longrope_inv_freq, rope_cos_sin
 
 
 class RMSNorm(nn.Module):
@@ -164,6 +164,8 @@ class Transformer(nn.Module):
         self.inv_freq = inverse_frequencies(cfg.rope, cfg.head_dim)  # (D/2,) float32, never cast
         # Gemma 3's sliding layers rotate with a RoPE of their own (another base); None: one RoPE for all layers.
         self.local_inv_freq = None if cfg.rope_local is None else inverse_frequencies(cfg.rope_local, cfg.head_dim)
+        # Phi-3's LongRoPE: a second set for sequences beyond the original context; None: one set.
+        self.long_inv_freq = inverse_frequencies(cfg.rope, cfg.head_dim, long=True) if cfg.rope.type == "longrope" else None
 
     def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
         # .to(dtype) must not round the RoPE frequencies to bf16; they follow the weights' device only.
@@ -172,6 +174,8 @@ class Transformer(nn.Module):
         self.inv_freq = inverse_frequencies(cfg.rope, cfg.head_dim).to(device)
         if cfg.rope_local is not None:
             self.local_inv_freq = inverse_frequencies(cfg.rope_local, cfg.head_dim).to(device)
+        if cfg.rope.type == "longrope":
+            self.long_inv_freq = inverse_frequencies(cfg.rope, cfg.head_dim, long=True).to(device)
         return self
 
     @property
@@ -200,7 +204,8 @@ class Transformer(nn.Module):
             x = x * cfg.embedding_multiplier
         if cfg.embed_scale is not None:  # Gemma: x sqrt(hidden), the factor rounded to the dtype as transformers does
             x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
-        cos, sin = rope_cos_sin(self.inv_freq, batch.positions, x.dtype)
+        inv_freq = longrope_inv_freq(cfg.rope, self.inv_freq, self.long_inv_freq, batch.positions)
+        cos, sin = rope_cos_sin(inv_freq, batch.positions, x.dtype, cfg.rope.attention_factor)
         local = None if self.local_inv_freq is None else rope_cos_sin(self.local_inv_freq, batch.positions, x.dtype)
         for block in self.layers:
             if local is not None and block.attention.sliding:

@@ -94,6 +94,12 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "self_attn.v_proj.weight": (kv, C),
             p + "self_attn.o_proj.weight": (C, q),
         }
+        if _fused_checkpoint(cfg):  # Phi-3 stores q/k/v and gate/up fused, in our layout already
+            for x in "qkv":
+                del shapes[p + f"self_attn.{x}_proj.weight"]
+            shapes |= {p + "self_attn.qkv_proj.weight": (q + 2 * kv, C), p + "mlp.gate_up_proj.weight": (2 * I, C),
+                       p + "mlp.down_proj.weight": (C, I)}
+            continue
         if cfg.sandwich_norm:
             shapes |= {p + "pre_feedforward_layernorm.weight": (C,), p + "post_feedforward_layernorm.weight": (C,)}
         if cfg.moe and cfg.moe.sparse_layers[i]:
@@ -111,6 +117,10 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if cfg.mlp_bias:
             shapes |= {p + "mlp.gate_proj.bias": (I,), p + "mlp.up_proj.bias": (I,), p + "mlp.down_proj.bias": (C,)}
     return shapes
+
+
+def _fused_checkpoint(cfg: ModelConfig) -> bool:
+    return cfg.architecture == "Phi3ForCausalLM"
 
 
 def check_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: Path) -> None:
@@ -152,6 +162,12 @@ def to_state_dict(cfg: ModelConfig, t: dict[str, torch.Tensor]) -> dict[str, tor
         if cfg.qk_norm:
             sd[o + "attention.q_norm.weight"] = t[p + "self_attn.q_norm.weight"]
             sd[o + "attention.k_norm.weight"] = t[p + "self_attn.k_norm.weight"]
+        if _fused_checkpoint(cfg):  # [q; k; v] and [gate; up] rows: our fused matrices as they are
+            sd[o + "attention.wqkv.weight"] = t[p + "self_attn.qkv_proj.weight"]
+            sd[o + "attention.wo.weight"] = t[p + "self_attn.o_proj.weight"]
+            sd[o + "mlp.w13.weight"] = t[p + "mlp.gate_up_proj.weight"]
+            sd[o + "mlp.w2.weight"] = t[p + "mlp.down_proj.weight"]
+            continue
         for kind in ("weight", "bias"):
             names = [p + f"self_attn.{x}_proj.{kind}" for x in "qkv"]
             if names[0] in t:
