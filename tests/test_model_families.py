@@ -9,7 +9,11 @@ import json
 import pytest
 import torch
 
+from nexttoken.bench.report import experts_read, linear_params
+from nexttoken.bench.shapes import config_for
+from nexttoken.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from nexttoken.engine import EngineConfig, LLMEngine
+from nexttoken.errors import ModelLoadError
 from nexttoken.generation import generate
 from nexttoken.generation.config import GenerationConfig
 from nexttoken.model import kernels, load_model
@@ -149,3 +153,45 @@ def test_moe_runs_only_the_chosen_experts(tmp_path) -> None:
     moe(x)
     assert set(calls) == set(chosen.unique().tolist())
     assert sum(calls.values()) == chosen.numel() == 3 * 3
+
+
+def test_unsupported_architecture_names_every_supported_one() -> None:
+    with pytest.raises(ModelLoadError, match="GPT2LMHeadModel") as err:
+        ModelConfig.from_dict({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
+    assert all(name in str(err.value) for name in SUPPORTED_ARCHITECTURES)
+    assert {"Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+            "Qwen3MoeForCausalLM"} <= set(SUPPORTED_ARCHITECTURES)
+
+
+BASE_FIELDS = dict(vocab_size=96, hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2)
+
+
+@pytest.mark.parametrize("arch, fields, message", [
+    ("Qwen3MoeForCausalLM", dict(num_experts=4, num_experts_per_tok=5, moe_intermediate_size=8), "num_experts_per_tok"),
+    ("MixtralForCausalLM", dict(num_experts_per_tok=2), "num_experts_per_tok"),
+    ("Qwen2MoeForCausalLM", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8),
+     "shared_expert_intermediate_size"),
+    ("Phi3ForCausalLM", dict(original_max_position_embeddings=16, rope_scaling=dict(
+        type="longrope", short_factor=[1.0] * 3, long_factor=[1.0] * 8)), "short_factor must be 8"),
+    ("Gemma3ForCausalLM", dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
+    ("Gemma2ForCausalLM", dict(hidden_activation="relu"), "'relu'"),
+    ("Gemma2ForCausalLM", dict(final_logit_softcapping=-1.0), "final_logit_softcapping"),
+])
+def test_bad_family_config_is_a_clear_error(arch, fields, message) -> None:
+    with pytest.raises(ModelLoadError, match=message):
+        ModelConfig.from_dict({"architectures": [arch], **BASE_FIELDS, **fields})
+
+
+def test_bench_moe_shape_is_a_qwen3_moe() -> None:
+    """The bench's MoE shape loads as Qwen3-MoE, and the report counts what a step reads: k experts for one token,
+    more for a batch (uniform routing), all of them for memory."""
+    cfg = ModelConfig.from_dict(config_for("moe", "float32"))
+    assert cfg.architecture == "Qwen3MoeForCausalLM" and cfg.qk_norm == "head"
+    moe = cfg.moe
+    assert moe is not None and moe.top_k < moe.num_experts and all(moe.sparse_layers)
+    assert experts_read(cfg, 1) == pytest.approx(moe.top_k)
+    assert moe.top_k < experts_read(cfg, 4) < min(4 * moe.top_k, moe.num_experts)
+    every, _ = linear_params(cfg)
+    active, _ = linear_params(cfg, moe.top_k)
+    assert active < every / 3
