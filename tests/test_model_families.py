@@ -195,3 +195,32 @@ def test_bench_moe_shape_is_a_qwen3_moe() -> None:
     every, _ = linear_params(cfg)
     active, _ = linear_params(cfg, moe.top_k)
     assert active < every / 3
+
+
+@pytest.mark.parametrize("arch, tokenizer, overrides", [
+    ("qwen3_moe", "qwen2.5-instruct", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                           norm_topk_prob=True)),
+    ("gemma2", "llama-2-chat", dict(head_dim=8, query_pre_attn_scalar=8)),
+])
+def test_cli_generate_equals_transformers(arch, tokenizer, overrides, shared_dir, tmp_path) -> None:
+    """The command line, run as a user runs it, on a family's model over its real tokenizer: the greedy token ids
+    it prints equal transformers' greedy continuation of the same prompt ids."""
+    import subprocess
+    import sys
+
+    from tiny_models import build_chat_model
+
+    folder = build_chat_model(tmp_path / arch, shared_dir / "tokenizers" / tokenizer, arch, **overrides)
+    r = subprocess.run([sys.executable, "-m", "nexttoken.cli", "generate", "The weather today is", "--model",
+                        str(folder), "--json", "--temperature", "0", "--max-new-tokens", "10"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert type(hf).__name__ == json.loads((folder / "config.json").read_text())["architectures"][0]
+    ids = torch.tensor([result["prompt_token_ids"]])
+    expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(result["token_ids"]),
+                           do_sample=False, eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:].tolist()
+    assert result["token_ids"] == expected and len(expected) > 0

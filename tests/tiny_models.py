@@ -139,7 +139,7 @@ def left_padded(prompts: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, t
     return ids, mask
 
 
-def build_chat_model(folder: Path, tokenizer_dir: Path, arch: str, seed: int = 0) -> Path:
+def build_chat_model(folder: Path, tokenizer_dir: Path, arch: str, seed: int = 0, **overrides) -> Path:
     """A random-weight `arch` model over a real tokenizer (its files copied in, its chat template with them), for
     end-to-end chat runs: the outputs are noise, but every path (template, tokenizer, constraints) is real."""
     import json
@@ -156,6 +156,6 @@ def build_chat_model(folder: Path, tokenizer_dir: Path, arch: str, seed: int = 0
     vocab = -(-len(tok) // 64) * 64  # checkpoints round the embedding rows up
     model = build_hf_model(arch, seed=seed, vocab_size=vocab, hidden_size=32, intermediate_size=64,
                            max_position_embeddings=4096, tie_word_embeddings=True, initializer_range=0.02,
-                           bos_token_id=tok.bos_token_id, eos_token_id=eos, pad_token_id=None)
+                           bos_token_id=tok.bos_token_id, eos_token_id=eos, pad_token_id=None, **overrides)
     model.save_pretrained(folder)
     return folder
