@@ -1,7 +1,8 @@
 """The model's architecture, read once from a Hugging Face `config.json` and validated there.
 
-One dataclass covers the Llama family (Llama 2/3/3.1/3.2, Mistral, Qwen2): they differ only in a few switches
-(q/k/v bias, sliding window, RoPE scaling), so one module with flags reads better than three near-copies.
+One dataclass covers every supported family (docs/models.md): Llama, Mistral, Qwen2/3, OLMo 2, Granite, Gemma 2/3,
+Phi-3 and the mixtures of experts differ in switches (biases, norms and where they sit, sliding windows, RoPE
+variants, soft-caps, multipliers, a sparse MLP), so one module with flags reads better than a copy per family.
 """
 
 from __future__ import annotations
@@ -148,9 +149,10 @@ class ModelConfig:
 
         sliding_window, sliding_layers = _sliding_window(arch, raw, layers)
         gemma = arch in _GEMMA
-        rope, rope_local = _rope_config(raw, source, head_dim), None
-        if arch == "Gemma3ForCausalLM":
+        if arch == "Gemma3ForCausalLM":  # two RoPEs: the global layers' and the sliding layers'
             rope, rope_local = _gemma3_ropes(raw, source)
+        else:
+            rope, rope_local = _rope_config(raw, source, head_dim), None
         cfg = cls(
             architecture=arch,
             vocab_size=int(need("vocab_size")),

@@ -224,3 +224,23 @@ def test_cli_generate_equals_transformers(arch, tokenizer, overrides, shared_dir
     expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(result["token_ids"]),
                            do_sample=False, eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:].tolist()
     assert result["token_ids"] == expected and len(expected) > 0
+
+
+def test_hub_style_gemma_configs_without_layer_types() -> None:
+    """Configs as the Hub has them (before transformers wrote layer_types): Gemma 2 alternates sliding and global
+    layers from the first; Gemma 3 has sliding_window_pattern (every 6th layer global), rope_local_base_freq for the
+    sliding layers and rope_scaling for the global ones."""
+    gemma2 = ModelConfig.from_dict({"architectures": ["Gemma2ForCausalLM"], **BASE_FIELDS, "num_hidden_layers": 4,
+                                    "head_dim": 16, "sliding_window": 4096, "query_pre_attn_scalar": 16,
+                                    "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": 30.0,
+                                    "attn_logit_softcapping": 50.0})
+    assert gemma2.sliding_layers == (True, False, True, False) and gemma2.attn_logit_softcapping == 50.0
+    gemma3 = ModelConfig.from_dict({"architectures": ["Gemma3ForCausalLM"], **BASE_FIELDS, "num_hidden_layers": 7,
+                                    "head_dim": 16, "sliding_window": 512, "sliding_window_pattern": 6,
+                                    "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+                                    "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+                                    "attn_logit_softcapping": None, "final_logit_softcapping": None})
+    assert gemma3.sliding_layers == (True,) * 5 + (False, True)
+    assert (gemma3.rope.theta, gemma3.rope.type, gemma3.rope.factor) == (1_000_000.0, "linear", 8.0)
+    assert (gemma3.rope_local.theta, gemma3.rope_local.type) == (10_000.0, "default")
+    assert gemma3.qk_norm == "head" and gemma3.attn_logit_softcapping is None

@@ -1,4 +1,5 @@
-"""The Llama-family decoder (Llama 2/3/3.x, Mistral, Qwen2) as plain PyTorch modules.
+"""The decoder of every supported family (Llama, Mistral, Qwen, OLMo 2, Granite, Gemma, Phi-3, the MoEs) as plain
+PyTorch modules: one block whose switches come from ModelConfig (docs/models.md).
 
 q/k/v and gate/up projections are fused into one matrix each (the loader concatenates the checkpoint's
 tensors) so a decode step runs two matmuls per block instead of five.
