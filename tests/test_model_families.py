@@ -244,3 +244,32 @@ def test_hub_style_gemma_configs_without_layer_types() -> None:
     assert (gemma3.rope.theta, gemma3.rope.type, gemma3.rope.factor) == (1_000_000.0, "linear", 8.0)
     assert (gemma3.rope_local.theta, gemma3.rope_local.type) == (10_000.0, "default")
     assert gemma3.qk_norm == "head" and gemma3.attn_logit_softcapping is None
+
+
+def test_server_serves_a_moe_model_as_transformers_generates(shared_dir, tmp_path) -> None:
+    """`nexttoken serve` on a Qwen3-MoE model over Qwen2.5's real tokenizer, driven by the openai client: the
+    greedy completion is transformers' greedy continuation of the same prompt ids."""
+    openai = pytest.importorskip("openai")
+    from test_server import start_server, stop_server
+    from tiny_models import build_chat_model
+    from transformers import AutoModelForCausalLM
+
+    from nexttoken.tokenizer import Tokenizer
+
+    folder = build_chat_model(tmp_path / "moe", shared_dir / "tokenizers" / "qwen2.5-instruct", "qwen3_moe",
+                              num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
+    proc, url = start_server(folder)
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        model = client.models.list().data[0].id
+        r = client.completions.create(model=model, prompt="The weather today is", max_tokens=8, temperature=0)
+    finally:
+        stop_server(proc)
+    tok = Tokenizer.from_dir(folder)
+    ids = torch.tensor([tok.encode("The weather today is")])
+    assert r.usage.prompt_tokens == ids.shape[1] and r.usage.completion_tokens > 0
+    hf = AutoModelForCausalLM.from_pretrained(folder).eval()
+    expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=r.usage.completion_tokens,
+                           do_sample=False, eos_token_id=None, pad_token_id=0)[0].tolist()
+    prompt_text = tok.decode(ids[0].tolist(), skip_special_tokens=True)
+    assert prompt_text + r.choices[0].text == tok.decode(expected, skip_special_tokens=True)
