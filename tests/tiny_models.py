@@ -76,6 +76,7 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         rope_type="longrope", rope_theta=10000.0, short_factor=[1.0 + 0.3 * i for i in range(8)],
         long_factor=[1.0 + 1.5 * i for i in range(8)]))),
     "phi3-sliding-tied": ("phi3", dict(sliding_window=6, tie_word_embeddings=True, num_key_value_heads=4)),
+    "phi3-plain": ("phi3", dict(sliding_window=None)),  # Llama's block from a fused checkpoint: the native step runs
     "qwen3-moe-norm-topk": ("qwen3_moe", dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
                                               norm_topk_prob=True, head_dim=24)),
 }
