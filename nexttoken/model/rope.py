@@ -61,14 +61,12 @@ def rope_cos_sin(
     """
     freqs = positions.float()[..., None] * inv_freq  # (B, T, D/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, D): halves layout, as in transformers' rotate_half
-    if scaling != 1.0:  # longrope's attention factor, applied in float32 before the cast as transformers does
-        cos, sin = emb.cos() * scaling, emb.sin() * scaling
-        sin = sin.to(dtype)
-        sin[..., : freqs.shape[-1]].neg_()
-        return cos.to(dtype)[:, None], sin[:, None]
-    sin = emb.sin().to(dtype)
+    cos, sin = emb.cos(), emb.sin()
+    if scaling != 1.0:  # LongRoPE's attention factor, in float32 before the cast as transformers does
+        cos, sin = cos * scaling, sin * scaling
+    sin = sin.to(dtype)
     sin[..., : freqs.shape[-1]].neg_()
-    return emb.cos().to(dtype)[:, None], sin[:, None]
+    return cos.to(dtype)[:, None], sin[:, None]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
