@@ -147,10 +147,10 @@ class ModelConfig:
                 f"{source}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}"
             )
 
-        sliding_window, sliding_layers = _sliding_window(arch, raw, layers)
+        sliding_window, sliding_layers = _sliding_window(arch, raw, layers, source)
         gemma = arch in _GEMMA
         if arch == "Gemma3ForCausalLM":  # two RoPEs: the global layers' and the sliding layers'
-            rope, rope_local = _gemma3_ropes(raw, source)
+            rope, rope_local = _gemma3_ropes(raw, source, head_dim)
         else:
             rope, rope_local = _rope_config(raw, source, head_dim), None
         cfg = cls(
@@ -221,7 +221,7 @@ def _cap(raw: dict[str, Any], key: str, source: str) -> float | None:
     return float(value)
 
 
-def _gemma3_ropes(raw: dict[str, Any], source: str) -> tuple[RopeConfig, RopeConfig]:
+def _gemma3_ropes(raw: dict[str, Any], source: str, head_dim: int) -> tuple[RopeConfig, RopeConfig]:
     """Gemma 3's two RoPEs: (global layers', sliding layers'). transformers 5 writes rope_parameters keyed by layer
     type; older configs write rope_theta + rope_scaling (global) and rope_local_base_freq (sliding)."""
     params = raw.get("rope_parameters") or {}
@@ -233,7 +233,8 @@ def _gemma3_ropes(raw: dict[str, Any], source: str) -> tuple[RopeConfig, RopeCon
     else:
         full = {**(raw.get("rope_scaling") or {}), "rope_theta": raw.get("rope_theta", 1_000_000.0)}
         local = {"rope_theta": raw.get("rope_local_base_freq", 10_000.0)}
-    return (_rope_config({"rope_parameters": full}, source, 0), _rope_config({"rope_parameters": local}, source, 0))
+    return (_rope_config({"rope_parameters": full}, source, head_dim),
+            _rope_config({"rope_parameters": local}, source, head_dim))
 
 
 def _moe_config(arch: str, raw: dict[str, Any], layers: int, source: str) -> MoeConfig:
@@ -310,7 +311,8 @@ def _longrope_config(raw: dict[str, Any], params: dict[str, Any], theta: float, 
                       attention_factor=float(attention))
 
 
-def _sliding_window(arch: str, raw: dict[str, Any], layers: int) -> tuple[int | None, tuple[bool, ...]]:
+def _sliding_window(arch: str, raw: dict[str, Any], layers: int,
+                    source: str = "config") -> tuple[int | None, tuple[bool, ...]]:
     window = raw.get("sliding_window")
     if arch == "LlamaForCausalLM" or window is None:
         return None, (False,) * layers
@@ -319,6 +321,8 @@ def _sliding_window(arch: str, raw: dict[str, Any], layers: int) -> tuple[int | 
         if types is None:
             pattern = 2 if arch == "Gemma2ForCausalLM" else int(raw.get("sliding_window_pattern", 6))
             types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+        if len(types) != layers:
+            raise ModelLoadError(f"{source}: layer_types has {len(types)} entries for num_hidden_layers={layers}")
         return int(window), tuple(t == "sliding_attention" for t in types)
     if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"):
         if not raw.get("use_sliding_window", False):

@@ -177,6 +177,7 @@ BASE_FIELDS = dict(vocab_size=96, hidden_size=64, intermediate_size=112, num_hid
     ("Gemma3ForCausalLM", dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
     ("Gemma2ForCausalLM", dict(hidden_activation="relu"), "'relu'"),
     ("Gemma2ForCausalLM", dict(final_logit_softcapping=-1.0), "final_logit_softcapping"),
+    ("Gemma2ForCausalLM", dict(sliding_window=8, layer_types=["full_attention"]), "layer_types has 1 entries"),
 ])
 def test_bad_family_config_is_a_clear_error(arch, fields, message) -> None:
     with pytest.raises(ModelLoadError, match=message):

@@ -22,7 +22,8 @@ def linear_params(cfg: ModelConfig, experts: float | None = None) -> tuple[int, 
     for layer in range(L):
         moe = cfg.moe
         if moe is not None and moe.sparse_layers[layer]:
-            n, J, S = moe.num_experts if experts is None else experts, moe.intermediate_size, moe.shared_intermediate_size
+            n = moe.num_experts if experts is None else experts
+            J, S = moe.intermediate_size, moe.shared_intermediate_size
             params += attention + n * 3 * J * C + 3 * S * C + moe.num_experts * C
             rows += attention_rows + int(n * (2 * J + C)) + (2 * S + C if S else 0) + moe.num_experts
         else:

@@ -166,7 +166,8 @@ class Transformer(nn.Module):
         # Gemma 3's sliding layers rotate with a RoPE of their own (another base); None: one RoPE for all layers.
         self.local_inv_freq = None if cfg.rope_local is None else inverse_frequencies(cfg.rope_local, cfg.head_dim)
         # Phi-3's LongRoPE: a second set for sequences beyond the original context; None: one set.
-        self.long_inv_freq = inverse_frequencies(cfg.rope, cfg.head_dim, long=True) if cfg.rope.type == "longrope" else None
+        longrope = cfg.rope.type == "longrope"
+        self.long_inv_freq = inverse_frequencies(cfg.rope, cfg.head_dim, long=True) if longrope else None
 
     def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
         # .to(dtype) must not round the RoPE frequencies to bf16; they follow the weights' device only.
