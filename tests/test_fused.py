@@ -14,7 +14,9 @@ from tiny_models import VARIANTS, save_variant
 needs_kernel = pytest.mark.skipif(not kernels.available(), reason="native kernel unavailable (no g++ or no AVX-512)")
 
 # Variants the native step does not cover (a sliding window; Qwen3's q/k norms): they run the modules.
-MODULES_ONLY = {"mistral-sliding", "qwen3-qk-norm", "olmo2-post-norm", "granite-multipliers"}
+MODULES_ONLY = {"mistral-sliding", "qwen3-qk-norm", "olmo2-post-norm", "granite-multipliers", "gemma2-softcap-sliding",
+                "gemma3-local-global-rope", "mixtral-moe", "qwen2-moe-shared", "qwen3-moe-norm-topk", "phi3-longrope-short",
+                "phi3-longrope-long", "phi3-sliding-tied"}
 
 # Unpadded prompts of one length: every decode step is a plain one, the case the fused step takes.
 PROMPTS = torch.tensor([[1, 5, 17, 33, 9, 60], [1, 40, 41, 42, 43, 44], [1, 90, 3, 3, 8, 12]])

@@ -90,6 +90,35 @@ def test_each_variant_exercises_its_feature(pair) -> None:
         assert all(getattr(cfg, name) != 1.0 for name in ("embedding_multiplier", "attention_multiplier",
                                                           "residual_multiplier", "logits_scaling"))
         assert ours.config.attention_multiplier == cfg.attention_multiplier
+    if cfg.model_type in ("gemma2", "gemma3_text"):  # sliding and global layers, a window shorter than the tests
+        types = cfg.layer_types
+        assert "sliding_attention" in types and "full_attention" in types
+        assert [b.attention.sliding for b in ours.layers] == [t == "sliding_attention" for t in types]
+        assert cfg.sliding_window < max(map(len, PROMPTS)) + 40 and ours.config.embed_scale == cfg.hidden_size**0.5
+        assert ours.config.attention_multiplier == cfg.query_pre_attn_scalar**-0.5 != ours.config.head_dim**-0.5
+        norm = ours.layers[0].attention_post_norm.weight
+        assert norm.abs().sum() > 0  # (1 + w) with w away from zero
+    if cfg.model_type == "gemma2":  # both soft-caps bend the numbers: scores and logits reach past the caps
+        assert ours.config.attn_logit_softcapping == cfg.attn_logit_softcapping
+        assert ours.config.final_logit_softcapping == cfg.final_logit_softcapping
+    if cfg.model_type == "gemma3_text":  # the sliding layers' RoPE is another than the global layers' (linear x4)
+        assert ours.local_inv_freq is not None and not torch.allclose(ours.local_inv_freq, ours.inv_freq)
+        assert ours.config.rope.type == "linear" and ours.config.rope.factor == 4.0
+    if cfg.model_type in ("mixtral", "qwen2_moe", "qwen3_moe"):  # sparse layers: top k of the experts
+        moe = ours.config.moe
+        assert moe is not None and 1 < moe.top_k < moe.num_experts
+        assert moe.norm_topk_prob == (cfg.model_type != "qwen2_moe")
+        assert (moe.shared_intermediate_size > 0) == (cfg.model_type == "qwen2_moe")
+        if cfg.model_type == "qwen2_moe":  # mlp_only_layers: layer 1 is a dense MLP
+            assert moe.sparse_layers == (True, False)
+    if cfg.model_type == "phi3":  # fused checkpoint tensors; LongRoPE on one side of the original context or the other
+        assert ours.config.architecture == "Phi3ForCausalLM"
+        rope = ours.config.rope
+        if rope.type == "longrope":
+            widest = max(map(len, PROMPTS))
+            long = rope.original_max_position_embeddings < min(map(len, PROMPTS))  # long from the prompt on
+            assert long or rope.original_max_position_embeddings >= widest + 40  # or short throughout
+            assert rope.attention_factor > 1.0 and not torch.allclose(ours.long_inv_freq, ours.inv_freq)
     window = getattr(cfg, "sliding_window", None)
-    if cfg.model_type == "mistral":
+    if cfg.model_type in ("mistral", "mixtral") or (cfg.model_type == "phi3" and window is not None):
         assert window is not None and window < max(map(len, PROMPTS)) and ours.config.sliding_window == window

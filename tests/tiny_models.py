@@ -49,6 +49,36 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "olmo2-post-norm": ("olmo2", {}),
     "granite-multipliers": ("granite", dict(embedding_multiplier=3.0, attention_multiplier=0.2,
                                             residual_multiplier=0.5, logits_scaling=4.0)),
+    # Gemma 2: alternating sliding (5, shorter than the sequences) and global layers, both soft-caps small enough
+    # to bend the numbers, query_pre_attn_scalar != head_dim, tied embeddings, GeGLU, (1 + w) sandwich norms.
+    "gemma2-softcap-sliding": ("gemma2", dict(head_dim=16, sliding_window=5, attn_logit_softcapping=4.0,
+                                              final_logit_softcapping=6.0, query_pre_attn_scalar=24,
+                                              tie_word_embeddings=True, num_hidden_layers=3)),
+    # Gemma 3: per-head q/k norms, a local RoPE base for the sliding layers and linear scaling on the global ones.
+    "gemma3-local-global-rope": ("gemma3", dict(
+        head_dim=16, sliding_window=5, query_pre_attn_scalar=20, num_hidden_layers=3,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+                         "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0}})),
+    # Mixture of experts: Mixtral (top 2 of 4, renormalised), Qwen2-MoE (a shared expert with its gate, no
+    # renormalisation, a dense layer), Qwen3-MoE (top 3 of 8, norm_topk_prob, per-head q/k norms).
+    "mixtral-moe": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=6)),
+    "qwen2-moe-shared": ("qwen2_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                                           shared_expert_intermediate_size=80, norm_topk_prob=False,
+                                           mlp_only_layers=[1], tie_word_embeddings=True)),
+    # Phi-3: fused qkv and gate_up checkpoints; LongRoPE in both regimes: within the original context (short factors
+    # throughout) and past it from the prompt on (long factors throughout; transformers re-prefills a sequence that
+    # crosses mid-generation, see docs/models.md); and a sliding-window, tied, MHA variant.
+    "phi3-longrope-short": ("phi3", dict(original_max_position_embeddings=64, rope_parameters=dict(
+        rope_type="longrope", rope_theta=10000.0, short_factor=[1.0 + 0.3 * i for i in range(8)],
+        long_factor=[1.0 + 1.5 * i for i in range(8)]))),
+    "phi3-longrope-long": ("phi3", dict(original_max_position_embeddings=2, rope_parameters=dict(
+        rope_type="longrope", rope_theta=10000.0, short_factor=[1.0 + 0.3 * i for i in range(8)],
+        long_factor=[1.0 + 1.5 * i for i in range(8)]))),
+    "phi3-sliding-tied": ("phi3", dict(sliding_window=6, tie_word_embeddings=True, num_key_value_heads=4)),
+    "phi3-plain": ("phi3", dict(sliding_window=None)),  # Llama's block from a fused checkpoint: the native step runs
+    "qwen3-moe-norm-topk": ("qwen3_moe", dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+                                              norm_topk_prob=True, head_dim=24)),
 }
 
 
@@ -62,21 +92,32 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
         "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
         "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM),
+        "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
+        "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
+        "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+        "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
+        "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
     }[arch]
     cfg = cfg_cls(**{**BASE, **overrides})
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()
-    if arch == "qwen2":  # random-init biases are zero; make them matter
+    if arch in ("qwen2", "qwen2_moe"):  # random-init biases are zero; make them matter
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name.endswith("bias"):
                     p.normal_(0, 0.3)
-    if arch in ("qwen3", "olmo2"):  # random-init norm weights are ones; make the q/k norms matter
+    if arch in ("qwen3", "olmo2", "qwen3_moe"):  # random-init norm weights are ones; make the q/k norms matter
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):
                     p.normal_(1.0, 0.5)
+    if arch in ("gemma2", "gemma3"):  # Gemma's norms scale by (1 + w), w initialised to zero; make every norm matter
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.normal_(0.0, 0.5)
     return model
 
 
@@ -99,7 +140,7 @@ def left_padded(prompts: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, t
     return ids, mask
 
 
-def build_chat_model(folder: Path, tokenizer_dir: Path, arch: str, seed: int = 0) -> Path:
+def build_chat_model(folder: Path, tokenizer_dir: Path, arch: str, seed: int = 0, **overrides) -> Path:
     """A random-weight `arch` model over a real tokenizer (its files copied in, its chat template with them), for
     end-to-end chat runs: the outputs are noise, but every path (template, tokenizer, constraints) is real."""
     import json
@@ -116,6 +157,6 @@ def build_chat_model(folder: Path, tokenizer_dir: Path, arch: str, seed: int = 0
     vocab = -(-len(tok) // 64) * 64  # checkpoints round the embedding rows up
     model = build_hf_model(arch, seed=seed, vocab_size=vocab, hidden_size=32, intermediate_size=64,
                            max_position_embeddings=4096, tie_word_embeddings=True, initializer_range=0.02,
-                           bos_token_id=tok.bos_token_id, eos_token_id=eos, pad_token_id=None)
+                           bos_token_id=tok.bos_token_id, eos_token_id=eos, pad_token_id=None, **overrides)
     model.save_pretrained(folder)
     return folder

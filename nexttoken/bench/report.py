@@ -12,17 +12,37 @@ from ..config import ModelConfig
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def linear_params(cfg: ModelConfig) -> tuple[int, int]:
-    """(parameters of all linear layers read per forward incl. lm_head, output rows of them)."""
+def linear_params(cfg: ModelConfig, experts: float | None = None) -> tuple[int, int]:
+    """(parameters of all linear layers read per forward incl. lm_head, output rows of them). In a mixture of
+    experts' sparse layers, `experts` of them (default: all, what memory holds) plus the router."""
     C, I, D, L = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.num_hidden_layers
     q, kv = cfg.num_attention_heads * D, cfg.num_key_value_heads * D
-    per_layer = C * (q + 2 * kv) + q * C + 2 * I * C + C * I
-    rows = L * ((q + 2 * kv) + C + 2 * I + C) + cfg.vocab_size
-    return L * per_layer + cfg.vocab_size * C, rows
+    attention, attention_rows = C * (q + 2 * kv) + q * C, (q + 2 * kv) + C
+    params, rows = cfg.vocab_size * C, cfg.vocab_size
+    for layer in range(L):
+        moe = cfg.moe
+        if moe is not None and moe.sparse_layers[layer]:
+            n = moe.num_experts if experts is None else experts
+            J, S = moe.intermediate_size, moe.shared_intermediate_size
+            params += attention + n * 3 * J * C + 3 * S * C + moe.num_experts * C
+            rows += attention_rows + int(n * (2 * J + C)) + (2 * S + C if S else 0) + moe.num_experts
+        else:
+            params += attention + 3 * I * C
+            rows += attention_rows + 2 * I + C
+    return int(params), rows
 
 
-def _linear_bytes(cfg: ModelConfig, engine: str, dtype: str) -> float:
-    params, rows = linear_params(cfg)
+def experts_read(cfg: ModelConfig, batch: int) -> float | None:
+    """Expected distinct experts a decode step of `batch` tokens reads per sparse layer, routing uniform:
+    E (1 - (1 - k/E)^batch). None for a dense model."""
+    if cfg.moe is None:
+        return None
+    E, k = cfg.moe.num_experts, cfg.moe.top_k
+    return E * (1 - (1 - k / E) ** batch)
+
+
+def _linear_bytes(cfg: ModelConfig, engine: str, dtype: str, experts: float | None = None) -> float:
+    params, rows = linear_params(cfg, experts)
     return float(params + rows * 4 if "int8" in engine else params * _BYTES[dtype])
 
 
@@ -37,7 +57,7 @@ def _weights_and_kv(cfg: ModelConfig, engine: str, dtype: str, batch: int, conte
 
 
 def prefill_flops(cfg: ModelConfig, batch: int, prompt: int) -> float:
-    params, _ = linear_params(cfg)
+    params, _ = linear_params(cfg, cfg.moe.top_k if cfg.moe else None)  # a token runs its top k experts
     body = params - cfg.vocab_size * cfg.hidden_size
     attention = 2 * 2 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * prompt * prompt / 2
     return batch * (2 * body * prompt + 2 * cfg.vocab_size * cfg.hidden_size + attention)
@@ -61,7 +81,7 @@ def summarize(raw: dict, workload) -> dict:  # noqa: ANN001
         # Read per step: every linear layer once (lm_head included, embedding rows negligible) + the KV cache
         # at its average length over the decode.
         kv_read = kv * (workload.prompt_len + workload.new_tokens / 2) / (workload.prompt_len + workload.new_tokens)
-        step_bytes = _linear_bytes(cfg, m.engine, workload.dtype) + kv_read
+        step_bytes = _linear_bytes(cfg, m.engine, workload.dtype, experts_read(cfg, m.batch)) + kv_read
         flops = prefill_flops(cfg, m.batch, workload.prompt_len)
         rows.append({
             "engine": m.engine, "batch": m.batch,

@@ -1,4 +1,5 @@
-"""Benchmark models: Llama shapes with random weights, written once as a Hugging Face folder both engines load."""
+"""Benchmark models: Llama shapes (and a Qwen3-MoE one) with random weights, written once as a Hugging Face folder
+both engines load."""
 
 from __future__ import annotations
 
@@ -20,6 +21,13 @@ SHAPES: dict[str, tuple[dict, str]] = {
                 num_key_value_heads=8, head_dim=64, vocab_size=128256, rope_theta=500000.0,
                 rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                   original_max_position_embeddings=8192)), "bfloat16"),
+    # Qwen3-30B-A3B's proportions at a size two cores run: 64 experts, 8 chosen per token (1/8 of the expert
+    # weights active), per-head q/k norms, GQA with head_dim 64. ~270M parameters, ~45M active per token.
+    "moe": (dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=512,
+                 intermediate_size=1536, moe_intermediate_size=256, num_experts=64, num_experts_per_tok=8,
+                 norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=8,
+                 num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=32000,
+                 rope_theta=1000000.0), "float32"),
 }
 
 
@@ -55,9 +63,18 @@ def random_checkpoint(shape: str, dtype: str, directory: Path, seed: int = 0) ->
             p + "post_attention_layernorm.weight": torch.ones(C, dtype=tdtype),
             p + "self_attn.q_proj.weight": rand(q, C), p + "self_attn.k_proj.weight": rand(kv, C),
             p + "self_attn.v_proj.weight": rand(kv, C), p + "self_attn.o_proj.weight": rand(C, q),
-            p + "mlp.gate_proj.weight": rand(I, C), p + "mlp.up_proj.weight": rand(I, C),
-            p + "mlp.down_proj.weight": rand(C, I),
         }
+        if "num_experts" in cfg:  # Qwen3-MoE: per-head q/k norms, a router and per-expert gated MLPs
+            E, J = cfg["num_experts"], cfg["moe_intermediate_size"]
+            t |= {p + "self_attn.q_norm.weight": torch.ones(D, dtype=tdtype),
+                  p + "self_attn.k_norm.weight": torch.ones(D, dtype=tdtype), p + "mlp.gate.weight": rand(E, C)}
+            for e in range(E):
+                x = f"{p}mlp.experts.{e}."
+                t |= {x + "gate_proj.weight": rand(J, C), x + "up_proj.weight": rand(J, C),
+                      x + "down_proj.weight": rand(C, J)}
+        else:
+            t |= {p + "mlp.gate_proj.weight": rand(I, C), p + "mlp.up_proj.weight": rand(I, C),
+                  p + "mlp.down_proj.weight": rand(C, I)}
     save_file(t, str(directory / "model.safetensors"), metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(cfg, indent=1))
     return directory

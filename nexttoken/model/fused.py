@@ -80,8 +80,9 @@ def _key(model: torch.nn.Module, cache: KVCache) -> tuple:
     for block in model._modules["layers"]._modules.values():
         parts = block._modules
         att, mlp = parts["attention"]._modules, parts["mlp"]._modules
-        for m in (parts["attention_norm"], parts["ffn_norm"], att["wqkv"], att["wo"], mlp["w13"], mlp["w2"]):
-            key += (id(m), _weight(m).data_ptr())
+        for m in (parts["attention_norm"], parts["ffn_norm"], att["wqkv"], att["wo"], mlp.get("w13"), mlp.get("w2")):
+            if m is not None:  # a MoE block has no w13 / w2 of its own (the plan then says no)
+                key += (id(m), _weight(m).data_ptr())
     return tuple(key)
 
 
@@ -107,7 +108,7 @@ class _Plan:
                      type(block.ffn_norm))
             if parts != (Block, Attention, MLP, RMSNorm, RMSNorm) or block.attention.sliding:
                 return
-            if not cfg.plain:  # q/k norms, norms after the branches, multipliers: not in the native step
+            if not cfg.plain:  # q/k norms, other norms, multipliers, soft-caps, GeGLU, MoE: not in the native step
                 return
             linears = [_linear(m) for m in (block.attention.wqkv, block.attention.wo, block.mlp.w13, block.mlp.w2)]
             if any(lin is None for lin in linears):

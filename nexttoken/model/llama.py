@@ -1,4 +1,5 @@
-"""The Llama-family decoder (Llama 2/3/3.x, Mistral, Qwen2) as plain PyTorch modules.
+"""The decoder of every supported family (Llama, Mistral, Qwen, OLMo 2, Granite, Gemma, Phi-3, the MoEs) as plain
+PyTorch modules: one block whose switches come from ModelConfig (docs/models.md).
 
 q/k/v and gate/up projections are fused into one matrix each (the loader concatenates the checkpoint's
 tensors) so a decode step runs two matmuls per block instead of five.
@@ -15,13 +16,14 @@ from . import fused
 from .batch import ForwardBatch
 from .cache import KVCache
 from .linear import Linear
-from .rope import apply_rope, inverse_frequencies, rope_cos_sin
+from .moe import MoE
+from .rope import apply_rope, inverse_frequencies, longrope_inv_freq, rope_cos_sin
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, plus_one: bool = False) -> None:
         super().__init__()
-        self.eps = eps
+        self.eps, self.plus_one = eps, plus_one
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -31,7 +33,16 @@ class RMSNorm(nn.Module):
         if dtype != torch.float32:
             x = x.float()
         x = x * x.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        if self.plus_one:  # Gemma: scaled by (1 + weight) in float32, then cast (its order, not Llama's)
+            return (x * (1.0 + self.weight.float())).to(dtype)
         return self.weight * (x if dtype == torch.float32 else x.to(dtype))
+
+
+def activation(name: str):  # noqa: ANN201
+    """The MLP's gate activation by its config name (ModelConfig validated it)."""
+    if name == "gelu_pytorch_tanh":
+        return lambda x: F.gelu(x, approximate="tanh")
+    return F.silu
 
 
 class Attention(nn.Module):
@@ -47,9 +58,10 @@ class Attention(nn.Module):
         # q and k RMS-normalised before RoPE: each head over its head_dim (Qwen3), or the whole projection (OLMo 2).
         self.qk_norm = cfg.qk_norm
         q_dim, k_dim = (self.head_dim, self.head_dim) if cfg.qk_norm == "head" else (q_size, kv_size)
-        self.q_norm = RMSNorm(q_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(k_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.q_norm = RMSNorm(q_dim, cfg.rms_norm_eps, cfg.norm_plus_one) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(k_dim, cfg.rms_norm_eps, cfg.norm_plus_one) if cfg.qk_norm else None
         self.scale = cfg.attention_multiplier  # None: SDPA's 1/sqrt(head_dim)
+        self.softcap = cfg.attn_logit_softcapping
 
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor
@@ -69,36 +81,62 @@ class Attention(nn.Module):
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         keys, values = cache.update(self.layer, batch, k, v)  # (B, Hkv, S, D)
         mask = batch.window_mask if self.sliding else batch.mask
-        y = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv_heads, scale=self.scale
-        )  # (B, H, T, D)
+        if self.softcap is not None:
+            y = softcapped_attention(q, keys, values, mask, self.scale, self.softcap)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv_heads, scale=self.scale
+            )  # (B, H, T, D)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 
+def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                         scale: float | None, cap: float) -> torch.Tensor:
+    """Attention whose scores are soft-capped (Gemma 2: cap * tanh(s / cap)) before the softmax, which SDPA cannot
+    do: q (B, H, T, D), k and v (B, Hkv, S, D), mask (B, 1, T, S) bool or None -> (B, H, T, D). transformers'
+    eager order: scores in the activation dtype, softmax in float32, probabilities cast back."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
+    scores = (q @ k.transpose(2, 3)) * (q.shape[-1] ** -0.5 if scale is None else scale)  # (B, H, T, S)
+    scores = torch.tanh(scores / cap) * cap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+
+
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, intermediate: int | None = None) -> None:
         super().__init__()
-        self.intermediate = cfg.intermediate_size
-        self.w13 = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)  # gate ++ up
-        self.w2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.intermediate = intermediate or cfg.intermediate_size  # a MoE expert's is its own
+        self.w13 = Linear(cfg.hidden_size, 2 * self.intermediate, bias=cfg.mlp_bias)  # gate ++ up
+        self.w2 = Linear(self.intermediate, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.act = activation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w13(x).split(self.intermediate, dim=-1)
-        return self.w2(F.silu(gate) * up)
+        return self.w2(self.act(gate) * up)
 
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
-        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one)
         self.attention = Attention(cfg, layer)
-        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one)
+        self.mlp = MoE(cfg, lambda width: MLP(cfg, width)) if cfg.moe and cfg.moe.sparse_layers[layer] else MLP(cfg)
         self.norm_after, self.residual = cfg.norm_after, cfg.residual_multiplier
+        if cfg.sandwich_norm:  # Gemma 2 / 3: each branch's output normed too, before the residual add
+            self.attention_post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one)
+            self.ffn_post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one)
+        self.sandwich = cfg.sandwich_norm
 
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
+        if self.sandwich:
+            x = x + self.attention_post_norm(self.attention(self.attention_norm(x), batch, cache, cos, sin))
+            return x + self.ffn_post_norm(self.mlp(self.ffn_norm(x)))
         if self.norm_after:  # OLMo 2: the branch's output is normed, then added
             x = x + self.attention_norm(self.attention(x, batch, cache, cos, sin))
             return x + self.ffn_norm(self.mlp(x))
@@ -122,14 +160,24 @@ class Transformer(nn.Module):
             nn.init.normal_(table)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=table)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.inv_freq = inverse_frequencies(cfg.rope, cfg.head_dim)  # (D/2,) float32, never cast
+        # Gemma 3's sliding layers rotate with a RoPE of their own (another base); None: one RoPE for all layers.
+        self.local_inv_freq = None if cfg.rope_local is None else inverse_frequencies(cfg.rope_local, cfg.head_dim)
+        # Phi-3's LongRoPE: a second set for sequences beyond the original context; None: one set.
+        longrope = cfg.rope.type == "longrope"
+        self.long_inv_freq = inverse_frequencies(cfg.rope, cfg.head_dim, long=True) if longrope else None
 
     def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
         # .to(dtype) must not round the RoPE frequencies to bf16; they follow the weights' device only.
         super()._apply(fn, recurse)
-        self.inv_freq = inverse_frequencies(self.config.rope, self.config.head_dim).to(self.embed.weight.device)
+        cfg, device = self.config, self.embed.weight.device
+        self.inv_freq = inverse_frequencies(cfg.rope, cfg.head_dim).to(device)
+        if cfg.rope_local is not None:
+            self.local_inv_freq = inverse_frequencies(cfg.rope_local, cfg.head_dim).to(device)
+        if cfg.rope.type == "longrope":
+            self.long_inv_freq = inverse_frequencies(cfg.rope, cfg.head_dim, long=True).to(device)
         return self
 
     @property
@@ -156,10 +204,19 @@ class Transformer(nn.Module):
         x = self.embed(input_ids)  # (B, T, C)
         if cfg.embedding_multiplier != 1.0:
             x = x * cfg.embedding_multiplier
-        cos, sin = rope_cos_sin(self.inv_freq, batch.positions, x.dtype)
+        if cfg.embed_scale is not None:  # Gemma: x sqrt(hidden), the factor rounded to the dtype as transformers does
+            x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
+        inv_freq = longrope_inv_freq(cfg.rope, self.inv_freq, self.long_inv_freq, batch.positions)
+        cos, sin = rope_cos_sin(inv_freq, batch.positions, x.dtype, cfg.rope.attention_factor)
+        local = None if self.local_inv_freq is None else rope_cos_sin(self.local_inv_freq, batch.positions, x.dtype)
         for block in self.layers:
-            x = block(x, batch, cache, cos, sin)
+            if local is not None and block.attention.sliding:
+                x = block(x, batch, cache, *local)
+            else:
+                x = block(x, batch, cache, cos, sin)
         if batch.last_only:
             x = x[:, -1]
         logits = self.lm_head(self.norm(x))
+        if cfg.final_logit_softcapping is not None:  # Gemma: cap * tanh(logits / cap)
+            logits = torch.tanh(logits / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
         return logits / cfg.logits_scaling if cfg.logits_scaling != 1.0 else logits

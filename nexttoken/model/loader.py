@@ -13,6 +13,7 @@ from ..config import ModelConfig
 from ..errors import MissingFileError, ModelLoadError
 from .llama import Transformer
 from .memory import copy_into_arena
+from .moe import checkpoint_shapes as moe_shapes, checkpoint_state as moe_state
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Tensors some checkpoints carry that hold nothing we need (RoPE tables are recomputed from the config).
@@ -92,10 +93,20 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "self_attn.k_proj.weight": (kv, C),
             p + "self_attn.v_proj.weight": (kv, C),
             p + "self_attn.o_proj.weight": (C, q),
-            p + "mlp.gate_proj.weight": (I, C),
-            p + "mlp.up_proj.weight": (I, C),
-            p + "mlp.down_proj.weight": (C, I),
         }
+        if _fused_checkpoint(cfg):  # Phi-3 stores q/k/v and gate/up fused, in our layout already
+            for x in "qkv":
+                del shapes[p + f"self_attn.{x}_proj.weight"]
+            shapes |= {p + "self_attn.qkv_proj.weight": (q + 2 * kv, C), p + "mlp.gate_up_proj.weight": (2 * I, C),
+                       p + "mlp.down_proj.weight": (C, I)}
+            continue
+        if cfg.sandwich_norm:
+            shapes |= {p + "pre_feedforward_layernorm.weight": (C,), p + "post_feedforward_layernorm.weight": (C,)}
+        if cfg.moe and cfg.moe.sparse_layers[i]:
+            shapes |= moe_shapes(cfg, i)
+        else:
+            shapes |= {p + "mlp.gate_proj.weight": (I, C), p + "mlp.up_proj.weight": (I, C),
+                       p + "mlp.down_proj.weight": (C, I)}
         if cfg.qk_norm:
             qn, kn = (D, D) if cfg.qk_norm == "head" else (q, kv)
             shapes |= {p + "self_attn.q_norm.weight": (qn,), p + "self_attn.k_norm.weight": (kn,)}
@@ -106,6 +117,10 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if cfg.mlp_bias:
             shapes |= {p + "mlp.gate_proj.bias": (I,), p + "mlp.up_proj.bias": (I,), p + "mlp.down_proj.bias": (C,)}
     return shapes
+
+
+def _fused_checkpoint(cfg: ModelConfig) -> bool:
+    return cfg.architecture == "Phi3ForCausalLM"
 
 
 def check_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: Path) -> None:
@@ -136,11 +151,23 @@ def to_state_dict(cfg: ModelConfig, t: dict[str, torch.Tensor]) -> dict[str, tor
         # The block's two norms: before attention and MLP (Llama), or after them (OLMo 2's post norms).
         first, second = ("post_attention_layernorm", "post_feedforward_layernorm") if cfg.norm_after else (
             "input_layernorm", "post_attention_layernorm")
+        if cfg.sandwich_norm:  # Gemma 2 / 3: four norms, before and after each branch
+            first, second = "input_layernorm", "pre_feedforward_layernorm"
+            sd[o + "attention_post_norm.weight"] = t[p + "post_attention_layernorm.weight"]
+            sd[o + "ffn_post_norm.weight"] = t[p + "post_feedforward_layernorm.weight"]
         sd[o + "attention_norm.weight"] = t[p + first + ".weight"]
         sd[o + "ffn_norm.weight"] = t[p + second + ".weight"]
+        if cfg.moe and cfg.moe.sparse_layers[i]:
+            sd |= moe_state(cfg, t, i)
         if cfg.qk_norm:
             sd[o + "attention.q_norm.weight"] = t[p + "self_attn.q_norm.weight"]
             sd[o + "attention.k_norm.weight"] = t[p + "self_attn.k_norm.weight"]
+        if _fused_checkpoint(cfg):  # [q; k; v] and [gate; up] rows: our fused matrices as they are
+            sd[o + "attention.wqkv.weight"] = t[p + "self_attn.qkv_proj.weight"]
+            sd[o + "attention.wo.weight"] = t[p + "self_attn.o_proj.weight"]
+            sd[o + "mlp.w13.weight"] = t[p + "mlp.gate_up_proj.weight"]
+            sd[o + "mlp.w2.weight"] = t[p + "mlp.down_proj.weight"]
+            continue
         for kind in ("weight", "bias"):
             names = [p + f"self_attn.{x}_proj.{kind}" for x in "qkv"]
             if names[0] in t:

@@ -13,10 +13,14 @@ import torch
 from ..config import RopeConfig
 
 
-def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    """(head_dim/2,) float32 inverse frequencies for this RoPE variant."""
+def inverse_frequencies(rope: RopeConfig, head_dim: int, long: bool = False) -> torch.Tensor:
+    """(head_dim/2,) float32 inverse frequencies for this RoPE variant (longrope: the short set, or with `long` the
+    set for sequences beyond the original context)."""
     # Explicit CPU so that building a model under `torch.device("meta")` still gets real frequencies.
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+    if rope.type == "longrope":  # transformers' order: 1 / (factors * base ** exponent)
+        factors = torch.tensor(rope.long_factor if long else rope.short_factor, dtype=torch.float32, device="cpu")
+        return 1.0 / (factors * rope.theta**exponent)
     inv_freq = 1.0 / (rope.theta**exponent)
     if rope.type == "linear":
         return inv_freq / rope.factor
@@ -38,8 +42,17 @@ def _llama3_scaling(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
+def longrope_inv_freq(rope: RopeConfig, short: torch.Tensor, long: torch.Tensor | None,
+                      positions: torch.Tensor) -> torch.Tensor:
+    """The frequencies one forward rotates with. LongRoPE as transformers (and vLLM) decide it: the long set once
+    the furthest position in the forward passes the original context, for every row of that forward."""
+    if long is None or int(positions.max()) + 1 <= rope.original_max_position_embeddings:
+        return short
+    return long
+
+
 def rope_cos_sin(
-    inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
+    inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype, scaling: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and signed sin, each (B, 1, T, head_dim), for integer positions (B, T).
 
@@ -48,9 +61,12 @@ def rope_cos_sin(
     """
     freqs = positions.float()[..., None] * inv_freq  # (B, T, D/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, D): halves layout, as in transformers' rotate_half
-    sin = emb.sin().to(dtype)
+    cos, sin = emb.cos(), emb.sin()
+    if scaling != 1.0:  # LongRoPE's attention factor, in float32 before the cast as transformers does
+        cos, sin = cos * scaling, sin * scaling
+    sin = sin.to(dtype)
     sin[..., : freqs.shape[-1]].neg_()
-    return emb.cos().to(dtype)[:, None], sin[:, None]
+    return cos.to(dtype)[:, None], sin[:, None]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,100 @@
+"""A sparse mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE): the block's MLP where a layer is sparse.
+
+A router scores every expert per token; the top k are run, weighted by their softmax probabilities (renormalised
+over the k where the family does), and summed. Only the chosen experts run, each on the tokens that chose it.
+Each expert is an ordinary gated MLP of `Linear` layers, so decode-sized products take the native weight-streaming
+kernel and int8 quantization covers the experts like any other layer. The router (and Qwen2-MoE's shared-expert
+gate) stay plain `nn.Linear` in the model's dtype: quantizing them would move tokens to other experts.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: ModelConfig, mlp: Callable[[int], nn.Module]) -> None:
+        """`mlp(intermediate)` builds one gated MLP of that width (the model's own MLP class)."""
+        super().__init__()
+        moe = cfg.moe
+        assert moe is not None
+        self.top_k, self.norm_topk, self.float32_weights = moe.top_k, moe.norm_topk_prob, moe.router_weights_float32
+        self.gate = nn.Linear(cfg.hidden_size, moe.num_experts, bias=False)  # the router: (E, C)
+        self.experts = nn.ModuleList(mlp(moe.intermediate_size) for _ in range(moe.num_experts))
+        self.shared = mlp(moe.shared_intermediate_size) if moe.shared_intermediate_size else None
+        self.shared_gate = nn.Linear(cfg.hidden_size, 1, bias=False) if self.shared is not None else None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (N, C) -> (weights (N, k), chosen experts (N, k)), by transformers' rules for the family."""
+        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # (N, E)
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # (N, k)
+        if self.norm_topk:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return (weights if self.float32_weights else weights.to(x.dtype)), chosen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])  # (N, C)
+        weights, chosen = self.route(x)
+        out = torch.zeros_like(x)  # (N, C)
+        # Experts in ascending order, each adding into its tokens' rows: transformers' order of the sums, so the
+        # float results agree to the last bit. One device sync (the list of chosen experts) per layer.
+        for e in torch.unique(chosen).tolist():
+            rows, slot = torch.where(chosen == e)  # the tokens that chose expert e, and where in their top k
+            y = self.experts[e](x[rows]) * weights[rows, slot, None]  # (n_e, C)
+            out.index_add_(0, rows, y.to(out.dtype))
+        if self.shared is not None:  # Qwen2-MoE: an expert every token runs, scaled by its own sigmoid gate
+            out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
+        return out.view(shape)
+
+
+def checkpoint_shapes(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:
+    """The checkpoint tensors of a sparse layer's MLP (Mixtral's and Qwen's names) and their shapes."""
+    moe, C = cfg.moe, cfg.hidden_size
+    assert moe is not None
+    I, p = moe.intermediate_size, _prefix(cfg, layer)
+    names = _expert_names(cfg)
+    shapes = {p + "gate.weight": (moe.num_experts, C)}
+    for e in range(moe.num_experts):
+        shapes |= {f"{p}experts.{e}.{names[0]}.weight": (I, C), f"{p}experts.{e}.{names[1]}.weight": (I, C),
+                   f"{p}experts.{e}.{names[2]}.weight": (C, I)}
+    if moe.shared_intermediate_size:
+        S = moe.shared_intermediate_size
+        shapes |= {p + "shared_expert.gate_proj.weight": (S, C), p + "shared_expert.up_proj.weight": (S, C),
+                   p + "shared_expert.down_proj.weight": (C, S), p + "shared_expert_gate.weight": (1, C)}
+    return shapes
+
+
+def checkpoint_state(cfg: ModelConfig, t: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Tensor]:
+    """A sparse layer's checkpoint tensors -> our names under layers.{layer}.mlp, gate and up fused per expert."""
+    moe = cfg.moe
+    assert moe is not None
+    p, o = _prefix(cfg, layer), f"layers.{layer}.mlp."
+    gate, up, down = _expert_names(cfg)
+    sd = {o + "gate.weight": t[p + "gate.weight"]}
+    for e in range(moe.num_experts):
+        x = f"{p}experts.{e}."
+        sd[f"{o}experts.{e}.w13.weight"] = torch.cat([t[x + gate + ".weight"], t[x + up + ".weight"]])
+        sd[f"{o}experts.{e}.w2.weight"] = t[x + down + ".weight"]
+    if moe.shared_intermediate_size:
+        x = p + "shared_expert."
+        sd[o + "shared.w13.weight"] = torch.cat([t[x + "gate_proj.weight"], t[x + "up_proj.weight"]])
+        sd[o + "shared.w2.weight"] = t[x + "down_proj.weight"]
+        sd[o + "shared_gate.weight"] = t[p + "shared_expert_gate.weight"]
+    return sd
+
+
+def _prefix(cfg: ModelConfig, layer: int) -> str:
+    return f"model.layers.{layer}." + ("block_sparse_moe." if cfg.architecture == "MixtralForCausalLM" else "mlp.")
+
+
+def _expert_names(cfg: ModelConfig) -> tuple[str, str, str]:
+    """(gate, up, down) projections of one expert: Mixtral's w1 / w3 / w2, Qwen's gate_proj / up_proj / down_proj."""
+    if cfg.architecture == "MixtralForCausalLM":
+        return "w1", "w3", "w2"
+    return "gate_proj", "up_proj", "down_proj"
