@@ -6,7 +6,8 @@ batch of one and more), so a row's numbers would change with its batch-mates. Th
 shape a row sees a function of that row alone: decode rows are grouped by a key-length bucket that depends
 only on the request's own length (a power of two), each group is cut into forwards of at most MAX_ROWS rows
 (the native decode kernel's limit: beyond it torch's GEMM takes over, with other numbers) and padded to at least
-MIN_ROWS rows (torch's GEMM with 1, 2-3 and >= 4 rows differs too), and a prefill chunk always runs one
+MIN_ROWS rows (torch's GEMM with 1, 2-3 and >= 4 rows differs too), attention runs one row at a time
+(`ForwardBatch.rowwise`: CPU SDPA splits a batch across threads, and a row's numbers depend on its thread), and a prefill chunk always runs one
 request alone with chunk boundaries at fixed multiples of the chunk size. A request's greedy output is then the
 same alone or among others.
 
@@ -18,6 +19,8 @@ is used depends on the model alone, so a request never changes path with its bat
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -135,7 +138,7 @@ class ModelRunner:
         ids = torch.tensor([[s.last_token] for s in group + pad], device=device)  # (B, 1)
         cols = torch.tensor([[s.num_tokens - 1] for s in group + pad], device=device)  # (B, 1)
         valid = torch.ones(len(rows), span, dtype=torch.bool, device=device)
-        batch = ForwardBatch.build(cols, cols, valid, span, self.window)
+        batch = dataclasses.replace(ForwardBatch.build(cols, cols, valid, span, self.window), rowwise=True)
         logits = self.model(ids, batch, RowsView(self.cache, rows, n, span), **(extra or {})).float()
         for seq in group:
             seq.num_cached = seq.num_tokens

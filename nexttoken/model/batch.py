@@ -16,6 +16,9 @@ class ForwardBatch:
     window_mask: torch.Tensor | None = None  # the same, limited to the sliding window (None: no such layers)
     write_start: int | None = None  # set when every row writes columns write_start..+T (a slice is enough)
     last_only: bool = True  # compute logits for the last position only (generation needs no more)
+    # Attention one row at a time. CPU SDPA splits a batch across threads and a row's numbers then depend on
+    # which thread (so which batch-mates) it got; the engine's decode groups set this so they cannot.
+    rowwise: bool = False
 
     @classmethod
     def build(

@@ -81,13 +81,21 @@ class Attention(nn.Module):
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         keys, values = cache.update(self.layer, batch, k, v)  # (B, Hkv, S, D)
         mask = batch.window_mask if self.sliding else batch.mask
-        if self.softcap is not None:
-            y = softcapped_attention(q, keys, values, mask, self.scale, self.softcap)
+        if batch.rowwise and B > 1:  # each row alone: its numbers cannot depend on its batch-mates
+            y = torch.cat([self._attend(q[b : b + 1], keys[b : b + 1], values[b : b + 1],
+                                        None if mask is None else mask[b : b + 1]) for b in range(B)])
         else:
-            y = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv_heads, scale=self.scale
-            )  # (B, H, T, D)
+            y = self._attend(q, keys, values, mask)  # (B, H, T, D)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """q (B, H, T, D), keys and values (B, Hkv, S, D), mask (B, 1, T, S) bool or None -> (B, H, T, D)."""
+        if self.softcap is not None:
+            return softcapped_attention(q, keys, values, mask, self.scale, self.softcap)
+        return F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv_heads, scale=self.scale
+        )
 
 
 def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
