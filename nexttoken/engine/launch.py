@@ -85,11 +85,14 @@ def load_sharded(
     quantize: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     on_failure: Callable[[str], None] | None = None,
+    threads: int | None = None,
 ):  # noqa: ANN201
     """Rank 0's shard of the model at `path`, with `model.cluster` driving the other ranks.
 
     Spawns the other ranks as local processes, or, under torchrun, joins the group torchrun set up; there a
-    rank other than 0 serves as a worker and then exits the process (SystemExit)."""
+    rank other than 0 serves as a worker and then exits the process (SystemExit). Local ranks share this
+    machine's cores: each runs `threads` torch threads (default: this process's count / N, at least 1; this
+    process's own count is set to it), since N ranks each spinning all cores' threads wait on one another."""
     path = Path(path)
     _check(path, tensor_parallel_size, quantize, timeout)
     if under_torchrun():
@@ -101,10 +104,12 @@ def load_sharded(
             "this process already belongs to a torch.distributed process group: close the other tensor-parallel "
             "model first (LLM.close()), or launch with torchrun"
         )
+    threads = threads or max(1, torch.get_num_threads() // tensor_parallel_size)
+    torch.set_num_threads(threads)
     port = free_port()
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "WORLD_SIZE": str(tensor_parallel_size), "NEXTTOKEN_TP_CHILD": "1"}
-    args = ["--model", str(path), "--timeout", str(timeout)]
+    args = ["--model", str(path), "--timeout", str(timeout), "--threads", str(threads)]
     if dtype is not None:
         args += ["--dtype", str(dtype).removeprefix("torch.")]
     if quantize not in (None, "none"):
@@ -190,7 +195,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device")
     p.add_argument("--quantize")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
+    p.add_argument("--threads", type=int)
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = _device(args.device, int(os.environ.get("LOCAL_RANK", rank)))
     dist.init_process_group(backend_for(device), timeout=timedelta(seconds=args.timeout))
