@@ -20,6 +20,7 @@ processes. Any of these calls `Cluster.fail`: later steps raise TensorParallelEr
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import socket
@@ -115,17 +116,31 @@ class Cluster:
             self._threads.append(threading.Thread(target=self._watch, name="nexttoken-tp-watch", daemon=True))
         for t in self._threads:
             t.start()
+        atexit.register(self.close)  # the workers are told to stop when this process ends
 
     def check(self) -> None:
         if self.failure is not None:
             raise TensorParallelError(self.failure)
 
+    def lost(self) -> str:
+        """Which local worker died, when one did (a collective that fails on a dead peer usually returns before the
+        process is reaped, so this waits a moment for it); "" when none did (a hang, or a remote rank)."""
+        deadline = time.monotonic() + 1.0
+        while True:
+            dead = [(r, p) for r, p in enumerate(self.workers, start=1) if p.poll() is not None]
+            if dead or time.monotonic() > deadline or not self.workers:
+                break
+            time.sleep(0.05)
+        return "; ".join(f"rank {r} (pid {p.pid}) exited with code {p.returncode}" for r, p in dead)
+
     def fail(self, message: str) -> None:
         if self.failure is None:
+            message += "; the model's shards are incomplete, so this engine cannot go on"
             self.failure = message
-            print(f"nexttoken: tensor parallelism failed: {message}", file=sys.stderr, flush=True)
             if self.on_failure is not None:
                 self.on_failure(message)
+            else:
+                print(f"nexttoken: tensor parallelism failed: {message}", file=sys.stderr, flush=True)
 
     def send(self, message: StepMessage) -> None:
         """Broadcast one message (the lock is held)."""
@@ -133,7 +148,8 @@ class Cluster:
         try:
             dist.broadcast_object_list([message], src=0, group=self.ranks.group)
         except Exception as e:  # noqa: BLE001 - gloo reports a dead peer or a timeout as RuntimeError
-            self.fail(f"sending the step to the other ranks failed ({_short(e)}): a rank died or hung")
+            self.fail(self.lost() or f"sending the step to the other ranks failed ({_short(e)}): a rank died or "
+                      f"hung (nothing for {self.timeout:g} s)")
             raise TensorParallelError(self.failure) from e
         self.last_message = time.monotonic()
 
@@ -152,7 +168,8 @@ class Cluster:
                 except TensorParallelError:
                     return
                 except Exception as e:  # noqa: BLE001
-                    self.fail(f"a rank did not answer the heartbeat within {self.timeout:g} s ({_short(e)})")
+                    self.fail(self.lost() or f"a rank did not answer the heartbeat within {self.timeout:g} s "
+                              f"({_short(e)}): a rank died or hung")
                     return
                 finally:
                     self.ranks.active = False
@@ -162,8 +179,7 @@ class Cluster:
             for rank, proc in enumerate(self.workers, start=1):
                 code = proc.poll()
                 if code is not None and self.failure is None:
-                    self.fail(f"rank {rank} (pid {proc.pid}) exited with code {code}; the model's shards are "
-                              "incomplete, so this engine cannot go on")
+                    self.fail(f"rank {rank} (pid {proc.pid}) exited with code {code}")
                     return
 
     def close(self) -> None:
@@ -171,6 +187,7 @@ class Cluster:
         if self._stop.is_set():
             return
         self._stop.set()
+        atexit.unregister(self.close)
         with self.lock:
             if self.failure is None:
                 try:
@@ -209,7 +226,8 @@ class DistributedRunner(ModelRunner):
             except TensorParallelError:
                 raise
             except RuntimeError as e:  # a collective failed: a peer died, or the timeout passed
-                self.cluster.fail(f"a collective failed during a step ({_short(e)}): a rank died or hung")
+                self.cluster.fail(self.cluster.lost() or f"a collective failed during a step ({_short(e)}): a rank "
+                                  f"died or hung (nothing for {self.cluster.timeout:g} s)")
                 raise TensorParallelError(self.cluster.failure) from e
             finally:
                 self.cluster.ranks.active = False

@@ -66,7 +66,20 @@ def _device(device: str | torch.device | None, local_rank: int) -> torch.device:
     return device
 
 
-def _load_shard(path: Path, ranks: RankGroup, dtype, device: torch.device, quantize: str | None):  # noqa: ANN001, ANN202
+START_TIMEOUT_S = 600.0  # starting a process and loading a shard may take long; the step timeout applies after
+
+
+def _store(rank: int, size: int) -> dist.TCPStore:
+    """The rendezvous (rank 0 hosts it on MASTER_PORT), with the start-up timeout: a rank still importing torch
+    or reading its slices is not a failure."""
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size, is_master=rank == 0,
+                         timeout=timedelta(seconds=START_TIMEOUT_S))
+
+
+def _load_shard(path: Path, ranks: RankGroup, dtype, device: torch.device, quantize: str | None,  # noqa: ANN001, ANN202
+                store: dist.Store | None = None):
+    """This rank's shard; returns once every rank has loaded its own (so the first step's timeout counts from a
+    moment all ranks share, however long loading took)."""
     ranks.active = True  # loading int8 all-reduces the row-split matrices' row maxima
     try:
         model = load_model_shard(path, ranks, dtype=dtype, device=device)
@@ -74,6 +87,18 @@ def _load_shard(path: Path, ranks: RankGroup, dtype, device: torch.device, quant
             model = quantize_int8_sharded(model)
     finally:
         ranks.active = False
+    if store is not None:  # a barrier under the start-up timeout, through the rendezvous store
+        store.add("nexttoken/loaded", 1)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while store.add("nexttoken/loaded", 0) < ranks.size:
+            if time.monotonic() > deadline:
+                raise TensorParallelError(f"rank {ranks.rank}: the other ranks did not load within "
+                                          f"{START_TIMEOUT_S:g} s")
+            time.sleep(0.02)
+    elif dist.get_backend() == "gloo":
+        dist.monitored_barrier(timeout=timedelta(seconds=START_TIMEOUT_S), wait_all_ranks=True)
+    else:
+        dist.barrier()
     return model
 
 
@@ -122,9 +147,9 @@ def load_sharded(
         for r in range(1, tensor_parallel_size)
     ]
     try:
-        _init_watching(backend, port, tensor_parallel_size, timeout, workers)
+        store = _init_watching(backend, port, tensor_parallel_size, timeout, workers)
         ranks = RankGroup(0, tensor_parallel_size)
-        model = _load_shard(path, ranks, dtype, device, quantize)
+        model = _load_shard(path, ranks, dtype, device, quantize, store)
     except BaseException:
         for proc in workers:
             proc.kill()
@@ -135,13 +160,17 @@ def load_sharded(
     return model
 
 
-def _init_watching(backend: str, port: int, size: int, timeout: float, workers: list[subprocess.Popen]) -> None:
+def _init_watching(backend: str, port: int, size: int, timeout: float,
+                   workers: list[subprocess.Popen]) -> dist.Store:
     """init_process_group as rank 0, on a thread, so a worker that dies while starting is reported at once."""
     error: list[BaseException] = []
+    stores: list[dist.Store] = []
 
     def init() -> None:
         try:
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=size,
+            stores.append(dist.TCPStore("127.0.0.1", port, size, is_master=True,
+                                        timeout=timedelta(seconds=START_TIMEOUT_S)))
+            dist.init_process_group(backend, store=stores[0], rank=0, world_size=size,
                                     timeout=timedelta(seconds=timeout))
         except BaseException as e:  # noqa: BLE001 - re-raised by the caller's thread
             error.append(e)
@@ -156,6 +185,7 @@ def _init_watching(backend: str, port: int, size: int, timeout: float, workers: 
                     f"rank {rank} exited with code {proc.returncode} while starting (its error is printed above)")
     if error:
         raise TensorParallelError(f"the ranks could not form a process group: {error[0]}") from error[0]
+    return stores[0]
 
 
 def _join_torchrun(path: Path, size: int, dtype, device, quantize, timeout: float, on_failure):  # noqa: ANN001, ANN202
@@ -201,9 +231,11 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = _device(args.device, int(os.environ.get("LOCAL_RANK", rank)))
-    dist.init_process_group(backend_for(device), timeout=timedelta(seconds=args.timeout))
+    store = _store(rank, world)
+    dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=args.timeout))
     ranks = RankGroup(rank, world)
-    model = _load_shard(Path(args.model), ranks, args.dtype, device, args.quantize)
+    model = _load_shard(Path(args.model), ranks, args.dtype, device, args.quantize, store)
     _worker(model)
 
 
