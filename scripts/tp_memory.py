@@ -1,7 +1,8 @@
 """Per-rank memory of a tensor-parallel model: resident set (VmRSS, peak VmHWM) and parameter bytes of every rank,
 against the same folder in one process; plus greedy tokens/s (CPU, noisy on a shared machine).
 
-    python scripts/tp_memory.py MODEL_DIR [N]      (N = 1 measures one process; run both, in separate processes)
+    python scripts/tp_memory.py MODEL_DIR N [THREADS]   (N = 1: one process; run each N in its own process;
+                                                         THREADS: torch threads per rank, default cores / N)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def status(pid: int) -> dict[str, int]:
 
 def main() -> None:
     path, n = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else max(1, torch.get_num_threads() // n))
     llm = nexttoken.load(path, tensor_parallel_size=n)
     pids = [os.getpid()] + [p.pid for p in getattr(getattr(llm.model, "cluster", None), "workers", [])]
     print(f"N={n}: parameter bytes per rank {parameter_bytes(llm.model) / 2**20:.0f} MiB")

@@ -22,21 +22,17 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import os
 import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
-from ..errors import ModelLoadError
 from ..model.parallel import RankGroup, TensorParallelError
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCache

@@ -31,12 +31,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, TensorParallelError
 from .linear import Int8Linear, Linear
 
-
-class TensorParallelError(RuntimeError):
-    """The ranks of a sharded model cannot work together: a rank died or hung, or a forward ran outside a step."""
+__all__ = ["RankGroup", "Shards", "TensorParallelError", "check_divisible", "shard_modules", "quantize_int8_sharded"]
 
 
 @dataclass
