@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -90,7 +91,8 @@ def test_a_lost_rank_ends_the_server_with_a_clear_error(model_dir, how) -> None:
                         os.kill(worker, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
         assert 3 <= chunks < 480
         code = proc.wait(timeout=30)  # bounded: the timeout (3 s) plus the heartbeat's period at most
-        os.kill(worker, signal.SIGKILL)  # a frozen worker would hold the server's output pipe open
+        if how == "freeze":
+            os.kill(worker, signal.SIGKILL)  # a frozen worker would hold the server's output pipe open
         output = proc.stdout.read().decode()
         assert code == 3, output
         assert "nexttoken serve: stopping:" in output
@@ -105,6 +107,25 @@ def test_a_lost_rank_ends_the_server_with_a_clear_error(model_dir, how) -> None:
             os.kill(worker, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_a_worker_stops_when_rank_0_dies(model_dir) -> None:  # noqa: F811
+    proc, _ = start_server(model_dir, "--tensor-parallel-size", "2")
+    worker = _children(proc.pid)[0]
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{worker}").exists() and _state(worker) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    output = proc.stdout.read().decode()  # the worker writes to the server's output, which it inherited
+    assert "rank 1: rank 0 died or fell silent" in output, output
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
 
 
 def test_two_hosts_through_torchrun_give_the_same_tokens(model_dir, llm) -> None:  # noqa: F811

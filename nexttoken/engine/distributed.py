@@ -160,7 +160,7 @@ class Cluster:
                 try:
                     self.send(StepMessage("ping"))
                     self.ranks.active = True
-                    self.ranks.all_reduce(torch.zeros(1))
+                    self.ranks.all_reduce(torch.zeros(1, device=self.ranks.device))
                 except TensorParallelError:
                     return
                 except Exception as e:  # noqa: BLE001
@@ -302,7 +302,7 @@ def serve_worker(model) -> None:  # noqa: ANN001
         ranks.active = True
         try:
             if msg.kind == "ping":
-                ranks.all_reduce(torch.zeros(1))
+                ranks.all_reduce(torch.zeros(1, device=ranks.device))
             else:
                 plan = state.plan(msg)
                 state.runner.run(plan)  # type: ignore[union-attr] - plan() built it

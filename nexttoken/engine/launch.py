@@ -61,8 +61,10 @@ def _check(path: Path, size: int, quantize: str | None, timeout: float) -> None:
 
 def _device(device: str | torch.device | None, local_rank: int) -> torch.device:
     device = torch.device(device or "cpu")
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", local_rank)  # one GPU per local rank
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", local_rank)  # one GPU per local rank
+        torch.cuda.set_device(device)  # NCCL's object broadcasts use the current device
     return device
 
 
@@ -148,7 +150,7 @@ def load_sharded(
     ]
     try:
         store = _init_watching(backend, port, tensor_parallel_size, timeout, workers)
-        ranks = RankGroup(0, tensor_parallel_size)
+        ranks = RankGroup(0, tensor_parallel_size, device=device)
         model = _load_shard(path, ranks, dtype, device, quantize, store)
     except BaseException:
         for proc in workers:
@@ -197,7 +199,7 @@ def _join_torchrun(path: Path, size: int, dtype, device, quantize, timeout: floa
     backend = backend_for(device)
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
-    ranks = RankGroup(rank, world)
+    ranks = RankGroup(rank, world, device=device)
     model = _load_shard(path, ranks, dtype, device, quantize)
     if rank == 0:
         model.cluster = Cluster(ranks, timeout, None, on_failure)
@@ -234,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     store = _store(rank, world)
     dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=args.timeout))
-    ranks = RankGroup(rank, world)
+    ranks = RankGroup(rank, world, device=device)
     model = _load_shard(Path(args.model), ranks, args.dtype, device, args.quantize, store)
     _worker(model)
 

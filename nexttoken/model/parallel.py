@@ -45,6 +45,7 @@ class RankGroup:
     size: int
     group: Any = None  # the torch.distributed ProcessGroup (None: the default group)
     active: bool = False  # True while every rank runs the same step (set by the engine on each rank)
+    device: torch.device = torch.device("cpu")  # where this rank's tensors (and NCCL's buffers) live
 
     def check_active(self) -> None:
         if not self.active:
