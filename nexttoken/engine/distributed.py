@@ -275,6 +275,7 @@ class WorkerState:
             seq.num_cached = len(blocks) * self.runner.prefix_cache.block_size
             plan.admitted.append((seq, blocks))
         for rid, start, end in msg.prefill:
+            assert end <= len(self.seqs[rid].prompt_ids), "prefill chunks cover prompt tokens only"
             plan.prefill.append(PrefillChunk(self.seqs[rid], start, end))  # type: ignore[arg-type]
         for rid, last, n in msg.decode:
             seq = self.seqs[rid]
