@@ -33,6 +33,8 @@ def test_one_kv_head_replicated_and_vocab_not_divisible(tmp_path) -> None:
         _assert_same(tp, one, PROMPTS, **GREEDY)
     finally:
         tp.close()
+    with pytest.raises(nexttoken.errors.TensorParallelError, match="was closed"):
+        tp.generate(PROMPTS[0], max_new_tokens=2)
 
 
 # bfloat16: these random logits are tens in size, where bf16 steps by 0.125; one process rounds each product's

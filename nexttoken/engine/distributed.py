@@ -197,6 +197,7 @@ class Cluster:
                 proc.kill()
         if dist.is_initialized():
             dist.destroy_process_group()
+        self.failure = self.failure or "this tensor-parallel model was closed (LLM.close()): load it again"
 
 
 def _short(e: BaseException) -> str:

@@ -142,15 +142,10 @@ def check_divisible(cfg: ModelConfig, size: int) -> None:
 
 
 def _sizes(cfg: ModelConfig) -> str:
-    ok = []
-    for n in range(1, cfg.num_attention_heads + 1):
-        try:
-            if n == 1 or not (cfg.num_attention_heads % n or cfg.intermediate_size % n
-                              or (cfg.num_key_value_heads % n and n % cfg.num_key_value_heads)):
-                ok.append(str(n))
-        except ZeroDivisionError:  # pragma: no cover - configs are validated
-            pass
-    return ", ".join(ok[:6])
+    """The sizes that split this model, for the error message."""
+    H, Hkv, I = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size
+    fits = [n for n in range(1, H + 1) if not H % n and not I % n and not (Hkv % n and n % Hkv)]
+    return ", ".join(map(str, fits[:6]))
 
 
 class RowParallel(nn.Module):
