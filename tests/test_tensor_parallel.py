@@ -92,7 +92,15 @@ def test_start_up_errors_are_clear(stories) -> None:
         nexttoken.load(stories, tensor_parallel_size=3)
     with pytest.raises(ModelLoadError, match="tensor_parallel_size must be an integer >= 1"):
         nexttoken.load(stories, tensor_parallel_size=0)
+    import dataclasses
+
+    from nexttoken.config import ModelConfig
     from nexttoken.engine.launch import backend_for
+    from nexttoken.model.parallel import check_divisible
+
+    other = dataclasses.replace(ModelConfig.from_dir(stories), architecture="SomeOtherForCausalLM")
+    with pytest.raises(ModelLoadError, match="does not split SomeOtherForCausalLM yet"):
+        check_divisible(other, 2)
 
     with pytest.raises(ModelLoadError, match="runs on cpu or cuda, not meta"):
         backend_for(torch.device("meta"))

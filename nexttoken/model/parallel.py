@@ -117,10 +117,20 @@ class Shards:
         )
 
 
+# The families whose checkpoints and blocks the split above is written for (and tested on, against one process).
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                 "Olmo2ForCausalLM", "GraniteForCausalLM")
+
+
 def check_divisible(cfg: ModelConfig, size: int) -> None:
     """Raise ModelLoadError unless this model splits over `size` ranks."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ModelLoadError(f"tensor_parallel_size must be an integer >= 1, got {size!r}")
+    if size > 1 and cfg.architecture not in ARCHITECTURES:
+        raise ModelLoadError(
+            f"tensor parallelism does not split {cfg.architecture} yet (it splits {', '.join(ARCHITECTURES)}): "
+            "load it with tensor_parallel_size=1"
+        )
     H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
     problems = []
     if H % size:
