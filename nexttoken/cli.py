@@ -55,6 +55,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default float32 on CPU)")
     p.add_argument("--device", help="cpu (default) or cuda")
     p.add_argument("--quantize", choices=["int8"], help="weight-only int8 quantization of the linear layers")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="shard the model over N ranks (local processes, or the ranks torchrun started)")
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
@@ -74,7 +76,8 @@ def _load(args: argparse.Namespace):  # noqa: ANN202
     from .llm import load
 
     print(f"loading {args.model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
-    return load(args.model, dtype=args.dtype, device=args.device, quantize=args.quantize)
+    return load(args.model, dtype=args.dtype, device=args.device, quantize=args.quantize,
+                tensor_parallel_size=args.tensor_parallel_size)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

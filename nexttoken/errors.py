@@ -35,3 +35,8 @@ class MissingExtraError(NextTokenError, ImportError):
 
 class PromptTooLongError(NextTokenError, ValueError):
     """The prompt plus the requested new tokens do not fit the model's context."""
+
+
+class TensorParallelError(NextTokenError, RuntimeError):
+    """The ranks of a tensor-parallel model cannot work together: a rank died or hung, or a forward ran outside
+    the engine's steps (docs/tensor_parallel.md)."""

@@ -25,7 +25,7 @@ from .generation.generate import length_budget, resolve_config
 from .generation.modes import GenerationMode, generation_mode
 from .generation.output_pipeline import Completion
 from .model import Transformer
-from .pretrained import DEFAULT_MODEL_DIR, Pretrained, load_pretrained
+from .pretrained import DEFAULT_MODEL_DIR, Pretrained, default_model_path, load_pretrained
 from .tokenizer import Tokenizer
 from .tools import ToolUse, format_named, template_messages
 from .tools.request import tool_options
@@ -92,6 +92,12 @@ class LLM:
         tok = self._need_tokenizer()
         text = tok.apply_chat_template(list(messages), add_generation_prompt=True, **template_kwargs)
         return tok.encode(text, add_special_tokens=False)  # the template already wrote BOS where it wants one
+
+    def close(self) -> None:
+        """Stop a tensor-parallel model's other ranks (nothing to do for a model in this process alone)."""
+        cluster = getattr(self.model, "cluster", None)
+        if cluster is not None:
+            cluster.close()
 
     def _need_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:
@@ -287,14 +293,25 @@ def load(
     device: str | torch.device | None = None,
     quantize: str | None = None,
     tool_call_parser: str | None = None,
+    tensor_parallel_size: int = 1,
+    tensor_parallel_timeout: float = 60.0,
 ) -> LLM:
     """Load a Hugging Face model folder (or the packaged default model when path is None).
 
     quantize="int8": weight-only int8 (per-row scales), about half of bf16's bytes read per token.
     tool_call_parser: the format the model writes tool calls in (vLLM's names: "hermes", "llama3_json",
     "mistral"); by default it is read off the chat template.
+    tensor_parallel_size=N: the model sharded over N ranks (docs/tensor_parallel.md): N-1 local worker
+    processes are started (under torchrun, the ranks torchrun started are used); `LLM.close()` stops them. A rank
+    that dies or stays silent for tensor_parallel_timeout seconds makes every later call raise.
     """
-    llm = LLM.from_pretrained(load_pretrained(path, dtype, device, quantize))
+    model = None
+    if tensor_parallel_size != 1:
+        from .engine.launch import load_sharded
+
+        model = load_sharded(path if path is not None else default_model_path(), tensor_parallel_size, dtype,
+                             device, quantize, tensor_parallel_timeout)
+    llm = LLM.from_pretrained(load_pretrained(path, dtype, device, quantize, model=model))
     if tool_call_parser is not None:
         format_named(tool_call_parser)  # an unknown name fails here, not at the first chat
         llm.tool_call_parser = tool_call_parser

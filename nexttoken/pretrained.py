@@ -37,12 +37,15 @@ def load_pretrained(
     dtype: str | torch.dtype | None = None,
     device: str | torch.device | None = None,
     quantize: str | None = None,
+    model: Transformer | None = None,
 ) -> Pretrained:
-    """Read a Hugging Face model folder (the packaged default model when path is None)."""
+    """Read a Hugging Face model folder (the packaged default model when path is None). `model`: the folder's
+    network loaded already (a tensor-parallel rank's shard); its tokenizer and defaults are read here."""
     from .model.quant import apply_quantization
 
     path = Path(path) if path is not None else default_model_path()
-    model = apply_quantization(load_model(path, dtype=dtype, device=device), quantize)
+    if model is None:
+        model = apply_quantization(load_model(path, dtype=dtype, device=device), quantize)
     mc = model.config
     gen = GenerationConfig(bos_token_id=mc.bos_token_id, eos_token_id=mc.eos_token_id, pad_token_id=mc.pad_token_id)
     gen_file = path / "generation_config.json"

@@ -34,6 +34,7 @@ from ..generation.stopping import MaxTime, StoppingChain, StoppingCriterion
 from ..generation.structured import GrammarMask
 from ..generation.trace import TraceRecorder, options_of
 from ..model import Transformer
+from .distributed import DistributedRunner
 from .model_runner import ModelRunner
 from .postprocess import advance, advance_greedy, plain_greedy, snapshot
 from .prefix_cache import PrefixCache
@@ -129,7 +130,9 @@ class LLMEngine:
         self.scheduler = Scheduler(
             config.max_num_seqs, config.chunk_size, config.max_num_batched_tokens, self.prefix_cache
         )
-        self.runner = ModelRunner(model, config.max_num_seqs, self.max_model_len, self.prefix_cache)
+        # A tensor-parallel model (engine/launch.py) has ranks to drive: its runner broadcasts each step's plan.
+        runner = DistributedRunner if getattr(model, "cluster", None) is not None else ModelRunner
+        self.runner = runner(model, config.max_num_seqs, self.max_model_len, self.prefix_cache)
         self.requests: dict[str, Sequence] = {}
         self._masks: ThreadPoolExecutor | None = None  # computes grammar masks while the forward pass runs
         self._ids = itertools.count()

@@ -143,8 +143,16 @@ def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch
         and model.dtype == torch.float32
         and not torch.is_grad_enabled()
         and not _observed(model)
+        and not _sharded(model)
         and kernels.library() is not None
     )
+
+
+def _sharded(model: torch.nn.Module) -> bool:
+    """A tensor-parallel rank's model (model/parallel.py) needs an all-reduce after every o and down projection,
+    between the layers the native step runs in one call: its decode steps run the modules (whose few-row
+    products still take the native kernel, linear.py)."""
+    return model.__dict__.get("parallel") is not None
 
 
 def _observed(model: torch.nn.Module) -> bool:
@@ -181,7 +189,7 @@ def rows_plan(model: torch.nn.Module, cache: KVCache) -> RowsPlan | None:
 
     if not (_ENABLED and isinstance(model, Transformer) and cache.k.dtype == torch.float32
             and cache.k.device.type == "cpu" and model.dtype == torch.float32 and not torch.is_grad_enabled()
-            and not _observed(model) and kernels.library() is not None):
+            and not _observed(model) and not _sharded(model) and kernels.library() is not None):
         return None
     plan = _plan(model, cache)
     return plan if plan.ok else None

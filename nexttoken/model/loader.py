@@ -221,3 +221,85 @@ def release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do
         pass
+
+
+def read_shard(files: list[Path], cfg: ModelConfig, shards) -> dict[str, torch.Tensor]:  # noqa: ANN001
+    """One rank's slices of the checkpoint (safetensors' get_slice reads only those bytes), by checkpoint name.
+    Shapes are checked against config.json first, on the full tensors' headers."""
+    from .parallel import Shards
+
+    assert isinstance(shards, Shards)
+    shapes: dict[str, torch.Tensor] = {}
+    where: dict[str, Path] = {}
+    try:
+        for f in files:
+            with safe_open(str(f), framework="pt", device="cpu") as sf:
+                for name in sf.keys():
+                    if not name.endswith(_IGNORED_SUFFIXES):
+                        shapes[name] = torch.empty(sf.get_slice(name).get_shape(), device="meta")
+                        where[name] = f
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise ModelLoadError(f"{files[0].parent} has an unreadable safetensors file ({e}); re-download it") from e
+    check_tensors(cfg, shapes, files[0].parent)
+    rows = {"q_proj": shards.q, "k_proj": shards.kv, "v_proj": shards.kv, "gate_proj": shards.mlp,
+            "up_proj": shards.mlp}
+    columns = {"o_proj": shards.q, "down_proj": shards.mlp}
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt", device="cpu") as sf:
+            for name in (n for n, p in where.items() if p == f):
+                part, kind = name.split(".")[-2:]  # e.g. ("q_proj", "weight")
+                piece = sf.get_slice(name)
+                if name in ("model.embed_tokens.weight", "lm_head.weight"):
+                    a, b = shards.vocab
+                    t = piece[a:b]
+                    if t.shape[0] < shards.vocab_rows:  # the last rank's rows run short: zero rows, never read
+                        t = torch.cat([t, t.new_zeros(shards.vocab_rows - t.shape[0], t.shape[1])])
+                elif part in rows:
+                    t = piece[rows[part][0] : rows[part][1]]
+                elif part in columns and kind == "weight":
+                    t = piece[:, columns[part][0] : columns[part][1]]
+                elif part in ("q_norm", "k_norm") and cfg.qk_norm == "projection" and shards.size > 1:
+                    a, b = shards.q if part == "q_norm" else shards.kv
+                    t = piece[a:b]
+                else:  # norms, per-head q/k norms, o/down biases: every rank holds them whole
+                    t = piece[:]
+                out[name] = t
+    return out
+
+
+def load_model_shard(
+    path: str | Path, ranks, dtype: str | torch.dtype | None = None,  # noqa: ANN001
+    device: str | torch.device | None = None,
+) -> Transformer:
+    """This rank's part of a tensor-parallel Transformer (model/parallel.py): only its slices are read."""
+    from .parallel import ParallelInfo, Shards, shard_modules
+
+    path = Path(path)
+    if not path.is_dir():
+        raise MissingFileError(f"model folder {path} does not exist")
+    device = torch.device(device or "cpu")
+    torch_dtype = resolve_dtype(dtype, device)
+    cfg = ModelConfig.from_dir(path)
+    shards = Shards.plan(cfg, ranks.rank, ranks.size)
+    tensors = read_shard(safetensors_files(path), cfg, shards)
+    state = to_state_dict(cfg, tensors)
+    state["lm_head.inner.weight"] = state.pop("lm_head.weight")
+    for name in [n for n in state if ".attention.wo." in n or ".mlp.w2." in n]:
+        if name.endswith(".weight"):
+            state[name.replace(".weight", ".inner.weight")] = state.pop(name)
+    if device.type == "cpu":
+        state = copy_into_arena(state, torch_dtype)
+    else:
+        for name in state:
+            state[name] = state[name].to(device=device, dtype=torch_dtype, copy=True)
+    with torch.device("meta"):
+        model = Transformer(shards.local_config(cfg))
+    shard_modules(model, cfg, shards, ranks)
+    model.load_state_dict(state, assign=True, strict=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.inner.weight = model.embed.weight
+    model.parallel = ParallelInfo(ranks, shards, cfg)
+    del tensors, state
+    release_freed_memory()
+    return model.to(device).eval()

@@ -38,6 +38,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="accepted for vLLM's command lines: tool_choice \"auto\" is always on when the call "
                         "format is known")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--quantize", choices=["int8"], help="weight-only int8 quantization of the linear layers")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="shard the model over N ranks: N-1 local worker processes, or the ranks torchrun started "
+                        "(docs/tensor_parallel.md)")
+    p.add_argument("--tensor-parallel-timeout", type=float, default=60.0,
+                   help="seconds a rank may stay silent (a step, or an idle heartbeat) before the server stops")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
     p.set_defaults(run=run)
 
@@ -47,14 +53,21 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..engine import EngineConfig, LLMEngine
-    from ..pretrained import load_pretrained
+    from ..pretrained import default_model_path, load_pretrained
     from .app import ServerSettings, build_app
     from .shutdown import BACKSTOP_S
 
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"loading {args.model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
-    loaded = load_pretrained(args.model, dtype=args.dtype, device=args.device)
+    model = None
+    if args.tensor_parallel_size != 1:
+        from ..engine.launch import load_sharded
+
+        model = load_sharded(args.model or default_model_path(), args.tensor_parallel_size, args.dtype,
+                             args.device, args.quantize, args.tensor_parallel_timeout, on_failure=_stop_now,
+                             threads=args.threads)
+    loaded = load_pretrained(args.model, dtype=args.dtype, device=args.device, quantize=args.quantize, model=model)
     config = EngineConfig(
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
@@ -83,6 +96,15 @@ def run(args: argparse.Namespace) -> int:
     server = Server(config)
     server.run()
     return 0 if server.started else 1
+
+
+def _stop_now(message: str) -> None:
+    """A tensor-parallel rank died or hung: the sharded model cannot answer anything, so the server exits (code
+    3) with the reason rather than serving errors; in-flight requests see their connection close."""
+    import os
+
+    print(f"nexttoken serve: stopping: {message}", file=sys.stderr, flush=True)
+    os._exit(3)
 
 
 def _loopback(host: str) -> bool:
