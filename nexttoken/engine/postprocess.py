@@ -7,6 +7,7 @@ chain and draws from its own generator. A greedy request with no processors skip
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 
@@ -57,11 +58,12 @@ def advance_greedy(seqs: list[Sequence], logits: torch.Tensor) -> list[TokenEven
     return events
 
 
-def advance(seq: Sequence, logits: torch.Tensor) -> TokenEvent:
-    """Choose seq's next token from logits (1, V) float32, record it, decide whether seq is done."""
+def advance(seq: Sequence, logits: torch.Tensor, chooser: Callable[[torch.Tensor], int] | None = None) -> TokenEvent:
+    """Choose seq's next token from logits (1, V) float32, record it, decide whether seq is done. `chooser`
+    (speculative decoding's rejection rule) replaces the request's sampler: (1, V) processed scores -> token."""
     ids = torch.tensor([seq.token_ids], device=logits.device) if len(seq.processors) else None  # (1, L)
     scores = seq.processors(ids, logits) if ids is not None else logits
-    token = int(seq.sampler(scores)[0])
+    token = int(seq.sampler(scores)[0]) if chooser is None else chooser(scores)
     logprob, top = seq.out.logprobs_of(logits[0], scores[0], token)
     stop = False
     if seq.stopping is not None:  # a caller's criteria see the ids with the new token, as in the decode loop

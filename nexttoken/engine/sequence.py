@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -14,6 +14,9 @@ from ..generation.output_pipeline import OutputPipeline, PromptLogprobs, TopLogp
 from ..generation.processors import ProcessorChain
 from ..generation.stopping import StoppingChain
 from ..generation.structured import GrammarMask
+
+if TYPE_CHECKING:
+    from .speculation import Speculation
 
 
 class SequenceStatus(enum.Enum):
@@ -35,6 +38,7 @@ class Sequence:
     stopping: StoppingChain | None = None  # a caller's stopping criteria and max_time; None when there are none
     hooks: list[StepHook] = field(default_factory=list)
     grammar: GrammarMask | None = None  # structured output's mask, in `processors`: its next mask is prefetched
+    spec: Speculation | None = None  # its draft source and counts when it decodes speculatively
     group: str = ""  # the client request it belongs to: free slots go to the requests in turn
     arrival_time: float = 0.0
     status: SequenceStatus = SequenceStatus.WAITING
