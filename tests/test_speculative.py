@@ -187,9 +187,10 @@ def test_sampled_speculation_matches_the_target_distribution(tmp_path) -> None:
         seconds = torch.tensor([prompt + [t] for t in range(p1.shape[0])])
         p2 = (hf(seconds).logits[:, -1].float() / temperature).softmax(-1)  # (V, V): row t1 -> p(t2 | t1)
     marginal = (p1[:, None] * p2).sum(0)  # (V,)
-    n = 3000
-    engine = LLMEngine(target, None, EngineConfig(chunk_size=8, max_num_seqs=32, max_model_len=128))
-    cfg = GenerationConfig(do_sample=True, temperature=temperature, top_k=None, max_new_tokens=2,
+    n = 1200
+    engine = LLMEngine(target, None, EngineConfig(chunk_size=8, max_num_seqs=64, max_model_len=128))
+    # The first token comes from the prompt's pass; the second is the rejection rule's, against one draft.
+    cfg = GenerationConfig(do_sample=True, temperature=temperature, top_k=None, max_new_tokens=3,
                            num_assistant_tokens=1)
     seqs = [engine.add_request(prompt, cfg.updated(seed=i), draft_model=draft) for i in range(n)]
     while engine.has_unfinished():
