@@ -3,6 +3,8 @@ decoding without speculation, bit for bit, at any batch), and sampling keeps the
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -233,3 +235,49 @@ def test_bad_speculation_options_raise(stories, tmp_path) -> None:
         stories.generate([1, 5], assistant_model=load_model(tmp_path))
     with pytest.raises(GenerationConfigError, match="runs in the engine"):
         nexttoken.generate(stories.model, torch.tensor([[1, 5]]), prompt_lookup_num_tokens=3)
+
+
+def _serve_completions(model_dir, *extra: str):
+    """Greedy completions of STORY_PROMPTS (one request, 8 choices, log-probs) from a real server, and its /metrics."""
+    import httpx
+    import openai
+
+    from test_server import start_server, stop_server
+
+    proc, url = start_server(model_dir, *extra)
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        got = client.completions.create(model=client.models.list().data[0].id, prompt=STORY_PROMPTS,
+                                        max_tokens=32, temperature=0, logprobs=2)
+        metrics = httpx.get(url + "/metrics").text
+    finally:
+        stop_server(proc)
+    choices = sorted(got.choices, key=lambda c: c.index)
+    return [(c.text, c.logprobs.tokens, c.logprobs.token_logprobs, c.logprobs.top_logprobs) for c in choices], metrics
+
+
+def _metric(metrics: str, name: str) -> float:
+    return float(re.search(rf"^{name} (\S+)", metrics, re.M).group(1))
+
+
+@pytest.fixture(scope="module")
+def plain_server_output(shared_dir):
+    pytest.importorskip("openai")
+    return _serve_completions(shared_dir / "models" / "stories260k")[0]
+
+
+@pytest.mark.parametrize("flag", ["--speculative-ngram", "--speculative-model"])
+def test_server_speculation_gives_plain_greedy_output_and_reports_acceptance(shared_dir, plain_server_output,
+                                                                             flag) -> None:
+    """A real server with speculation for every request, driven by the openai client: a batch of 8 greedy
+    completions with log-probs equals the same server's without speculation; /metrics counts the drafts."""
+    model_dir = shared_dir / "models" / "stories260k"
+    extra = [flag] + ([str(model_dir)] if flag == "--speculative-model" else []) + ["--num-speculative-tokens", "3"]
+    got, metrics = _serve_completions(model_dir, *extra)
+    assert got == plain_server_output
+    accepted = _metric(metrics, "nexttoken_spec_decode_accepted_tokens_total")
+    drafted = _metric(metrics, "nexttoken_spec_decode_draft_tokens_total")
+    assert 0 < accepted <= drafted
+    assert 0 < _metric(metrics, "nexttoken_spec_decode_acceptance_rate") <= 1
+    if flag == "--speculative-model":  # the target as its own draft: (nearly) every draft kept
+        assert accepted >= 0.9 * drafted

@@ -38,7 +38,7 @@ from .postprocess import advance, advance_greedy, plain_greedy, snapshot
 from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
 from .sequence import Sequence, TokenEvent
-from .speculation import DEFAULT_NGRAM, Drafter, Speculation, Speculator
+from .speculation import DEFAULT_NGRAM, Drafter, Speculation, SpeculativeConfig, Speculator
 
 def _prefetch(seqs: list[Sequence]) -> None:
     for seq in seqs:
@@ -122,8 +122,10 @@ class LLMEngine:
         tokenizer=None,  # noqa: ANN001
         config: EngineConfig | None = None,
         generation_config: GenerationConfig | None = None,
+        speculative: SpeculativeConfig | None = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.speculative = speculative  # the default for requests that ask for no speculation themselves
         self.generation_config = generation_config or model_generation_config(model)
         self.config = config = config or EngineConfig()
         context = model.config.max_position_embeddings
@@ -267,6 +269,11 @@ class LLMEngine:
         exactly raise here."""
         params = seq.params
         lookup = params.prompt_lookup_num_tokens
+        default = self.speculative
+        if draft_model is None and lookup is None and default is not None and self._can_speculate(seq):
+            if default.draft_model is not None:
+                return Speculation(DraftLength(default.num_tokens), drafter=self._drafter(default.draft_model))
+            return Speculation(DraftLength(default.num_tokens), ngram=default.ngram)
         if draft_model is None and lookup is None:
             if params.max_matching_ngram_size is not None:
                 raise GenerationConfigError(
@@ -275,7 +282,7 @@ class LLMEngine:
         if draft_model is not None and lookup is not None:
             raise GenerationConfigError(
                 "a draft model (assistant_model) and prompt_lookup_num_tokens both propose draft tokens: use one")
-        if seq.hooks or seq.grammar is not None or not isinstance(seq.sampler, Sampler):
+        if not self._can_speculate(seq):
             raise GenerationConfigError(
                 "speculative decoding works with greedy decoding and sampling, without hooks, structured output "
                 "or mirostat: drop assistant_model / prompt_lookup_num_tokens for this request")
@@ -283,6 +290,10 @@ class LLMEngine:
             return Speculation(DraftLength(lookup), ngram=params.max_matching_ngram_size or DEFAULT_NGRAM)
         return Speculation(DraftLength(params.num_assistant_tokens, params.num_assistant_tokens_schedule),
                            drafter=self._drafter(draft_model))
+
+    @staticmethod
+    def _can_speculate(seq: Sequence) -> bool:
+        return not seq.hooks and seq.grammar is None and isinstance(seq.sampler, Sampler)
 
     def _drafter(self, draft: Transformer) -> Drafter:
         if draft.config.vocab_size != self.model.config.vocab_size:

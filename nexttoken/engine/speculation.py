@@ -32,6 +32,15 @@ from .sequence import Sequence, TokenEvent
 DEFAULT_NGRAM = 2  # transformers' max_matching_ngram_size default
 
 
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """A server's speculation for every request that asks for none itself: a draft model, or prompt lookup."""
+
+    num_tokens: int = 4  # tokens drafted per step
+    draft_model: Transformer | None = None  # None: prompt lookup
+    ngram: int = DEFAULT_NGRAM  # prompt lookup's longest n-gram
+
+
 @dataclass
 class Speculation:
     """One request's speculation: where its drafts come from and what they achieved."""
