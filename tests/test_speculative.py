@@ -253,6 +253,9 @@ def _serve_completions(model_dir, *extra: str):
     finally:
         stop_server(proc)
     choices = sorted(got.choices, key=lambda c: c.index)
+    details = got.usage.completion_tokens_details
+    metrics += f"\nusage_accepted {details.accepted_prediction_tokens if details else 0}"
+    metrics += f"\nusage_rejected {details.rejected_prediction_tokens if details else 0}"
     return [(c.text, c.logprobs.tokens, c.logprobs.token_logprobs, c.logprobs.top_logprobs) for c in choices], metrics
 
 
@@ -279,5 +282,8 @@ def test_server_speculation_gives_plain_greedy_output_and_reports_acceptance(sha
     drafted = _metric(metrics, "nexttoken_spec_decode_draft_tokens_total")
     assert 0 < accepted <= drafted
     assert 0 < _metric(metrics, "nexttoken_spec_decode_acceptance_rate") <= 1
+    # The response's usage: OpenAI's predicted-output fields count this request's kept and rejected drafts.
+    assert _metric(metrics, "usage_accepted") == accepted
+    assert _metric(metrics, "usage_rejected") == drafted - accepted
     if flag == "--speculative-model":  # the target as its own draft: (nearly) every draft kept
         assert accepted >= 0.9 * drafted

@@ -99,4 +99,6 @@ def snapshot(seq: Sequence, delta: Delta, now: float) -> TokenEvent:
         scheduled_time=seq.scheduled_time,
         prompt_logprobs=seq.prompt_logprobs if first else None,
         prefix_hit_tokens=seq.prefix_hit_tokens,
+        spec_draft_tokens=seq.spec.drafted if seq.spec is not None else 0,
+        spec_accepted_tokens=seq.spec.accepted if seq.spec is not None else 0,
     )

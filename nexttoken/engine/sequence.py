@@ -120,6 +120,8 @@ class TokenEvent:
     scheduled_time: float | None
     prompt_logprobs: PromptLogprobs | None = None  # with the first event only
     prefix_hit_tokens: int = 0
+    spec_draft_tokens: int = 0  # speculative decoding, so far in this request: draft tokens verified
+    spec_accepted_tokens: int = 0  # of them, kept
 
     @property
     def finished(self) -> bool:

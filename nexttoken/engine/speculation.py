@@ -18,6 +18,7 @@ slot per engine slot (`Drafter`); the draft's numbers need not match anything, o
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -190,6 +191,8 @@ class Speculator:
             kept += 1
         spec.accepted += kept
         spec.length.update(len(drafts), kept)
+        counts = dict(spec_draft_tokens=spec.drafted, spec_accepted_tokens=spec.accepted)
+        events = [dataclasses.replace(e, **counts) for e in events]  # the step's events carry its counts
         seq.num_cached = seq.num_tokens - 1  # the drafts kept are in the cache; the target's own token is not
         spec.draft_cached = min(spec.draft_cached, seq.num_tokens - 1)  # the draft's columns past it held rejects
         return events
