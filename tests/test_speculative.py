@@ -122,6 +122,38 @@ def test_eos_and_max_new_tokens_end_speculative_requests_where_plain_ones_end(st
     assert _outputs([stopped]) == _outputs([expected]) and stopped.finish_reason == "stop"
 
 
+def test_processors_apply_to_draft_and_target_alike_and_stay_lossless(stories, helper) -> None:
+    """Greedy under processors that read the generated ids (repetition penalty, no-repeat n-grams, min length):
+    each position is chosen with the ids accepted before it, so the output is the plain one."""
+    options = dict(max_new_tokens=40, top_logprobs=1, repetition_penalty=1.3, no_repeat_ngram_size=3,
+                   min_new_tokens=5, logprobs_mode="processed")
+    plain = stories.generate(STORY_PROMPTS[:4], **options)
+    assert _outputs(stories.generate(STORY_PROMPTS[:4], prompt_lookup_num_tokens=4, **options)) == _outputs(plain)
+    with_draft = stories.generate(STORY_PROMPTS[:4], assistant_model=helper, num_assistant_tokens=3,
+                                  num_assistant_tokens_schedule="heuristic", **options)
+    assert _outputs(with_draft) == _outputs(plain)
+
+
+def test_bfloat16_modules_path_is_lossless(tmp_path) -> None:
+    """A bfloat16 model runs the modules path (bucketed, padded groups): verification rows still give the plain
+    engine's numbers."""
+    save_variant("llama-gqa", tmp_path)
+    target = load_model(tmp_path, dtype="bfloat16")
+    prompts = [[1, 5, 9, 22] * 3, [1, 7, 8], [1, 50, 51, 52, 50, 51]]
+    cfg = GenerationConfig(max_new_tokens=20, top_k=None, top_logprobs=2, eos_token_id=2)
+
+    def run(**options):
+        engine = LLMEngine(target, None, EngineConfig(chunk_size=8, max_num_seqs=4, max_model_len=128))
+        seqs = [engine.add_request(p, cfg.updated(**options), draft_model=target if options else None) for p in prompts]
+        while engine.has_unfinished():
+            engine.step()
+        return [(s.out.token_ids, s.out.logprobs, s.out.top_logprobs) for s in seqs], engine.stats()
+
+    plain, _ = run()
+    drafted, stats = run(num_assistant_tokens=4)
+    assert drafted == plain and stats.spec_accepted_tokens_total > 0
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_greedy_identical_on_every_architecture(tmp_path, variant) -> None:
     """Random tiny models of each architecture (native step or modules path): prompt lookup and a draft model

@@ -296,6 +296,8 @@ class LLMEngine:
         return not seq.hooks and seq.grammar is None and isinstance(seq.sampler, Sampler)
 
     def _drafter(self, draft: Transformer) -> Drafter:
+        if not isinstance(draft, Transformer):
+            raise GenerationConfigError(f"draft_model must be a nexttoken Transformer, got {type(draft).__name__}")
         if draft.config.vocab_size != self.model.config.vocab_size:
             raise GenerationConfigError(
                 f"the draft model's vocabulary has {draft.config.vocab_size} tokens and this model's "
