@@ -293,8 +293,10 @@ def _serve_completions(model_dir, *extra: str):
     proc, url = start_server(model_dir, *extra)
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
-        got = client.completions.create(model=client.models.list().data[0].id, prompt=STORY_PROMPTS,
-                                        max_tokens=32, temperature=0, logprobs=2)
+        model = client.models.list().data[0].id
+        got = client.completions.create(model=model, prompt=STORY_PROMPTS, max_tokens=32, temperature=0, logprobs=2)
+        chunks = list(client.completions.create(model=model, prompt=STORY_PROMPTS[0], max_tokens=32, temperature=0,
+                                                stream=True, stream_options={"include_usage": True}))
         metrics = httpx.get(url + "/metrics").text
     finally:
         stop_server(proc)
@@ -302,6 +304,11 @@ def _serve_completions(model_dir, *extra: str):
     details = got.usage.completion_tokens_details
     metrics += f"\nusage_accepted {details.accepted_prediction_tokens if details else 0}"
     metrics += f"\nusage_rejected {details.rejected_prediction_tokens if details else 0}"
+    streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert streamed == got.choices[[c.index for c in got.choices].index(0)].text  # streaming: the same text
+    details = chunks[-1].usage.completion_tokens_details
+    metrics += f"\nstream_accepted {details.accepted_prediction_tokens if details else 0}"
+    metrics += f"\nstream_rejected {details.rejected_prediction_tokens if details else 0}"
     return [(c.text, c.logprobs.tokens, c.logprobs.token_logprobs, c.logprobs.top_logprobs) for c in choices], metrics
 
 
@@ -324,12 +331,37 @@ def test_server_speculation_gives_plain_greedy_output_and_reports_acceptance(sha
     extra = [flag] + ([str(model_dir)] if flag == "--speculative-model" else []) + ["--num-speculative-tokens", "3"]
     got, metrics = _serve_completions(model_dir, *extra)
     assert got == plain_server_output
+    # /metrics counts both requests (the 8 choices, then the stream); the usage of the first counts its own.
     accepted = _metric(metrics, "nexttoken_spec_decode_accepted_tokens_total")
     drafted = _metric(metrics, "nexttoken_spec_decode_draft_tokens_total")
     assert 0 < accepted <= drafted
     assert 0 < _metric(metrics, "nexttoken_spec_decode_acceptance_rate") <= 1
     # The response's usage: OpenAI's predicted-output fields count this request's kept and rejected drafts.
-    assert _metric(metrics, "usage_accepted") == accepted
-    assert _metric(metrics, "usage_rejected") == drafted - accepted
+    assert _metric(metrics, "usage_accepted") + _metric(metrics, "stream_accepted") == accepted
+    assert _metric(metrics, "usage_rejected") + _metric(metrics, "stream_rejected") == drafted - accepted
+    assert _metric(metrics, "stream_accepted") + _metric(metrics, "stream_rejected") > 0
     if flag == "--speculative-model":  # the target as its own draft: (nearly) every draft kept
         assert accepted >= 0.9 * drafted
+
+
+def test_bench_speculative_reports_speed_acceptance_and_same_output(tmp_path, capsys) -> None:
+    """`nexttoken bench --speculative` on the micro shape: prompt lookup and drafts made from the target; every
+    speculative variant's output was the plain output, and a draft that is the target unperturbed keeps all."""
+    import json
+
+    from nexttoken.cli import main
+
+    out = tmp_path / "spec"
+    assert main(["bench", "--speculative", "--shape", "micro", "--cache-dir", str(tmp_path / "cache"),
+                 "--prompt-len", "16", "--new-tokens", "12", "--batch-sizes", "1,2", "--rounds", "1",
+                 "--threads", "1", "--out", str(out)]) == 0
+    assert main(["bench", "--speculative", "--shape", "micro", "--cache-dir", str(tmp_path / "cache"),
+                 "--prompt-len", "16", "--new-tokens", "12", "--batch-sizes", "1", "--rounds", "1", "--threads", "1",
+                 "--draft-noise", "0,1", "--out", str(out) + "-draft"]) == 0
+    lookup = json.loads(out.with_suffix(".json").read_text())["rows"]
+    drafts = json.loads((tmp_path / "spec-draft.json").read_text())["rows"]
+    assert [r["variant"] for r in lookup] == ["plain", "prompt lookup, k=4"] * 2
+    speculative = [r for r in lookup + drafts if r["variant"] != "plain"]
+    assert all(r["identical"] and r["tok_s"] > 0 for r in speculative)
+    assert drafts[1]["variant"] == "draft (noise 0.0), k=4" and drafts[1]["acceptance"] == 1.0
+    assert "| prompt lookup, k=4 | 1 |" in capsys.readouterr().out
