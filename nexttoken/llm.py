@@ -47,6 +47,7 @@ class _Request:
     logits_processor: list
     stopping_criteria: list
     hooks: list | Callable[[int], list]  # StepHooks of one sequence, or sequence index -> a fresh set
+    assistant: Transformer | None = None  # the draft model of speculative decoding (assistant_model)
 
     def hooks_for(self, index: int, count: int) -> list:
         """The hooks of sequence `index` of `count`: a hook holds one sequence's state, so never shared."""
@@ -165,7 +166,27 @@ class LLM:
         objects = {k: _as_list(options.pop(k, None)) for k in ("logits_processor", "stopping_criteria")}
         hooks = options.pop("hooks", None)
         hooks = hooks if callable(hooks) and not isinstance(hooks, (list, tuple)) else _as_list(hooks)
-        return _Request(resolve_config(self.model, None, options), hooks=hooks, **objects)
+        assistant = self._assistant(options.pop("assistant_model", None))
+        request = _Request(resolve_config(self.model, None, options), hooks=hooks, assistant=assistant, **objects)
+        if request.searched and (assistant is not None or request.cfg.prompt_lookup_num_tokens is not None):
+            raise GenerationConfigError(
+                f"speculative decoding (assistant_model, prompt_lookup_num_tokens) works with greedy decoding and "
+                f"sampling, not {generation_mode(request.cfg).value}")
+        return request
+
+    def _assistant(self, assistant: Any) -> Transformer | None:
+        """transformers' assistant_model: an LLM (or a bare model) that shares this one's tokenizer."""
+        if assistant is None or isinstance(assistant, Transformer):
+            return assistant
+        if not isinstance(assistant, LLM):
+            raise GenerationConfigError(
+                f"assistant_model must be a loaded nexttoken LLM or model, got {type(assistant).__name__}")
+        mine, theirs = self.tokenizer, assistant.tokenizer
+        if mine is not None and theirs is not None and mine.backend.get_vocab() != theirs.backend.get_vocab():
+            raise GenerationConfigError(
+                f"assistant_model {assistant.path} has a different tokenizer from {self.path}: a draft model must "
+                "share the tokenizer (the same token ids for the same text)")
+        return assistant.model
 
     def _complete(self, prompts: list[list[int]], request: _Request) -> list[Completion]:
         if not prompts:
@@ -244,7 +265,8 @@ class _Driver:
 
     def submit(self, prompt: list[int], cfg: GenerationConfig, request: _Request, hooks: list) -> EngineSequence:
         return self.engine.add_request(prompt, cfg, logits_processor=request.logits_processor,
-                                       stopping_criteria=request.stopping_criteria, hooks=hooks)
+                                       stopping_criteria=request.stopping_criteria, hooks=hooks,
+                                       draft_model=request.assistant)
 
     def run(self, seqs: list[EngineSequence]) -> None:
         """Step until every one of seqs has finished."""

@@ -54,6 +54,16 @@ def add_parser(sub) -> None:  # noqa: ANN001
                    help="instead of the speed table: tokens/s under a JSON Schema vs unconstrained (the packaged "
                         "model, --model DIR, or --shape with --tokenizer DIR), and llguidance vs xgrammar on the "
                         "schema corpus")
+    p.add_argument("--speculative", action="store_true",
+                   help="instead of the speed table: greedy tokens/s with and without speculative decoding on an "
+                        "input-grounded prompt, acceptance, and whether the output is the same (prompt lookup; "
+                        "--draft DIR or --draft-noise for a draft model)")
+    p.add_argument("--num-speculative-tokens", type=_int_list, default=[4],
+                   help="with --speculative: tokens drafted per step, comma-separated (default 4)")
+    p.add_argument("--draft", help="with --speculative: a draft model folder (same tokenizer)")
+    p.add_argument("--draft-noise", help="with --speculative: drafts made from the target, each weight perturbed by "
+                                         "this multiple of its spread, comma-separated (e.g. 0,0.5,1)")
+    p.add_argument("--draft-layers", type=int, help="with --draft-noise: the draft keeps the target's first N blocks")
     p.add_argument("--tokenizer", help="with --structured --shape: a tokenizer folder whose vocabulary fits the shape "
                                        "(e.g. a Llama 2 tokenizer for tiny and small)")
     p.add_argument("--out", default="bench", help="output prefix: writes OUT.json and OUT.png")
@@ -76,6 +86,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return _accuracy(args, progress)
     if args.structured:
         return _structured(args, progress)
+    if args.speculative:
+        return _speculative(args, progress)
     args.shape = args.shape or "tiny"
     if args.model:
         path, label = Path(args.model), Path(args.model).name
@@ -157,6 +169,51 @@ def _structured(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
+    progress(f"wrote {out}")
+    return 0
+
+
+def _speculative(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
+    import json
+
+    import torch
+
+    from ..llm import load
+    from ..model import load_model
+    from . import speculative as spec
+
+    torch.set_num_threads(args.threads)
+    if args.shape is None:
+        path, label, dtype = args.model, Path(args.model).name if args.model else "packaged model", args.dtype
+    else:
+        dtype = args.dtype or SHAPES[args.shape][1]
+        path = random_checkpoint(args.shape, dtype, Path(args.cache_dir) / f"{args.shape}-{dtype}")
+        label = f"{args.shape} ({dtype}, random weights)"
+    llm = load(path, dtype=dtype)
+    variants: dict[str, dict] = {}
+    for k in args.num_speculative_tokens:
+        if args.draft:
+            variants[f"draft {Path(args.draft).name}, k={k}"] = dict(
+                assistant_model=load(args.draft, dtype=dtype), num_assistant_tokens=k)
+        elif args.draft_noise:
+            for noise in (float(v) for v in args.draft_noise.split(",")):
+                layers = f"{args.draft_layers} blocks, " if args.draft_layers else ""
+                progress(f"draft from the target: {layers}noise {noise} ...")
+                draft = spec.draft_from_target(Path(llm.path), dtype, args.draft_layers, noise)
+                variants[f"draft ({layers}noise {noise}), k={k}"] = dict(assistant_model=draft, num_assistant_tokens=k)
+        else:
+            variants[f"prompt lookup, k={k}"] = dict(prompt_lookup_num_tokens=k)
+    prompt = spec.grounded_prompt(llm, args.prompt_len)
+    progress(f"speculative decoding on {label}: prompt {len(prompt)} tokens, {args.new_tokens} new ...")
+    rows = []
+    for batch in args.batch_sizes:
+        rows += spec.measure(llm, prompt, batch, args.new_tokens, args.rounds, variants, progress)
+    print(f"{label}, greedy, {args.new_tokens} new tokens, {args.threads} threads, best of {args.rounds} rounds:")
+    print(spec.table(rows))
+    out = Path(args.out).with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"model": label, "threads": args.threads, "new_tokens": args.new_tokens,
+                               "prompt_tokens": len(prompt), "rows": rows}, indent=1))
     progress(f"wrote {out}")
     return 0
 

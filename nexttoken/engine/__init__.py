@@ -2,5 +2,6 @@
 
 from .llm_engine import EngineConfig, EngineStats, LLMEngine, expand
 from .sequence import Sequence, SequenceStatus, TokenEvent
+from .speculation import SpeculativeConfig
 
-__all__ = ["EngineConfig", "EngineStats", "LLMEngine", "Sequence", "SequenceStatus", "TokenEvent", "expand"]
+__all__ = ["EngineConfig", "EngineStats", "LLMEngine", "Sequence", "SequenceStatus", "SpeculativeConfig", "TokenEvent", "expand"]

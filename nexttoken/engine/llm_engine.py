@@ -29,7 +29,8 @@ from ..generation.generate import length_budget, model_generation_config
 from ..generation.modes import GenerationMode, generation_mode
 from ..generation.output_pipeline import OutputPipeline
 from ..generation.processors import ChainInputs, LogitsProcessor, build_processors
-from ..generation.sampling import make_sampler
+from ..generation.sampling import Sampler, make_sampler
+from ..generation.speculative import DraftLength
 from ..generation.stopping import MaxTime, StoppingChain, StoppingCriterion
 from ..generation.structured import GrammarMask
 from ..generation.trace import TraceRecorder, options_of
@@ -40,6 +41,7 @@ from .postprocess import advance, advance_greedy, plain_greedy, snapshot
 from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
 from .sequence import Sequence, TokenEvent
+from .speculation import DEFAULT_NGRAM, Drafter, Speculation, SpeculativeConfig, Speculator
 
 def _prefetch(seqs: list[Sequence]) -> None:
     for seq in seqs:
@@ -51,6 +53,11 @@ def _prefetch(seqs: list[Sequence]) -> None:
 
 # Options only the low-level, transformers-shaped generate() returns: the engine reports per-token events.
 _LOW_LEVEL_ONLY = ("return_dict_in_generate", "output_scores", "output_logits")
+
+
+# Verification runs the runner's rows outside the step plan the ranks receive: not with tensor parallelism yet.
+_SPEC_TP = ("speculative decoding does not run on a tensor-parallel model yet: drop assistant_model / "
+            "prompt_lookup_num_tokens (or --speculative-*), or load the model with tensor_parallel_size=1")
 
 
 def expand(prompts: list[list[int]], cfg: GenerationConfig) -> list[tuple[list[int], GenerationConfig]]:
@@ -97,6 +104,13 @@ class EngineStats:
     prompt_tokens_total: int  # prompt tokens of admitted requests
     generated_tokens_total: int
     steps_total: int
+    spec_draft_tokens_total: int = 0  # speculative decoding: draft tokens verified
+    spec_accepted_tokens_total: int = 0  # of them, kept
+    spec_steps_total: int = 0  # verification passes (each adds the kept drafts and one token of the target's)
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        return self.spec_accepted_tokens_total / self.spec_draft_tokens_total if self.spec_draft_tokens_total else 0.0
 
     @property
     def kv_usage(self) -> float:
@@ -116,8 +130,12 @@ class LLMEngine:
         tokenizer=None,  # noqa: ANN001
         config: EngineConfig | None = None,
         generation_config: GenerationConfig | None = None,
+        speculative: SpeculativeConfig | None = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.speculative = speculative  # the default for requests that ask for no speculation themselves
+        if speculative is not None and getattr(model, "cluster", None) is not None:
+            raise GenerationConfigError(_SPEC_TP)
         self.generation_config = generation_config or model_generation_config(model)
         self.config = config = config or EngineConfig()
         context = model.config.max_position_embeddings
@@ -134,6 +152,9 @@ class LLMEngine:
         runner = DistributedRunner if getattr(model, "cluster", None) is not None else ModelRunner
         self.runner = runner(model, config.max_num_seqs, self.max_model_len, self.prefix_cache)
         self.requests: dict[str, Sequence] = {}
+        self.speculator = Speculator(self.runner)
+        self._drafters: dict[int, Drafter] = {}  # id(draft model) -> its slot cache
+        self._spec_totals = [0, 0, 0]  # drafted, accepted, verification passes of finished requests
         self._masks: ThreadPoolExecutor | None = None  # computes grammar masks while the forward pass runs
         self._ids = itertools.count()
         self._prompt_tokens = self._generated_tokens = self._steps = 0
@@ -150,10 +171,13 @@ class LLMEngine:
         logits_processor: Seq[LogitsProcessor] = (),
         stopping_criteria: Seq[StoppingCriterion] = (),
         hooks: Seq[StepHook] = (),
+        draft_model: Transformer | None = None,
     ) -> Sequence:
         """Queue one sequence. `params` is a validated GenerationConfig for one greedy or sampled sequence
         (`expand` turns num_return_sequences into several). Its text continues the prompt's. `group` names the
-        client request it belongs to (default: its own id): waiting requests get free slots in turn."""
+        client request it belongs to (default: its own id): waiting requests get free slots in turn.
+        `draft_model` (sharing the vocabulary) drafts tokens for speculative decoding, as
+        params.prompt_lookup_num_tokens does from the request's own ids (engine/speculation.py)."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise GenerationConfigError(f"request id {request_id!r} is already running: use a new id")
@@ -183,6 +207,7 @@ class LLMEngine:
             group=group if group is not None else request_id,
             arrival_time=arrival_time if arrival_time is not None else time.monotonic(),
         )
+        seq.spec = self._speculation(seq, draft_model)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         self._prompt_tokens += len(prompt_ids)
@@ -203,6 +228,9 @@ class LLMEngine:
     def step(self) -> list[TokenEvent]:
         """One forward round: admit, prefill chunks and decode one token per running request, free finished."""
         plan = self.scheduler.schedule()
+        speculative = [s for s in plan.decode if s.spec is not None]
+        if speculative:
+            plan.decode = [s for s in plan.decode if s.spec is None]
         masks = self._prefetch_masks()
         events, stepped = [], []
         start = time.perf_counter()
@@ -221,9 +249,14 @@ class LLMEngine:
                 events += advance_greedy([seqs[i] for i in greedy], rows)
             events += [self._advance(seq, logits[i : i + 1]) for i, seq in enumerate(seqs) if not plain_greedy(seq)]
             stepped += seqs
+        if speculative:
+            events += self.speculator.step(speculative)
+            stepped += speculative
         for seq in [s for s in stepped if s.finish_reason is not None]:
             self.scheduler.release(seq)
             self.requests.pop(seq.request_id, None)
+            if seq.spec is not None:
+                self._count_speculation(seq)
         self._steps += 1
         self._generated_tokens += sum(len(e.token_ids) for e in events)
         return events
@@ -248,9 +281,71 @@ class LLMEngine:
             prompt_tokens_total=self._prompt_tokens,
             generated_tokens_total=self._generated_tokens,
             steps_total=self._steps,
+            **self._speculation_totals(running),
         )
 
     # ---- helpers -----------------------------------------------------------------------------------------------
+    def _speculation(self, seq: Sequence, draft_model: Transformer | None) -> Speculation | None:
+        """The request's speculation, or None without prompt lookup or a draft model; options it cannot serve
+        exactly raise here."""
+        params = seq.params
+        lookup = params.prompt_lookup_num_tokens
+        default = self.speculative
+        if (draft_model is not None or lookup is not None) and getattr(self.model, "cluster", None) is not None:
+            raise GenerationConfigError(_SPEC_TP)
+        if draft_model is None and lookup is None and default is not None and self._can_speculate(seq):
+            if default.draft_model is not None:
+                return Speculation(DraftLength(default.num_tokens), drafter=self._drafter(default.draft_model))
+            return Speculation(DraftLength(default.num_tokens), ngram=default.ngram)
+        if draft_model is None and lookup is None:
+            if params.max_matching_ngram_size is not None:
+                raise GenerationConfigError(
+                    "max_matching_ngram_size sets prompt lookup's n-gram: set prompt_lookup_num_tokens too")
+            return None
+        if draft_model is not None and lookup is not None:
+            raise GenerationConfigError(
+                "a draft model (assistant_model) and prompt_lookup_num_tokens both propose draft tokens: use one")
+        if not self._can_speculate(seq):
+            raise GenerationConfigError(
+                "speculative decoding works with greedy decoding and sampling, without hooks, structured output "
+                "or mirostat: drop assistant_model / prompt_lookup_num_tokens for this request")
+        if lookup is not None:
+            return Speculation(DraftLength(lookup), ngram=params.max_matching_ngram_size or DEFAULT_NGRAM)
+        return Speculation(DraftLength(params.num_assistant_tokens, params.num_assistant_tokens_schedule),
+                           drafter=self._drafter(draft_model))
+
+    @staticmethod
+    def _can_speculate(seq: Sequence) -> bool:
+        return not seq.hooks and seq.grammar is None and isinstance(seq.sampler, Sampler)
+
+    def _drafter(self, draft: Transformer) -> Drafter:
+        if not isinstance(draft, Transformer):
+            raise GenerationConfigError(f"draft_model must be a nexttoken Transformer, got {type(draft).__name__}")
+        if draft.config.vocab_size != self.model.config.vocab_size:
+            raise GenerationConfigError(
+                f"the draft model's vocabulary has {draft.config.vocab_size} tokens and this model's "
+                f"{self.model.config.vocab_size}: a draft model must share the tokenizer")
+        if draft.config.max_position_embeddings < self.max_model_len:
+            raise GenerationConfigError(
+                f"the draft model's context ({draft.config.max_position_embeddings}) is shorter than this engine's "
+                f"max_model_len ({self.max_model_len}): use a draft with a context at least as long")
+        if id(draft) not in self._drafters:
+            self._drafters[id(draft)] = Drafter(draft, self.scheduler.num_slots, self.max_model_len)
+        return self._drafters[id(draft)]
+
+    def _count_speculation(self, seq: Sequence) -> None:
+        self._spec_totals[0] += seq.spec.drafted
+        self._spec_totals[1] += seq.spec.accepted
+        self._spec_totals[2] += seq.spec.steps
+
+    def _speculation_totals(self, running: list[Sequence]) -> dict[str, int]:
+        live = [s.spec for s in running if s.spec is not None]
+        return dict(
+            spec_draft_tokens_total=self._spec_totals[0] + sum(s.drafted for s in live),
+            spec_accepted_tokens_total=self._spec_totals[1] + sum(s.accepted for s in live),
+            spec_steps_total=self._spec_totals[2] + sum(s.steps for s in live),
+        )
+
     def _prefetch_masks(self) -> Future | None:
         """Start computing the next grammar mask of every constrained running request, on a worker thread, so it
         is ready when the forward pass returns (llguidance releases the GIL while it computes)."""

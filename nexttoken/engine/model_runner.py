@@ -113,11 +113,22 @@ class ModelRunner:
         for first in range(0, len(native), MAX_ROWS):
             part = native[first : first + MAX_ROWS]
             out.append((part, self._decode_native(plan, part)))
-        for span, group in groups.items():
+        for span, group in sorted(groups.items()):  # shorter spans first: a verification's rows of one slot in order
             for first in range(0, len(group), MAX_ROWS):
                 part = group[first : first + MAX_ROWS]
                 out.append((part, self._decode_group(part, span)))
         return out
+
+    @torch.inference_mode()
+    def verify(self, rows: list) -> torch.Tensor:
+        """(len(rows), V) float32 logits of decode rows given as objects with a Sequence's slot, last_token,
+        num_tokens (speculation.VerifyRow): several may share a slot, at consecutive columns in order, and each
+        gets the numbers a single decode step of that row computes (native step, or its bucket and group)."""
+        where = {id(row): i for i, row in enumerate(rows)}
+        logits = torch.empty(len(rows), self.model.config.vocab_size)
+        for part, part_logits in self._decode(rows):
+            logits[[where[id(row)] for row in part]] = part_logits
+        return logits
 
     def _decode_native(self, plan: fused.RowsPlan, part: list[Sequence]) -> torch.Tensor:
         """(rows, V) logits of the fused native step: each row in its own slot, over its own columns."""

@@ -7,6 +7,7 @@ chain and draws from its own generator. A greedy request with no processors skip
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 
@@ -58,15 +59,16 @@ def advance_greedy(seqs: list[Sequence], logits: torch.Tensor) -> list[TokenEven
     return events
 
 
-def advance(seq: Sequence, logits: torch.Tensor) -> TokenEvent:
-    """Choose seq's next token from logits (1, V) float32, record it, decide whether seq is done. A traced
-    request (seq.trace) makes the same calls through its recorder, which notes what each one did."""
+def advance(seq: Sequence, logits: torch.Tensor, chooser: Callable[[torch.Tensor], int] | None = None) -> TokenEvent:
+    """Choose seq's next token from logits (1, V) float32, record it, decide whether seq is done. `chooser`
+    (speculative decoding's rejection rule) replaces the request's sampler: (1, V) processed scores -> token. A
+    traced request (seq.trace) makes the same calls through its recorder, which notes what each one did."""
     ids = torch.tensor([seq.token_ids], device=logits.device) if len(seq.processors) else None  # (1, L)
     if seq.trace is None:
         scores = seq.processors(ids, logits) if ids is not None else logits
-        token = int(seq.sampler(scores)[0])
+        token = int(seq.sampler(scores)[0]) if chooser is None else chooser(scores)
     else:  # the same calls, one processor at a time, each recorded
-        scores, token = seq.trace.choose(seq.processors.processors, seq.sampler, ids, logits)
+        scores, token = seq.trace.choose(seq.processors.processors, seq.sampler, ids, logits, chooser)
     logprob, top = seq.out.logprobs_of(logits[0], scores[0], token)
     stop = False
     stop_start = time.perf_counter() if seq.trace is not None else 0.0
@@ -108,6 +110,8 @@ def snapshot(seq: Sequence, delta: Delta, now: float) -> TokenEvent:
         prompt_logprobs=seq.prompt_logprobs if first else None,
         prefix_hit_tokens=seq.prefix_hit_tokens,
         trace=traced(seq) if seq.trace is not None and delta.finish_reason else None,
+        spec_draft_tokens=seq.spec.drafted if seq.spec is not None else 0,
+        spec_accepted_tokens=seq.spec.accepted if seq.spec is not None else 0,
     )
 
 

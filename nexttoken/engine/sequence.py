@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -15,6 +15,9 @@ from ..generation.processors import ProcessorChain
 from ..generation.stopping import StoppingChain
 from ..generation.structured import GrammarMask
 from ..generation.trace import TraceRecorder
+
+if TYPE_CHECKING:
+    from .speculation import Speculation
 
 
 class SequenceStatus(enum.Enum):
@@ -37,6 +40,7 @@ class Sequence:
     hooks: list[StepHook] = field(default_factory=list)
     grammar: GrammarMask | None = None  # structured output's mask, in `processors`: its next mask is prefetched
     trace: TraceRecorder | None = None  # GenerationConfig.trace: each step recorded (None: nothing extra runs)
+    spec: Speculation | None = None  # its draft source and counts when it decodes speculatively
     group: str = ""  # the client request it belongs to: free slots go to the requests in turn
     arrival_time: float = 0.0
     status: SequenceStatus = SequenceStatus.WAITING
@@ -119,6 +123,8 @@ class TokenEvent:
     prompt_logprobs: PromptLogprobs | None = None  # with the first event only
     prefix_hit_tokens: int = 0
     trace: dict | None = None  # with the last event of a traced request: its trace (generation/trace.py)
+    spec_draft_tokens: int = 0  # speculative decoding, so far in this request: draft tokens verified
+    spec_accepted_tokens: int = 0  # of them, kept
 
     @property
     def finished(self) -> bool:

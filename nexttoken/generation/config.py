@@ -127,6 +127,11 @@ class GenerationConfig:
     # each processor, the draw, the stop decisions and timings. Recorded by the engine (greedy and sampling).
     trace: bool = False
     trace_top_n: int = 10
+    # speculative decoding (generation/speculative.py): prompt lookup, or a draft model passed as assistant_model
+    prompt_lookup_num_tokens: int | None = None  # draft this many tokens by prompt lookup
+    max_matching_ngram_size: int | None = None  # prompt lookup's longest n-gram (default 2)
+    num_assistant_tokens: int = 20  # tokens an assistant (draft) model drafts per step
+    num_assistant_tokens_schedule: str = "constant"  # "constant", or "heuristic": +2 after all kept, -1 otherwise
 
     @classmethod
     def from_file(cls, path: str | Path, base: "GenerationConfig | None" = None) -> "GenerationConfig":
@@ -477,6 +482,10 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "structured_best_effort": _boolean,
     "trace": _boolean,
     "trace_top_n": _trace_top_n,
+    "prompt_lookup_num_tokens": _int_at_least(1),
+    "max_matching_ngram_size": _int_at_least(1),
+    "num_assistant_tokens": _int_at_least(1, optional=False),
+    "num_assistant_tokens_schedule": _one_of("constant", "heuristic"),
 }
 # Values kept in one form once checked: a schema as a dict (from a JSON string or a pydantic class), choices a list.
 _CANONICAL: dict[str, Callable[[Any], Any]] = {

@@ -263,6 +263,7 @@ def generate(
     (`put(ids)`, `end()`); `hooks` are per-step StepHooks (docs/hooks.md); `past_key_values` is a previous
     output's cache, with input_ids = its sequences plus the new tokens.
     """
+    assistant = options.pop("assistant_model", None)
     cfg = resolve_config(model, generation_config, options)
     if cfg.trace:
         raise GenerationConfigError(
@@ -270,6 +271,10 @@ def generate(
             "the server's `trace` field or `nexttoken generate --trace` (the padded-batch generate() and the "
             "search strategies are not traced)"
         )
+    if assistant is not None or cfg.prompt_lookup_num_tokens is not None:
+        raise GenerationConfigError(
+            "speculative decoding (assistant_model, prompt_lookup_num_tokens) runs in the engine: use "
+            "nexttoken.load(...).generate(prompts, ...) or the server, which decode the same tokens at any batch")
     mode = generation_mode(cfg)
     plan = plan_generation(
         model, input_ids, attention_mask, cfg, logits_processor, stopping_criteria, tokenizer,

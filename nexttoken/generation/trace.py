@@ -94,10 +94,11 @@ class TraceRecorder:
         self._forward_s = seconds
 
     def choose(self, processors: Sequence[Any], sampler: Any, ids: torch.Tensor | None,
-               logits: torch.Tensor) -> tuple[torch.Tensor, int]:
+               logits: torch.Tensor, chooser: Callable[[torch.Tensor], int] | None = None) -> tuple[torch.Tensor, int]:
         """Run the chain processor by processor and the sampler, as ProcessorChain and advance would, recording
         each; (1, V) processed scores and the chosen id. The calls are the same, in the same order, on the same
-        inputs, so the chosen token is the one an untraced run chooses."""
+        inputs, so the chosen token is the one an untraced run chooses. `chooser` (speculative decoding's
+        rejection rule, drawing from the sampler's generator) replaces the sampler's draw, as in advance."""
         n = self.top_n
         raw = logits[0].detach().float()  # (V,) read, never written
         p_raw, h_raw = distribution(raw)
@@ -114,7 +115,7 @@ class TraceRecorder:
         generator = getattr(sampler, "generator", None)
         digest = generator_digest(generator)
         start = time.perf_counter()
-        token = int(sampler(scores)[0])
+        token = int(sampler(scores)[0]) if chooser is None else chooser(scores)
         sample_s = time.perf_counter() - start
         step["stages"] = stages
         step["final"] = {**top_candidates(row, probs, n), "entropy": entropy}
@@ -127,7 +128,7 @@ class TraceRecorder:
             "raw_prob": float(p_raw[token]),
         }
         step["sampler"] = {
-            "kind": type(sampler).__name__,
+            "kind": type(sampler).__name__ if chooser is None else "speculative rejection rule",
             "greedy": bool(getattr(sampler, "greedy", False)),
             "seed": None if generator is None else int(generator.initial_seed()),
             "state": digest,

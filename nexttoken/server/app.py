@@ -199,11 +199,12 @@ class OpenAIServing:
                 **self._trace_field(c.trace),
             })
         n_prompt = sum(len(j.prompt_ids) for j in jobs[:: req.n])
-        return JSONResponse({**head, "choices": body, "usage": usage(n_prompt, sum(len(c.token_ids) for c in choices))})
+        return JSONResponse({**head, "choices": body, "usage": usage(n_prompt, sum(len(c.token_ids) for c in choices),
+                                                                     [c.speculated for c in choices])})
 
     async def _completion_stream(self, req: CompletionRequest, jobs: list[Job], head: dict,
                                  events: AsyncIterator) -> AsyncIterator[str]:
-        started, completion_tokens = set(), 0
+        started, completion_tokens, speculated = set(), 0, {}
         texts = [self._token_texts(req, job) for job in jobs]
         try:
             async for index, event in events:
@@ -217,6 +218,7 @@ class OpenAIServing:
                 lp = self._completion_logprobs(req, job, event.token_ids, event.logprobs, event.top_logprobs,
                                                req.echo and first, event.prompt_logprobs, texts[index])
                 completion_tokens += len(event.token_ids)
+                speculated[index] = (event.spec_draft_tokens, event.spec_accepted_tokens)
                 if not (text or event.finished or lp):
                     continue
                 choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": event.finish_reason,
@@ -228,7 +230,8 @@ class OpenAIServing:
             yield sse(json.dumps(_unavailable(e).body()))
         if req.stream_options and req.stream_options.include_usage:
             n_prompt = sum(len(j.prompt_ids) for j in jobs[:: req.n])
-            yield sse(json.dumps({**head, "choices": [], "usage": usage(n_prompt, completion_tokens)}))
+            yield sse(json.dumps({**head, "choices": [],
+                                  "usage": usage(n_prompt, completion_tokens, list(speculated.values()))}))
         yield sse("[DONE]")
 
     # ---- /v1/chat/completions ----------------------------------------------------------------------------------
@@ -273,7 +276,8 @@ class OpenAIServing:
                 **self._trace_field(c.trace),
             })
         total = sum(len(c.token_ids) for c in choices)
-        return JSONResponse({**head, "object": "chat.completion", "choices": body, "usage": usage(len(ids), total)})
+        return JSONResponse({**head, "object": "chat.completion", "choices": body,
+                             "usage": usage(len(ids), total, [c.speculated for c in choices])})
 
     def _trace_field(self, trace: dict | None) -> dict:
         """A traced choice's `trace` (its id and the URLs of its explain page and JSON); {} when not traced."""
@@ -304,13 +308,14 @@ class OpenAIServing:
             yield sse(json.dumps({**head, "choices": [{"index": job.index, "delta": delta, "logprobs": None,
                                                        "finish_reason": None}]}))
         parsers = {job.index: use.parser() for job in jobs} if use is not None else {}
-        completion_tokens = 0
+        completion_tokens, speculated = 0, {}
         try:
             async for index, event in events:
                 if event.finish_reason == "error":
                     yield sse(json.dumps(_engine_failure(event).body()))
                     break
                 completion_tokens += len(event.token_ids)
+                speculated[index] = (event.spec_draft_tokens, event.spec_accepted_tokens)
                 lp = self.logprobs.chat(event.token_ids, event.logprobs, event.top_logprobs) if req.logprobs else None
                 choices = _chat_deltas(index, event, lp, parsers.get(index))
                 if choices:
@@ -322,7 +327,8 @@ class OpenAIServing:
         except (EngineClosedError, EngineDeadError) as e:
             yield sse(json.dumps(_unavailable(e).body()))
         if req.stream_options and req.stream_options.include_usage:
-            yield sse(json.dumps({**head, "choices": [], "usage": usage(len(jobs[0].prompt_ids), completion_tokens)}))
+            yield sse(json.dumps({**head, "choices": [], "usage": usage(len(jobs[0].prompt_ids), completion_tokens,
+                                                                        list(speculated.values()))}))
         yield sse("[DONE]")
 
     # ---- the rest ----------------------------------------------------------------------------------------------

@@ -37,6 +37,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="accepted for vLLM's command lines: tool_choice \"auto\" is always on when the call "
                         "format is known")
+    spec = p.add_mutually_exclusive_group()
+    spec.add_argument("--speculative-model", metavar="DIR",
+                      help="speculative decoding with this draft model (same tokenizer) for every request")
+    spec.add_argument("--speculative-ngram", action="store_true",
+                      help="speculative decoding by prompt lookup (n-gram drafts from the request's own tokens)")
+    p.add_argument("--num-speculative-tokens", type=int, default=4, help="tokens drafted per step (default 4)")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--quantize", choices=["int8"], help="weight-only int8 quantization of the linear layers")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
@@ -52,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
-    from ..engine import EngineConfig, LLMEngine
+    from ..engine import EngineConfig, LLMEngine, SpeculativeConfig
     from ..pretrained import default_model_path, load_pretrained
     from .app import ServerSettings, build_app
     from .shutdown import BACKSTOP_S
@@ -78,7 +84,20 @@ def run(args: argparse.Namespace) -> int:
     name = args.served_model_name or Path(loaded.path).name
     settings = ServerSettings(name, args.api_key, args.max_n, args.max_seqs_per_request, args.max_body_bytes,
                               args.body_timeout, args.shutdown_timeout, args.tool_call_parser)
-    engine = LLMEngine(loaded.model, loaded.tokenizer, config, loaded.generation_config)
+    speculative = None
+    if args.num_speculative_tokens < 1:
+        print("nexttoken serve: --num-speculative-tokens must be >= 1", file=sys.stderr)
+        return 2
+    if args.speculative_ngram:
+        speculative = SpeculativeConfig(args.num_speculative_tokens)
+    elif args.speculative_model:
+        draft = load_pretrained(args.speculative_model, dtype=args.dtype, device=args.device)
+        if _vocab(draft) != _vocab(loaded):
+            print(f"nexttoken serve: --speculative-model {args.speculative_model} has a different tokenizer from "
+                  f"the model: a draft model must share it", file=sys.stderr)
+            return 2
+        speculative = SpeculativeConfig(args.num_speculative_tokens, draft.model)
+    engine = LLMEngine(loaded.model, loaded.tokenizer, config, loaded.generation_config, speculative)
     app = build_app(engine, settings)
     print(f"serving {name!r} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     if not args.api_key and not _loopback(args.host):
@@ -105,6 +124,11 @@ def _stop_now(message: str) -> None:
 
     print(f"nexttoken serve: stopping: {message}", file=sys.stderr, flush=True)
     os._exit(3)
+
+
+def _vocab(loaded) -> object:  # noqa: ANN001
+    tok = loaded.tokenizer
+    return tok.backend.get_vocab() if tok is not None else loaded.model.config.vocab_size
 
 
 def _loopback(host: str) -> bool:

@@ -96,6 +96,12 @@ class _EngineCollector:
         yield _counter("nexttoken_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache", s.prefix_queried_tokens)
         yield _counter("nexttoken_prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache", s.prefix_hit_tokens)
         yield _counter("nexttoken_engine_steps", "Engine steps run (one forward round each)", s.steps_total)
+        yield _counter("nexttoken_spec_decode_draft_tokens", "Speculative draft tokens verified", s.spec_draft_tokens_total)
+        yield _counter("nexttoken_spec_decode_accepted_tokens", "Speculative draft tokens kept", s.spec_accepted_tokens_total)
+        yield _counter("nexttoken_spec_decode_verify_steps", "Speculative verification passes", s.spec_steps_total)
+        yield _gauge("nexttoken_spec_decode_acceptance_rate", "Draft tokens kept / verified", s.spec_acceptance_rate)
+        per_step = (s.spec_accepted_tokens_total + s.spec_steps_total) / s.spec_steps_total if s.spec_steps_total else 0.0
+        yield _gauge("nexttoken_spec_decode_tokens_per_step", "Tokens emitted per verification pass (kept drafts + 1)", per_step)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

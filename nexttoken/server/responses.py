@@ -16,12 +16,19 @@ def _finite(lp: float | None) -> float | None:
     return None if lp is None else max(lp, MIN_LOGPROB)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, speculated: list[tuple[int, int]] = ()) -> dict:
+    """`speculated`: (draft tokens verified, kept) per choice; with drafts, completion_tokens_details reports them
+    in OpenAI's predicted-output fields."""
+    body: dict = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    drafted, kept = sum(d for d, _ in speculated), sum(k for _, k in speculated)
+    if drafted:
+        body["completion_tokens_details"] = {"accepted_prediction_tokens": kept,
+                                             "rejected_prediction_tokens": drafted - kept}
+    return body
 
 
 @dataclass
@@ -37,6 +44,7 @@ class Choice:
     stop_reason: int | str | None = None
     num_prompt_tokens: int = 0
     trace: dict | None = None  # a traced request's trace, with its last event
+    speculated: tuple[int, int] = (0, 0)  # draft tokens verified, kept
 
     def add(self, event: TokenEvent) -> None:
         self.text += event.text
@@ -49,6 +57,7 @@ class Choice:
         self.num_prompt_tokens = event.num_prompt_tokens
         if event.trace is not None:
             self.trace = event.trace
+        self.speculated = (event.spec_draft_tokens, event.spec_accepted_tokens)
 
 
 class TokenTexts:

@@ -1,0 +1,210 @@
+"""Speculative decoding in the engine: draft k tokens per request, verify them in one target pass, keep the agreed.
+
+Losslessness rests on the verification. A request at length n with drafts d1..dk is verified as k + 1 decode rows
+of its own slot: row i feeds token i (the last token, then the drafts) at column n - 1 + i and attends over the
+first n + i columns. That is exactly the row the request's next single decode step would be, so the target's
+logits at each position are the numbers plain decoding computes, bit for bit: on the fused native step each row
+depends on itself alone (the step writes every row's K/V of a layer before any row attends, so row i sees rows
+< i of its slot as it would have seen them cached), and on the modules path rows take the same key-length bucket
+and padded group as a single step would (the runner's batch invariance). Each position then goes through the
+request's own processors, chooser and output pipeline one token at a time, as `advance` does without
+speculation; greedy keeps a draft while it equals the target's choice, sampling uses the rejection rule
+(generation/speculative.py). K/V written for rejected drafts lie past the request's length and are overwritten
+before they are read.
+
+Draft tokens come from prompt lookup (the request's own ids) or a draft model with a KV cache of its own, one
+slot per engine slot (`Drafter`); the draft's numbers need not match anything, only the target's do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from ..generation.speculative import DraftLength, accept_or_resample, prompt_lookup
+from ..model import ForwardBatch, Transformer, fused
+from ..model.kernels import MAX_ROWS
+from .model_runner import ModelRunner, SlotView
+from .postprocess import advance, advance_greedy, plain_greedy
+from .sequence import Sequence, TokenEvent
+
+DEFAULT_NGRAM = 2  # transformers' max_matching_ngram_size default
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """A server's speculation for every request that asks for none itself: a draft model, or prompt lookup."""
+
+    num_tokens: int = 4  # tokens drafted per step
+    draft_model: Transformer | None = None  # None: prompt lookup
+    ngram: int = DEFAULT_NGRAM  # prompt lookup's longest n-gram
+
+
+@dataclass
+class Speculation:
+    """One request's speculation: where its drafts come from and what they achieved."""
+
+    length: DraftLength
+    ngram: int | None = None  # prompt lookup's longest n-gram; None when a draft model proposes
+    drafter: "Drafter | None" = None
+    draft_cached: int = 0  # tokens whose K/V are in the draft model's slot
+    drafted: int = 0  # draft tokens verified
+    accepted: int = 0  # of them, kept
+    steps: int = 0  # verification passes
+
+
+@dataclass(eq=False)
+class VerifyRow:
+    """One position of a verification, shaped as the runner's decode rows read a Sequence."""
+
+    slot: int
+    last_token: int  # the token fed at column num_tokens - 1
+    num_tokens: int
+    num_cached: int = 0
+
+    def hook_inputs(self) -> dict:
+        return {}
+
+
+@dataclass
+class Proposal:
+    tokens: list[int] = field(default_factory=list)
+    probs: list[torch.Tensor] | None = None  # (V,) draft probabilities per token when sampled; None: deterministic
+
+
+class Drafter:
+    """A draft model with one cache slot per engine slot. `propose` runs every request's catch-up (the tokens it
+    has not seen yet) and then k - 1 more single steps, batched across requests on the native step."""
+
+    def __init__(self, model: Transformer, num_slots: int, max_len: int) -> None:
+        self.model = model
+        self.cache = model.new_cache(num_slots, max_len)  # (L, slots, Hkv, max_len, D)
+
+    @torch.inference_mode()
+    def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[Sequence, Proposal]:
+        out = {seq: Proposal(probs=None if seq.params.greedy else []) for seq, _ in wanted}
+        # Catch-up: columns draft_cached .. n - 1; the last row's logits give the first draft.
+        feeds = [(seq, seq.token_ids[seq.spec.draft_cached :], seq.spec.draft_cached) for seq, _ in wanted]
+        for step in range(max(k for _, k in wanted)):
+            logits = self._forward(feeds)
+            for (seq, tokens, start), row in zip(feeds, logits):
+                seq.spec.draft_cached = start + len(tokens)
+                self._choose(seq, row, out[seq])
+            feeds = [(seq, out[seq].tokens[-1:], seq.num_tokens + step) for seq, k in wanted if k > step + 1]
+            if not feeds:
+                break
+        return out
+
+    def _choose(self, seq: Sequence, logits: torch.Tensor, proposal: Proposal) -> None:
+        """The draft's token from (V,) logits after the request's own processors (they apply to draft and
+        target alike): its argmax when greedy, else a draw from its distribution with the request's generator."""
+        scores = logits[None]
+        if len(seq.processors):
+            scores = seq.processors(torch.tensor([seq.token_ids + proposal.tokens]), scores)
+        if proposal.probs is None:
+            proposal.tokens.append(int(scores[0].argmax()))
+            return
+        probs = scores[0].softmax(-1)
+        proposal.tokens.append(int(torch.multinomial(probs, 1, generator=seq.sampler.generator)))
+        proposal.probs.append(probs)
+
+    def _forward(self, feeds: list[tuple[Sequence, list[int], int]]) -> list[torch.Tensor]:
+        """(V,) float32 logits after each feed's last token; feed = (seq, tokens, first column)."""
+        plan = fused.rows_plan(self.model, self.cache)
+        if plan is None:
+            return [self._forward_modules(seq.slot, tokens, start) for seq, tokens, start in feeds]
+        rows = [(seq.slot, t, start + j) for seq, tokens, start in feeds for j, t in enumerate(tokens)]
+        logits = []
+        for first in range(0, len(rows), MAX_ROWS):
+            part = rows[first : first + MAX_ROWS]
+            cols = torch.tensor([c for _, _, c in part])
+            got = fused.decode_rows(plan, self.model, torch.tensor([[t] for _, t, _ in part]), cols,
+                                    torch.tensor([s for s, _, _ in part]), cols + 1)
+            assert got is not None, "rows_plan said the native step takes this model and cache"
+            logits.append(got)
+        every = torch.cat(logits)  # (rows, V)
+        ends = torch.tensor([len(tokens) for _, tokens, _ in feeds]).cumsum(0) - 1
+        return list(every[ends])
+
+    def _forward_modules(self, slot: int, tokens: list[int], start: int) -> torch.Tensor:
+        end = start + len(tokens)
+        ids = torch.tensor([tokens])  # (1, T)
+        cols = torch.arange(start, end)[None]  # (1, T) positions = cache columns
+        valid = torch.ones(1, end, dtype=torch.bool)
+        batch = ForwardBatch.build(cols, cols, valid, end, self.model.config.sliding_window, write_start=start)
+        view = SlotView(self.cache.k[:, slot : slot + 1], self.cache.v[:, slot : slot + 1])
+        return self.model(ids, batch, view).float()[0]  # (V,)
+
+
+class Speculator:
+    """Runs the speculative requests of a step: propose, verify in one target pass, accept per request."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+
+    def step(self, seqs: list[Sequence]) -> list[TokenEvent]:
+        room = {seq: self._room(seq) for seq in seqs}
+        proposals = {seq: Proposal(prompt_lookup(seq.token_ids, room[seq], seq.spec.ngram))
+                     for seq in seqs if seq.spec.drafter is None and room[seq]}
+        by_drafter: dict[int, list[tuple[Sequence, int]]] = {}
+        for seq in seqs:
+            if seq.spec.drafter is not None and room[seq]:
+                by_drafter.setdefault(id(seq.spec.drafter), []).append((seq, room[seq]))
+        for wanted in by_drafter.values():
+            proposals.update(wanted[0][0].spec.drafter.propose(wanted))
+        rows = {seq: [VerifyRow(seq.slot, t, seq.num_tokens + i)
+                      for i, t in enumerate([seq.last_token] + proposals.get(seq, Proposal()).tokens)] for seq in seqs}
+        logits = self.runner.verify([r for seq in seqs for r in rows[seq]])  # (rows, V)
+        events, first = [], 0
+        for seq in seqs:
+            n = len(rows[seq])
+            events += self._accept(seq, logits[first : first + n], proposals.get(seq, Proposal()))
+            first += n
+        return events
+
+    def _room(self, seq: Sequence) -> int:
+        """Draft tokens worth verifying: the schedule's, within the output budget (one token is the target's own)
+        and the slot's columns."""
+        left = seq.max_tokens - len(seq.output_ids) - 1
+        return max(0, min(seq.spec.length.num_tokens, left, self.runner.max_len - seq.num_tokens))
+
+    def _accept(self, seq: Sequence, logits: torch.Tensor, proposal: Proposal) -> list[TokenEvent]:
+        """Push the target's tokens for positions 0..k in order until one differs from the draft (greedy) or is
+        rejected (sampling), or the request finishes. logits: (k + 1, V)."""
+        spec, drafts, events, kept = seq.spec, proposal.tokens, [], 0
+        spec.steps += 1
+        spec.drafted += len(drafts)
+        for i in range(len(drafts) + 1):
+            draft = drafts[i] if i < len(drafts) else None
+            choice: dict[str, bool] = {}
+            if seq.params.greedy or draft is None:
+                event = advance_greedy([seq], logits[i : i + 1])[0] if plain_greedy(seq) else advance(seq, logits[i : i + 1])
+                choice["kept"] = draft is not None and event.token_ids[-1] == draft
+            else:
+                q = None if proposal.probs is None else proposal.probs[i]
+                event = advance(seq, logits[i : i + 1], chooser=_rejection(seq, q, draft, choice))
+            events.append(event)
+            if seq.trace is not None:  # the page lists it beside the step's stop decisions
+                seq.trace.note("speculative", {
+                    "source": "prompt lookup" if spec.drafter is None else "draft model", "position": i,
+                    "drafts": len(drafts), "draft": draft, "kept": choice["kept"]})
+            if not choice["kept"] or event.finish_reason is not None:
+                break
+            kept += 1
+        spec.accepted += kept
+        spec.length.update(len(drafts), kept)
+        counts = dict(spec_draft_tokens=spec.drafted, spec_accepted_tokens=spec.accepted)
+        events = [dataclasses.replace(e, **counts) for e in events]  # the step's events carry its counts
+        seq.num_cached = seq.num_tokens - 1  # the drafts kept are in the cache; the target's own token is not
+        spec.draft_cached = min(spec.draft_cached, seq.num_tokens - 1)  # the draft's columns past it held rejects
+        return events
+
+
+def _rejection(seq: Sequence, q: torch.Tensor | None, draft: int, choice: dict[str, bool]):  # noqa: ANN202
+    def choose(scores: torch.Tensor) -> int:  # (1, V) processed scores
+        token, choice["kept"] = accept_or_resample(scores[0].softmax(-1), q, draft, seq.sampler.generator)
+        return token
+
+    return choose
