@@ -305,12 +305,15 @@ def quantize_int8_sharded(model: nn.Module) -> nn.Module:
     info: ParallelInfo = model.parallel
     dtype = model.dtype
     tied = model.lm_head.weight is model.embed.weight
-    for module in list(model.modules()):
-        if isinstance(module, RowParallel) and type(module.inner) is Linear:
-            w = module.inner.weight.detach().float()
+    row_split = [(m, "inner") for m in model.modules() if isinstance(m, RowParallel)]
+    for moe in (m for m in model.modules() if isinstance(m, MoE)):  # every expert's down projection is row-split
+        row_split += [(mlp, "w2") for mlp in [*moe.experts, moe.shared] if mlp is not None]
+    for module, name in row_split:
+        if type(getattr(module, name)) is Linear:
+            w = getattr(module, name).weight.detach().float()
             scale = info.ranks.all_reduce_max(w.abs().amax(dim=1)).clamp(min=1e-12) / 127.0  # (N,)
             q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-            module.inner = Int8Linear(q, scale, None)
+            setattr(module, name, Int8Linear(q, scale, None))
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is Linear:
