@@ -122,3 +122,19 @@ def test_int8_moe_experts_quantized_as_one_process(tmp_path) -> None:
         _assert_same(tp, one, PROMPTS, tol=1e-3, **GREEDY)
     finally:
         tp.close()
+
+
+def test_expert_widths_must_divide(tmp_path) -> None:
+    import dataclasses
+
+    from nexttoken.config import ModelConfig
+    from nexttoken.errors import ModelLoadError
+    from nexttoken.model.parallel import check_divisible
+
+    save_variant("qwen2-moe-shared", tmp_path)
+    cfg = ModelConfig.from_dir(tmp_path)
+    check_divisible(cfg, 4)  # 4 heads, 2 KV heads copied, widths 112, 48 and 80 all divide by 4
+    odd = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, intermediate_size=50, shared_intermediate_size=90))
+    with pytest.raises(ModelLoadError, match=r"tensor_parallel_size=4 does not divide the experts' intermediate size "
+                                             r"50, shared_expert_intermediate_size=90 .*\(e\.g\. 1, 2\)"):
+        check_divisible(odd, 4)
