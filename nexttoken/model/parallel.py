@@ -6,6 +6,8 @@ slice of every large matrix, and two all-reduces per block put the slices' parti
                           all-reduced, then the bias (once) is added
     embedding             vocab-parallel: each rank looks up the ids in its rows (zeros elsewhere); all-reduce
     LM head               vocab-parallel: each rank's (B, V/N) logits, all-gathered into (B, V) on every rank
+    MoE experts           each expert's gate/up by columns, down by rows (the shared expert too); the router and
+                          the shared expert's gate replicated; one all-reduce of the weighted partial sum per block
 
 KV heads are split like the q heads; where a model has fewer KV heads than ranks, each rank keeps the one KV head
 its q heads read (replicated). Norms, RoPE tables and the KV cache layout are per rank and need no traffic.
