@@ -169,7 +169,9 @@ def check_divisible(cfg: ModelConfig, size: int) -> None:
 def _sizes(cfg: ModelConfig) -> str:
     """The sizes that split this model, for the error message."""
     H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-    widths = [cfg.intermediate_size] + ([cfg.moe.intermediate_size, cfg.moe.shared_intermediate_size] if cfg.moe else [])
+    widths = [cfg.intermediate_size]
+    if cfg.moe:  # the experts' and the shared expert's widths split too
+        widths += [cfg.moe.intermediate_size, cfg.moe.shared_intermediate_size]
     fits = [n for n in range(1, H + 1) if not H % n and not any(w % n for w in widths) and not (Hkv % n and n % Hkv)]
     return ", ".join(map(str, fits[:6]))
 
