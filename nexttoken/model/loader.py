@@ -244,21 +244,41 @@ def read_shard(files: list[Path], cfg: ModelConfig, shards) -> dict[str, torch.T
     rows = {"q_proj": shards.q, "k_proj": shards.kv, "v_proj": shards.kv, "gate_proj": shards.mlp,
             "up_proj": shards.mlp}
     columns = {"o_proj": shards.q, "down_proj": shards.mlp}
+    # MoE experts (Mixtral's w1 / w3 / w2, Qwen's gate_proj / up_proj / down_proj) and Qwen2-MoE's shared expert
+    # split like the dense MLP, each by its own width; the router and the shared expert's gate are held whole.
+    expert_rows = {"w1": shards.expert, "w3": shards.expert, "gate_proj": shards.expert, "up_proj": shards.expert}
+    expert_columns = {"w2": shards.expert, "down_proj": shards.expert}
+    shared_rows = {"gate_proj": shards.shared, "up_proj": shards.shared}
+    shared_columns = {"down_proj": shards.shared}
+    # Phi-3's fused [q; k; v] and [gate; up] rows: this rank's rows of each part, cut out and stacked again.
+    q_size, kv_size = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    fused_rows = {"qkv_proj": [shards.q, (q_size + shards.kv[0], q_size + shards.kv[1]),
+                               (q_size + kv_size + shards.kv[0], q_size + kv_size + shards.kv[1])],
+                  "gate_up_proj": [shards.mlp, (cfg.intermediate_size + shards.mlp[0],
+                                                cfg.intermediate_size + shards.mlp[1])]}
     out: dict[str, torch.Tensor] = {}
     for f in files:
         with safe_open(str(f), framework="pt", device="cpu") as sf:
             for name in (n for n, p in where.items() if p == f):
                 part, kind = name.split(".")[-2:]  # e.g. ("q_proj", "weight")
                 piece = sf.get_slice(name)
+                if ".experts." in name:
+                    r, c = expert_rows, expert_columns
+                elif ".shared_expert." in name:
+                    r, c = shared_rows, shared_columns
+                else:
+                    r, c = rows, columns
                 if name in ("model.embed_tokens.weight", "lm_head.weight"):
                     a, b = shards.vocab
                     t = piece[a:b]
                     if t.shape[0] < shards.vocab_rows:  # the last rank's rows run short: zero rows, never read
                         t = torch.cat([t, t.new_zeros(shards.vocab_rows - t.shape[0], t.shape[1])])
-                elif part in rows:
-                    t = piece[rows[part][0] : rows[part][1]]
-                elif part in columns and kind == "weight":
-                    t = piece[:, columns[part][0] : columns[part][1]]
+                elif part in fused_rows:
+                    t = torch.cat([piece[a:b] for a, b in fused_rows[part]])
+                elif part in r:
+                    t = piece[r[part][0] : r[part][1]]
+                elif part in c and kind == "weight":
+                    t = piece[:, c[part][0] : c[part][1]]
                 elif part in ("q_norm", "k_norm") and cfg.qk_norm == "projection" and shards.size > 1:
                     a, b = shards.q if part == "q_norm" else shards.kv
                     t = piece[a:b]

@@ -28,6 +28,8 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(mlp(moe.intermediate_size) for _ in range(moe.num_experts))
         self.shared = mlp(moe.shared_intermediate_size) if moe.shared_intermediate_size else None
         self.shared_gate = nn.Linear(cfg.hidden_size, 1, bias=False) if self.shared is not None else None
+        # Tensor parallelism (model/parallel.py): sums the ranks' partial outputs, once per layer; None: one process.
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (N, C) -> (weights (N, k), chosen experts (N, k)), by transformers' rules for the family."""
@@ -50,6 +52,8 @@ class MoE(nn.Module):
             out.index_add_(0, rows, y.to(out.dtype))
         if self.shared is not None:  # Qwen2-MoE: an expert every token runs, scaled by its own sigmoid gate
             out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
+        if self.reduce is not None:
+            out = self.reduce(out)
         return out.view(shape)
 
 

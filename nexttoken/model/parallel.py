@@ -6,6 +6,8 @@ slice of every large matrix, and two all-reduces per block put the slices' parti
                           all-reduced, then the bias (once) is added
     embedding             vocab-parallel: each rank looks up the ids in its rows (zeros elsewhere); all-reduce
     LM head               vocab-parallel: each rank's (B, V/N) logits, all-gathered into (B, V) on every rank
+    MoE experts           each expert's gate/up by columns, down by rows (the shared expert too); the router and
+                          the shared expert's gate replicated; one all-reduce of the weighted partial sum per block
 
 KV heads are split like the q heads; where a model has fewer KV heads than ranks, each rank keeps the one KV head
 its q heads read (replicated). Norms, RoPE tables and the KV cache layout are per rank and need no traffic.
@@ -33,6 +35,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..errors import ModelLoadError, TensorParallelError
 from .linear import Int8Linear, Linear
+from .moe import MoE
 
 __all__ = ["RankGroup", "Shards", "TensorParallelError", "check_divisible", "shard_modules", "quantize_int8_sharded"]
 
@@ -88,6 +91,8 @@ class Shards:
     mlp: tuple[int, int]  # rows of gate_proj and up_proj, columns of down_proj
     vocab: tuple[int, int]  # rows of the embedding and the LM head held (the last rank's may run short: padded)
     vocab_rows: int  # rows per rank (padded): ceil(V / N)
+    expert: tuple[int, int] = (0, 0)  # rows of every MoE expert's gate and up, columns of its down
+    shared: tuple[int, int] = (0, 0)  # the same of Qwen2-MoE's shared expert
 
     @classmethod
     def plan(cls, cfg: ModelConfig, rank: int, size: int) -> "Shards":
@@ -103,23 +108,29 @@ class Shards:
         I = cfg.intermediate_size // size
         rows = -(-cfg.vocab_size // size)
         vocab = (min(rank * rows, cfg.vocab_size), min((rank + 1) * rows, cfg.vocab_size))
+        E = cfg.moe.intermediate_size // size if cfg.moe else 0
+        S = cfg.moe.shared_intermediate_size // size if cfg.moe else 0
         return cls(rank, size, (rank * q_heads * D, (rank + 1) * q_heads * D), kv, (rank * I, (rank + 1) * I),
-                   vocab, rows)
+                   vocab, rows, (rank * E, (rank + 1) * E), (rank * S, (rank + 1) * S))
 
     def local_config(self, cfg: ModelConfig) -> ModelConfig:
-        """The config one rank's modules are built from: its heads, KV heads and MLP width."""
+        """The config one rank's modules are built from: its heads, KV heads and MLP (and expert) widths."""
         D = cfg.head_dim
+        moe = cfg.moe and dataclasses.replace(cfg.moe, intermediate_size=self.expert[1] - self.expert[0],
+                                              shared_intermediate_size=self.shared[1] - self.shared[0])
         return dataclasses.replace(
             cfg,
             num_attention_heads=(self.q[1] - self.q[0]) // D,
             num_key_value_heads=(self.kv[1] - self.kv[0]) // D,
             intermediate_size=self.mlp[1] - self.mlp[0],
+            moe=moe,
         )
 
 
 # The families whose checkpoints and blocks the split above is written for (and tested on, against one process).
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                 "Olmo2ForCausalLM", "GraniteForCausalLM")
+                 "Olmo2ForCausalLM", "GraniteForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
+                 "Phi3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 
 
 def check_divisible(cfg: ModelConfig, size: int) -> None:
@@ -139,6 +150,10 @@ def check_divisible(cfg: ModelConfig, size: int) -> None:
         problems.append(f"num_key_value_heads={Hkv} (nor does {size} split into copies of them)")
     if cfg.intermediate_size % size:
         problems.append(f"intermediate_size={cfg.intermediate_size}")
+    if cfg.moe and cfg.moe.intermediate_size % size:
+        problems.append(f"the experts' intermediate size {cfg.moe.intermediate_size}")
+    if cfg.moe and cfg.moe.shared_intermediate_size % size:
+        problems.append(f"shared_expert_intermediate_size={cfg.moe.shared_intermediate_size}")
     if problems:
         raise ModelLoadError(
             f"tensor_parallel_size={size} does not divide {', '.join(problems)} of {cfg.architecture}: choose a "
@@ -153,8 +168,11 @@ def check_divisible(cfg: ModelConfig, size: int) -> None:
 
 def _sizes(cfg: ModelConfig) -> str:
     """The sizes that split this model, for the error message."""
-    H, Hkv, I = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size
-    fits = [n for n in range(1, H + 1) if not H % n and not I % n and not (Hkv % n and n % Hkv)]
+    H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    widths = [cfg.intermediate_size]
+    if cfg.moe:  # the experts' and the shared expert's widths split too
+        widths += [cfg.moe.intermediate_size, cfg.moe.shared_intermediate_size]
+    fits = [n for n in range(1, H + 1) if not H % n and not any(w % n for w in widths) and not (Hkv % n and n % Hkv)]
     return ", ".join(map(str, fits[:6]))
 
 
@@ -261,8 +279,16 @@ def shard_modules(model: nn.Module, full: ModelConfig, shards: Shards, ranks: Ra
         att, mlp = block.attention, block.mlp
         att.wo = RowParallel(Linear(att.wo.in_features, C, bias=False, device=meta),
                              torch.empty(C, device=meta) if full.attention_bias else None, ranks)
-        mlp.w2 = RowParallel(Linear(mlp.w2.in_features, C, bias=False, device=meta),
-                             torch.empty(C, device=meta) if full.mlp_bias else None, ranks)
+        if isinstance(mlp, MoE):
+            # Every expert (and the shared one) holds its columns of gate/up and rows of down, with no all-reduce of
+            # its own: the router (and the shared expert's gate) is replicated, so every rank picks the same experts
+            # with the same weights, and the weighted sum of partial outputs is all-reduced once, after the block.
+            if full.mlp_bias:
+                raise ModelLoadError(f"{full.architecture} with mlp_bias: tensor parallelism splits bias-free experts")
+            mlp.reduce = ranks.all_reduce
+        else:
+            mlp.w2 = RowParallel(Linear(mlp.w2.in_features, C, bias=False, device=meta),
+                                 torch.empty(C, device=meta) if full.mlp_bias else None, ranks)
         if full.qk_norm == "projection" and ranks.size > 1:
             q, kv = shards.q[1] - shards.q[0], shards.kv[1] - shards.kv[0]
             kv_full = full.num_key_value_heads * full.head_dim
@@ -283,12 +309,15 @@ def quantize_int8_sharded(model: nn.Module) -> nn.Module:
     info: ParallelInfo = model.parallel
     dtype = model.dtype
     tied = model.lm_head.weight is model.embed.weight
-    for module in list(model.modules()):
-        if isinstance(module, RowParallel) and type(module.inner) is Linear:
-            w = module.inner.weight.detach().float()
+    row_split = [(m, "inner") for m in model.modules() if isinstance(m, RowParallel)]
+    for moe in (m for m in model.modules() if isinstance(m, MoE)):  # every expert's down projection is row-split
+        row_split += [(mlp, "w2") for mlp in [*moe.experts, moe.shared] if mlp is not None]
+    for module, name in row_split:
+        if type(getattr(module, name)) is Linear:
+            w = getattr(module, name).weight.detach().float()
             scale = info.ranks.all_reduce_max(w.abs().amax(dim=1)).clamp(min=1e-12) / 127.0  # (N,)
             q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-            module.inner = Int8Linear(q, scale, None)
+            setattr(module, name, Int8Linear(q, scale, None))
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is Linear:
