@@ -54,7 +54,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="Hugging Face model folder (default: the model packaged with nexttoken)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default float32 on CPU)")
     p.add_argument("--device", help="cpu (default) or cuda")
-    p.add_argument("--quantize", choices=["int8"], help="weight-only int8 quantization of the linear layers")
+    p.add_argument("--quantize", choices=["int8", "int4"],
+                   help="weight-only quantization of the linear layers: int8 (per row) or int4 (groups of 32)")
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:

@@ -12,12 +12,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ModelLoadError
+from .int4 import Int4Linear
 from .linear import Int8Linear, Linear
 from .llama import Transformer
 from .loader import release_freed_memory
 from .memory import repack
 
-QUANTIZATIONS = ("int8",)
+QUANTIZATIONS = ("int8", "int4")
 
 
 class Int8Embedding(nn.Module):
@@ -54,6 +55,25 @@ def quantize_int8(model: Transformer) -> Transformer:
     return model
 
 
+@torch.no_grad()
+def quantize_int4(model: Transformer) -> Transformer:
+    """Replace the model's linear layers, the LM head included, with 4-bit group-wise versions (int4.py), in
+    place. The embedding gets an int8 table of its own (also when tied): it is read one row per token, so its
+    size costs memory, not speed, and int8 rows keep the inputs close to float."""
+    dtype = model.dtype
+    table = Int8Linear.from_linear(_as_linear(model.embed.weight))
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, Linear):
+                setattr(module, name, Int4Linear.from_linear(child))
+    model.embed = Int8Embedding(table, dtype)
+    model.quantization = "int4"
+    release_freed_memory()
+    repack(model)
+    release_freed_memory()
+    return model
+
+
 def _as_linear(weight: torch.Tensor) -> nn.Linear:
     lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
     lin.weight = nn.Parameter(weight, requires_grad=False)
@@ -61,9 +81,9 @@ def _as_linear(weight: torch.Tensor) -> nn.Linear:
 
 
 def apply_quantization(model: Transformer, quantize: str | None) -> Transformer:
-    """`quantize` None/"none" leaves the model as it is; "int8" quantizes its weights."""
+    """`quantize` None/"none" leaves the model as it is; "int8" or "int4" quantizes its weights."""
     if quantize in (None, "none"):
         return model
     if quantize not in QUANTIZATIONS:
         raise ModelLoadError(f"quantize={quantize!r} is not supported; use one of {', '.join(QUANTIZATIONS)} or None")
-    return quantize_int8(model)
+    return quantize_int4(model) if quantize == "int4" else quantize_int8(model)

@@ -1,0 +1,100 @@
+"""4-bit weight-only linear layers: groups of 32 columns with one float16 scale each (llama.cpp's Q4_0 scheme).
+
+Each group's scale is d = m / -8, m its value of largest magnitude, so that value is exactly -8 * d and the
+others round to q in [-8, 7]: w ~= q * d. A weight then costs 4.5 bits (4 + 16/32), a quarter of bf16's bytes
+plus the scales, and decode (bound by reading the weights) runs that much faster in the native kernel
+(csrc/int4.cpp). Prefill dequantizes blocks of rows and runs torch's GEMM on them, as the int8 layer does.
+
+Layout (what the kernel reads): K padded with zero weights to Kp, a multiple of 64; `weight` (N, Kp/2) uint8,
+whose bytes [32c, 32c + 32) of a row hold its 64-column chunk c: byte j has column 64c + j in the low nibble and
+column 64c + 32 + j in the high nibble, each stored as q + 8; `scale` (N, Kp/32) float16.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import kernels
+
+GROUP = 32  # columns per scale
+CHUNK = 64  # columns per 32 packed bytes (two groups); K is padded to a multiple of this
+PREFILL_BLOCK_BYTES = 4 << 20  # dequantized weights per GEMM in prefill: cache-sized, large enough to run fast
+
+
+def padded(K: int) -> int:
+    return -(-K // CHUNK) * CHUNK
+
+
+def quantize_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (N, K) float -> (packed (N, Kp/2) uint8, scales (N, Kp/32) float16), the layout above."""
+    N, K = w.shape
+    Kp = padded(K)
+    groups = torch.zeros(N, Kp, dtype=torch.float32)
+    groups[:, :K] = w.float()
+    groups = groups.view(N, Kp // GROUP, GROUP)  # (N, G, 32)
+    extreme = groups.gather(-1, groups.abs().argmax(-1, keepdim=True))  # (N, G, 1): signed, largest magnitude
+    scale = (extreme / -8).clamp(-65504, 65504).to(torch.float16)  # (N, G, 1)
+    d = scale.float()
+    # Divided by the stored (float16) scale, so the values round against the scale the kernel multiplies by.
+    q = torch.where(d != 0, torch.round(groups / torch.where(d != 0, d, 1.0)), 0.0).clamp(-8, 7)  # (N, G, 32)
+    u = (q + 8).to(torch.uint8).view(N, Kp // CHUNK, 2, GROUP)  # (N, chunks, 2 groups, 32)
+    packed = u[:, :, 0] | (u[:, :, 1] << 4)  # (N, chunks, 32): group 2c low, group 2c + 1 high
+    return packed.reshape(N, Kp // 2).contiguous(), scale.reshape(N, Kp // GROUP).contiguous()
+
+
+def dequantize_groups(packed: torch.Tensor, scales: torch.Tensor, K: int) -> torch.Tensor:
+    """The float32 (N, K) weights that (packed, scales) stand for: q * scale of each group."""
+    N = packed.shape[0]
+    chunks = packed.view(N, -1, GROUP)  # (N, chunks, 32)
+    u = torch.stack((chunks & 15, chunks >> 4), dim=2)  # (N, chunks, 2, 32)
+    q = u.reshape(N, -1, GROUP).float() - 8  # (N, G, 32)
+    return (q * scales.float()[..., None]).reshape(N, -1)[:, :K]
+
+
+class Int4Linear(nn.Module):
+    """y = x @ W^T + bias with W stored as 4-bit groups (`weight` packed uint8, `scale` float16; see above)."""
+
+    def __init__(self, packed: torch.Tensor, scale: torch.Tensor, in_features: int, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, packed.shape[0]
+        self.register_buffer("weight", packed)  # (N, Kp/2) uint8
+        self.register_buffer("scale", scale)  # (N, Kp/32) float16
+        self.register_buffer("bias", bias)  # (N,) float32 or None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Module) -> "Int4Linear":
+        packed, scale = quantize_groups(linear.weight.detach())
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        return cls(packed, scale, linear.weight.shape[1], bias)
+
+    def dequantized(self) -> torch.Tensor:
+        """(N, K) float32 weights this layer multiplies by."""
+        return dequantize_groups(self.weight, self.scale, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead, K = x.shape[:-1], self.in_features
+        x2 = x.reshape(-1, K)  # (M, K)
+        native = (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
+                  and not torch.is_grad_enabled() and kernels.int4_available())
+        if native and x2.shape[0] <= kernels.MAX_ROWS:  # decode: the 4-bit weights streamed once
+            return kernels.linear_int4(x, self.weight, self.scale, K, self.bias)
+        if native:
+            y = self._prefill_in_blocks(x2)
+        else:
+            y = F.linear(x2, self.dequantized().to(x.device, x.dtype))
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.view(*lead, self.out_features)
+
+    def _prefill_in_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """x (M, K) @ dequantized weights^T, a cache-sized block of output rows at a time (no full float copy)."""
+        N, K = self.out_features, self.in_features
+        rows = max(64, PREFILL_BLOCK_BYTES // (K * x.element_size()))
+        y = torch.empty((x.shape[0], N), dtype=x.dtype)
+        buffer = torch.empty(min(rows, N) * K, dtype=x.dtype)
+        for n0 in range(0, N, rows):
+            w = kernels.dequantize_int4(self.weight[n0 : n0 + rows], self.scale[n0 : n0 + rows], K, x.dtype, out=buffer)
+            y[:, n0 : n0 + w.shape[0]] = F.linear(x, w)
+        return y
