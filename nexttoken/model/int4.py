@@ -1,7 +1,8 @@
 """4-bit weight-only linear layers: groups of 32 columns with one float16 scale each (llama.cpp's Q4_0 scheme).
 
-Each group's scale is d = m / -8, m its value of largest magnitude, so that value is exactly -8 * d and the
-others round to q in [-8, 7]: w ~= q * d. A weight then costs 4.5 bits (4 + 16/32), a quarter of bf16's bytes
+Each group's scale is d = f * m / -8, m its value of largest magnitude (Q4_0 takes f = 1: that value is then
+exactly -8 * d) and f the one of a few factors <= 1 that gives the group the least squared error; the values
+round to q in [-8, 7]: w ~= q * d. A weight then costs 4.5 bits (4 + 16/32), a quarter of bf16's bytes
 plus the scales, and decode (bound by reading the weights) runs that much faster in the native kernel
 (csrc/int4.cpp). Prefill dequantizes blocks of rows and runs torch's GEMM on them, as the int8 layer does.
 
@@ -27,21 +28,46 @@ def padded(K: int) -> int:
     return -(-K // CHUNK) * CHUNK
 
 
+# Candidate scales d = f * m / -8: f = 1 is Q4_0's; smaller ones clip the extreme value a little for a finer
+# step on the rest. Each group keeps the candidate with the least squared error (measured on the packaged model
+# and stories260k: top-1 agreement with float32 94.6% / 86.5% with the search, 92.2% / 85.5% without).
+SCALE_FACTORS = (1.0, 0.98, 0.96, 0.94, 0.92, 0.90)
+
+
 def quantize_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w (N, K) float -> (packed (N, Kp/2) uint8, scales (N, Kp/32) float16), the layout above."""
     N, K = w.shape
     Kp = padded(K)
+    packed = torch.empty(N, Kp // 2, dtype=torch.uint8)
+    scales = torch.empty(N, Kp // GROUP, dtype=torch.float16)
+    step = max(1, (1 << 22) // Kp)  # rows per pass: a few 16 MB temporaries, whatever the matrix
+    for n0 in range(0, N, step):
+        packed[n0 : n0 + step], scales[n0 : n0 + step] = _quantize_rows(w[n0 : n0 + step], Kp)
+    return packed, scales
+
+
+def _quantize_rows(w: torch.Tensor, Kp: int) -> tuple[torch.Tensor, torch.Tensor]:
+    N, K = w.shape
     groups = torch.zeros(N, Kp, dtype=torch.float32)
     groups[:, :K] = w.float()
     groups = groups.view(N, Kp // GROUP, GROUP)  # (N, G, 32)
     extreme = groups.gather(-1, groups.abs().argmax(-1, keepdim=True))  # (N, G, 1): signed, largest magnitude
-    scale = (extreme / -8).clamp(-65504, 65504).to(torch.float16)  # (N, G, 1)
-    d = scale.float()
-    # Divided by the stored (float16) scale, so the values round against the scale the kernel multiplies by.
-    q = torch.where(d != 0, torch.round(groups / torch.where(d != 0, d, 1.0)), 0.0).clamp(-8, 7)  # (N, G, 32)
-    u = (q + 8).to(torch.uint8).view(N, Kp // CHUNK, 2, GROUP)  # (N, chunks, 2 groups, 32)
-    packed = u[:, :, 0] | (u[:, :, 1] << 4)  # (N, chunks, 32): group 2c low, group 2c + 1 high
-    return packed.reshape(N, Kp // 2).contiguous(), scale.reshape(N, Kp // GROUP).contiguous()
+    best_q = best_scale = best_err = None
+    for f in SCALE_FACTORS:
+        scale = (extreme * (f / -8)).clamp(-65504, 65504).to(torch.float16)  # (N, G, 1)
+        d = scale.float()
+        # Divided by the stored (float16) scale, so values round against the scale the kernel multiplies by.
+        q = torch.where(d != 0, torch.round(groups / torch.where(d != 0, d, 1.0)), 0.0).clamp_(-8, 7)  # (N, G, 32)
+        err = (q * d - groups).square_().sum(-1, keepdim=True)  # (N, G, 1)
+        if best_err is None:
+            best_q, best_scale, best_err = q, scale, err
+        else:
+            better = err < best_err
+            best_q, best_scale = torch.where(better, q, best_q), torch.where(better, scale, best_scale)
+            best_err = torch.minimum(err, best_err)
+    u = (best_q + 8).to(torch.uint8).view(N, Kp // CHUNK, 2, GROUP)  # (N, chunks, 2 groups, 32)
+    packed = u[:, :, 0] | (u[:, :, 1] << 4)  # (N, chunks, 32): group 2c low nibbles, group 2c + 1 high
+    return packed.reshape(N, Kp // 2), best_scale.reshape(N, Kp // GROUP)
 
 
 def dequantize_groups(packed: torch.Tensor, scales: torch.Tensor, K: int) -> torch.Tensor:

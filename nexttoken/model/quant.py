@@ -57,12 +57,16 @@ def quantize_int8(model: Transformer) -> Transformer:
 
 @torch.no_grad()
 def quantize_int4(model: Transformer) -> Transformer:
-    """Replace the model's linear layers, the LM head included, with 4-bit group-wise versions (int4.py), in
-    place. The embedding gets an int8 table of its own (also when tied): it is read one row per token, so its
-    size costs memory, not speed, and int8 rows keep the inputs close to float."""
+    """Replace the model's block linear layers with 4-bit group-wise versions (int4.py), in place. The LM head
+    and the embedding keep int8 rows (shared when tied), as llama.cpp's Q4_0 files keep their output matrix at 6
+    bits: the head's error goes straight into the logits (int4 there cost the packaged model 2.4 points of top-1
+    agreement with float32), and the embedding is read one row per token, so its bytes cost no speed."""
     dtype = model.dtype
-    table = Int8Linear.from_linear(_as_linear(model.embed.weight))
-    for module in list(model.modules()):
+    tied = model.lm_head.weight is model.embed.weight
+    head = Int8Linear.from_linear(model.lm_head)
+    table = head if tied else Int8Linear.from_linear(_as_linear(model.embed.weight))
+    model.lm_head = head
+    for module in list(model.layers.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, Linear):
                 setattr(module, name, Int4Linear.from_linear(child))
