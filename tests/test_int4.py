@@ -32,9 +32,13 @@ def test_round_trip_worked_by_hand() -> None:
     packed, scales = quantize_groups(torch.stack([row0, row1]))
     assert packed.shape == (2, 32) and packed.dtype == torch.uint8  # K = 32 padded to one 64-column chunk
     assert scales.dtype == torch.float16 and scales.tolist() == [[0.5, 0.0], [-0.125, 0.0]]
-    # Byte j: column j (q + 8) in the low nibble, padded column 32 + j (q = 0, stored 8) in the high nibble.
-    assert packed[0].tolist() == [(j % 16) | (8 << 4) for j in range(32)]
-    assert packed[1, :3].tolist() == [0 | 128, 7 | 128, 8 | 128]  # q = -8, -1, 0
+    # Byte e holds two columns of group (e // 2) % 2: c = 2 * (e // 4) + e % 2 (low nibble) and c + 16 (high),
+    # each as q + 8. Row 0: column c of group 0 is stored as c % 16; group 1 is padding (q = 0, stored 8).
+    expected = [(2 * (e // 4) + e % 2) * 17 if (e // 2) % 2 == 0 else 0x88 for e in range(32)]
+    assert packed[0].tolist() == expected
+    # Row 1: byte 0 = column 0 (q = -8 -> 0) and 16 (0 -> 8); byte 1 = columns 1 (q = -1 -> 7) and 17; byte 4 =
+    # columns 2 and 18 (both 0 -> 8); byte 2 = group 1's padding.
+    assert packed[1, [0, 1, 2, 4]].tolist() == [0x80, 0x87, 0x88, 0x88]
     back = dequantize_groups(packed, scales, 32)
     assert torch.equal(back[0], row0)
     assert back[1, :2].tolist() == [1.0, 0.125] and not back[1, 2:].any()

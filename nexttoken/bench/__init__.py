@@ -41,14 +41,16 @@ def add_parser(sub) -> None:  # noqa: ANN001
                    help="cpu: time by this process's CPU time (use with --threads 1 on a machine shared with other "
                         "work; it ignores time the process waited for a CPU)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; medians are reported")
-    p.add_argument("--quantize", default="none", help="our variants, comma-separated: none, int8 (e.g. none,int8)")
+    p.add_argument("--quantize", default="none",
+                   help="our variants, comma-separated: none, int8, int4 (e.g. none,int8,int4)")
     p.add_argument("--no-transformers", action="store_true", help="skip transformers' generate")
     p.add_argument("--engine", action="store_true",
                    help="also the continuous-batching engine (what LLM.generate on a list and the server run): the "
                         "batch as that many concurrent requests, reported against the padded loop")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory probes (fresh processes)")
     p.add_argument("--accuracy", action="store_true",
-                   help="instead of timing: int8 vs float32 top-1 agreement and KL on real text (needs --model "
+                   help="instead of timing: --quantize's int8/int4 (default int8) vs float32 top-1 agreement and KL "
+                        "on real text (needs --model "
                         "with a tokenizer, e.g. stories260k)")
     p.add_argument("--structured", action="store_true",
                    help="instead of the speed table: tokens/s under a JSON Schema vs unconstrained (the packaged "
@@ -88,9 +90,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         progress(f"random-weight checkpoint for {args.shape} ({dtype}) ...")
         path = random_checkpoint(args.shape, dtype, Path(args.cache_dir) / f"{args.shape}-{dtype}")
     variants = [v.strip() for v in args.quantize.split(",") if v.strip()]
-    bad = [v for v in variants if v not in ("none", "int8")]
+    bad = [v for v in variants if v not in ("none", "int8", "int4")]
     if bad or not variants:
-        raise BenchError(f"--quantize {args.quantize!r}: use none, int8 or none,int8")
+        raise BenchError(f"--quantize {args.quantize!r}: use none, int8, int4 or a comma-separated list of them")
     if args.new_tokens < 1 or args.prompt_len < 1:
         raise BenchError("--new-tokens and --prompt-len must be >= 1")
     engines = ["nexttoken" if v == "none" else f"nexttoken+{v}" for v in variants]
@@ -164,16 +166,23 @@ def _structured(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
 def _accuracy(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
     import json
 
-    from .accuracy import int8_accuracy
+    from .accuracy import quantized_accuracy
 
     if not args.model:
         raise BenchError("--accuracy needs --model DIR with a tokenizer (e.g. shared/models/stories260k)")
-    progress(f"int8 vs float32 on {args.model} ...")
-    report = int8_accuracy(args.model)
-    print(f"int8 weight-only vs float32 on {report['tokens']} tokens of text: top-1 agreement "
-          f"{100 * report['top1_agreement']:.2f}%, mean KL {report['kl_mean']:.2e} nats")
+    variants = [v.strip() for v in args.quantize.split(",") if v.strip() not in ("", "none")] or ["int8"]
+    bad = [v for v in variants if v not in ("int8", "int4")]
+    if bad:
+        raise BenchError(f"--accuracy --quantize {args.quantize!r}: use int8, int4 or int8,int4")
+    reports = []
+    for quantize in variants:
+        progress(f"{quantize} vs float32 on {args.model} ...")
+        report = quantized_accuracy(args.model, quantize)
+        print(f"{quantize} weight-only vs float32 on {report['tokens']} tokens of text: top-1 agreement "
+              f"{100 * report['top1_agreement']:.2f}%, mean KL {report['kl_mean']:.2e} nats")
+        reports.append(report)
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+    out.write_text(json.dumps(reports[0] if len(reports) == 1 else reports, indent=1))
     progress(f"wrote {out}")
     return 0

@@ -2,15 +2,15 @@
 // each group with its own float16 scale (Q4_0's scheme: q in [-8, 7], w ~= q * d).
 //
 // Storage (built by nexttoken/model/int4.py): K is padded with zero weights to Kp, a multiple of 64. Row n holds
-// Kp/2 bytes; its 64-column chunk c is the 32 bytes [32c, 32c + 32): byte j keeps column 64c + j in its low
-// nibble and column 64c + 32 + j in its high nibble, each as q + 8 (0..15). Scales: (N, Kp/32) float16.
-// So one 256-bit load gives two whole groups: the low nibbles are group 2c in order, the high nibbles group 2c+1.
+// Kp/2 bytes; its 64-column chunk c is the 32 bytes [32c, 32c + 32), each byte two columns of one group (which
+// columns: column_of below) stored as q + 8 (0..15). Scales: (N, Kp/32) float16, group g = columns [32g, 32g + 32).
 //
 // The product: each activation row is quantized to int16 with one scale per row (relative error <= 2^-16, far
-// below the weights' own), the nibbles are widened to int16 and multiplied with VNNI's vpdpwssd (32 products
-// summed pairwise into 16 int32 lanes: one group per instruction), and each group's int32 sums are moved to
-// float32 and scaled by the group's scale with an FMA. A weight costs half a byte of memory traffic plus
-// 9/256 bytes of scale: 4.5 bits, the same as llama.cpp's Q4_0.
+// below the weights' own) and written in the chunks' column order; the nibbles are widened to int16 and
+// multiplied with VNNI's vpdpwssd (pairs of products summed into int32 lanes), the lanes of each chunk, which
+// alternate between its two groups, are moved to float32 and scaled by [sA, sB, sA, sB, ...] with one FMA, and
+// the +8 of the storage is taken off once per group (-8 * scale * the group's activation sum). A weight costs
+// half a byte of memory traffic plus 1/16 byte of scale: 4.5 bits, the same as llama.cpp's Q4_0.
 //
 // Prefill dequantizes blocks of rows into float32/bfloat16 (nt_dequantize_i4) for torch's GEMM.
 
@@ -32,51 +32,71 @@ inline uint16_t to_bf16(float f) {  // round to nearest even; NaN stays NaN
   return (uint16_t)(u >> 16);
 }
 
-// Two groups (64 columns) of one weight row as int16 q values: lo = group 2c, hi = group 2c + 1.
-TARGET_I4 inline void unpack(const uint8_t* chunk, __m512i& lo, __m512i& hi) {
-  const __m256i v = _mm256_loadu_si256((const __m256i*)chunk);
-  const __m256i nib = _mm256_set1_epi8(0x0f);
-  const __m512i eight = _mm512_set1_epi16(8);
-  lo = _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm256_and_si256(v, nib)), eight);
-  hi = _mm512_sub_epi16(_mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), nib)), eight);
-}
+// Column order inside a 64-column chunk. vpdpwssd sums int16 elements 2i and 2i+1 into int32 lane i; the layout
+// makes lane i hold group i % 2 of the chunk, so one vector of sums covers both groups and is scaled by
+// [sA, sB, sA, sB, ...] with one FMA. Byte e (0..31) of a chunk: low nibble = column 32*g + 2*(e/4) + e%2 of the
+// chunk, high nibble = that + 16, with g = (e/2) % 2. The activations are written in the same order.
+inline int64_t column_of(int64_t e, int high) { return 32 * ((e / 2) % 2) + 2 * (e / 4) + e % 2 + 16 * high; }
 
-// R weight rows x M activation rows: out[r * M + m] = sum over groups of scale * (q . xq), xq's scale not applied.
-template <int M, int R>
-TARGET_I4 void tile(const uint8_t* W, const uint16_t* S, const int16_t* xq, int64_t Kp, int64_t n0, float* out) {
-  __m512 acc[R][M];
+// R weight rows x M activation rows: out[r * M + m] = sum over groups of scale * (q . xq), xq's own scale not
+// applied. xq: (M, Kp) int16 in the chunk order above; xneg: (M, Kp/32) -8 * (sum of xq over the group), the
+// correction for storing q + 8. A (1 or 2) accumulators per pair, alternating chunks, to shorten FMA chains.
+template <int M, int R, int A>
+TARGET_I4 void tile(const uint8_t* W, const uint16_t* S, const int16_t* xq, const float* xneg, int64_t Kp,
+                    int64_t n0, float* out) {
+  __m512 acc[R][M][A];
   for (int r = 0; r < R; ++r)
-    for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
+    for (int m = 0; m < M; ++m)
+      for (int a = 0; a < A; ++a) acc[r][m][a] = _mm512_setzero_ps();
   const int64_t row_bytes = Kp / 2, groups = Kp / 32;
+  const __m256i nib = _mm256_set1_epi8(0x0f);
   const __m512i zero = _mm512_setzero_si512();
-  for (int64_t c = 0; c < Kp; c += 64) {
-    __m512i xa[M], xb[M];
-    for (int m = 0; m < M; ++m) {
-      xa[m] = _mm512_loadu_si512((const void*)(xq + (size_t)m * Kp + c));
-      xb[m] = _mm512_loadu_si512((const void*)(xq + (size_t)m * Kp + c + 32));
-    }
-    const int64_t g = c / 32;
+  __m512i pick[8];  // chunk c of a 16-group block: lanes i -> group 2c + i % 2
+  for (int c = 0; c < 8; ++c) pick[c] = _mm512_set_epi32(2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c,
+                                                          2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c,
+                                                          2 * c + 1, 2 * c, 2 * c + 1, 2 * c);
+  for (int64_t g0 = 0; g0 < groups; g0 += 16) {  // blocks of 16 groups (8 chunks, 512 columns)
+    const int64_t left = groups - g0 < 16 ? groups - g0 : 16;
+    const __mmask16 gm = left == 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+    __m512 sc[R];
     for (int r = 0; r < R; ++r) {
-      const size_t n = (size_t)(n0 + r);
-      __m512i lo, hi;
-      unpack(W + n * row_bytes + c / 2, lo, hi);
-      const __m512 sa = _mm512_set1_ps(_cvtsh_ss(S[n * groups + g]));
-      const __m512 sb = _mm512_set1_ps(_cvtsh_ss(S[n * groups + g + 1]));
-      for (int m = 0; m < M; ++m) {
-        acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpwssd_epi32(zero, lo, xa[m])), sa, acc[r][m]);
-        acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpwssd_epi32(zero, hi, xb[m])), sb, acc[r][m]);
+      sc[r] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, S + (size_t)(n0 + r) * groups + g0));
+      for (int m = 0; m < M; ++m)
+        acc[r][m][0] = _mm512_fmadd_ps(sc[r], _mm512_maskz_loadu_ps(gm, xneg + (size_t)m * groups + g0),
+                                       acc[r][m][0]);
+    }
+    const int chunks = (int)(left / 2);
+#pragma GCC unroll 8
+    for (int c = 0; c < chunks; ++c) {
+      const int64_t k = (g0 + 2 * c) * 32;
+      for (int r = 0; r < R; ++r) {
+        const __m256i v = _mm256_loadu_si256((const __m256i*)(W + (size_t)(n0 + r) * row_bytes + k / 2));
+        const __m512i w1 = _mm512_cvtepu8_epi16(_mm256_and_si256(v, nib));
+        const __m512i w2 = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+        const __m512 s = _mm512_permutexvar_ps(pick[c], sc[r]);
+        for (int m = 0; m < M; ++m) {
+          const int16_t* xm = xq + (size_t)m * Kp + k;
+          __m512i d = _mm512_dpwssd_epi32(zero, w1, _mm512_loadu_si512((const void*)xm));
+          d = _mm512_dpwssd_epi32(d, w2, _mm512_loadu_si512((const void*)(xm + 32)));
+          acc[r][m][c % A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc[r][m][c % A]);
+        }
       }
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int m = 0; m < M; ++m) out[r * M + m] = _mm512_reduce_add_ps(acc[r][m]);
+    for (int m = 0; m < M; ++m) {
+      __m512 t = acc[r][m][0];
+      for (int a = 1; a < A; ++a) t = _mm512_add_ps(t, acc[r][m][a]);
+      out[r * M + m] = _mm512_reduce_add_ps(t);
+    }
 }
 
 // Output rows in groups of R (the last few one by one), split over the OpenMP threads when large enough; each
 // sum is scaled by its activation row's scale, biased, and stored as float32 or bfloat16.
 template <int M, int R>
-TARGET_I4 void run(const uint8_t* W, const uint16_t* S, const int16_t* xq, const float* xscale, const float* bias,
-                   int64_t N, int64_t Kp, void* y, int out_kind) {
+TARGET_I4 void run(const uint8_t* W, const uint16_t* S, const int16_t* xq, const float* xneg, const float* xscale,
+                   const float* bias, int64_t N, int64_t Kp, void* y, int out_kind) {
+  constexpr int A = M * R <= 2 ? 2 : 1;
   const int64_t blocks = N / R;
   const bool parallel = (double)N * (double)Kp * (double)(M + 3) >= (double)(1 << 20);
 #pragma omp parallel for schedule(static) if (parallel)
@@ -86,9 +106,9 @@ TARGET_I4 void run(const uint8_t* W, const uint16_t* S, const int16_t* xq, const
     const int rows = b < blocks ? R : (int)(N - n0);
     if (rows == 0) continue;
     if (rows == R)
-      tile<M, R>(W, S, xq, Kp, n0, sums);
+      tile<M, R, A>(W, S, xq, xneg, Kp, n0, sums);
     else
-      for (int r = 0; r < rows; ++r) tile<M, 1>(W, S, xq, Kp, n0 + r, sums + r * M);
+      for (int r = 0; r < rows; ++r) tile<M, 1, A>(W, S, xq, xneg, Kp, n0 + r, sums + r * M);
     for (int r = 0; r < rows; ++r)
       for (int m = 0; m < M; ++m) {
         const int64_t n = n0 + r;
@@ -102,15 +122,18 @@ TARGET_I4 void run(const uint8_t* W, const uint16_t* S, const int16_t* xq, const
   }
 }
 
-typedef void (*kernel_fn)(const uint8_t*, const uint16_t*, const int16_t*, const float*, const float*, int64_t,
-                          int64_t, void*, int);
+typedef void (*kernel_fn)(const uint8_t*, const uint16_t*, const int16_t*, const float*, const float*,
+                          const float*, int64_t, int64_t, void*, int);
 
-kernel_fn pick(int M) {
+// Short rows (<= 2 KB packed) are read one after another: interleaving several starves the hardware prefetcher
+// (as in gemv.cpp); long rows are interleaved for more independent work per load.
+kernel_fn pick(int M, int64_t Kp) {
+  const bool one = Kp <= 4096;
   switch (M) {
-    case 1: return run<1, 4>;
-    case 2: return run<2, 4>;
-    case 3: return run<3, 2>;
-    case 4: return run<4, 2>;
+    case 1: return one ? run<1, 1> : run<1, 4>;
+    case 2: return one ? run<2, 1> : run<2, 2>;
+    case 3: return run<3, 1>;
+    case 4: return run<4, 1>;
     case 5: return run<5, 1>;
     case 6: return run<6, 1>;
     case 7: return run<7, 1>;
@@ -119,8 +142,9 @@ kernel_fn pick(int M) {
   }
 }
 
-// x (M, K) float32 -> xq (M, Kp) int16, zero padded, with one scale per row (amax / 32767).
-void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int16_t* xq, float* xscale) {
+// x (M, K) float32 -> xq (M, Kp) int16 in the chunk order (zero padded), one scale per row (amax / 32767), and
+// xneg (M, Kp/32): -8 times each group's sum of xq.
+void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int16_t* xq, float* xneg, float* xscale) {
   for (int64_t m = 0; m < M; ++m) {
     const float* row = x + (size_t)m * K;
     float amax = 0.f;
@@ -129,32 +153,43 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int16_t* xq
     const float inv = 1.f / s;
     xscale[m] = s;
     int16_t* q = xq + (size_t)m * Kp;
-    for (int64_t k = 0; k < K; ++k) q[k] = (int16_t)__builtin_lrintf(row[k] * inv);
-    for (int64_t k = K; k < Kp; ++k) q[k] = 0;
+    float* neg = xneg + (size_t)m * (Kp / 32);
+    for (int64_t g = 0; g < Kp / 32; ++g) neg[g] = 0.f;
+    for (int64_t c = 0; c < Kp; c += 64)
+      for (int64_t p = 0; p < 64; ++p) {  // position p of the chunk: nibble (p >= 32) of byte p % 32
+        const int64_t col = c + column_of(p % 32, p >= 32);
+        const int16_t v = col < K ? (int16_t)__builtin_lrintf(row[col] * inv) : (int16_t)0;
+        q[c + p] = v;
+        neg[col / 32] -= 8.f * (float)v;  // exact: |sum| <= 32 * 8 * 32767 < 2^24
+      }
+  }
+}
+
+// One weight row's 64-column chunk as int16 q values in column order: out[j] = q of column j of the chunk.
+TARGET_I4 void unpack_chunk(const uint8_t* chunk, int16_t* out) {
+  for (int64_t e = 0; e < 32; ++e) {
+    out[column_of(e, 0)] = (int16_t)((chunk[e] & 15) - 8);
+    out[column_of(e, 1)] = (int16_t)((chunk[e] >> 4) - 8);
   }
 }
 
 TARGET_I4 void dequant_row(const uint8_t* W, const uint16_t* S, int64_t K, int64_t Kp, void* out, int out_kind) {
+  alignas(64) int16_t q[64];
   for (int64_t c = 0; c < Kp; c += 64) {
-    __m512i lo, hi;
-    unpack(W + c / 2, lo, hi);
-    const __m512i halves[2] = {lo, hi};
-    for (int h = 0; h < 2; ++h) {
-      const __m512 s = _mm512_set1_ps(_cvtsh_ss(S[c / 32 + h]));
-      for (int q = 0; q < 2; ++q) {  // 16 columns at a time
-        const int64_t k = c + 32 * h + 16 * q;
-        if (k >= K) break;
-        const __mmask16 m = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
-        const __m256i part = q ? _mm512_extracti64x4_epi64(halves[h], 1) : _mm512_castsi512_si256(halves[h]);
-        const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(part)), s);
-        if (out_kind == OUT_F32) {
-          _mm512_mask_storeu_ps((float*)out + k, m, v);
-        } else {  // round to nearest even (finite values: a small integer times a finite scale)
-          __m512i u = _mm512_castps_si512(v);
-          const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-          u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
-          _mm256_mask_storeu_epi16((uint16_t*)out + k, m, _mm512_cvtepi32_epi16(u));
-        }
+    unpack_chunk(W + c / 2, q);
+    for (int h = 0; h < 4; ++h) {  // 16 columns at a time, group c/32 + h/2
+      const int64_t k = c + 16 * h;
+      if (k >= K) break;
+      const __mmask16 m = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
+      const __m512 s = _mm512_set1_ps(_cvtsh_ss(S[c / 32 + h / 2]));
+      const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_load_si256((const __m256i*)(q + 16 * h)))), s);
+      if (out_kind == OUT_F32) {
+        _mm512_mask_storeu_ps((float*)out + k, m, v);
+      } else {  // round to nearest even (finite values: a small integer times a finite scale)
+        __m512i u = _mm512_castps_si512(v);
+        const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+        u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+        _mm256_mask_storeu_epi16((uint16_t*)out + k, m, _mm512_cvtepi32_epi16(u));
       }
     }
   }
@@ -175,13 +210,14 @@ int nt_linear_i4(const uint8_t* W, const uint16_t* S, const float* x, const floa
                  int64_t K, void* y, int out_kind) {
   const int64_t Kp = (K + 63) / 64 * 64;
   if (Kp > 32768 || M > 16) return 1;
-  static thread_local int16_t xq[8 * 32768];  // (8, Kp) quantized activations
+  alignas(64) static thread_local int16_t xq[8 * 32768];  // (8, Kp) quantized activations, chunk order
+  alignas(64) static thread_local float xneg[8 * 1024];    // (8, Kp/32)
   float xscale[8];
   for (int64_t m0 = 0; m0 < M; m0 += 8) {  // up to 8 activation rows per pass over the weights
     const int64_t rows = M - m0 < 8 ? M - m0 : 8;
-    quantize_rows(x + (size_t)m0 * K, rows, K, Kp, xq, xscale);
+    quantize_rows(x + (size_t)m0 * K, rows, K, Kp, xq, xneg, xscale);
     char* yo = (char*)y + (size_t)m0 * N * (out_kind == OUT_F32 ? 4 : 2);
-    pick((int)rows)(W, S, xq, xscale, bias, N, Kp, yo, out_kind);
+    pick((int)rows, Kp)(W, S, xq, xneg, xscale, bias, N, Kp, yo, out_kind);
   }
   return 0;
 }
