@@ -30,15 +30,17 @@ def test_round_trip_worked_by_hand() -> None:
     row1 = torch.zeros(32)
     row1[0], row1[1] = 1.0, 0.1
     packed, scales = quantize_groups(torch.stack([row0, row1]))
-    assert packed.shape == (2, 32) and packed.dtype == torch.uint8  # K = 32 padded to one 64-column chunk
-    assert scales.dtype == torch.float16 and scales.tolist() == [[0.5, 0.0], [-0.125, 0.0]]
-    # Byte e holds two columns of group (e // 2) % 2: c = 2 * (e // 4) + e % 2 (low nibble) and c + 16 (high),
-    # each as q + 8. Row 0: column c of group 0 is stored as c % 16; group 1 is padding (q = 0, stored 8).
-    expected = [(2 * (e // 4) + e % 2) * 17 if (e // 2) % 2 == 0 else 0x88 for e in range(32)]
+    assert packed.shape == (2, 64) and packed.dtype == torch.uint8  # K = 32 padded to one 128-column chunk
+    assert scales.dtype == torch.float16 and scales.tolist() == [[0.5, 0, 0, 0], [-0.125, 0, 0, 0]]
+    # Byte b holds two columns of group (b // 4) % 4: c = 8 * (b // 16) + 4 * (b % 2) + (b // 2) % 2 in the low
+    # nibble and c + 2 in the high one, each as q + 8. Row 0: column c of group 0 is stored as c % 16; groups 1-3
+    # are padding (q = 0, stored 8).
+    low = [8 * (b // 16) + 4 * (b % 2) + (b // 2) % 2 for b in range(64)]
+    expected = [low[b] % 16 | (low[b] + 2) % 16 << 4 if (b // 4) % 4 == 0 else 0x88 for b in range(64)]
     assert packed[0].tolist() == expected
-    # Row 1: byte 0 = column 0 (q = -8 -> 0) and 16 (0 -> 8); byte 1 = columns 1 (q = -1 -> 7) and 17; byte 4 =
-    # columns 2 and 18 (both 0 -> 8); byte 2 = group 1's padding.
-    assert packed[1, [0, 1, 2, 4]].tolist() == [0x80, 0x87, 0x88, 0x88]
+    # Row 1: byte 0 = columns 0 (q = -8 -> 0) and 2 (0 -> 8); byte 2 = columns 1 (q = -1 -> 7) and 3; byte 1 =
+    # columns 4 and 6 (0 -> 8); byte 4 = group 1's padding.
+    assert packed[1, [0, 2, 1, 4]].tolist() == [0x80, 0x87, 0x88, 0x88]
     back = dequantize_groups(packed, scales, 32)
     assert torch.equal(back[0], row0)
     assert back[1, :2].tolist() == [1.0, 0.125] and not back[1, 2:].any()
@@ -59,7 +61,7 @@ def test_clipping_the_extreme_is_chosen_when_it_lowers_the_error() -> None:
 def test_groups_never_cross_rows_or_the_padding() -> None:
     w = torch.randn(5, 70, generator=torch.Generator().manual_seed(1))  # 70 columns: 3 groups, the last 6 wide
     packed, scales = quantize_groups(w)
-    assert packed.shape == (5, 64) and scales.shape == (5, 4)  # Kp = 128
+    assert packed.shape == (5, 64) and scales.shape == (5, 4)  # Kp = 128: one chunk, four groups
     back = dequantize_groups(packed, scales, 70)
     # Each value within half a step of its group's scale (clipping moves an extreme by at most 10% of it).
     step = scales.float().abs().repeat_interleave(32, dim=1)[:, :70]
@@ -132,7 +134,7 @@ def test_weights_take_four_and_a_half_bits(tmp_path) -> None:
     layers = {name: m for name, m in model.layers.named_modules() if isinstance(m, Int4Linear)}
     assert layers.keys() == weights.keys()
     for name, m in layers.items():
-        if m.in_features % 64 == 0:
+        if m.in_features % 128 == 0:
             assert (m.weight.nbytes + m.scale.nbytes) * 8 == weights[name] * 4.5
 
 

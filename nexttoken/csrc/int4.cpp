@@ -1,16 +1,17 @@
 // Weight-only 4-bit products for decode: y (M, N) = x (M, K) @ W (N, K)^T (+ bias), W in groups of 32 columns,
 // each group with its own float16 scale (Q4_0's scheme: q in [-8, 7], w ~= q * d).
 //
-// Storage (built by nexttoken/model/int4.py): K is padded with zero weights to Kp, a multiple of 64. Row n holds
-// Kp/2 bytes; its 64-column chunk c is the 32 bytes [32c, 32c + 32), each byte two columns of one group (which
-// columns: column_of below) stored as q + 8 (0..15). Scales: (N, Kp/32) float16, group g = columns [32g, 32g + 32).
+// Storage (built by nexttoken/model/int4.py): K is padded with zero weights to Kp, a multiple of 128. Row n holds
+// Kp/2 bytes; its 128-column chunk c is the 64 bytes [64c, 64c + 64), each nibble one column of the chunk (which:
+// column_of below) stored as q + 8 (0..15). Scales: (N, Kp/32) float16, group g = columns [32g, 32g + 32).
 //
 // The product: each activation row is quantized to int16 with one scale per row (relative error <= 2^-16, far
-// below the weights' own) and written in the chunks' column order; the nibbles are widened to int16 and
-// multiplied with VNNI's vpdpwssd (pairs of products summed into int32 lanes), the lanes of each chunk, which
-// alternate between its two groups, are moved to float32 and scaled by [sA, sB, sA, sB, ...] with one FMA, and
-// the +8 of the storage is taken off once per group (-8 * scale * the group's activation sum). A weight costs
-// half a byte of memory traffic plus 1/16 byte of scale: 4.5 bits, the same as llama.cpp's Q4_0.
+// below the weights' own) and written in the chunks' nibble order. A chunk is one 64-byte load; read as 32
+// 16-bit words, (v >> 0, 4, 8, 12) & 15 are four vectors of 32 int16 weights (no shuffles), each multiplied with
+// its activations by VNNI's vpdpwssd (pairs of products summed into 16 int32 lanes) into one vector of sums whose
+// lane i belongs to group i % 4 of the chunk. That vector goes to float32 and is scaled by [s0, s1, s2, s3, s0, ...]
+// with one FMA; the +8 of the storage is taken off once per group (-8 * scale * the group's activation sum).
+// A weight costs half a byte of memory traffic plus 1/16 byte of scale: 4.5 bits, as llama.cpp's Q4_0.
 //
 // Prefill dequantizes blocks of rows into float32/bfloat16 (nt_dequantize_i4) for torch's GEMM.
 
@@ -23,6 +24,7 @@
 namespace {
 
 enum { OUT_F32 = 0, OUT_BF16 = 1 };
+const int64_t CHUNK = 128;  // columns per 64 packed bytes (four groups)
 
 inline uint16_t to_bf16(float f) {  // round to nearest even; NaN stays NaN
   uint32_t u;
@@ -32,15 +34,18 @@ inline uint16_t to_bf16(float f) {  // round to nearest even; NaN stays NaN
   return (uint16_t)(u >> 16);
 }
 
-// Column order inside a 64-column chunk. vpdpwssd sums int16 elements 2i and 2i+1 into int32 lane i; the layout
-// makes lane i hold group i % 2 of the chunk, so one vector of sums covers both groups and is scaled by
-// [sA, sB, sA, sB, ...] with one FMA. Byte e (0..31) of a chunk: low nibble = column 32*g + 2*(e/4) + e%2 of the
-// chunk, high nibble = that + 16, with g = (e/2) % 2. The activations are written in the same order.
-inline int64_t column_of(int64_t e, int high) { return 32 * ((e / 2) % 2) + 2 * (e / 4) + e % 2 + 16 * high; }
+// The chunk column kept in nibble `h` (0 low, 1 high) of byte b (0..63). Word w = b / 2 of the chunk becomes
+// element w of weight vector j = 2 * (b % 2) + h (its bits 4j..4j+3), summed into int32 lane i = w / 2; lane i
+// belongs to group i % 4, whose columns are numbered 8 * (i / 4) + 2 * j + w % 2 (0..31) within it.
+inline int64_t column_of(int64_t b, int64_t h) {
+  const int64_t w = b / 2, i = w / 2, j = 2 * (b % 2) + h;
+  return 32 * (i % 4) + 8 * (i / 4) + 2 * j + w % 2;
+}
 
 // R weight rows x M activation rows: out[r * M + m] = sum over groups of scale * (q . xq), xq's own scale not
-// applied. xq: (M, Kp) int16 in the chunk order above; xneg: (M, Kp/32) -8 * (sum of xq over the group), the
-// correction for storing q + 8. A (1 or 2) accumulators per pair, alternating chunks, to shorten FMA chains.
+// applied. xq: (M, Kp) int16, chunk c's 128 values as four vectors X_j (element w = the column of vector j's
+// element w); xneg: (M, Kp/32) -8 * (sum of xq over the group), the correction for storing q + 8.
+// A (1 or 2) accumulators per pair, alternating chunks, to shorten the FMA chains.
 template <int M, int R, int A>
 TARGET_I4 void tile(const uint8_t* W, const uint16_t* S, const int16_t* xq, const float* xneg, int64_t Kp,
                     int64_t n0, float* out) {
@@ -49,13 +54,15 @@ TARGET_I4 void tile(const uint8_t* W, const uint16_t* S, const int16_t* xq, cons
     for (int m = 0; m < M; ++m)
       for (int a = 0; a < A; ++a) acc[r][m][a] = _mm512_setzero_ps();
   const int64_t row_bytes = Kp / 2, groups = Kp / 32;
-  const __m256i nib = _mm256_set1_epi8(0x0f);
+  const __m512i nib = _mm512_set1_epi16(0x000f);
   const __m512i zero = _mm512_setzero_si512();
-  __m512i pick[8];  // chunk c of a 16-group block: lanes i -> group 2c + i % 2
-  for (int c = 0; c < 8; ++c) pick[c] = _mm512_set_epi32(2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c,
-                                                          2 * c + 1, 2 * c, 2 * c + 1, 2 * c, 2 * c + 1, 2 * c,
-                                                          2 * c + 1, 2 * c, 2 * c + 1, 2 * c);
-  for (int64_t g0 = 0; g0 < groups; g0 += 16) {  // blocks of 16 groups (8 chunks, 512 columns)
+  __m512i pick[4];  // chunk c of a 16-group block: lane i -> group 4c + i % 4
+  for (int c = 0; c < 4; ++c) {
+    const int b = 4 * c;
+    pick[c] = _mm512_set_epi32(b + 3, b + 2, b + 1, b, b + 3, b + 2, b + 1, b, b + 3, b + 2, b + 1, b, b + 3, b + 2,
+                               b + 1, b);
+  }
+  for (int64_t g0 = 0; g0 < groups; g0 += 16) {  // blocks of 16 groups (4 chunks, 512 columns)
     const int64_t left = groups - g0 < 16 ? groups - g0 : 16;
     const __mmask16 gm = left == 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
     __m512 sc[R];
@@ -65,19 +72,23 @@ TARGET_I4 void tile(const uint8_t* W, const uint16_t* S, const int16_t* xq, cons
         acc[r][m][0] = _mm512_fmadd_ps(sc[r], _mm512_maskz_loadu_ps(gm, xneg + (size_t)m * groups + g0),
                                        acc[r][m][0]);
     }
-    const int chunks = (int)(left / 2);
-#pragma GCC unroll 8
+    const int chunks = (int)(left / 4);
+#pragma GCC unroll 4
     for (int c = 0; c < chunks; ++c) {
-      const int64_t k = (g0 + 2 * c) * 32;
+      const int64_t k = (g0 + 4 * c) * 32;
       for (int r = 0; r < R; ++r) {
-        const __m256i v = _mm256_loadu_si256((const __m256i*)(W + (size_t)(n0 + r) * row_bytes + k / 2));
-        const __m512i w1 = _mm512_cvtepu8_epi16(_mm256_and_si256(v, nib));
-        const __m512i w2 = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+        const __m512i v = _mm512_loadu_si512((const void*)(W + (size_t)(n0 + r) * row_bytes + k / 2));
+        const __m512i w0 = _mm512_and_si512(v, nib);
+        const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+        const __m512i w2 = _mm512_and_si512(_mm512_srli_epi16(v, 8), nib);
+        const __m512i w3 = _mm512_srli_epi16(v, 12);
         const __m512 s = _mm512_permutexvar_ps(pick[c], sc[r]);
         for (int m = 0; m < M; ++m) {
           const int16_t* xm = xq + (size_t)m * Kp + k;
-          __m512i d = _mm512_dpwssd_epi32(zero, w1, _mm512_loadu_si512((const void*)xm));
-          d = _mm512_dpwssd_epi32(d, w2, _mm512_loadu_si512((const void*)(xm + 32)));
+          __m512i d = _mm512_dpwssd_epi32(zero, w0, _mm512_loadu_si512((const void*)xm));
+          d = _mm512_dpwssd_epi32(d, w1, _mm512_loadu_si512((const void*)(xm + 32)));
+          d = _mm512_dpwssd_epi32(d, w2, _mm512_loadu_si512((const void*)(xm + 64)));
+          d = _mm512_dpwssd_epi32(d, w3, _mm512_loadu_si512((const void*)(xm + 96)));
           acc[r][m][c % A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc[r][m][c % A]);
         }
       }
@@ -142,9 +153,12 @@ kernel_fn pick(int M, int64_t Kp) {
   }
 }
 
-// x (M, K) float32 -> xq (M, Kp) int16 in the chunk order (zero padded), one scale per row (amax / 32767), and
+// x (M, K) float32 -> xq (M, Kp) int16 in the chunks' order (zero padded), one scale per row (amax / 32767), and
 // xneg (M, Kp/32): -8 times each group's sum of xq.
 void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int16_t* xq, float* xneg, float* xscale) {
+  int64_t col_of[CHUNK];  // position 32 * j + w of a chunk's activations -> its column
+  for (int64_t b = 0; b < 64; ++b)
+    for (int64_t h = 0; h < 2; ++h) col_of[32 * (2 * (b % 2) + h) + b / 2] = column_of(b, h);
   for (int64_t m = 0; m < M; ++m) {
     const float* row = x + (size_t)m * K;
     float amax = 0.f;
@@ -155,9 +169,9 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int16_t* xq
     int16_t* q = xq + (size_t)m * Kp;
     float* neg = xneg + (size_t)m * (Kp / 32);
     for (int64_t g = 0; g < Kp / 32; ++g) neg[g] = 0.f;
-    for (int64_t c = 0; c < Kp; c += 64)
-      for (int64_t p = 0; p < 64; ++p) {  // position p of the chunk: nibble (p >= 32) of byte p % 32
-        const int64_t col = c + column_of(p % 32, p >= 32);
+    for (int64_t c = 0; c < Kp; c += CHUNK)
+      for (int64_t p = 0; p < CHUNK; ++p) {
+        const int64_t col = c + col_of[p];
         const int16_t v = col < K ? (int16_t)__builtin_lrintf(row[col] * inv) : (int16_t)0;
         q[c + p] = v;
         neg[col / 32] -= 8.f * (float)v;  // exact: |sum| <= 32 * 8 * 32767 < 2^24
@@ -165,24 +179,21 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int16_t* xq
   }
 }
 
-// One weight row's 64-column chunk as int16 q values in column order: out[j] = q of column j of the chunk.
-TARGET_I4 void unpack_chunk(const uint8_t* chunk, int16_t* out) {
-  for (int64_t e = 0; e < 32; ++e) {
-    out[column_of(e, 0)] = (int16_t)((chunk[e] & 15) - 8);
-    out[column_of(e, 1)] = (int16_t)((chunk[e] >> 4) - 8);
-  }
-}
-
 TARGET_I4 void dequant_row(const uint8_t* W, const uint16_t* S, int64_t K, int64_t Kp, void* out, int out_kind) {
-  alignas(64) int16_t q[64];
-  for (int64_t c = 0; c < Kp; c += 64) {
-    unpack_chunk(W + c / 2, q);
-    for (int h = 0; h < 4; ++h) {  // 16 columns at a time, group c/32 + h/2
+  alignas(64) int16_t q[CHUNK];  // one chunk's q values in column order
+  for (int64_t c = 0; c < Kp; c += CHUNK) {
+    for (int64_t b = 0; b < 64; ++b) {
+      const uint8_t byte = W[c / 2 + b];
+      q[column_of(b, 0)] = (int16_t)((byte & 15) - 8);
+      q[column_of(b, 1)] = (int16_t)((byte >> 4) - 8);
+    }
+    for (int h = 0; h < 8; ++h) {  // 16 columns at a time, of group c/32 + h/2
       const int64_t k = c + 16 * h;
       if (k >= K) break;
       const __mmask16 m = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
       const __m512 s = _mm512_set1_ps(_cvtsh_ss(S[c / 32 + h / 2]));
-      const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_load_si256((const __m256i*)(q + 16 * h)))), s);
+      const __m512i qi = _mm512_cvtepi16_epi32(_mm256_load_si256((const __m256i*)(q + 16 * h)));
+      const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(qi), s);
       if (out_kind == OUT_F32) {
         _mm512_mask_storeu_ps((float*)out + k, m, v);
       } else {  // round to nearest even (finite values: a small integer times a finite scale)
@@ -208,7 +219,7 @@ int nt_int4_supported(void) {
 // y: (M, N) float32 or bfloat16. Returns 0, or 1 when K is too long for the activation buffer or M > 16.
 int nt_linear_i4(const uint8_t* W, const uint16_t* S, const float* x, const float* bias, int64_t M, int64_t N,
                  int64_t K, void* y, int out_kind) {
-  const int64_t Kp = (K + 63) / 64 * 64;
+  const int64_t Kp = (K + CHUNK - 1) / CHUNK * CHUNK;
   if (Kp > 32768 || M > 16) return 1;
   alignas(64) static thread_local int16_t xq[8 * 32768];  // (8, Kp) quantized activations, chunk order
   alignas(64) static thread_local float xneg[8 * 1024];    // (8, Kp/32)
@@ -224,7 +235,7 @@ int nt_linear_i4(const uint8_t* W, const uint16_t* S, const float* x, const floa
 
 // Rows [0, N) dequantized to (N, K) float32 or bfloat16 (each value q * scale rounded once).
 int nt_dequantize_i4(const uint8_t* W, const uint16_t* S, int64_t N, int64_t K, void* out, int out_kind) {
-  const int64_t Kp = (K + 63) / 64 * 64;
+  const int64_t Kp = (K + CHUNK - 1) / CHUNK * CHUNK;
   const size_t out_row = (size_t)K * (out_kind == OUT_F32 ? 4 : 2);
 #pragma omp parallel for schedule(static) if (N * K >= (1 << 18))
   for (int64_t n = 0; n < N; ++n)

@@ -6,10 +6,11 @@ round to q in [-8, 7]: w ~= q * d. A weight then costs 4.5 bits (4 + 16/32), a q
 plus the scales, and decode (bound by reading the weights) runs that much faster in the native kernel
 (csrc/int4.cpp). Prefill dequantizes blocks of rows and runs torch's GEMM on them, as the int8 layer does.
 
-Layout (what the kernel reads): K padded with zero weights to Kp, a multiple of 64; `weight` (N, Kp/2) uint8,
-whose bytes [32c, 32c + 32) of a row hold its 64-column chunk c; byte e keeps column COLUMN_OF[e] of the chunk in
-its low nibble and COLUMN_OF[32 + e] in its high nibble, each stored as q + 8; `scale` (N, Kp/32) float16. The
-order puts the two groups of a chunk in alternate int32 lanes of the kernel's VNNI sums (csrc/int4.cpp).
+Layout (what the kernel reads): K padded with zero weights to Kp, a multiple of 128; `weight` (N, Kp/2) uint8,
+whose bytes [64c, 64c + 64) of a row hold its 128-column chunk c; byte b keeps column COLUMN_OF[b] of the chunk
+in its low nibble and COLUMN_OF[64 + b] in its high nibble, each stored as q + 8; `scale` (N, Kp/32) float16. The
+order lets the kernel split a 64-byte load into four int16 vectors with shifts and masks alone, each int32 lane
+of their VNNI sums holding one group (csrc/int4.cpp's column_of).
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from torch import nn
 from . import kernels
 
 GROUP = 32  # columns per scale
-CHUNK = 64  # columns per 32 packed bytes (two groups); K is padded to a multiple of this
-# Chunk column of nibble position p (p < 32: low nibble of byte p, else high nibble of byte p - 32); csrc/int4.cpp's
-# column_of: byte e holds columns 32 * ((e // 2) % 2) + 2 * (e // 4) + e % 2, and that + 16.
-COLUMN_OF = torch.tensor([32 * ((e // 2) % 2) + 2 * (e // 4) + e % 2 + 16 * high for high in (0, 1) for e in range(32)])
+CHUNK = 128  # columns per 64 packed bytes (four groups); K is padded to a multiple of this
+# Chunk column of nibble position p (p < 64: low nibble of byte p, else high nibble of byte p - 64), as
+# csrc/int4.cpp's column_of(b, h): word b // 2 -> weight vector j = 2 * (b % 2) + h, int32 lane i = b // 4 of
+# group i % 4, column 8 * (i // 4) + 2 * j + (b // 2) % 2 of that group.
+COLUMN_OF = torch.tensor([32 * ((b // 4) % 4) + 8 * (b // 16) + 2 * (2 * (b % 2) + h) + (b // 2) % 2
+                          for h in (0, 1) for b in range(64)])
 POSITION_OF = torch.argsort(COLUMN_OF)  # chunk column -> nibble position
 PREFILL_BLOCK_BYTES = 4 << 20  # dequantized weights per GEMM in prefill: cache-sized, large enough to run fast
 
@@ -70,16 +73,16 @@ def _quantize_rows(w: torch.Tensor, Kp: int) -> tuple[torch.Tensor, torch.Tensor
             better = err < best_err
             best_q, best_scale = torch.where(better, q, best_q), torch.where(better, scale, best_scale)
             best_err = torch.minimum(err, best_err)
-    u = (best_q + 8).to(torch.uint8).view(N, Kp // CHUNK, CHUNK)[..., COLUMN_OF]  # (N, chunks, 64 nibble positions)
-    packed = u[..., :32] | (u[..., 32:] << 4)  # (N, chunks, 32)
+    u = (best_q + 8).to(torch.uint8).view(N, Kp // CHUNK, CHUNK)[..., COLUMN_OF]  # (N, chunks, 128 nibble positions)
+    packed = u[..., :64] | (u[..., 64:] << 4)  # (N, chunks, 64 bytes)
     return packed.reshape(N, Kp // 2), best_scale.reshape(N, Kp // GROUP)
 
 
 def dequantize_groups(packed: torch.Tensor, scales: torch.Tensor, K: int) -> torch.Tensor:
     """The float32 (N, K) weights that (packed, scales) stand for: q * scale of each group."""
     N = packed.shape[0]
-    chunks = packed.view(N, -1, 32)  # (N, chunks, 32 bytes)
-    u = torch.cat((chunks & 15, chunks >> 4), dim=-1)[..., POSITION_OF]  # (N, chunks, 64 columns)
+    chunks = packed.view(N, -1, CHUNK // 2)  # (N, chunks, 64 bytes)
+    u = torch.cat((chunks & 15, chunks >> 4), dim=-1)[..., POSITION_OF]  # (N, chunks, 128 columns)
     q = u.reshape(N, -1, GROUP).float() - 8  # (N, G, 32)
     return (q * scales.float()[..., None]).reshape(N, -1)[:, :K]
 
