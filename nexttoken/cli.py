@@ -54,8 +54,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="Hugging Face model folder (default: the model packaged with nexttoken)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default float32 on CPU)")
     p.add_argument("--device", help="cpu (default) or cuda")
-    p.add_argument("--quantize", choices=["int8", "int4"],
-                   help="weight-only quantization of the linear layers: int8 (per row) or int4 (groups of 32)")
+    p.add_argument("--quantize", choices=["int8", "int4", "bf16"],
+                   help="weight-only quantization of the linear layers: int8 (per row), int4 (groups of 32), or bf16 "
+                        "(bfloat16 weights, float32 activations)")
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:

@@ -22,6 +22,7 @@ import torch
 from . import kernels
 from .batch import ForwardBatch
 from .cache import KVCache
+from .bf16 import BF16Linear
 from .int4 import Int4Linear
 from .linear import Int8Linear, Linear
 
@@ -59,7 +60,7 @@ class _Model(ctypes.Structure):
 
 
 def _linear(module: torch.nn.Module) -> _Linear | None:
-    if type(module) is Linear:
+    if type(module) in (Linear, BF16Linear):
         w, scale, bias = module.weight, None, module.bias
     elif type(module) is Int8Linear:
         w, scale, bias = module.weight, module.scale, module.bias
