@@ -81,10 +81,9 @@ def quantize_int4(model: Transformer) -> Transformer:
 
 @torch.no_grad()
 def quantize_bf16(model: Transformer) -> Transformer:
-    """bfloat16 weights, float32 everything else (bf16.py), in place: the model's activations become float32
-    (exact from bf16 or float16 weights) and every linear layer and the embedding keep bf16 weights."""
-    if model.dtype != torch.float32:
-        model.to(torch.float32)
+    """bfloat16 weights, float32 everything else (bf16.py), in place: every linear layer and the embedding keep
+    bf16 weights (shared, not copied, when they are bf16 already) and the remaining parameters (norms) become
+    float32, so the activations are float32."""
     tied = model.lm_head.weight is model.embed.weight
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
@@ -92,6 +91,8 @@ def quantize_bf16(model: Transformer) -> Transformer:
                 setattr(module, name, BF16Linear.from_linear(child))
     table = model.lm_head if tied else BF16Linear.from_linear(_as_linear(model.embed.weight))
     model.embed = BF16Embedding(table)
+    for p in model.parameters():  # buffers (the bf16 weights) stay as they are
+        p.data = p.data.float()
     model.quantization = "bf16"
     release_freed_memory()
     repack(model)
