@@ -58,6 +58,12 @@ def add_parser(sub) -> None:  # noqa: ANN001
                         "schema corpus")
     p.add_argument("--tokenizer", help="with --structured --shape: a tokenizer folder whose vocabulary fits the shape "
                                        "(e.g. a Llama 2 tokenizer for tiny and small)")
+    p.add_argument("--matrix", action="store_true",
+                   help="llama.cpp's table instead: every size in --shapes x every precision in --precisions, each "
+                        "with transformers in the same run, figures also as shares of the measured limits")
+    p.add_argument("--shapes", default="tiny,small", help="with --matrix: comma-separated shapes (tiny,small,1b)")
+    p.add_argument("--precisions", default="none,bf16,int8,int4",
+                   help="with --matrix: comma-separated, none (the checkpoint's dtype), bf16, int8, int4")
     p.add_argument("--out", default="bench", help="output prefix: writes OUT.json and OUT.png")
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "nexttoken" / "bench"),
                    help="where random-weight checkpoints are written (reused across runs)")
@@ -78,6 +84,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return _accuracy(args, progress)
     if args.structured:
         return _structured(args, progress)
+    if args.matrix:
+        return _matrix(args, progress)
     args.shape = args.shape or "tiny"
     if args.model:
         path, label = Path(args.model), Path(args.model).name
@@ -159,6 +167,30 @@ def _structured(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
+    progress(f"wrote {out}")
+    return 0
+
+
+def _matrix(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
+    import json
+
+    from .engines import transformers_available
+    from .matrix import PRECISIONS, matrix_table, run_matrix
+
+    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    if not shapes or any(s not in SHAPES for s in shapes):
+        raise BenchError(f"--shapes {args.shapes!r}: use a comma-separated list of {', '.join(SHAPES)}")
+    if not precisions or any(p not in PRECISIONS for p in precisions):
+        raise BenchError(f"--precisions {args.precisions!r}: use a comma-separated list of {', '.join(PRECISIONS)}")
+    with_transformers = not args.no_transformers and transformers_available()
+    base = dict(prompt_len=args.prompt_len, new_tokens=args.new_tokens, batch_sizes=args.batch_sizes,
+                rounds=args.rounds, threads=args.threads, memory=False, clock=args.clock)
+    report = run_matrix(shapes, precisions, base, Path(args.cache_dir), with_transformers, progress)
+    print(matrix_table(report))
+    out = Path(args.out).with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
     progress(f"wrote {out}")
     return 0
 
