@@ -42,14 +42,14 @@ def add_parser(sub) -> None:  # noqa: ANN001
                         "work; it ignores time the process waited for a CPU)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; medians are reported")
     p.add_argument("--quantize", default="none",
-                   help="our variants, comma-separated: none, int8, int4 (e.g. none,int8,int4)")
+                   help="our variants, comma-separated: none, int8, int4, bf16 (bf16 weights, float32 activations)")
     p.add_argument("--no-transformers", action="store_true", help="skip transformers' generate")
     p.add_argument("--engine", action="store_true",
                    help="also the continuous-batching engine (what LLM.generate on a list and the server run): the "
                         "batch as that many concurrent requests, reported against the padded loop")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory probes (fresh processes)")
     p.add_argument("--accuracy", action="store_true",
-                   help="instead of timing: --quantize's int8/int4 (default int8) vs float32 top-1 agreement and KL "
+                   help="instead of timing: --quantize's int8/int4/bf16 (default int8) vs float32 top-1 agreement and KL "
                         "on real text (needs --model "
                         "with a tokenizer, e.g. stories260k)")
     p.add_argument("--structured", action="store_true",
@@ -98,9 +98,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         progress(f"random-weight checkpoint for {args.shape} ({dtype}) ...")
         path = random_checkpoint(args.shape, dtype, Path(args.cache_dir) / f"{args.shape}-{dtype}")
     variants = [v.strip() for v in args.quantize.split(",") if v.strip()]
-    bad = [v for v in variants if v not in ("none", "int8", "int4")]
+    bad = [v for v in variants if v not in ("none", "int8", "int4", "bf16")]
     if bad or not variants:
-        raise BenchError(f"--quantize {args.quantize!r}: use none, int8, int4 or a comma-separated list of them")
+        raise BenchError(f"--quantize {args.quantize!r}: use none, int8, int4, bf16 or a comma-separated list of them")
     if args.new_tokens < 1 or args.prompt_len < 1:
         raise BenchError("--new-tokens and --prompt-len must be >= 1")
     engines = ["nexttoken" if v == "none" else f"nexttoken+{v}" for v in variants]
@@ -203,9 +203,9 @@ def _accuracy(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
     if not args.model:
         raise BenchError("--accuracy needs --model DIR with a tokenizer (e.g. shared/models/stories260k)")
     variants = [v.strip() for v in args.quantize.split(",") if v.strip() not in ("", "none")] or ["int8"]
-    bad = [v for v in variants if v not in ("int8", "int4")]
+    bad = [v for v in variants if v not in ("int8", "int4", "bf16")]
     if bad:
-        raise BenchError(f"--accuracy --quantize {args.quantize!r}: use int8, int4 or int8,int4")
+        raise BenchError(f"--accuracy --quantize {args.quantize!r}: use int8, int4, bf16 or a list of them")
     reports = []
     for quantize in variants:
         progress(f"{quantize} vs float32 on {args.model} ...")

@@ -14,6 +14,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="Hugging Face model folder (default: the model packaged with nexttoken)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default float32 on CPU)")
     p.add_argument("--device", help="cpu (default) or cuda")
+    p.add_argument("--quantize", choices=["int8", "int4", "bf16"],
+                   help="weight-only quantization: int8 (per row), int4 (groups of 32), bf16 (bf16 weights, float32 "
+                        "activations)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", help="the model name clients send (default: the folder's name)")
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"loading {args.model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
-    loaded = load_pretrained(args.model, dtype=args.dtype, device=args.device)
+    loaded = load_pretrained(args.model, dtype=args.dtype, device=args.device, quantize=args.quantize)
     config = EngineConfig(
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
