@@ -158,3 +158,17 @@ def test_load_quantize_int4_generates() -> None:
     out = llm.generate("Once upon a time", max_new_tokens=12, do_sample=False)
     ref = nexttoken.load().generate("Once upon a time", max_new_tokens=12, do_sample=False)
     assert len(out.token_ids) == 12 and out.token_ids[:3] == ref.token_ids[:3]
+
+
+@needs_int4
+@pytest.mark.parametrize("N,K", [(3, 32), (17, 70), (64, 300), (5, 1000)])
+def test_native_quantizer_equals_the_torch_definition(N, K) -> None:
+    from nexttoken.model.int4 import quantize_groups_reference
+
+    g = torch.Generator().manual_seed(N + K)
+    w = torch.randn(N, K, generator=g) * torch.rand(N, 1, generator=g)  # rows of different magnitudes
+    w[0, :5] = 0.0  # a tie for the largest magnitude never happens in random data: make zeros and exact ties
+    w[1, 3], w[1, 7] = 2.0, -2.0
+    packed, scales = quantize_groups(w)
+    ref_packed, ref_scales = quantize_groups_reference(w)
+    assert torch.equal(scales, ref_scales) and torch.equal(packed, ref_packed)

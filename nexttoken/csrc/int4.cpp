@@ -17,6 +17,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 
 #define TARGET_I4 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
@@ -230,6 +231,56 @@ int nt_linear_i4(const uint8_t* W, const uint16_t* S, const float* x, const floa
     quantize_rows(x + (size_t)m0 * K, rows, K, Kp, xq, xneg, xscale);
     char* yo = (char*)y + (size_t)m0 * N * (out_kind == OUT_F32 ? 4 : 2);
     pick((int)rows, Kp)(W, S, xq, xneg, xscale, bias, N, Kp, yo, out_kind);
+  }
+  return 0;
+}
+
+// w (N, K) float32 -> packed (N, Kp/2) and scales (N, Kp/32) float16, as nexttoken/model/int4.py's
+// quantize_groups defines it (that Python function is the reference; this is the same arithmetic, fast enough
+// for a 1B model at load time): per group, the value of largest magnitude m (the first one on a tie), and for
+// each factor f the float16 scale d = f * m / -8, q = round-half-even(w / d) clamped to [-8, 7], squared error
+// summed in double; the first factor with the least error wins.
+TARGET_I4 int nt_quantize_i4(const float* w, int64_t N, int64_t K, const double* factors, int64_t n_factors,
+                             uint8_t* packed, uint16_t* scales) {
+  const int64_t Kp = (K + CHUNK - 1) / CHUNK * CHUNK, G = Kp / 32;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* row = w + (size_t)n * K;
+    uint8_t u[CHUNK];  // one chunk's stored nibbles (q + 8), by column
+    for (int64_t c = 0; c < Kp; c += CHUNK) {
+      for (int64_t g = c / 32; g < c / 32 + 4; ++g) {
+        float v[32];
+        for (int64_t i = 0; i < 32; ++i) v[i] = g * 32 + i < K ? row[g * 32 + i] : 0.f;
+        float extreme = v[0];
+        for (int64_t i = 1; i < 32; ++i) extreme = fabsf(v[i]) > fabsf(extreme) ? v[i] : extreme;
+        double best_err = 0.0;
+        uint16_t best_scale = 0;
+        int8_t best_q[32];
+        for (int64_t f = 0; f < n_factors; ++f) {
+          float sc = extreme * (float)(factors[f] / -8.0);  // as torch: the scalar rounded to float32 first
+          sc = sc < -65504.f ? -65504.f : (sc > 65504.f ? 65504.f : sc);
+          const uint16_t h = _cvtss_sh(sc, _MM_FROUND_TO_NEAREST_INT);
+          const float d = _cvtsh_ss(h);
+          int8_t q[32];
+          double err = 0.0;
+          for (int64_t i = 0; i < 32; ++i) {
+            float r = d != 0.f ? nearbyintf(v[i] / d) : 0.f;
+            r = r < -8.f ? -8.f : (r > 7.f ? 7.f : r);
+            q[i] = (int8_t)r;
+            const double e = (double)(r * d) - (double)v[i];
+            err += e * e;
+          }
+          if (f == 0 || err < best_err) {
+            best_err = err, best_scale = h;
+            memcpy(best_q, q, 32);
+          }
+        }
+        scales[(size_t)n * G + g] = best_scale;
+        for (int64_t i = 0; i < 32; ++i) u[g * 32 - c + i] = (uint8_t)(best_q[i] + 8);
+      }
+      uint8_t* out = packed + (size_t)n * (Kp / 2) + c / 2;
+      for (int64_t b = 0; b < 64; ++b) out[b] = (uint8_t)(u[column_of(b, 0)] | (u[column_of(b, 1)] << 4));
+    }
   }
   return 0;
 }

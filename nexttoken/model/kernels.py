@@ -111,6 +111,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.nt_int4_supported.restype = i
     lib.nt_linear_i4.argtypes = [p, p, p, p, i64, i64, i64, p, i]
     lib.nt_linear_i4.restype = i
+    lib.nt_quantize_i4.argtypes = [p, i64, i64, p, i64, p, p]
+    lib.nt_quantize_i4.restype = i
     lib.nt_dequantize_i4.argtypes = [p, p, i64, i64, p, i]
     lib.nt_dequantize_i4.restype = i
     return lib, ""
@@ -205,6 +207,19 @@ def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, K: 
                           _OUT_KIND[x.dtype])
     assert rc == 0
     return y
+
+
+def quantize_int4(w: torch.Tensor, factors: tuple[float, ...], Kp: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (N, K) -> (packed (N, Kp/2) uint8, scales (N, Kp/32) float16): int4.py's quantize_groups, natively."""
+    lib = library()
+    assert lib is not None
+    wf = w.detach().to(torch.float32).contiguous()  # (N, K)
+    N, K = wf.shape
+    f = torch.tensor(factors, dtype=torch.float64)
+    packed = torch.empty(N, Kp // 2, dtype=torch.uint8)
+    scales = torch.empty(N, Kp // 32, dtype=torch.float16)
+    lib.nt_quantize_i4(wf.data_ptr(), N, K, f.data_ptr(), len(factors), packed.data_ptr(), scales.data_ptr())
+    return packed, scales
 
 
 def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, K: int, dtype: torch.dtype,
