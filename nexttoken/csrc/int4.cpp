@@ -181,28 +181,53 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int16_t* xq
   }
 }
 
+// Permutation tables for dequantization: output vector o of a chunk (its group o, columns 32o..32o+31 in
+// order) takes column 8L + 2j + t from element 2(o + 4L) + t of weight vector j (column_of's inverse). For
+// _mm512_permutex2var_epi16: lo[o] gathers vectors 0 and 1 (bit 5 picks the second), hi[o] vectors 2 and 3, and
+// from_hi marks the columns hi[o] provides (j >= 2).
+struct DequantTables {
+  uint16_t lo[4][32], hi[4][32];
+  __mmask32 from_hi;
+  DequantTables() : from_hi(0) {
+    for (int o = 0; o < 4; ++o)
+      for (int L = 0; L < 4; ++L)
+        for (int j = 0; j < 4; ++j)
+          for (int t = 0; t < 2; ++t) {
+            const int d = 8 * L + 2 * j + t, src = 2 * (o + 4 * L) + t;
+            (j < 2 ? lo : hi)[o][d] = (uint16_t)(src | ((j % 2) << 5));
+            (j < 2 ? hi : lo)[o][d] = 0;
+            if (j >= 2) from_hi |= (__mmask32)(1u << d);
+          }
+  }
+};
+
 TARGET_I4 void dequant_row(const uint8_t* W, const uint16_t* S, int64_t K, int64_t Kp, void* out, int out_kind) {
-  alignas(64) int16_t q[CHUNK];  // one chunk's q values in column order
-  for (int64_t c = 0; c < Kp; c += CHUNK) {
-    for (int64_t b = 0; b < 64; ++b) {
-      const uint8_t byte = W[c / 2 + b];
-      q[column_of(b, 0)] = (int16_t)((byte & 15) - 8);
-      q[column_of(b, 1)] = (int16_t)((byte >> 4) - 8);
-    }
-    for (int h = 0; h < 8; ++h) {  // 16 columns at a time, of group c/32 + h/2
-      const int64_t k = c + 16 * h;
-      if (k >= K) break;
-      const __mmask16 m = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
-      const __m512 s = _mm512_set1_ps(_cvtsh_ss(S[c / 32 + h / 2]));
-      const __m512i qi = _mm512_cvtepi16_epi32(_mm256_load_si256((const __m256i*)(q + 16 * h)));
-      const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(qi), s);
-      if (out_kind == OUT_F32) {
-        _mm512_mask_storeu_ps((float*)out + k, m, v);
-      } else {  // round to nearest even (finite values: a small integer times a finite scale)
-        __m512i u = _mm512_castps_si512(v);
-        const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-        u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
-        _mm256_mask_storeu_epi16((uint16_t*)out + k, m, _mm512_cvtepi32_epi16(u));
+  static const DequantTables tables;
+  const __m512i nib = _mm512_set1_epi16(0x000f);
+  const __m512i eight = _mm512_set1_epi32(8);
+  for (int64_t c = 0; c < Kp && c < K; c += CHUNK) {
+    const __m512i v = _mm512_loadu_si512((const void*)(W + c / 2));
+    const __m512i w0 = _mm512_and_si512(v, nib), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+    const __m512i w2 = _mm512_and_si512(_mm512_srli_epi16(v, 8), nib), w3 = _mm512_srli_epi16(v, 12);
+    for (int o = 0; o < 4; ++o) {  // group c/32 + o: 32 columns in order
+      const __m512i a = _mm512_permutex2var_epi16(w0, _mm512_loadu_si512((const void*)tables.lo[o]), w1);
+      const __m512i b = _mm512_permutex2var_epi16(w2, _mm512_loadu_si512((const void*)tables.hi[o]), w3);
+      const __m512i u = _mm512_mask_blend_epi16(tables.from_hi, a, b);  // q + 8, column order
+      const __m512 s = _mm512_set1_ps(_cvtsh_ss(S[c / 32 + o]));
+      for (int h = 0; h < 2; ++h) {  // 16 columns at a time
+        const int64_t k = c + 32 * o + 16 * h;
+        if (k >= K) break;
+        const __mmask16 m = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
+        const __m256i part = h ? _mm512_extracti64x4_epi64(u, 1) : _mm512_castsi512_si256(u);
+        const __m512 val = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu16_epi32(part), eight)), s);
+        if (out_kind == OUT_F32) {
+          _mm512_mask_storeu_ps((float*)out + k, m, val);
+        } else {  // round to nearest even (finite values: a small integer times a finite scale)
+          __m512i bits = _mm512_castps_si512(val);
+          const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+          bits = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+          _mm256_mask_storeu_epi16((uint16_t*)out + k, m, _mm512_cvtepi32_epi16(bits));
+        }
       }
     }
   }
