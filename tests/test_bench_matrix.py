@@ -33,5 +33,6 @@ def test_matrix_table_covers_every_precision(tmp_path, capsys) -> None:
     assert abs(bits["int8 (per row)"] - 8 * (params + 4 * rows_out) / params) < 1e-9
     expected_int4 = 8 * ((params - head) * 4.5 / 8 + head + 4 * cfg.vocab_size) / params
     assert abs(bits["int4 (groups of 32)"] - expected_int4) < 1e-9
+    assert out.with_suffix(".png").stat().st_size > 1000
     table = capsys.readouterr().out
     assert "| micro | int4 (groups of 32) |" in table and "% bandwidth bound" in table

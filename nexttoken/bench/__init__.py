@@ -175,7 +175,7 @@ def _matrix(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
     import json
 
     from .engines import transformers_available
-    from .matrix import PRECISIONS, matrix_table, run_matrix
+    from .matrix import PRECISIONS, matrix_table, plot_matrix, run_matrix
 
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
@@ -191,7 +191,8 @@ def _matrix(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
-    progress(f"wrote {out}")
+    wrote_plot = plot_matrix(report, out.with_suffix(".png"))
+    progress(f"wrote {out}" + (f" and {out.with_suffix('.png')}" if wrote_plot else " (no plot: no matplotlib)"))
     return 0
 
 

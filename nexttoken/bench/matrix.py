@@ -81,6 +81,34 @@ def matrix_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def plot_matrix(report: dict, path: Path) -> bool:
+    """Decode tokens/s at batch 1 per size (one panel each), a bar per precision with its bandwidth bound dotted;
+    False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    shapes = report["shapes"]
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4.5 * len(shapes), 4), squeeze=False)
+    for ax, s in zip(axes[0], shapes):
+        rows = [r for r in s["rows"] if r["batch"] == 1]
+        for i, r in enumerate(rows):
+            ax.bar(i, r["decode_tok_s"] or 0, color=f"C{i}")
+            ax.hlines(r["bandwidth_bound_tok_s"], i - 0.4, i + 0.4, colors="k", linestyles=":")
+        ax.set_xticks(range(len(rows)), [r["precision"].replace(" (", "\n(").replace(", ", ",\n") for r in rows],
+                      fontsize=7)
+        ax.set_title(f"{s['model']}: decode tok/s, batch 1 (dotted: bandwidth bound)", fontsize=9)
+    first = shapes[0]
+    fig.suptitle(f"prompt {first['prompt_len']}, {first['threads']} thread(s), {first['clock']} clock", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
 def _f(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
