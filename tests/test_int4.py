@@ -111,6 +111,16 @@ def test_layer_decode_prefill_and_fallback_agree(monkeypatch) -> None:
 
 
 @needs_int4
+def test_rows_longer_than_the_decode_buffer_take_the_prefill_path() -> None:
+    layer = Int4Linear.from_linear(torch.nn.Linear(33000, 3, bias=False))  # Kp = 33024 > 32768
+    x = torch.randn(1, 33000, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        y = layer(x)
+    ref = x.double() @ layer.dequantized().double().T
+    assert torch.allclose(y.double(), ref, atol=1e-4)
+
+
+@needs_int4
 @pytest.mark.parametrize("variant", ["llama-gqa", "llama-tied-mha", "qwen2-bias"])
 def test_fused_step_gives_the_modules_tokens(variant, tmp_path, monkeypatch) -> None:
     save_variant(variant, tmp_path)

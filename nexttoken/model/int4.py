@@ -29,6 +29,7 @@ CHUNK = 128  # columns per 64 packed bytes (four groups); K is padded to a multi
 COLUMN_OF = torch.tensor([32 * ((b // 4) % 4) + 8 * (b // 16) + 2 * (2 * (b % 2) + h) + (b // 2) % 2
                           for h in (0, 1) for b in range(64)])
 POSITION_OF = torch.argsort(COLUMN_OF)  # chunk column -> nibble position
+MAX_DECODE_K = 32768  # the decode kernel's activation buffer (csrc/int4.cpp); longer rows take the prefill path
 PREFILL_BLOCK_BYTES = 4 << 20  # dequantized weights per GEMM in prefill: cache-sized, large enough to run fast
 
 
@@ -120,7 +121,7 @@ class Int4Linear(nn.Module):
         x2 = x.reshape(-1, K)  # (M, K)
         native = (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
                   and not torch.is_grad_enabled() and kernels.int4_available())
-        if native and x2.shape[0] <= kernels.MAX_ROWS:  # decode: the 4-bit weights streamed once
+        if native and x2.shape[0] <= kernels.MAX_ROWS and padded(K) <= MAX_DECODE_K:  # decode: weights streamed once
             return kernels.linear_int4(x, self.weight, self.scale, K, self.bias)
         if native:
             y = self._prefill_in_blocks(x2)
