@@ -137,11 +137,11 @@ TARGET_I4 void run(const uint8_t* W, const uint16_t* S, const int16_t* xq, const
 typedef void (*kernel_fn)(const uint8_t*, const uint16_t*, const int16_t*, const float*, const float*,
                           const float*, int64_t, int64_t, void*, int);
 
-// Rows of 0.5-2 KB packed are read one after another: interleaving several starves the hardware prefetcher (as
-// in gemv.cpp; 2x slower at K = 2048, 1 thread). Long rows, and very short ones (whose per-row work dominates),
-// are interleaved four at a time.
+// Short rows (<= 2 KB packed) are read one after another: interleaving several starves the hardware prefetcher
+// (as in gemv.cpp): four at a time made the small shape's int4 decode 20% slower (131-139 against 169-179 tok/s,
+// 1 thread) although a kernel-only loop over one matrix preferred it. Long rows are interleaved four at a time.
 kernel_fn pick(int M, int64_t Kp) {
-  const bool one = Kp > 1024 && Kp <= 4096;
+  const bool one = Kp <= 4096;
   switch (M) {
     case 1: return one ? run<1, 1> : run<1, 4>;
     case 2: return one ? run<2, 1> : run<2, 2>;
