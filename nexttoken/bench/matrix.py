@@ -100,9 +100,8 @@ def plot_matrix(report: dict, path: Path) -> bool:
             ax.hlines(r["bandwidth_bound_tok_s"], i - 0.4, i + 0.4, colors="k", linestyles=":")
         ax.set_xticks(range(len(rows)), [r["precision"].replace(" (", "\n(").replace(", ", ",\n") for r in rows],
                       fontsize=7)
-        ax.set_title(f"{s['model']}: decode tok/s, batch 1 (dotted: bandwidth bound)", fontsize=9)
-    first = shapes[0]
-    fig.suptitle(f"prompt {first['prompt_len']}, {first['threads']} thread(s), {first['clock']} clock", fontsize=9)
+        ax.set_title(f"{s['model']} (prompt {s['prompt_len']}, {s['threads']} thread(s), {s['clock']} clock): decode "
+                     f"tok/s, batch 1\n(dotted: bandwidth bound)", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
