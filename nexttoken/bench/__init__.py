@@ -64,6 +64,10 @@ def add_parser(sub) -> None:  # noqa: ANN001
     p.add_argument("--shapes", default="tiny,small", help="with --matrix: comma-separated shapes (tiny,small,1b)")
     p.add_argument("--precisions", default="none,bf16,int8,int4",
                    help="with --matrix: comma-separated, none (the checkpoint's dtype), bf16, int8, int4")
+    p.add_argument("--llama-bench", help="with --matrix: a built llama.cpp llama-bench (or $NEXTTOKEN_LLAMA_BENCH) to run "
+                                        "as a peer on --gguf-dir's files")
+    p.add_argument("--gguf-dir", help="with --matrix --llama-bench: GGUF files of the shapes' weights, named "
+                                      "SHAPE-TYPE.gguf, TYPE one of f32, bf16, q8_0, q4_0")
     p.add_argument("--out", default="bench", help="output prefix: writes OUT.json and OUT.png")
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "nexttoken" / "bench"),
                    help="where random-weight checkpoints are written (reused across runs)")
@@ -186,7 +190,17 @@ def _matrix(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
     with_transformers = not args.no_transformers and transformers_available()
     base = dict(prompt_len=args.prompt_len, new_tokens=args.new_tokens, batch_sizes=args.batch_sizes,
                 rounds=args.rounds, threads=args.threads, memory=False, clock=args.clock)
-    report = run_matrix(shapes, precisions, base, Path(args.cache_dir), with_transformers, progress)
+    from .llamacpp import find_llama_bench
+
+    llama_bench = find_llama_bench(args.llama_bench)
+    if (args.llama_bench or args.gguf_dir) and (llama_bench is None or not args.gguf_dir):
+        raise BenchError("llama.cpp as a peer needs both --llama-bench PATH (an existing llama-bench binary) and "
+                         "--gguf-dir DIR")
+    if llama_bench is None or not args.gguf_dir:
+        llama_bench = None
+        progress("llama.cpp not run: no --llama-bench PATH (or NEXTTOKEN_LLAMA_BENCH) with --gguf-dir DIR")
+    report = run_matrix(shapes, precisions, base, Path(args.cache_dir), with_transformers, progress, llama_bench,
+                        Path(args.gguf_dir) if args.gguf_dir else None)
     print(matrix_table(report))
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)

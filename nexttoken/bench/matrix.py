@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import ModelConfig
+from . import llamacpp
 from .report import _linear_bytes, linear_params, summarize
 from .runner import Workload, run
 from .shapes import SHAPES, random_checkpoint
@@ -22,9 +23,11 @@ PRECISIONS = ("none", "bf16", "int8", "int4")  # "none": the checkpoint's dtype
 
 
 def run_matrix(shapes: list[str], precisions: list[str], base: dict, cache_dir: Path, with_transformers: bool,
-               progress: Callable[[str], None]) -> dict:
+               progress: Callable[[str], None], llama_bench: Path | None = None,
+               gguf_dir: Path | None = None) -> dict:
     """One summary per shape (report.summarize's), every precision and the peer measured in the same run.
-    `base`: the Workload fields shared by all shapes (prompt_len, new_tokens, batch_sizes, rounds, ...)."""
+    `base`: the Workload fields shared by all shapes (prompt_len, new_tokens, batch_sizes, rounds, ...).
+    With `llama_bench` and `gguf_dir`, llama.cpp's rows for the shape's GGUF files follow its engines (llamacpp.py)."""
     summaries = []
     for shape in shapes:
         dtype = SHAPES[shape][1]
@@ -39,8 +42,11 @@ def run_matrix(shapes: list[str], precisions: list[str], base: dict, cache_dir: 
         for row in summary["rows"]:
             row["precision"] = precision_label(row["engine"], dtype)
             row["bits_per_weight"] = 8 * _linear_bytes(cfg, row["engine"], dtype) / params
+        if llama_bench is not None and gguf_dir is not None:
+            summary["llama_cpp"] = llamacpp.peer_rows(llama_bench, gguf_dir, shape, base["prompt_len"],
+                                                      base["new_tokens"], base["threads"], base["rounds"], progress)
         summaries.append(summary)
-    return {"shapes": summaries}
+    return {"shapes": summaries, "llama_cpp": str(llama_bench) if llama_bench else None}
 
 
 def precision_label(engine: str, dtype: str) -> str:
@@ -69,6 +75,11 @@ def matrix_table(report: dict) -> str:
                 f"{_f(one and one['decode_tok_s'], '.1f')} | {_pct(one and one['share_of_bandwidth_bound'])} | "
                 f"{_f(eight and eight['decode_tok_s'], '.1f')} | {_pct(eight and eight['share_of_bandwidth_bound'])} | "
                 f"{_f(one and one['vs_transformers'], '.2f')} |")
+        peer = next((r for r in rows if r["engine"] == "transformers" and r["batch"] == 1), None)
+        for r in s.get("llama_cpp", []):
+            vs = r["decode_tok_s"] / peer["decode_tok_s"] if peer and r["decode_tok_s"] else None
+            lines.append(f"| {s['model']} | {r['precision']} | - | {_f(r['prefill_ms'], '.0f')} | - | "
+                         f"{_f(r['decode_tok_s'], '.1f')} | - | - | - | {_f(vs, '.2f')} |")
     m = report["shapes"][0]
     mach = m["machine"]
     lines.append(
@@ -76,8 +87,10 @@ def matrix_table(report: dict) -> str:
         f"{m['rounds']} rounds (medians). Limits measured in the run: memory bandwidth "
         f"{mach['bandwidth_gbs_median']:.1f} GB/s, matmul peak fp32 {mach['matmul_gflops']['float32']:.0f} / bf16 "
         f"{mach['matmul_gflops']['bfloat16']:.0f} GFLOP/s; 1-min load average {mach['load_average'][0]:.1f} -> "
-        f"{mach['load_average'][1]:.1f}. llama.cpp is not run by the bench: compare with its llama-bench on the same "
-        f"machine (see docs/performance.md).")
+        f"{mach['load_average'][1]:.1f}. " + (
+            f"llama.cpp: its llama-bench ({report['llama_cpp']}) right after each size's engines, batch 1, wall clock."
+            if report.get("llama_cpp") else
+            "llama.cpp not run: pass --llama-bench PATH (or set NEXTTOKEN_LLAMA_BENCH) and --gguf-dir DIR."))
     return "\n".join(lines)
 
 
