@@ -54,7 +54,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="Hugging Face model folder (default: the model packaged with nexttoken)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default float32 on CPU)")
     p.add_argument("--device", help="cpu (default) or cuda")
-    p.add_argument("--quantize", choices=["int8"], help="weight-only int8 quantization of the linear layers")
+    p.add_argument("--quantize", choices=["int8", "int4", "bf16"],
+                   help="weight-only quantization of the linear layers: int8 (per row), int4 (groups of 32), or bf16 "
+                        "(bfloat16 weights, float32 activations)")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="shard the model over N ranks (local processes, or the ranks torchrun started)")
 

@@ -41,8 +41,8 @@ def test_load_quantize_generates_close_to_float32() -> None:
 
 def test_unknown_quantization_is_a_typed_error(tmp_path) -> None:
     save_variant("llama-gqa", tmp_path)
-    with pytest.raises(ModelLoadError, match="int4"):
-        nexttoken.load(tmp_path, quantize="int4")
+    with pytest.raises(ModelLoadError, match="int3"):
+        nexttoken.load(tmp_path, quantize="int3")
 
 
 @pytest.mark.parametrize("variant", ["llama-tied-mha", "qwen2-bias"])

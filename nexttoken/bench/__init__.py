@@ -41,14 +41,16 @@ def add_parser(sub) -> None:  # noqa: ANN001
                    help="cpu: time by this process's CPU time (use with --threads 1 on a machine shared with other "
                         "work; it ignores time the process waited for a CPU)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; medians are reported")
-    p.add_argument("--quantize", default="none", help="our variants, comma-separated: none, int8 (e.g. none,int8)")
+    p.add_argument("--quantize", default="none",
+                   help="our variants, comma-separated: none, int8, int4, bf16 (bf16 weights, float32 activations)")
     p.add_argument("--no-transformers", action="store_true", help="skip transformers' generate")
     p.add_argument("--engine", action="store_true",
                    help="also the continuous-batching engine (what LLM.generate on a list and the server run): the "
                         "batch as that many concurrent requests, reported against the padded loop")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory probes (fresh processes)")
     p.add_argument("--accuracy", action="store_true",
-                   help="instead of timing: int8 vs float32 top-1 agreement and KL on real text (needs --model "
+                   help="instead of timing: --quantize's int8/int4/bf16 (default int8) vs float32 top-1 agreement and KL "
+                        "on real text (needs --model "
                         "with a tokenizer, e.g. stories260k)")
     p.add_argument("--structured", action="store_true",
                    help="instead of the speed table: tokens/s under a JSON Schema vs unconstrained (the packaged "
@@ -66,6 +68,16 @@ def add_parser(sub) -> None:  # noqa: ANN001
     p.add_argument("--draft-layers", type=int, help="with --draft-noise: the draft keeps the target's first N blocks")
     p.add_argument("--tokenizer", help="with --structured --shape: a tokenizer folder whose vocabulary fits the shape "
                                        "(e.g. a Llama 2 tokenizer for tiny and small)")
+    p.add_argument("--matrix", action="store_true",
+                   help="llama.cpp's table instead: every size in --shapes x every precision in --precisions, each "
+                        "with transformers in the same run, figures also as shares of the measured limits")
+    p.add_argument("--shapes", default="tiny,small", help="with --matrix: comma-separated shapes (tiny,small,1b)")
+    p.add_argument("--precisions", default="none,bf16,int8,int4",
+                   help="with --matrix: comma-separated, none (the checkpoint's dtype), bf16, int8, int4")
+    p.add_argument("--llama-bench", help="with --matrix: a built llama.cpp llama-bench (or $NEXTTOKEN_LLAMA_BENCH) to run "
+                                        "as a peer on --gguf-dir's files")
+    p.add_argument("--gguf-dir", help="with --matrix --llama-bench: GGUF files of the shapes' weights, named "
+                                      "SHAPE-TYPE.gguf, TYPE one of f32, bf16, q8_0, q4_0")
     p.add_argument("--out", default="bench", help="output prefix: writes OUT.json and OUT.png")
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "nexttoken" / "bench"),
                    help="where random-weight checkpoints are written (reused across runs)")
@@ -88,6 +100,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return _structured(args, progress)
     if args.speculative:
         return _speculative(args, progress)
+    if args.matrix:
+        return _matrix(args, progress)
     args.shape = args.shape or "tiny"
     if args.model:
         path, label = Path(args.model), Path(args.model).name
@@ -100,9 +114,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         progress(f"random-weight checkpoint for {args.shape} ({dtype}) ...")
         path = random_checkpoint(args.shape, dtype, Path(args.cache_dir) / f"{args.shape}-{dtype}")
     variants = [v.strip() for v in args.quantize.split(",") if v.strip()]
-    bad = [v for v in variants if v not in ("none", "int8")]
+    bad = [v for v in variants if v not in ("none", "int8", "int4", "bf16")]
     if bad or not variants:
-        raise BenchError(f"--quantize {args.quantize!r}: use none, int8 or none,int8")
+        raise BenchError(f"--quantize {args.quantize!r}: use none, int8, int4, bf16 or a comma-separated list of them")
     if args.new_tokens < 1 or args.prompt_len < 1:
         raise BenchError("--new-tokens and --prompt-len must be >= 1")
     engines = ["nexttoken" if v == "none" else f"nexttoken+{v}" for v in variants]
@@ -218,19 +232,61 @@ def _speculative(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
     return 0
 
 
-def _accuracy(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
+def _matrix(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
     import json
 
-    from .accuracy import int8_accuracy
+    from .engines import transformers_available
+    from .matrix import PRECISIONS, matrix_table, plot_matrix, run_matrix
 
-    if not args.model:
-        raise BenchError("--accuracy needs --model DIR with a tokenizer (e.g. shared/models/stories260k)")
-    progress(f"int8 vs float32 on {args.model} ...")
-    report = int8_accuracy(args.model)
-    print(f"int8 weight-only vs float32 on {report['tokens']} tokens of text: top-1 agreement "
-          f"{100 * report['top1_agreement']:.2f}%, mean KL {report['kl_mean']:.2e} nats")
+    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    if not shapes or any(s not in SHAPES for s in shapes):
+        raise BenchError(f"--shapes {args.shapes!r}: use a comma-separated list of {', '.join(SHAPES)}")
+    if not precisions or any(p not in PRECISIONS for p in precisions):
+        raise BenchError(f"--precisions {args.precisions!r}: use a comma-separated list of {', '.join(PRECISIONS)}")
+    with_transformers = not args.no_transformers and transformers_available()
+    base = dict(prompt_len=args.prompt_len, new_tokens=args.new_tokens, batch_sizes=args.batch_sizes,
+                rounds=args.rounds, threads=args.threads, memory=False, clock=args.clock)
+    from .llamacpp import find_llama_bench
+
+    llama_bench = find_llama_bench(args.llama_bench)
+    if (args.llama_bench or args.gguf_dir) and (llama_bench is None or not args.gguf_dir):
+        raise BenchError("llama.cpp as a peer needs both --llama-bench PATH (an existing llama-bench binary) and "
+                         "--gguf-dir DIR")
+    if llama_bench is None or not args.gguf_dir:
+        llama_bench = None
+        progress("llama.cpp not run: no --llama-bench PATH (or NEXTTOKEN_LLAMA_BENCH) with --gguf-dir DIR")
+    report = run_matrix(shapes, precisions, base, Path(args.cache_dir), with_transformers, progress, llama_bench,
+                        Path(args.gguf_dir) if args.gguf_dir else None)
+    print(matrix_table(report))
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
+    wrote_plot = plot_matrix(report, out.with_suffix(".png"))
+    progress(f"wrote {out}" + (f" and {out.with_suffix('.png')}" if wrote_plot else " (no plot: no matplotlib)"))
+    return 0
+
+
+def _accuracy(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
+    import json
+
+    from .accuracy import quantized_accuracy
+
+    if not args.model:
+        raise BenchError("--accuracy needs --model DIR with a tokenizer (e.g. shared/models/stories260k)")
+    variants = [v.strip() for v in args.quantize.split(",") if v.strip() not in ("", "none")] or ["int8"]
+    bad = [v for v in variants if v not in ("int8", "int4", "bf16")]
+    if bad:
+        raise BenchError(f"--accuracy --quantize {args.quantize!r}: use int8, int4, bf16 or a list of them")
+    reports = []
+    for quantize in variants:
+        progress(f"{quantize} vs float32 on {args.model} ...")
+        report = quantized_accuracy(args.model, quantize)
+        print(f"{quantize} weight-only vs float32 on {report['tokens']} tokens of text: top-1 agreement "
+              f"{100 * report['top1_agreement']:.2f}%, mean KL {report['kl_mean']:.2e} nats")
+        reports.append(report)
+    out = Path(args.out).with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(reports[0] if len(reports) == 1 else reports, indent=1))
     progress(f"wrote {out}")
     return 0

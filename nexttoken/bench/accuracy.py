@@ -1,4 +1,4 @@
-"""How far int8 weight-only quantization moves the model: next-token top-1 agreement and KL vs float32."""
+"""How far weight-only quantization (int8, int4) moves the model: next-token top-1 agreement and KL vs float32."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from ..model import ForwardBatch, Transformer, load_model
-from ..model.quant import quantize_int8
+from ..model.quant import apply_quantization
 from ..tokenizer import Tokenizer
 
 # Human-written text in the TinyStories register (what stories260k was trained on).
@@ -55,12 +55,17 @@ def all_logits(model: Transformer, ids: list[int], chunk: int = 8) -> torch.Tens
 
 def int8_accuracy(path: str | Path, texts: list[str] | None = None) -> dict:
     """Compare int8 weight-only against float32 on every next-token prediction of the texts."""
+    return quantized_accuracy(path, "int8", texts)
+
+
+def quantized_accuracy(path: str | Path, quantize: str, texts: list[str] | None = None) -> dict:
+    """Compare `quantize` ("int8" or "int4") weight-only against float32 on every next-token prediction."""
     path = Path(path)
     tokenizer = Tokenizer.maybe_from_dir(path)
     if tokenizer is None:
         raise FileNotFoundError(f"{path} has no tokenizer.json: the accuracy report needs real text")
     ref = load_model(path, dtype="float32")
-    quant = quantize_int8(load_model(path, dtype="float32"))
+    quant = apply_quantization(load_model(path, dtype="float32"), quantize)
     agree = total = 0
     kl_sum = 0.0
     for text in texts or TEXTS:
@@ -70,4 +75,4 @@ def int8_accuracy(path: str | Path, texts: list[str] | None = None) -> dict:
         agree += int((p.argmax(-1) == q.argmax(-1)).sum())
         total += len(ids)
         kl_sum += float((p.exp() * (p - q)).sum(-1).sum())
-    return {"model": str(path), "tokens": total, "top1_agreement": agree / total, "kl_mean": kl_sum / total}
+    return {"model": str(path), "quantize": quantize, "tokens": total, "top1_agreement": agree / total, "kl_mean": kl_sum / total}

@@ -43,6 +43,11 @@ def experts_read(cfg: ModelConfig, batch: int) -> float | None:
 
 def _linear_bytes(cfg: ModelConfig, engine: str, dtype: str, experts: float | None = None) -> float:
     params, rows = linear_params(cfg, experts)
+    if "int4" in engine:  # blocks at 4.5 bits (a float16 scale per 32 weights), the LM head int8 with row scales
+        head = cfg.vocab_size * cfg.hidden_size
+        return float((params - head) * 4.5 / 8 + head + cfg.vocab_size * 4)
+    if "bf16" in engine:  # bfloat16 weights, float32 activations
+        return float(params * 2)
     return float(params + rows * 4 if "int8" in engine else params * _BYTES[dtype])
 
 
@@ -50,7 +55,8 @@ def _weights_and_kv(cfg: ModelConfig, engine: str, dtype: str, batch: int, conte
     embed = 0.0  # an untied embedding is a table of its own (int8: with a float32 scale per row)
     if not cfg.tie_word_embeddings:
         V, C = cfg.vocab_size, cfg.hidden_size
-        embed = V * C + V * 4 if "int8" in engine else V * C * _BYTES[dtype]
+        embed = V * C + V * 4 if "int8" in engine or "int4" in engine else V * C * _BYTES[dtype]
+        embed = V * C * 2 if "bf16" in engine else embed
     weights = _linear_bytes(cfg, engine, dtype) + embed
     kv = 2 * cfg.num_hidden_layers * batch * cfg.num_key_value_heads * context * cfg.head_dim * _BYTES[dtype]
     return float(weights), float(kv)

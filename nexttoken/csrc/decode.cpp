@@ -25,8 +25,8 @@ extern "C" int nt_linear(const void* W, int kind, const float* x, const float* b
 // Every field is 8 bytes wide, so the ctypes mirrors in nexttoken/model/fused.py need no padding rules.
 struct NtLinear {
   const void* weight;  // (out, in) float32, bfloat16 or int8
-  int64_t kind;        // 0 float32, 1 bfloat16, 2 int8 (then scale is set)
-  const float* scale;  // (out,) or NULL
+  int64_t kind;        // 0 float32, 1 bfloat16, 2 int8 (then scale is set), 3 int4 (int4.cpp's layout)
+  const float* scale;  // (out,) or NULL; int4: (out, groups) float16
   const float* bias;   // (out,) or NULL
 };
 

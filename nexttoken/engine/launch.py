@@ -54,6 +54,9 @@ def under_torchrun() -> bool:
 def _check(path: Path, size: int, quantize: str | None, timeout: float) -> None:
     if quantize not in (None, "none") and quantize not in QUANTIZATIONS:
         raise ModelLoadError(f"quantize={quantize!r} is not supported; use one of {', '.join(QUANTIZATIONS)} or None")
+    if quantize not in (None, "none", "int8"):  # the ranks quantize their slices as one process would: int8 only
+        raise TensorParallelError(f"quantize={quantize!r} does not run with tensor parallelism yet: use int8 or no "
+                                  "quantization with tensor_parallel_size > 1")
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
         raise ModelLoadError(f"the tensor-parallel timeout must be a positive number of seconds, got {timeout!r}")
     check_divisible(ModelConfig.from_dir(path), size)  # before any process starts

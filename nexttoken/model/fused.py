@@ -22,6 +22,8 @@ import torch
 from . import kernels
 from .batch import ForwardBatch
 from .cache import KVCache
+from .bf16 import BF16Linear
+from .int4 import Int4Linear
 from .linear import Int8Linear, Linear
 
 _ENABLED = os.environ.get("NEXTTOKEN_FUSED", "1") != "0"  # NEXTTOKEN_FUSED=0: decode steps run the modules
@@ -58,10 +60,15 @@ class _Model(ctypes.Structure):
 
 
 def _linear(module: torch.nn.Module) -> _Linear | None:
-    if type(module) is Linear:
+    if type(module) in (Linear, BF16Linear):
         w, scale, bias = module.weight, None, module.bias
     elif type(module) is Int8Linear:
         w, scale, bias = module.weight, module.scale, module.bias
+    elif type(module) is Int4Linear and kernels.int4_available():  # kind 3: csrc/int4.cpp's layout
+        if module.bias is not None and module.bias.dtype != torch.float32:
+            return None
+        return _Linear(module.weight.data_ptr(), 3, module.scale.data_ptr(),
+                       None if module.bias is None else module.bias.data_ptr())
     else:
         return None
     if w.dtype not in _KIND or not w.is_contiguous() or (bias is not None and bias.dtype != torch.float32):

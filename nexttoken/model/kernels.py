@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
-SOURCES = (CSRC / "gemv.cpp", CSRC / "decode.cpp")  # one library
+SOURCES = (CSRC / "gemv.cpp", CSRC / "decode.cpp", CSRC / "int4.cpp")  # one library
 MAX_ROWS = 16  # activation rows per call; beyond that torch's GEMM is the faster choice
 _W_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 _OUT_KIND = {torch.float32: 0, torch.bfloat16: 1}
@@ -108,6 +108,13 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.nt_decode_step.restype = i
     lib.nt_decode_rows.argtypes = [p, p, i64, p, p, p, p]
     lib.nt_decode_rows.restype = i
+    lib.nt_int4_supported.restype = i
+    lib.nt_linear_i4.argtypes = [p, p, p, p, i64, i64, i64, p, i]
+    lib.nt_linear_i4.restype = i
+    lib.nt_quantize_i4.argtypes = [p, i64, i64, p, i64, p, p]
+    lib.nt_quantize_i4.restype = i
+    lib.nt_dequantize_i4.argtypes = [p, p, i64, i64, p, i]
+    lib.nt_dequantize_i4.restype = i
     return lib, ""
 
 
@@ -177,6 +184,53 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, out: to
     N, K = q.shape
     out = torch.empty((N, K), dtype=dtype) if out is None else out[: N * K].view(N, K)
     lib.nt_dequantize_i8(q.data_ptr(), scale.data_ptr(), N, K, out.data_ptr(), _OUT_KIND[dtype])
+    return out
+
+
+def int4_available() -> bool:
+    """Whether the 4-bit kernels (int4.cpp: AVX-512 VNNI and F16C too) run here."""
+    lib = library()
+    return lib is not None and bool(lib.nt_int4_supported())
+
+
+def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, K: int,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., K) @ W^T (+ bias (N,) float32) for 4-bit W: packed (N, Kp/2) uint8 and scales (N, Kp/32) float16
+    as nexttoken/model/int4.py lays them out; at most MAX_ROWS rows of x. Output in x's dtype."""
+    lib = library()
+    assert lib is not None and x.shape[-1] == K
+    N = packed.shape[0]
+    xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()  # (..., K)
+    y = torch.empty((*x.shape[:-1], N), dtype=x.dtype)  # (..., N)
+    rc = lib.nt_linear_i4(packed.data_ptr(), scales.data_ptr(), xf.data_ptr(),
+                          None if bias is None else bias.data_ptr(), xf.numel() // K, N, K, y.data_ptr(),
+                          _OUT_KIND[x.dtype])
+    assert rc == 0
+    return y
+
+
+def quantize_int4(w: torch.Tensor, factors: tuple[float, ...], Kp: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (N, K) -> (packed (N, Kp/2) uint8, scales (N, Kp/32) float16): int4.py's quantize_groups, natively."""
+    lib = library()
+    assert lib is not None
+    wf = w.detach().to(torch.float32).contiguous()  # (N, K)
+    N, K = wf.shape
+    f = torch.tensor(factors, dtype=torch.float64)
+    packed = torch.empty(N, Kp // 2, dtype=torch.uint8)
+    scales = torch.empty(N, Kp // 32, dtype=torch.float16)
+    lib.nt_quantize_i4(wf.data_ptr(), N, K, f.data_ptr(), len(factors), packed.data_ptr(), scales.data_ptr())
+    return packed, scales
+
+
+def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, K: int, dtype: torch.dtype,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """4-bit rows (packed (N, Kp/2), scales (N, Kp/32)) as (N, K) `dtype` (float32 or bfloat16), each value
+    q * scale rounded once; into `out` when given."""
+    lib = library()
+    assert lib is not None and packed.is_contiguous() and scales.is_contiguous()
+    N = packed.shape[0]
+    out = torch.empty((N, K), dtype=dtype) if out is None else out[: N * K].view(N, K)
+    lib.nt_dequantize_i4(packed.data_ptr(), scales.data_ptr(), N, K, out.data_ptr(), _OUT_KIND[dtype])
     return out
 
 

@@ -14,6 +14,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="Hugging Face model folder (default: the model packaged with nexttoken)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default float32 on CPU)")
     p.add_argument("--device", help="cpu (default) or cuda")
+    p.add_argument("--quantize", choices=["int8", "int4", "bf16"],
+                   help="weight-only quantization: int8 (per row), int4 (groups of 32), bf16 (bf16 weights, float32 "
+                        "activations)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", help="the model name clients send (default: the folder's name)")
@@ -44,7 +47,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                       help="speculative decoding by prompt lookup (n-gram drafts from the request's own tokens)")
     p.add_argument("--num-speculative-tokens", type=int, default=4, help="tokens drafted per step (default 4)")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    p.add_argument("--quantize", choices=["int8"], help="weight-only int8 quantization of the linear layers")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="shard the model over N ranks: N-1 local worker processes, or the ranks torchrun started "
                         "(docs/tensor_parallel.md)")

@@ -1,0 +1,322 @@
+// Weight-only 4-bit products for decode: y (M, N) = x (M, K) @ W (N, K)^T (+ bias), W in groups of 32 columns,
+// each group with its own float16 scale (Q4_0's scheme: q in [-8, 7], w ~= q * d).
+//
+// Storage (built by nexttoken/model/int4.py): K is padded with zero weights to Kp, a multiple of 128. Row n holds
+// Kp/2 bytes; its 128-column chunk c is the 64 bytes [64c, 64c + 64), each nibble one column of the chunk (which:
+// column_of below) stored as q + 8 (0..15). Scales: (N, Kp/32) float16, group g = columns [32g, 32g + 32).
+//
+// The product: each activation row is quantized to int16 with one scale per row (relative error <= 2^-16, far
+// below the weights' own) and written in the chunks' nibble order. A chunk is one 64-byte load; read as 32
+// 16-bit words, (v >> 0, 4, 8, 12) & 15 are four vectors of 32 int16 weights (no shuffles), each multiplied with
+// its activations by VNNI's vpdpwssd (pairs of products summed into 16 int32 lanes) into one vector of sums whose
+// lane i belongs to group i % 4 of the chunk. That vector goes to float32 and is scaled by [s0, s1, s2, s3, s0, ...]
+// with one FMA; the +8 of the storage is taken off once per group (-8 * scale * the group's activation sum).
+// A weight costs half a byte of memory traffic plus 1/16 byte of scale: 4.5 bits, as llama.cpp's Q4_0.
+//
+// Prefill dequantizes blocks of rows into float32/bfloat16 (nt_dequantize_i4) for torch's GEMM.
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <math.h>
+#include <string.h>
+
+#define TARGET_I4 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+
+namespace {
+
+enum { OUT_F32 = 0, OUT_BF16 = 1 };
+const int64_t CHUNK = 128;  // columns per 64 packed bytes (four groups)
+
+inline uint16_t to_bf16(float f) {  // round to nearest even; NaN stays NaN
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+// The chunk column kept in nibble `h` (0 low, 1 high) of byte b (0..63). Word w = b / 2 of the chunk becomes
+// element w of weight vector j = 2 * (b % 2) + h (its bits 4j..4j+3), summed into int32 lane i = w / 2; lane i
+// belongs to group i % 4, whose columns are numbered 8 * (i / 4) + 2 * j + w % 2 (0..31) within it.
+inline int64_t column_of(int64_t b, int64_t h) {
+  const int64_t w = b / 2, i = w / 2, j = 2 * (b % 2) + h;
+  return 32 * (i % 4) + 8 * (i / 4) + 2 * j + w % 2;
+}
+
+// R weight rows x M activation rows: out[r * M + m] = sum over groups of scale * (q . xq), xq's own scale not
+// applied. xq: (M, Kp) int16, chunk c's 128 values as four vectors X_j (element w = the column of vector j's
+// element w); xneg: (M, Kp/32) -8 * (sum of xq over the group), the correction for storing q + 8.
+// A (1 or 2) accumulators per pair, alternating chunks, to shorten the FMA chains.
+template <int M, int R, int A>
+TARGET_I4 void tile(const uint8_t* W, const uint16_t* S, const int16_t* xq, const float* xneg, int64_t Kp,
+                    int64_t n0, float* out) {
+  __m512 acc[R][M][A];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m)
+      for (int a = 0; a < A; ++a) acc[r][m][a] = _mm512_setzero_ps();
+  const int64_t row_bytes = Kp / 2, groups = Kp / 32;
+  const __m512i nib = _mm512_set1_epi16(0x000f);
+  const __m512i zero = _mm512_setzero_si512();
+  __m512i pick[4];  // chunk c of a 16-group block: lane i -> group 4c + i % 4
+  for (int c = 0; c < 4; ++c) {
+    const int b = 4 * c;
+    pick[c] = _mm512_set_epi32(b + 3, b + 2, b + 1, b, b + 3, b + 2, b + 1, b, b + 3, b + 2, b + 1, b, b + 3, b + 2,
+                               b + 1, b);
+  }
+  for (int64_t g0 = 0; g0 < groups; g0 += 16) {  // blocks of 16 groups (4 chunks, 512 columns)
+    const int64_t left = groups - g0 < 16 ? groups - g0 : 16;
+    const __mmask16 gm = left == 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+    __m512 sc[R];
+    for (int r = 0; r < R; ++r) {
+      sc[r] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, S + (size_t)(n0 + r) * groups + g0));
+      for (int m = 0; m < M; ++m)
+        acc[r][m][0] = _mm512_fmadd_ps(sc[r], _mm512_maskz_loadu_ps(gm, xneg + (size_t)m * groups + g0),
+                                       acc[r][m][0]);
+    }
+    const int chunks = (int)(left / 4);
+#pragma GCC unroll 4
+    for (int c = 0; c < chunks; ++c) {
+      const int64_t k = (g0 + 4 * c) * 32;
+      for (int r = 0; r < R; ++r) {
+        const __m512i v = _mm512_loadu_si512((const void*)(W + (size_t)(n0 + r) * row_bytes + k / 2));
+        const __m512i w0 = _mm512_and_si512(v, nib);
+        const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+        const __m512i w2 = _mm512_and_si512(_mm512_srli_epi16(v, 8), nib);
+        const __m512i w3 = _mm512_srli_epi16(v, 12);
+        const __m512 s = _mm512_permutexvar_ps(pick[c], sc[r]);
+        for (int m = 0; m < M; ++m) {
+          const int16_t* xm = xq + (size_t)m * Kp + k;
+          __m512i d = _mm512_dpwssd_epi32(zero, w0, _mm512_loadu_si512((const void*)xm));
+          d = _mm512_dpwssd_epi32(d, w1, _mm512_loadu_si512((const void*)(xm + 32)));
+          d = _mm512_dpwssd_epi32(d, w2, _mm512_loadu_si512((const void*)(xm + 64)));
+          d = _mm512_dpwssd_epi32(d, w3, _mm512_loadu_si512((const void*)(xm + 96)));
+          acc[r][m][c % A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc[r][m][c % A]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m) {
+      __m512 t = acc[r][m][0];
+      for (int a = 1; a < A; ++a) t = _mm512_add_ps(t, acc[r][m][a]);
+      out[r * M + m] = _mm512_reduce_add_ps(t);
+    }
+}
+
+// Output rows in groups of R (the last few one by one), split over the OpenMP threads when large enough; each
+// sum is scaled by its activation row's scale, biased, and stored as float32 or bfloat16.
+template <int M, int R>
+TARGET_I4 void run(const uint8_t* W, const uint16_t* S, const int16_t* xq, const float* xneg, const float* xscale,
+                   const float* bias, int64_t N, int64_t Kp, void* y, int out_kind) {
+  constexpr int A = M * R <= 2 ? 2 : 1;
+  const int64_t blocks = N / R;
+  const bool parallel = (double)N * (double)Kp * (double)(M + 3) >= (double)(1 << 20);
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t b = 0; b <= blocks; ++b) {
+    float sums[R * M];
+    const int64_t n0 = b * R;
+    const int rows = b < blocks ? R : (int)(N - n0);
+    if (rows == 0) continue;
+    if (rows == R)
+      tile<M, R, A>(W, S, xq, xneg, Kp, n0, sums);
+    else
+      for (int r = 0; r < rows; ++r) tile<M, 1, A>(W, S, xq, xneg, Kp, n0 + r, sums + r * M);
+    for (int r = 0; r < rows; ++r)
+      for (int m = 0; m < M; ++m) {
+        const int64_t n = n0 + r;
+        float v = sums[r * M + m] * xscale[m];
+        if (bias) v += bias[n];
+        if (out_kind == OUT_F32)
+          ((float*)y)[(size_t)m * N + n] = v;
+        else
+          ((uint16_t*)y)[(size_t)m * N + n] = to_bf16(v);
+      }
+  }
+}
+
+typedef void (*kernel_fn)(const uint8_t*, const uint16_t*, const int16_t*, const float*, const float*,
+                          const float*, int64_t, int64_t, void*, int);
+
+// Short rows (<= 2 KB packed) are read one after another: interleaving several starves the hardware prefetcher
+// (as in gemv.cpp): four at a time made the small shape's int4 decode 20% slower (131-139 against 169-179 tok/s,
+// 1 thread) although a kernel-only loop over one matrix preferred it. Long rows are interleaved four at a time.
+kernel_fn pick(int M, int64_t Kp) {
+  const bool one = Kp <= 4096;
+  switch (M) {
+    case 1: return one ? run<1, 1> : run<1, 4>;
+    case 2: return one ? run<2, 1> : run<2, 2>;
+    case 3: return run<3, 1>;
+    case 4: return run<4, 1>;
+    case 5: return run<5, 1>;
+    case 6: return run<6, 1>;
+    case 7: return run<7, 1>;
+    case 8: return run<8, 1>;
+    default: return 0;
+  }
+}
+
+// x (M, K) float32 -> xq (M, Kp) int16 in the chunks' order (zero padded), one scale per row (amax / 32767), and
+// xneg (M, Kp/32): -8 times each group's sum of xq.
+void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int16_t* xq, float* xneg, float* xscale) {
+  int64_t col_of[CHUNK];  // position 32 * j + w of a chunk's activations -> its column
+  for (int64_t b = 0; b < 64; ++b)
+    for (int64_t h = 0; h < 2; ++h) col_of[32 * (2 * (b % 2) + h) + b / 2] = column_of(b, h);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = x + (size_t)m * K;
+    float amax = 0.f;
+    for (int64_t k = 0; k < K; ++k) amax = row[k] > amax ? row[k] : (-row[k] > amax ? -row[k] : amax);
+    const float s = amax > 0.f ? amax / 32767.f : 1.f;
+    const float inv = 1.f / s;
+    xscale[m] = s;
+    int16_t* q = xq + (size_t)m * Kp;
+    float* neg = xneg + (size_t)m * (Kp / 32);
+    for (int64_t g = 0; g < Kp / 32; ++g) neg[g] = 0.f;
+    for (int64_t c = 0; c < Kp; c += CHUNK)
+      for (int64_t p = 0; p < CHUNK; ++p) {
+        const int64_t col = c + col_of[p];
+        const int16_t v = col < K ? (int16_t)__builtin_lrintf(row[col] * inv) : (int16_t)0;
+        q[c + p] = v;
+        neg[col / 32] -= 8.f * (float)v;  // exact: |sum| <= 32 * 8 * 32767 < 2^24
+      }
+  }
+}
+
+// Permutation tables for dequantization: output vector o of a chunk (its group o, columns 32o..32o+31 in
+// order) takes column 8L + 2j + t from element 2(o + 4L) + t of weight vector j (column_of's inverse). For
+// _mm512_permutex2var_epi16: lo[o] gathers vectors 0 and 1 (bit 5 picks the second), hi[o] vectors 2 and 3, and
+// from_hi marks the columns hi[o] provides (j >= 2).
+struct DequantTables {
+  uint16_t lo[4][32], hi[4][32];
+  __mmask32 from_hi;
+  DequantTables() : from_hi(0) {
+    for (int o = 0; o < 4; ++o)
+      for (int L = 0; L < 4; ++L)
+        for (int j = 0; j < 4; ++j)
+          for (int t = 0; t < 2; ++t) {
+            const int d = 8 * L + 2 * j + t, src = 2 * (o + 4 * L) + t;
+            (j < 2 ? lo : hi)[o][d] = (uint16_t)(src | ((j % 2) << 5));
+            (j < 2 ? hi : lo)[o][d] = 0;
+            if (j >= 2) from_hi |= (__mmask32)(1u << d);
+          }
+  }
+};
+
+TARGET_I4 void dequant_row(const uint8_t* W, const uint16_t* S, int64_t K, int64_t Kp, void* out, int out_kind) {
+  static const DequantTables tables;
+  const __m512i nib = _mm512_set1_epi16(0x000f);
+  const __m512i eight = _mm512_set1_epi32(8);
+  for (int64_t c = 0; c < Kp && c < K; c += CHUNK) {
+    const __m512i v = _mm512_loadu_si512((const void*)(W + c / 2));
+    const __m512i w0 = _mm512_and_si512(v, nib), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+    const __m512i w2 = _mm512_and_si512(_mm512_srli_epi16(v, 8), nib), w3 = _mm512_srli_epi16(v, 12);
+    for (int o = 0; o < 4; ++o) {  // group c/32 + o: 32 columns in order
+      const __m512i a = _mm512_permutex2var_epi16(w0, _mm512_loadu_si512((const void*)tables.lo[o]), w1);
+      const __m512i b = _mm512_permutex2var_epi16(w2, _mm512_loadu_si512((const void*)tables.hi[o]), w3);
+      const __m512i u = _mm512_mask_blend_epi16(tables.from_hi, a, b);  // q + 8, column order
+      const __m512 s = _mm512_set1_ps(_cvtsh_ss(S[c / 32 + o]));
+      for (int h = 0; h < 2; ++h) {  // 16 columns at a time
+        const int64_t k = c + 32 * o + 16 * h;
+        if (k >= K) break;
+        const __mmask16 m = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
+        const __m256i part = h ? _mm512_extracti64x4_epi64(u, 1) : _mm512_castsi512_si256(u);
+        const __m512 val = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu16_epi32(part), eight)), s);
+        if (out_kind == OUT_F32) {
+          _mm512_mask_storeu_ps((float*)out + k, m, val);
+        } else {  // round to nearest even (finite values: a small integer times a finite scale)
+          __m512i bits = _mm512_castps_si512(val);
+          const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+          bits = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+          _mm256_mask_storeu_epi16((uint16_t*)out + k, m, _mm512_cvtepi32_epi16(bits));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int nt_int4_supported(void) {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c");
+}
+
+// W: (N, Kp/2) packed nibbles, S: (N, Kp/32) float16 scales (layout above), x: (M, K) float32, bias (N,) or NULL,
+// y: (M, N) float32 or bfloat16. Returns 0, or 1 when K is too long for the activation buffer or M > 16.
+int nt_linear_i4(const uint8_t* W, const uint16_t* S, const float* x, const float* bias, int64_t M, int64_t N,
+                 int64_t K, void* y, int out_kind) {
+  const int64_t Kp = (K + CHUNK - 1) / CHUNK * CHUNK;
+  if (Kp > 32768 || M > 16) return 1;
+  alignas(64) static thread_local int16_t xq[8 * 32768];  // (8, Kp) quantized activations, chunk order
+  alignas(64) static thread_local float xneg[8 * 1024];    // (8, Kp/32)
+  float xscale[8];
+  for (int64_t m0 = 0; m0 < M; m0 += 8) {  // up to 8 activation rows per pass over the weights
+    const int64_t rows = M - m0 < 8 ? M - m0 : 8;
+    quantize_rows(x + (size_t)m0 * K, rows, K, Kp, xq, xneg, xscale);
+    char* yo = (char*)y + (size_t)m0 * N * (out_kind == OUT_F32 ? 4 : 2);
+    pick((int)rows, Kp)(W, S, xq, xneg, xscale, bias, N, Kp, yo, out_kind);
+  }
+  return 0;
+}
+
+// w (N, K) float32 -> packed (N, Kp/2) and scales (N, Kp/32) float16, as nexttoken/model/int4.py's
+// quantize_groups defines it (that Python function is the reference; this is the same arithmetic, fast enough
+// for a 1B model at load time): per group, the value of largest magnitude m (the first one on a tie), and for
+// each factor f the float16 scale d = f * m / -8, q = round-half-even(w / d) clamped to [-8, 7], squared error
+// summed in double; the first factor with the least error wins.
+TARGET_I4 int nt_quantize_i4(const float* w, int64_t N, int64_t K, const double* factors, int64_t n_factors,
+                             uint8_t* packed, uint16_t* scales) {
+  const int64_t Kp = (K + CHUNK - 1) / CHUNK * CHUNK, G = Kp / 32;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* row = w + (size_t)n * K;
+    uint8_t u[CHUNK];  // one chunk's stored nibbles (q + 8), by column
+    for (int64_t c = 0; c < Kp; c += CHUNK) {
+      for (int64_t g = c / 32; g < c / 32 + 4; ++g) {
+        float v[32];
+        for (int64_t i = 0; i < 32; ++i) v[i] = g * 32 + i < K ? row[g * 32 + i] : 0.f;
+        float extreme = v[0];
+        for (int64_t i = 1; i < 32; ++i) extreme = fabsf(v[i]) > fabsf(extreme) ? v[i] : extreme;
+        double best_err = 0.0;
+        uint16_t best_scale = 0;
+        int8_t best_q[32];
+        for (int64_t f = 0; f < n_factors; ++f) {
+          float sc = extreme * (float)(factors[f] / -8.0);  // as torch: the scalar rounded to float32 first
+          sc = sc < -65504.f ? -65504.f : (sc > 65504.f ? 65504.f : sc);
+          const uint16_t h = _cvtss_sh(sc, _MM_FROUND_TO_NEAREST_INT);
+          const float d = _cvtsh_ss(h);
+          int8_t q[32];
+          double err = 0.0;
+          for (int64_t i = 0; i < 32; ++i) {
+            float r = d != 0.f ? nearbyintf(v[i] / d) : 0.f;
+            r = r < -8.f ? -8.f : (r > 7.f ? 7.f : r);
+            q[i] = (int8_t)r;
+            const double e = (double)(r * d) - (double)v[i];
+            err += e * e;
+          }
+          if (f == 0 || err < best_err) {
+            best_err = err, best_scale = h;
+            memcpy(best_q, q, 32);
+          }
+        }
+        scales[(size_t)n * G + g] = best_scale;
+        for (int64_t i = 0; i < 32; ++i) u[g * 32 - c + i] = (uint8_t)(best_q[i] + 8);
+      }
+      uint8_t* out = packed + (size_t)n * (Kp / 2) + c / 2;
+      for (int64_t b = 0; b < 64; ++b) out[b] = (uint8_t)(u[column_of(b, 0)] | (u[column_of(b, 1)] << 4));
+    }
+  }
+  return 0;
+}
+
+// Rows [0, N) dequantized to (N, K) float32 or bfloat16 (each value q * scale rounded once).
+int nt_dequantize_i4(const uint8_t* W, const uint16_t* S, int64_t N, int64_t K, void* out, int out_kind) {
+  const int64_t Kp = (K + CHUNK - 1) / CHUNK * CHUNK;
+  const size_t out_row = (size_t)K * (out_kind == OUT_F32 ? 4 : 2);
+#pragma omp parallel for schedule(static) if (N * K >= (1 << 18))
+  for (int64_t n = 0; n < N; ++n)
+    dequant_row(W + (size_t)n * (Kp / 2), S + (size_t)n * (Kp / 32), K, Kp, (char*)out + n * out_row, out_kind);
+  return 0;
+}
+}
