@@ -445,3 +445,29 @@ def test_a_note_joins_its_step() -> None:
     assert step["notes"] == {"speculative": {"drafted": 4, "accepted": 2}}
     assert step["raw"]["ids"] == [0, 1, 2] and step["stages"][0]["top"]["probs"][0] == pytest.approx(
         float(torch.softmax(logits[0].double() / 0.5, -1)[0]))
+
+
+def test_speculative_decisions_are_in_the_trace(tiny) -> None:
+    """A draft equal to the target: every draft is kept (greedy: the same argmax; sampling: p/q = 1), each position
+    of each verification is a traced step carrying its decision, and tracing changes no token (greedy: those of
+    plain decoding; sampling draws by the rejection rule, so: those of the untraced speculative run)."""
+    llm, _ = tiny
+    for opts in ({}, {"do_sample": True, "seed": 3, "top_k": 20}):
+        spec = dict(assistant_model=llm, num_assistant_tokens=3)
+        plain = llm.generate(PROMPT, max_new_tokens=12, **opts, **(spec if opts else {}))
+        c = llm.generate(PROMPT, max_new_tokens=12, trace=True, **opts, **spec)
+        assert c.token_ids == plain.token_ids and c.trace["output_ids"] == plain.token_ids
+        steps = c.trace["steps"]
+        assert "notes" not in steps[0]  # the prompt's forward chose the first token
+        notes = [s["notes"]["speculative"] for s in steps[1:]]
+        assert len(notes) == 11 and notes[0]["position"] == 0
+        for step, before, note in zip(steps[2:], notes, notes[1:]):
+            # positions count up within a verification; one starts after the last kept draft (or the target's own)
+            assert note["position"] == (before["position"] + 1 if before["kept"] else 0)
+        for step, note in zip(steps[1:], notes):
+            assert note["source"] == "draft model" and note["drafts"] <= 3
+            assert note["kept"] == (note["draft"] is not None)  # the same model drafts what it then chooses
+            if note["draft"] is not None:
+                assert step["chosen"]["id"] == note["draft"]
+                kind = "speculative rejection rule" if opts else "Sampler"
+                assert step["sampler"]["kind"] == kind
