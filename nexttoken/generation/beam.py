@@ -81,7 +81,10 @@ class BeamBook:
         # c. the top K continuations over all beams (or K sampled without replacement)
         if generator is not None:
             top_idx = torch.multinomial(acc.softmax(dim=-1), keep, generator=generator)
-            top_lp = acc.gather(1, top_idx)
+            # ordered best first, as top-k's are (transformers >= 5.24): the finished and running beams kept below
+            # are then the best of the sample, not its first draws
+            top_lp, order = acc.gather(1, top_idx).sort(dim=-1, descending=True)
+            top_idx = top_idx.gather(1, order)
         else:
             top_lp, top_idx = acc.topk(keep)
         parent = top_idx // V
