@@ -63,7 +63,9 @@ def test_the_wheel_carries_the_kernel_sources_and_the_model_and_generates(wheel_
     assert probe.returncode == 0, probe.stderr
     info = json.loads(probe.stdout)
     assert info["file"].startswith(str(wheel_venv)), info  # the installed copy, not this checkout
-    assert len(info["sources"]) == 2 and all(s.startswith(str(wheel_venv)) for s in info["sources"])
+    checkout = sorted(p.name for p in (Path(__file__).resolve().parents[1] / "nexttoken" / "csrc").glob("*.cpp"))
+    assert sorted(Path(s).name for s in info["sources"]) == checkout  # every kernel source of the checkout
+    assert all(s.startswith(str(wheel_venv)) for s in info["sources"])
     assert info["model"]
     assert info["kernel"] == MACHINE_CAN_BUILD
     assert list((tmp_path / "cache" / "kernels").glob("libnt_*.so")) if MACHINE_CAN_BUILD else True
@@ -100,7 +102,7 @@ def test_every_subcommand_help_works_with_the_base_dependencies_only() -> None:
     """)
     r = _run([sys.executable, "-c", script])
     assert r.returncode == 0, r.stderr
-    assert "ok ['bench', 'chat', 'generate', 'loadtest', 'serve']" in r.stdout
+    assert "ok ['bench', 'chat', 'generate', 'loadtest', 'replay', 'serve']" in r.stdout
     assert "pip install 'nexttoken[bench]'" in r.stdout
 
 

@@ -23,6 +23,13 @@ class Linear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
 
+class KeptLinear(nn.Linear):
+    """A Linear that quantization leaves in its float dtype (MoE routers: their top-k choice is discrete), with
+    the same native few-row products, so a row's numbers never depend on how many rows share the call."""
+
+    forward = Linear.forward
+
+
 class Int8Linear(nn.Module):
     """y = (x @ q^T) * scale + bias with q (N, K) int8 and scale (N,) float32: symmetric per-row quantization."""
 

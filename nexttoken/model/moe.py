@@ -4,7 +4,7 @@ A router scores every expert per token; the top k are run, weighted by their sof
 over the k where the family does), and summed. Only the chosen experts run, each on the tokens that chose it.
 Each expert is an ordinary gated MLP of `Linear` layers, so decode-sized products take the native weight-streaming
 kernel and int8 quantization covers the experts like any other layer. The router (and Qwen2-MoE's shared-expert
-gate) stay plain `nn.Linear` in the model's dtype: quantizing them would move tokens to other experts.
+gate) are `KeptLinear`s in the model's dtype: quantizing them would move tokens to other experts.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from .linear import KeptLinear
 
 
 class MoE(nn.Module):
@@ -24,10 +25,10 @@ class MoE(nn.Module):
         moe = cfg.moe
         assert moe is not None
         self.top_k, self.norm_topk, self.float32_weights = moe.top_k, moe.norm_topk_prob, moe.router_weights_float32
-        self.gate = nn.Linear(cfg.hidden_size, moe.num_experts, bias=False)  # the router: (E, C)
+        self.gate = KeptLinear(cfg.hidden_size, moe.num_experts, bias=False)  # the router: (E, C)
         self.experts = nn.ModuleList(mlp(moe.intermediate_size) for _ in range(moe.num_experts))
         self.shared = mlp(moe.shared_intermediate_size) if moe.shared_intermediate_size else None
-        self.shared_gate = nn.Linear(cfg.hidden_size, 1, bias=False) if self.shared is not None else None
+        self.shared_gate = KeptLinear(cfg.hidden_size, 1, bias=False) if self.shared is not None else None
         # Tensor parallelism (model/parallel.py): sums the ranks' partial outputs, once per layer; None: one process.
         self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
