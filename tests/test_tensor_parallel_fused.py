@@ -1,0 +1,111 @@
+"""The fused native decode step on tensor-parallel ranks (model/fused.py's part-by-part step, csrc/decode.cpp's
+nt_decode_part): 2 gloo ranks on loopback, this process rank 0, the other spawned by nexttoken.
+
+The reference is the same folder in one process: greedy tokens equal. Both ranks must really take the native
+path: rank 0's calls are counted here, the worker's by a `sitecustomize` (imported by every Python at start-up)
+that wraps its fused.decode_rows and writes one line per call to a file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import nexttoken
+from nexttoken.model import fused, kernels
+from test_fused import MODULES_ONLY
+from tiny_models import PROMPTS, VARIANTS, save_variant
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="native kernel unavailable (no g++ or no AVX-512)")
+
+FUSED_VARIANTS = sorted(set(VARIANTS) - MODULES_ONLY)  # the tiny models the single-process fused step takes
+GREEDY = dict(max_new_tokens=16, do_sample=False)
+
+WORKER_COUNTER = '''
+import os
+if os.environ.get("NT_FUSED_CALLS"):
+    from nexttoken.model import fused
+
+    real = fused.decode_rows
+
+    def counting(*args):
+        out = real(*args)
+        with open(os.environ["NT_FUSED_CALLS"], "a") as f:
+            f.write("native\\n" if out is not None else "refused\\n")
+        return out
+
+    fused.decode_rows = counting
+'''
+
+
+@pytest.fixture
+def counted(tmp_path, monkeypatch):
+    """(rank 0's calls, path of the worker's call log) of fused.decode_rows; the worker is counted from start-up."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(WORKER_COUNTER)
+    log = tmp_path / "worker_calls.txt"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("NT_FUSED_CALLS", str(log))
+    calls: list[bool] = []
+    real = fused.decode_rows
+
+    def counting(*args):  # noqa: ANN002, ANN202
+        out = real(*args)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(fused, "decode_rows", counting)
+    return calls, log
+
+
+def _tokens(llm, prompts, **options) -> list[list[int]]:  # noqa: ANN001
+    return [c.token_ids for c in llm.generate(prompts, **options)]
+
+
+def _check(path: Path, prompts, counted, quantize: str | None = None) -> None:  # noqa: ANN001
+    calls, log = counted
+    one = nexttoken.load(path, quantize=quantize)
+    want = _tokens(one, prompts, **GREEDY)
+    tp = nexttoken.load(path, quantize=quantize, tensor_parallel_size=2)
+    try:
+        calls.clear()
+        assert _tokens(tp, prompts, **GREEDY) == want
+    finally:
+        tp.close()
+    # every decode step of this run went native on rank 0 (16 tokens: 15 decode steps, rows batched) ...
+    assert len(calls) >= 15 and all(calls)
+    # ... and on the worker, which runs the same steps
+    worker = log.read_text().split()
+    assert len(worker) >= len(calls) and set(worker) == {"native"}
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_stories260k_ranks_take_the_native_step(shared_dir, counted, quantize) -> None:
+    _check(shared_dir / "models" / "stories260k", ["Once upon a time", "Tom had a dog", "The sun"], counted, quantize)
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+@pytest.mark.parametrize("name", FUSED_VARIANTS)
+def test_tiny_models_ranks_take_the_native_step(name, tmp_path, counted, quantize) -> None:
+    save_variant(name, tmp_path / name)
+    _check(tmp_path / name, PROMPTS, counted, quantize)
+
+
+def test_modules_reference_on_ranks(shared_dir, counted, monkeypatch) -> None:
+    """With the fused step switched off (NEXTTOKEN_FUSED=0 reaches the worker too) the ranks run the modules:
+    the same tokens, and no native call on either rank."""
+    calls, log = counted
+    path = shared_dir / "models" / "stories260k"
+    native = _tokens(nexttoken.load(path), ["Lily saw"], **GREEDY)
+    calls.clear()
+    monkeypatch.setenv("NEXTTOKEN_FUSED", "0")  # read by the worker at import
+    tp = nexttoken.load(path, tensor_parallel_size=2)
+    try:
+        with fused.disabled():
+            assert _tokens(tp, ["Lily saw"], **GREEDY) == native
+    finally:
+        tp.close()
+    assert not calls and not log.exists()
