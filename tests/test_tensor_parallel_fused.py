@@ -109,3 +109,19 @@ def test_modules_reference_on_ranks(shared_dir, counted, monkeypatch) -> None:
     finally:
         tp.close()
     assert not calls and not log.exists()
+
+
+def test_row_parallel_biases_and_padded_vocab(tmp_path, counted) -> None:
+    """o and down biases (added once, after the all-reduce), one KV head copied on both ranks, vocab 95 split
+    48 + 47 (the second rank's head padded by a row)."""
+    import torch
+
+    from tiny_models import build_hf_model
+
+    hf = build_hf_model("llama", attention_bias=True, mlp_bias=True, num_key_value_heads=1, vocab_size=95)
+    with torch.no_grad():  # random-init biases are zero; make them matter
+        for name, p in hf.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.3)
+    hf.save_pretrained(tmp_path)
+    _check(tmp_path, PROMPTS, counted)
