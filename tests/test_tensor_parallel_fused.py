@@ -125,3 +125,49 @@ def test_row_parallel_biases_and_padded_vocab(tmp_path, counted) -> None:
                 p.normal_(0, 0.3)
     hf.save_pretrained(tmp_path)
     _check(tmp_path, PROMPTS, counted)
+
+
+RANK_FORWARD = '''
+import json, os, sys, torch, torch.distributed as dist
+from nexttoken.model import fused
+from nexttoken.model.loader import load_model_shard
+from nexttoken.model.parallel import RankGroup
+from test_fused import step_logits
+
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=0, world_size=1)
+model = load_model_shard(sys.argv[1], RankGroup(0, 1, active=True), dtype=torch.float32)
+calls = []
+real = fused.decode_step
+def counting(*args):
+    out = real(*args)
+    calls.append(out is not None)
+    return out
+fused.decode_step = counting
+fast = step_logits(model, rows=3)
+with fused.disabled():
+    reference = step_logits(model, rows=3)
+print(json.dumps(dict(sharded=model.parallel is not None, calls=calls, diff=(fast - reference).abs().max().item(),
+                      same_argmax=torch.equal(fast.argmax(-1), reference.argmax(-1)))))
+'''
+
+
+def test_transformer_forward_decode_step_on_a_rank(shared_dir, tmp_path) -> None:
+    """Transformer.forward's plain decode step (fused.decode_step) on a sharded model takes the part-by-part native
+    step too: a one-rank group in a fresh process (the model still has its row-parallel wrappers and vocab-split
+    head), logits against the same rank's modules."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tests = str(Path(__file__).parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    out = subprocess.run([sys.executable, "-c", RANK_FORWARD, str(shared_dir / "models" / "stories260k"), str(port)],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["sharded"] and got["calls"] == [True] and got["same_argmax"]
+    assert got["diff"] < 1e-4
