@@ -106,7 +106,8 @@ def _weight(m: torch.nn.Module) -> torch.Tensor:
 
 def _local(m: torch.nn.Module) -> torch.nn.Module:
     """The rank's own matrix inside a tensor-parallel wrapper (parallel.RowParallel / ParallelHead), else m."""
-    return m._modules.get("inner") or m
+    inner = m._modules.get("inner")
+    return m if inner is None else inner
 
 
 class _Plan:
