@@ -123,26 +123,22 @@ TARGET void attend(const float* q, const float* keys, const float* values, int64
 }
 
 
-// The step for B rows that each have their own cache row and length: row b writes its new K/V at column
-// kv_lens[b] - 1 of cache row slots[b] and attends over columns [0, kv_lens[b]). Every number of row b depends on
-// row b alone (the products accumulate each row in the same order whatever the other rows, attention is per row),
-// so a row gives the same logits in any batch: the engine's batch invariance.
-int decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positions, const int64_t* slots,
-                const int64_t* kv_lens, float* logits) {
-  const int64_t C = m->hidden, H = m->n_heads, Hkv = m->n_kv_heads, D = m->head_dim, I = m->intermediate;
-  const int64_t HD = H * D, KVD = Hkv * D, NQKV = HD + 2 * KVD, group = H / Hkv, half = D / 2;
-  if (D > 512 || D % 2 || H % Hkv) return 1;
-  int64_t total_kv = 0;
+// Rows are valid when each has 1..S cache columns; their total sizes the decision to fan attention out.
+int check_rows(const NtModel* m, int64_t B, const int64_t* kv_lens, int64_t* total_kv) {
+  const int64_t D = m->head_dim;
+  if (D > 512 || D % 2 || m->n_heads % m->n_kv_heads) return 1;
+  *total_kv = 0;
   for (int64_t b = 0; b < B; ++b) {
     if (kv_lens[b] < 1 || kv_lens[b] > m->cache_head_stride / D) return 1;
-    total_kv += kv_lens[b];
+    *total_kv += kv_lens[b];
   }
-  Scratch& s = scratch;
-  s.fit(*m, B, 0);
-  float *h = s.h.data(), *qkv = s.qkv.data(), *att = s.att.data(), *tmp = s.tmp.data();
-  float *gu = s.gu.data(), *act = s.act.data(), *cos_t = s.cos.data(), *sin_t = s.sin.data();
+  return 0;
+}
 
-  for (int64_t b = 0; b < B; ++b) {  // (B, D) cos and signed sin, as rope_cos_sin builds them
+// (B, D) cos and signed sin, as rope_cos_sin builds them.
+void rope_tables(const NtModel* m, int64_t B, const int64_t* positions, float* cos_t, float* sin_t) {
+  const int64_t D = m->head_dim, half = D / 2;
+  for (int64_t b = 0; b < B; ++b) {
     const float pos = (float)positions[b];
     for (int64_t i = 0; i < half; ++i) {
       const float f = pos * m->inv_freq[i];
@@ -152,44 +148,80 @@ int decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positions,
       sin_t[b * D + half + i] = sn;
     }
   }
+}
+
+// A layer's attention half without the residual add: out (B, C) = o(attention(rope(qkv(norm(x))))), writing the
+// new K/V of row b at column kv_lens[b] - 1 of cache row slots[b]. On a tensor-parallel rank these are this rank's
+// heads and out is its partial sum of the o-projection.
+int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B, const int64_t* slots,
+                   const int64_t* kv_lens, const float* cos_t, const float* sin_t, bool parallel_attention,
+                   float* out) {
+  const int64_t C = m->hidden, H = m->n_heads, Hkv = m->n_kv_heads, D = m->head_dim;
+  const int64_t HD = H * D, KVD = Hkv * D, NQKV = HD + 2 * KVD, group = H / Hkv;
+  Scratch& s = scratch;
+  float *h = s.h.data(), *qkv = s.qkv.data(), *att = s.att.data();
+  rms_norm(x, L.attn_norm, B, C, m->eps, h);
+  if (linear(L.qkv, h, B, NQKV, C, qkv)) return 1;
+  for (int64_t b = 0; b < B; ++b) {
+    float* row = qkv + b * NQKV;
+    for (int64_t head = 0; head < H + Hkv; ++head) rope(row + head * D, cos_t + b * D, sin_t + b * D, D);
+    for (int64_t kh = 0; kh < Hkv; ++kh) {
+      const int64_t at = slots[b] * m->cache_row_stride + kh * m->cache_head_stride + (kv_lens[b] - 1) * D;
+      memcpy(L.k_cache + at, row + HD + kh * D, D * sizeof(float));
+      memcpy(L.v_cache + at, row + HD + KVD + kh * D, D * sizeof(float));
+    }
+  }
+#pragma omp parallel for schedule(static) if (parallel_attention)
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const int64_t b = bh / H, head = bh % H;
+    const int64_t base = slots[b] * m->cache_row_stride + (head / group) * m->cache_head_stride;
+    Scratch::grow(scores, kv_lens[b]);  // this thread's own buffer
+    attend(qkv + b * NQKV + head * D, L.k_cache + base, L.v_cache + base, kv_lens[b], D, scores.data(),
+           att + b * HD + head * D);
+  }
+  return linear(L.o, att, B, C, HD, out);
+}
+
+// A layer's MLP half without the residual add: out (B, C) = down(silu(gate(norm(x))) * up(norm(x))). On a rank:
+// its columns of gate/up, its partial sum of down.
+int mlp_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B, float* out) {
+  const int64_t C = m->hidden, I = m->intermediate;
+  Scratch& s = scratch;
+  float *h = s.h.data(), *gu = s.gu.data(), *act = s.act.data();
+  rms_norm(x, L.ffn_norm, B, C, m->eps, h);
+  if (linear(L.w13, h, B, 2 * I, C, gu)) return 1;
+  for (int64_t b = 0; b < B; ++b) {
+    const float *g = gu + b * 2 * I, *u = g + I;
+    for (int64_t i = 0; i < I; ++i) act[b * I + i] = g[i] / (1.f + expf(-g[i])) * u[i];
+  }
+  return linear(L.w2, act, B, C, I, out);
+}
+
+// The step for B rows that each have their own cache row and length: row b writes its new K/V at column
+// kv_lens[b] - 1 of cache row slots[b] and attends over columns [0, kv_lens[b]). Every number of row b depends on
+// row b alone (the products accumulate each row in the same order whatever the other rows, attention is per row),
+// so a row gives the same logits in any batch: the engine's batch invariance.
+int decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positions, const int64_t* slots,
+                const int64_t* kv_lens, float* logits) {
+  const int64_t C = m->hidden, H = m->n_heads, D = m->head_dim;
+  int64_t total_kv;
+  if (check_rows(m, B, kv_lens, &total_kv)) return 1;
+  Scratch& s = scratch;
+  s.fit(*m, B, 0);
+  float *tmp = s.tmp.data(), *cos_t = s.cos.data(), *sin_t = s.sin.data();
+  rope_tables(m, B, positions, cos_t, sin_t);
   // Attention fans out over (row, head) when there is enough of it to pay for waking the thread pool.
   const bool parallel_attention = total_kv * H * D >= (1 << 16);
 
   for (int64_t l = 0; l < m->n_layers; ++l) {
     const NtLayer& L = m->layers[l];
-    rms_norm(x, L.attn_norm, B, C, m->eps, h);
-    if (linear(L.qkv, h, B, NQKV, C, qkv)) return 1;
-    for (int64_t b = 0; b < B; ++b) {
-      float* row = qkv + b * NQKV;
-      for (int64_t head = 0; head < H + Hkv; ++head) rope(row + head * D, cos_t + b * D, sin_t + b * D, D);
-      for (int64_t kh = 0; kh < Hkv; ++kh) {
-        const int64_t at = slots[b] * m->cache_row_stride + kh * m->cache_head_stride + (kv_lens[b] - 1) * D;
-        memcpy(L.k_cache + at, row + HD + kh * D, D * sizeof(float));
-        memcpy(L.v_cache + at, row + HD + KVD + kh * D, D * sizeof(float));
-      }
-    }
-#pragma omp parallel for schedule(static) if (parallel_attention)
-    for (int64_t bh = 0; bh < B * H; ++bh) {
-      const int64_t b = bh / H, head = bh % H;
-      const int64_t base = slots[b] * m->cache_row_stride + (head / group) * m->cache_head_stride;
-      Scratch::grow(scores, kv_lens[b]);  // this thread's own buffer
-      attend(qkv + b * NQKV + head * D, L.k_cache + base, L.v_cache + base, kv_lens[b], D, scores.data(),
-             att + b * HD + head * D);
-    }
-    if (linear(L.o, att, B, C, HD, tmp)) return 1;
+    if (attention_half(m, L, x, B, slots, kv_lens, cos_t, sin_t, parallel_attention, tmp)) return 1;
     for (int64_t i = 0; i < B * C; ++i) x[i] = x[i] + tmp[i];
-
-    rms_norm(x, L.ffn_norm, B, C, m->eps, h);
-    if (linear(L.w13, h, B, 2 * I, C, gu)) return 1;
-    for (int64_t b = 0; b < B; ++b) {
-      const float *g = gu + b * 2 * I, *u = g + I;
-      for (int64_t i = 0; i < I; ++i) act[b * I + i] = g[i] / (1.f + expf(-g[i])) * u[i];
-    }
-    if (linear(L.w2, act, B, C, I, tmp)) return 1;
+    if (mlp_half(m, L, x, B, tmp)) return 1;
     for (int64_t i = 0; i < B * C; ++i) x[i] = x[i] + tmp[i];
   }
-  rms_norm(x, m->final_norm, B, C, m->eps, h);
-  return linear(m->lm_head, h, B, m->vocab, C, logits);
+  rms_norm(x, m->final_norm, B, C, m->eps, s.h.data());
+  return linear(m->lm_head, s.h.data(), B, m->vocab, C, logits);
 }
 
 }  // namespace
@@ -210,5 +242,27 @@ int nt_decode_step(const NtModel* m, float* x, int64_t B, const int64_t* positio
 int nt_decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positions, const int64_t* slots,
                    const int64_t* kv_lens, float* logits) {
   return decode_rows(m, x, B, positions, slots, kv_lens, logits);
+}
+
+// One part of a step, for tensor-parallel ranks (model/fused.py), whose caller all-reduces the partial sums and
+// adds the residual between parts: part 0 is layer `layer`'s attention half, part 1 its MLP half (out: (B, C)
+// partial sums, x unchanged), part 2 the final norm and this rank's rows of the LM head (out: (B, vocab)). Rows as
+// in nt_decode_rows. Returns 0, or 1 for unsupported shapes.
+int nt_decode_part(const NtModel* m, int64_t layer, int64_t part, const float* x, int64_t B,
+                   const int64_t* positions, const int64_t* slots, const int64_t* kv_lens, float* out) {
+  int64_t total_kv;
+  if (check_rows(m, B, kv_lens, &total_kv) || layer < 0 || layer >= m->n_layers) return 1;
+  Scratch& s = scratch;
+  s.fit(*m, B, 0);
+  const NtLayer& L = m->layers[layer];
+  if (part == 0) {
+    rope_tables(m, B, positions, s.cos.data(), s.sin.data());
+    const bool parallel_attention = total_kv * m->n_heads * m->head_dim >= (1 << 16);
+    return attention_half(m, L, x, B, slots, kv_lens, s.cos.data(), s.sin.data(), parallel_attention, out);
+  }
+  if (part == 1) return mlp_half(m, L, x, B, out);
+  if (part != 2) return 1;
+  rms_norm(x, m->final_norm, B, m->hidden, m->eps, s.h.data());
+  return linear(m->lm_head, s.h.data(), B, m->vocab, m->hidden, out);
 }
 }

@@ -8,6 +8,11 @@ It takes only what it computes exactly like the modules: float32 activations on 
 the last cache column with every column visible (no padding, no sliding window in reach), weights that are plain
 `Linear` or `Int8Linear` layers of the stock blocks. Everything else returns None and runs the modules, which
 are the reference the tests hold this path to (same tokens; logits within float32 rounding).
+
+A tensor-parallel rank (model/parallel.py) needs an all-reduce after every o and down projection, so it runs the
+same native code a part at a time (csrc/decode.cpp's nt_decode_part): per layer, the attention half and the MLP
+half each return this rank's partial sum, which Python all-reduces and adds to the residual; then the final norm
+and this rank's rows of the LM head, all-gathered. The same operations as the rank's modules, in their order.
 """
 
 from __future__ import annotations
@@ -94,8 +99,15 @@ def _key(model: torch.nn.Module, cache: KVCache) -> tuple:
 
 
 def _weight(m: torch.nn.Module) -> torch.Tensor:
+    m = _local(m)
     w = m._parameters.get("weight")
     return m._buffers["weight"] if w is None else w  # Int8Linear keeps its weight as a buffer
+
+
+def _local(m: torch.nn.Module) -> torch.nn.Module:
+    """The rank's own matrix inside a tensor-parallel wrapper (parallel.RowParallel / ParallelHead), else m."""
+    inner = m._modules.get("inner")
+    return m if inner is None else inner
 
 
 class _Plan:
@@ -107,8 +119,10 @@ class _Plan:
         cfg = model.config
         self.key = _key(model, cache)
         self.ok = False
+        self.biases: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []  # a rank's o / down biases per layer
         if type(model.norm) is not RMSNorm or cfg.head_dim > 512:
             return
+        sharded = _sharded(model)
         layers = []
         for i, block in enumerate(model.layers):
             parts = (type(block), type(block.attention), type(block.mlp), type(block.attention_norm),
@@ -117,19 +131,23 @@ class _Plan:
                 return
             if not cfg.plain:  # q/k norms, other norms, multipliers, soft-caps, GeGLU, MoE: not in the native step
                 return
-            linears = [_linear(m) for m in (block.attention.wqkv, block.attention.wo, block.mlp.w13, block.mlp.w2)]
+            linears = [_linear(_local(m)) for m in (block.attention.wqkv, block.attention.wo, block.mlp.w13,
+                                                    block.mlp.w2)]
             if any(lin is None for lin in linears):
                 return
             layers.append(_Layer(block.attention_norm.weight.data_ptr(), block.ffn_norm.weight.data_ptr(), *linears,
                                  cache.k[i].data_ptr(), cache.v[i].data_ptr()))
-        head = _linear(model.lm_head)
+            # a rank's row-parallel o / down add their bias once, after the all-reduce (None in one process)
+            self.biases.append((block.attention.wo.bias, block.mlp.w2.bias) if sharded else (None, None))
+        head = _linear(_local(model.lm_head))
         if head is None:
             return
         _, _, Hkv, S, D = cache.k.shape
+        vocab = model.parallel.shards.vocab_rows if sharded else cfg.vocab_size  # a rank: its rows of the head
         self.layers = (_Layer * len(layers))(*layers)  # kept alive with the plan
         self.model = _Model(
             cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-            cfg.intermediate_size, cfg.vocab_size, Hkv * S * D, S * D, cfg.rms_norm_eps, model.inv_freq.data_ptr(),
+            cfg.intermediate_size, vocab, Hkv * S * D, S * D, cfg.rms_norm_eps, model.inv_freq.data_ptr(),
             model.norm.weight.data_ptr(), head, self.layers,
         )
         self.ok = True
@@ -150,15 +168,12 @@ def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch
         and model.dtype == torch.float32
         and not torch.is_grad_enabled()
         and not _observed(model)
-        and not _sharded(model)
         and kernels.library() is not None
     )
 
 
 def _sharded(model: torch.nn.Module) -> bool:
-    """A tensor-parallel rank's model (model/parallel.py) needs an all-reduce after every o and down projection,
-    between the layers the native step runs in one call: its decode steps run the modules (whose few-row
-    products still take the native kernel, linear.py)."""
+    """A tensor-parallel rank's model (model/parallel.py): its steps run part by part (_rank_step)."""
     return model.__dict__.get("parallel") is not None
 
 
@@ -177,6 +192,9 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardB
     x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
     positions = batch.positions.reshape(-1).to(torch.int64).contiguous()  # (B,)
     B = x.shape[0]
+    if _sharded(model):
+        slots = torch.arange(B, dtype=torch.int64)
+        return _rank_step(plan, model, x, positions, slots, torch.full((B,), batch.kv_len, dtype=torch.int64))
     logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
     rc = kernels.library().nt_decode_step(
         ctypes.byref(plan.model), x.data_ptr(), B, positions.data_ptr(), batch.write_start, batch.kv_len,
@@ -196,7 +214,7 @@ def rows_plan(model: torch.nn.Module, cache: KVCache) -> RowsPlan | None:
 
     if not (_ENABLED and isinstance(model, Transformer) and cache.k.dtype == torch.float32
             and cache.k.device.type == "cpu" and model.dtype == torch.float32 and not torch.is_grad_enabled()
-            and not _observed(model) and not _sharded(model) and kernels.library() is not None):
+            and not _observed(model) and kernels.library() is not None):
         return None
     plan = _plan(model, cache)
     return plan if plan.ok else None
@@ -212,12 +230,36 @@ def decode_rows(plan: RowsPlan, model: torch.nn.Module, input_ids: torch.Tensor,
     x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
     B = x.shape[0]
     positions, slots, kv_lens = (t.reshape(-1).to(torch.int64).contiguous() for t in (positions, slots, kv_lens))
+    if _sharded(model):
+        return _rank_step(plan, model, x, positions, slots, kv_lens)
     logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
     rc = kernels.library().nt_decode_rows(
         ctypes.byref(plan.model), x.data_ptr(), B, positions.data_ptr(), slots.data_ptr(), kv_lens.data_ptr(),
         logits.data_ptr(),
     )
     return logits if rc == 0 else None
+
+
+def _rank_step(plan: _Plan, model: torch.nn.Module, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+               kv_lens: torch.Tensor) -> torch.Tensor:
+    """(B, V) logits of a tensor-parallel rank's step, rows as in decode_rows: x (B, C) is the all-reduced
+    embedding. Every rank calls this in the same step, so each part's all-reduce meets the other ranks' (the same
+    collectives, in the same order, as the modules' step). A refused part raises: every rank has the same rows and
+    shapes, so every rank raises at the same part."""
+    lib, ranks = kernels.library(), model.parallel.ranks
+    B = x.shape[0]
+    ptrs = (positions.data_ptr(), slots.data_ptr(), kv_lens.data_ptr())
+    part = torch.empty_like(x)  # (B, C) this rank's partial sum of one o or down projection
+    for layer, biases in enumerate(plan.biases):
+        for half, bias in enumerate(biases):
+            if lib.nt_decode_part(ctypes.byref(plan.model), layer, half, x.data_ptr(), B, *ptrs, part.data_ptr()):
+                raise RuntimeError(f"the native step refused layer {layer} of this rank's step")
+            y = ranks.all_reduce(part)
+            x += y if bias is None else y + bias  # the residual, as Block adds RowParallel's output
+    local = torch.empty((B, plan.model.vocab), dtype=torch.float32)  # this rank's rows of the head (padded)
+    if lib.nt_decode_part(ctypes.byref(plan.model), 0, 2, x.data_ptr(), B, *ptrs, local.data_ptr()):
+        raise RuntimeError("the native step refused the LM head of this rank's step")
+    return ranks.all_gather_last(local)[:, : model.config.vocab_size]
 
 
 def _plan(model: torch.nn.Module, cache: KVCache) -> _Plan:
