@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 # The `shared` folder beside the repository root (tokenizers, tiny models, reference outputs).
 SHARED_DIR = (Path(__file__).resolve().parents[1] / ".." / "shared").resolve()
@@ -18,3 +19,13 @@ def shared_dir() -> Path:
     if not SHARED_DIR.is_dir():
         pytest.skip(f"needs the shared data folder at {SHARED_DIR} (beside the repository root)")
     return SHARED_DIR
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test: tiny models are overhead-bound, and one thread avoids spin-waiting on a
+    shared 2-core machine. A module opts in with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

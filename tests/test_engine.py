@@ -17,13 +17,7 @@ from tiny_models import save_variant
 GREEDY = GenerationConfig(eos_token_id=2, top_k=None)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny models are overhead-bound; one thread avoids spin-waiting on a shared 2-core machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -27,13 +27,7 @@ FAMILIES = ["gemma2-softcap-sliding", "gemma3-local-global-rope", "mixtral-moe",
 MOE = [v for v in FAMILIES if "moe" in v]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny models are overhead-bound; one thread avoids spin-waiting on a shared 2-core machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
