@@ -217,7 +217,7 @@ def _speculative(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
                 variants[f"draft ({layers}noise {noise}), k={k}"] = dict(assistant_model=draft, num_assistant_tokens=k)
         else:
             variants[f"prompt lookup, k={k}"] = dict(prompt_lookup_num_tokens=k)
-    prompt = spec.grounded_prompt(llm, args.prompt_len)
+    prompt = spec.grounded_prompt(llm, args.prompt_len, args.new_tokens)
     progress(f"speculative decoding on {label}: prompt {len(prompt)} tokens, {args.new_tokens} new ...")
     rows = []
     for batch in args.batch_sizes:

@@ -1,9 +1,9 @@
 """`nexttoken bench --speculative`: tokens/s with and without speculative decoding, acceptance, and a check that
 the speculative output is the plain output token for token.
 
-The prompt is input-grounded: it quotes a text and then starts quoting it again, so a continuation that repeats
-it is what a model that copies writes (a model with a tokenizer gets a passage of prose; a random-weight shape,
-which has none, a random id sequence shown twice). Drafts come from prompt lookup, a draft model folder, or
+The prompt is input-grounded: it quotes a text and then starts quoting it again, and the text is one the model
+does repeat (see `grounded_prompt`; a random-weight shape, which has no tokenizer, gets a random id sequence
+shown twice). Drafts come from prompt lookup, a draft model folder, or
 drafts made from the target itself: its first `layers` blocks (sharing nothing, a fresh copy) with every weight
 perturbed by `noise` times its own spread, which sets the acceptance rate while the draft stays cheaper than
 the target.
@@ -18,21 +18,32 @@ from typing import Callable
 
 import torch
 
-PASSAGE = (
-    "The little robot walked to the old library at the end of the street. It opened a big book about the sea, and "
-    "read about fish, ships and storms, about sailors who found their way by the stars, and about a lighthouse "
-    "that stood alone on a rock for a hundred years. Then it closed the book and went home to sleep."
-)
+OPENING = 16  # tokens of the quoted text that the prompt repeats after the quote
 
 
-def grounded_prompt(llm, prompt_len: int, seed: int = 0) -> list[int]:  # noqa: ANN001
-    """A prompt that quotes a text, then starts quoting it again (~prompt_len tokens)."""
-    if llm.tokenizer is not None:
-        text = PASSAGE
-        return llm.encode(f"{text}\n\nThe same text, word for word:\n\n{text[: len(text) // 4]}")
-    g = torch.Generator().manual_seed(seed)
-    half = torch.randint(3, llm.model.config.vocab_size, (max(2, prompt_len // 2),), generator=g).tolist()
-    return [1] + half + half[: max(1, len(half) // 4)]
+def grounded_prompt(llm, prompt_len: int, new_tokens: int = 64, seed: int = 0) -> list[int]:  # noqa: ANN001
+    """A prompt that quotes a text and then starts quoting it again, the text being one the model does copy.
+
+    A model with a tokenizer: a story the model writes itself (greedy, from "Once upon a time", prompt_len tokens
+    or enough for new_tokens of copying), S, then the prompt S + S[:OPENING]. A small model does not copy an
+    arbitrary text (its first continuation of that prompt keeps ~0 of S's tokens on the packaged model), so S is
+    then refined twice to the text the model writes when it quotes itself: S <- S[:OPENING] + the greedy
+    continuation of S + S[:OPENING]. After that the continuation repeats S token for token (the packaged model:
+    64 of 64), which is the input-grounded task (summaries, edits, quoting) that prompt lookup is for. A
+    random-weight shape, which has no tokenizer, gets a random id sequence shown twice."""
+    if llm.tokenizer is None:
+        g = torch.Generator().manual_seed(seed)
+        half = torch.randint(3, llm.model.config.vocab_size, (max(2, prompt_len // 2),), generator=g).tolist()
+        return [1] + half + half[: max(1, len(half) // 4)]
+    length = max(prompt_len, new_tokens + OPENING)
+    start = llm.encode("Once upon a time")
+    story = start + llm.generate([start], max_new_tokens=length - len(start), do_sample=False,
+                                 ignore_eos=True)[0].token_ids
+    for _ in range(2):  # the model's own quotation of its story: a fixed point after one or two rounds
+        again = llm.generate([story + story[1:OPENING]], max_new_tokens=len(story) - OPENING, do_sample=False,
+                             ignore_eos=True)[0].token_ids
+        story = story[:OPENING] + again
+    return story + story[1:OPENING]
 
 
 def draft_from_target(path: Path, dtype: str | None, layers: int | None, noise: float, seed: int = 0):  # noqa: ANN201
