@@ -46,9 +46,12 @@ def grounded_prompt(llm, prompt_len: int, new_tokens: int = 64, seed: int = 0) -
     return story + story[1:OPENING]
 
 
-def draft_from_target(path: Path, dtype: str | None, layers: int | None, noise: float, seed: int = 0):  # noqa: ANN201
-    """A fresh copy of the target cut to its first `layers` blocks, each weight plus N(0, (noise * its std)^2)."""
+def draft_from_target(path: Path, dtype: str | None, layers: int | None, noise: float, seed: int = 0,
+                      quantize: str | None = None):  # noqa: ANN201
+    """A fresh copy of the target cut to its first `layers` blocks, each weight plus N(0, (noise * its std)^2), then
+    optionally quantized (`quantize`: int8, int4, bf16 as in nexttoken.load) so that its step costs less."""
     from ..model import load_model
+    from ..model.quant import apply_quantization
 
     draft = load_model(path, dtype=dtype)
     if layers is not None and layers < draft.config.num_hidden_layers:
@@ -60,7 +63,33 @@ def draft_from_target(path: Path, dtype: str | None, layers: int | None, noise: 
             if noise and p.numel() > 1:
                 std = p.float().std()
                 p.add_((torch.randn(p.shape, generator=g) * std * noise).to(p.dtype))
-    return draft
+    return apply_quantization(draft, quantize)
+
+
+class TailScale:
+    """Sets how much the target's blocks from `first` on add to the residual stream: their attention output
+    (wo, o_proj) and MLP output (w2, down_proj) projections times `eps`, in place (a quantized layer's scales,
+    which multiply every weight of a row, stand for its weights). With eps = 0 the target computes exactly what
+    its first `first` blocks compute, so a draft made of those blocks (`draft_from_target(layers=first)`) agrees
+    with it everywhere; raising eps moves the target away from the draft, which sweeps the acceptance rate while
+    the draft stays a fraction of the target's cost. The original weights are kept, so every setting is exact."""
+
+    def __init__(self, model, first: int) -> None:  # noqa: ANN001
+        if not 0 < first < len(model.layers):
+            raise ValueError(f"the target's tail starts after block {first}, but it has {len(model.layers)} blocks: "
+                             "pass --draft-layers between 1 and the number of blocks - 1")
+        self.tensors = []
+        for block in model.layers[first:]:
+            for linear in (block.attention.wo, getattr(block.mlp, "w2", None)):
+                if linear is None:
+                    raise ValueError("--target-tail-scale needs a dense MLP in every block (not a mixture of experts)")
+                t = linear.scale if hasattr(linear, "scale") else linear.weight
+                self.tensors.append((t, t.detach().clone()))
+
+    @torch.no_grad()
+    def set(self, eps: float) -> None:
+        for t, original in self.tensors:
+            t.copy_((original.float() * eps).to(t.dtype))
 
 
 def measure(llm, prompt: list[int], batch: int, new_tokens: int, rounds: int,  # noqa: ANN001
@@ -105,8 +134,8 @@ def table(rows: list[dict]) -> str:
     lines = ["| variant | batch | tokens/s | speedup | acceptance | tokens per verification | same output |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
-        if r["variant"] == "plain":
-            lines.append(f"| plain | {r['batch']} | {r['tok_s']:.1f} | 1.00x | - | - | - |")
+        if r["variant"].startswith("plain"):
+            lines.append(f"| {r['variant']} | {r['batch']} | {r['tok_s']:.1f} | 1.00x | - | - | - |")
         else:
             lines.append(f"| {r['variant']} | {r['batch']} | {r['tok_s']:.1f} | {r['speedup']:.2f}x | "
                          f"{100 * r['acceptance']:.0f}% | {r['tokens_per_step']:.2f} | "
