@@ -209,7 +209,9 @@ def _speculative(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
         dtype = args.dtype or SHAPES[args.shape][1]
         path = random_checkpoint(args.shape, dtype, Path(args.cache_dir) / f"{args.shape}-{dtype}")
         label = f"{args.shape} ({dtype}, random weights)"
-    llm = load(path, dtype=dtype)
+    target_quantize = args.quantize if args.quantize in ("int8", "int4", "bf16") else None  # one value: the target's
+    llm = load(path, dtype=dtype, quantize=target_quantize)
+    label += f", {target_quantize}" if target_quantize else ""
     if args.target_tail_scale:
         return _speculative_tail(args, llm, path, dtype, label, progress)
     variants: dict[str, dict] = {}

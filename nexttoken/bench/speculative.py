@@ -83,7 +83,11 @@ class TailScale:
             for linear in (block.attention.wo, getattr(block.mlp, "w2", None)):
                 if linear is None:
                     raise ValueError("--target-tail-scale needs a dense MLP in every block (not a mixture of experts)")
-                t = linear.scale if hasattr(linear, "scale") else linear.weight
+                t = getattr(linear, "scale", None)
+                t = linear.weight if t is None else t
+                if not t.is_floating_point():
+                    raise ValueError(f"--target-tail-scale cannot scale a {type(linear).__name__} target (use "
+                                     "--quantize none, bf16 or int8)")
                 self.tensors.append((t, t.detach().clone()))
 
     @torch.no_grad()
