@@ -232,8 +232,10 @@ def _speculative(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
     progress(f"speculative decoding on {label}: prompt {len(prompt)} tokens, {args.new_tokens} new ...")
     rows = []
     for batch in args.batch_sizes:
-        rows += spec.measure(llm, prompt, batch, args.new_tokens, args.rounds, variants, progress)
-    print(f"{label}, greedy, {args.new_tokens} new tokens, {args.threads} threads, best of {args.rounds} rounds:")
+        rows += spec.measure(llm, prompt, batch, args.new_tokens, args.rounds, variants, progress,
+                                clock=time.process_time if args.clock == "cpu" else time.perf_counter)
+    print(f"{label}, greedy, {args.new_tokens} new tokens, {args.threads} threads, best of {args.rounds} rounds, "
+          f"{args.clock} clock:")
     print(spec.table(rows))
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -271,14 +273,16 @@ def _speculative_tail(args: argparse.Namespace, llm, path, dtype, label: str, pr
         variants = {f"draft ({args.draft_layers} blocks{quant}), tail x{eps:g}, k={k}":
                     dict(assistant_model=draft, num_assistant_tokens=k) for k in args.num_speculative_tokens}
         for batch in args.batch_sizes:
-            got = spec.measure(llm, prompt, batch, args.new_tokens, args.rounds, variants, progress)
+            got = spec.measure(llm, prompt, batch, args.new_tokens, args.rounds, variants, progress,
+                                clock=time.process_time if args.clock == "cpu" else time.perf_counter)
             for row in got:
                 row["tail_scale"] = eps
                 if row["variant"] == "plain":
                     row["variant"] = f"plain, tail x{eps:g}"
             rows += got
     tail.set(1.0)
-    print(f"{label}, greedy, {args.new_tokens} new tokens, {args.threads} threads, best of {args.rounds} rounds:")
+    print(f"{label}, greedy, {args.new_tokens} new tokens, {args.threads} threads, best of {args.rounds} rounds, "
+          f"{args.clock} clock:")
     print(spec.table(rows))
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)

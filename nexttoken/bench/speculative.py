@@ -97,9 +97,11 @@ class TailScale:
 
 
 def measure(llm, prompt: list[int], batch: int, new_tokens: int, rounds: int,  # noqa: ANN001
-            variants: dict[str, dict], progress: Callable[[str], None]) -> list[dict]:
+            variants: dict[str, dict], progress: Callable[[str], None],
+            clock: Callable[[], float] = time.perf_counter) -> list[dict]:
     """Interleaved rounds of plain greedy and each speculative variant (options for LLM.generate) on `batch`
-    copies of the prompt; the best round of each (the machine's noise only ever slows a round down)."""
+    copies of the prompt; the best round of each (the machine's noise only ever slows a round down). `clock`:
+    time.process_time times by this process's CPU time (one thread on a machine shared with other work)."""
     prompts = [prompt] * batch
     base = dict(max_new_tokens=new_tokens, do_sample=False, ignore_eos=True)
     llm.generate(prompts, **base)  # warm: the engine, its caches and kernels
@@ -109,9 +111,9 @@ def measure(llm, prompt: list[int], batch: int, new_tokens: int, rounds: int,  #
     for r in range(rounds):
         for name in times:
             before = llm._driver.engine.stats() if llm._driver else None
-            start = time.perf_counter()
+            start = clock()
             out = llm.generate(prompts, **base, **variants.get(name, {}))
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
             after = llm._driver.engine.stats()
             if name == "plain":
                 reference = [c.token_ids for c in out]
