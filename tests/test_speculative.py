@@ -362,3 +362,53 @@ def test_bench_speculative_reports_speed_acceptance_and_same_output(tmp_path, ca
     assert all(r["identical"] and r["tok_s"] > 0 for r in speculative)
     assert drafts[1]["variant"] == "draft (noise 0.0), k=4" and drafts[1]["acceptance"] == 1.0
     assert "| prompt lookup, k=4 | 1 |" in capsys.readouterr().out
+
+
+def test_tail_scale_target_is_its_first_blocks_at_zero_and_itself_at_one(tmp_path) -> None:
+    """bench's TailScale: with the blocks after the first scaled by 0 the target greedily writes what transformers'
+    Llama cut to that first block writes on the same weights; scale 1 restores the unscaled target exactly."""
+    from transformers import AutoModelForCausalLM
+
+    from nexttoken.bench.shapes import random_checkpoint
+    from nexttoken.bench.speculative import TailScale
+
+    path = random_checkpoint("micro", "float32", tmp_path / "micro")
+    llm = nexttoken.load(path)
+    prompt = [1] + torch.randint(3, 512, (10,), generator=torch.Generator().manual_seed(0)).tolist()
+    greedy = dict(max_new_tokens=12, do_sample=False, ignore_eos=True)
+    full = llm.generate([prompt], **greedy)[0].token_ids
+    tail = TailScale(llm.model, 1)
+    tail.set(0.0)
+    cut = llm.generate([prompt], **greedy)[0].token_ids
+    hf = AutoModelForCausalLM.from_pretrained(path, num_hidden_layers=1, torch_dtype=torch.float32)
+    expected = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, min_new_tokens=12)
+    assert cut == expected[0, len(prompt):].tolist()
+    tail.set(1.0)
+    assert llm.generate([prompt], **greedy)[0].token_ids == full
+    with pytest.raises(ValueError, match="--draft-layers"):
+        TailScale(llm.model, 2)
+
+
+def test_bench_tail_scale_sweeps_acceptance(tmp_path, capsys) -> None:
+    """`bench --speculative --draft-layers 1 --target-tail-scale 0,100` on the micro shape: at 0 the draft (the
+    target's first block) is kept every time, at 100 not; the output is the plain output throughout, also with
+    an int8 draft; a sweep without --draft-layers is refused."""
+    import json
+
+    from nexttoken.cli import main
+
+    base = ["bench", "--speculative", "--shape", "micro", "--cache-dir", str(tmp_path / "cache"), "--prompt-len", "16",
+            "--new-tokens", "24", "--batch-sizes", "1", "--rounds", "1", "--threads", "1"]
+    out = tmp_path / "tail"
+    assert main([*base, "--draft-layers", "1", "--target-tail-scale", "0,100", "--out", str(out)]) == 0
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["plain, tail x0", "draft (1 blocks), tail x0, k=4",
+                                            "plain, tail x100", "draft (1 blocks), tail x100, k=4"]
+    assert rows[1]["acceptance"] == 1.0 and rows[3]["acceptance"] < 0.95
+    assert rows[1]["identical"] and rows[3]["identical"]
+    assert main([*base, "--draft-layers", "1", "--target-tail-scale", "0", "--draft-quantize", "int8",
+                 "--out", str(out) + "-int8"]) == 0
+    rows = json.loads((tmp_path / "tail-int8.json").read_text())["rows"]
+    assert rows[1]["variant"] == "draft (1 blocks, int8), tail x0, k=4" and rows[1]["identical"]
+    assert main([*base, "--target-tail-scale", "0,1"]) != 0
+    assert "--target-tail-scale needs factors (e.g. 0,0.3,1) and --draft-layers N" in capsys.readouterr().err

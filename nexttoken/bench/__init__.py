@@ -66,6 +66,12 @@ def add_parser(sub) -> None:  # noqa: ANN001
     p.add_argument("--draft-noise", help="with --speculative: drafts made from the target, each weight perturbed by "
                                          "this multiple of its spread, comma-separated (e.g. 0,0.5,1)")
     p.add_argument("--draft-layers", type=int, help="with --draft-noise: the draft keeps the target's first N blocks")
+    p.add_argument("--target-tail-scale",
+                   help="with --speculative --draft-layers N: the draft is the target's first N blocks and the target's "
+                        "later blocks add to the residual stream scaled by each of these factors in turn, e.g. "
+                        "0,0.1,0.3,1 (0: the target is the draft; larger: lower acceptance)")
+    p.add_argument("--draft-quantize", choices=["none", "int8", "int4", "bf16"], default="none",
+                   help="with --draft-noise or --target-tail-scale: the draft's weights quantized (a cheaper draft)")
     p.add_argument("--tokenizer", help="with --structured --shape: a tokenizer folder whose vocabulary fits the shape "
                                        "(e.g. a Llama 2 tokenizer for tiny and small)")
     p.add_argument("--matrix", action="store_true",
@@ -203,7 +209,11 @@ def _speculative(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
         dtype = args.dtype or SHAPES[args.shape][1]
         path = random_checkpoint(args.shape, dtype, Path(args.cache_dir) / f"{args.shape}-{dtype}")
         label = f"{args.shape} ({dtype}, random weights)"
-    llm = load(path, dtype=dtype)
+    target_quantize = args.quantize if args.quantize in ("int8", "int4", "bf16") else None  # one value: the target's
+    llm = load(path, dtype=dtype, quantize=target_quantize)
+    label += f", {target_quantize}" if target_quantize else ""
+    if args.target_tail_scale:
+        return _speculative_tail(args, llm, path, dtype, label, progress)
     variants: dict[str, dict] = {}
     for k in args.num_speculative_tokens:
         if args.draft:
@@ -213,21 +223,72 @@ def _speculative(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
             for noise in (float(v) for v in args.draft_noise.split(",")):
                 layers = f"{args.draft_layers} blocks, " if args.draft_layers else ""
                 progress(f"draft from the target: {layers}noise {noise} ...")
-                draft = spec.draft_from_target(Path(llm.path), dtype, args.draft_layers, noise)
+                draft = spec.draft_from_target(Path(llm.path), dtype, args.draft_layers, noise,
+                                               quantize=args.draft_quantize)
                 variants[f"draft ({layers}noise {noise}), k={k}"] = dict(assistant_model=draft, num_assistant_tokens=k)
         else:
             variants[f"prompt lookup, k={k}"] = dict(prompt_lookup_num_tokens=k)
-    prompt = spec.grounded_prompt(llm, args.prompt_len)
+    prompt = spec.grounded_prompt(llm, args.prompt_len, args.new_tokens)
     progress(f"speculative decoding on {label}: prompt {len(prompt)} tokens, {args.new_tokens} new ...")
     rows = []
     for batch in args.batch_sizes:
-        rows += spec.measure(llm, prompt, batch, args.new_tokens, args.rounds, variants, progress)
-    print(f"{label}, greedy, {args.new_tokens} new tokens, {args.threads} threads, best of {args.rounds} rounds:")
+        rows += spec.measure(llm, prompt, batch, args.new_tokens, args.rounds, variants, progress,
+                                clock=time.process_time if args.clock == "cpu" else time.perf_counter)
+    print(f"{label}, greedy, {args.new_tokens} new tokens, {args.threads} threads, best of {args.rounds} rounds, "
+          f"{args.clock} clock:")
     print(spec.table(rows))
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": label, "threads": args.threads, "new_tokens": args.new_tokens,
                                "prompt_tokens": len(prompt), "rows": rows}, indent=1))
+    progress(f"wrote {out}")
+    return 0
+
+
+def _speculative_tail(args: argparse.Namespace, llm, path, dtype, label: str, progress) -> int:  # noqa: ANN001
+    """The speedup-versus-acceptance curve: a draft made of the target's first --draft-layers blocks, the target's
+    later blocks scaled by each --target-tail-scale factor (bench/speculative.py, TailScale)."""
+    import json
+
+    from . import speculative as spec
+
+    try:
+        scales = [float(v) for v in args.target_tail_scale.split(",") if v.strip()]
+    except ValueError:
+        raise BenchError(f"--target-tail-scale {args.target_tail_scale!r}: use comma-separated numbers like 0,0.3,1") from None
+    if not scales or args.draft_layers is None:
+        raise BenchError("--target-tail-scale needs factors (e.g. 0,0.3,1) and --draft-layers N (the draft's blocks)")
+    try:
+        tail = spec.TailScale(llm.model, args.draft_layers)
+    except ValueError as e:
+        raise BenchError(str(e)) from None
+    quant = "" if args.draft_quantize == "none" else f", {args.draft_quantize}"
+    progress(f"draft: the target's first {args.draft_layers} blocks{quant} ...")
+    draft = spec.draft_from_target(Path(llm.path), dtype, args.draft_layers, 0.0, quantize=args.draft_quantize)
+    prompt = spec.grounded_prompt(llm, args.prompt_len, args.new_tokens)
+    progress(f"speculative decoding on {label}: prompt {len(prompt)} tokens, {args.new_tokens} new ...")
+    rows = []
+    for eps in scales:
+        tail.set(eps)
+        variants = {f"draft ({args.draft_layers} blocks{quant}), tail x{eps:g}, k={k}":
+                    dict(assistant_model=draft, num_assistant_tokens=k) for k in args.num_speculative_tokens}
+        for batch in args.batch_sizes:
+            got = spec.measure(llm, prompt, batch, args.new_tokens, args.rounds, variants, progress,
+                                clock=time.process_time if args.clock == "cpu" else time.perf_counter)
+            for row in got:
+                row["tail_scale"] = eps
+                if row["variant"] == "plain":
+                    row["variant"] = f"plain, tail x{eps:g}"
+            rows += got
+    tail.set(1.0)
+    print(f"{label}, greedy, {args.new_tokens} new tokens, {args.threads} threads, best of {args.rounds} rounds, "
+          f"{args.clock} clock:")
+    print(spec.table(rows))
+    out = Path(args.out).with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"model": label, "threads": args.threads, "new_tokens": args.new_tokens,
+                               "prompt_tokens": len(prompt), "draft_layers": args.draft_layers,
+                               "draft_quantize": args.draft_quantize, "rows": rows}, indent=1))
     progress(f"wrote {out}")
     return 0
 

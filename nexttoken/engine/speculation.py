@@ -19,15 +19,16 @@ slot per engine slot (`Drafter`); the draft's numbers need not match anything, o
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 
 import torch
 
 from ..generation.speculative import DraftLength, accept_or_resample, prompt_lookup
-from ..model import ForwardBatch, Transformer, fused
+from ..model import ForwardBatch, Transformer, fused, kernels
 from ..model.kernels import MAX_ROWS
 from .model_runner import ModelRunner, SlotView
-from .postprocess import advance, advance_greedy, plain_greedy
+from .postprocess import advance, advance_greedy, plain_greedy, snapshot
 from .sequence import Sequence, TokenEvent
 
 DEFAULT_NGRAM = 2  # transformers' max_matching_ngram_size default
@@ -176,7 +177,9 @@ class Speculator:
         spec, drafts, events, kept = seq.spec, proposal.tokens, [], 0
         spec.steps += 1
         spec.drafted += len(drafts)
-        for i in range(len(drafts) + 1):
+        if seq.params.greedy and plain_greedy(seq) and seq.grammar is None:
+            events, kept = _accept_greedy(seq, logits, drafts)
+        for i in range(len(drafts) + 1 if not events else 0):
             draft = drafts[i] if i < len(drafts) else None
             choice: dict[str, bool] = {}
             if seq.params.greedy or draft is None:
@@ -200,6 +203,28 @@ class Speculator:
         seq.num_cached = seq.num_tokens - 1  # the drafts kept are in the cache; the target's own token is not
         spec.draft_cached = min(spec.draft_cached, seq.num_tokens - 1)  # the draft's columns past it held rejects
         return events
+
+
+def _accept_greedy(seq: Sequence, logits: torch.Tensor, drafts: list[int]) -> tuple[list[TokenEvent], int]:
+    """`advance_greedy` for one plain greedy request's k + 1 positions at once: one argmax and one log-softmax
+    over the (k + 1, V) logits (each row's numbers are its own, so they are what k + 1 single calls give), then
+    the tokens pushed in order until one differs from the draft or the request finishes. At ~0.1 ms a target
+    step (the packaged model) the per-position calls cost about as much as the verification itself."""
+    tokens = kernels.argmax(logits).tolist()
+    logp = torch.log_softmax(logits, dim=-1)  # (k + 1, V): the raw distribution
+    chosen = logp.gather(1, torch.tensor(tokens)[:, None]).squeeze(1).tolist()
+    n, now, events, kept = seq.params.top_logprobs, time.monotonic(), [], 0
+    for i, token in enumerate(tokens):
+        best = torch.topk(logp[i], min(n, logp.shape[1])) if n else None
+        top = list(zip(best.indices.tolist(), best.values.tolist())) if best is not None else []
+        delta = seq.out.push(token, chosen[i], top)
+        seq.first_token_time = seq.first_token_time or now
+        seq.last_token_time = now
+        events.append(snapshot(seq, delta, now))
+        if i == len(drafts) or token != drafts[i] or delta.finish_reason is not None:
+            break
+        kept += 1
+    return events, kept
 
 
 def _rejection(seq: Sequence, q: torch.Tensor | None, draft: int, choice: dict[str, bool]):  # noqa: ANN202
