@@ -47,16 +47,19 @@ def advance_greedy(seqs: list[Sequence], logits: torch.Tensor) -> list[TokenEven
     logp = torch.log_softmax(logits, dim=-1)  # (rows, V): the raw distribution
     chosen = logp.gather(1, torch.tensor(tokens)[:, None]).squeeze(1).tolist()
     now = time.monotonic()
-    events = []
-    for i, (seq, token) in enumerate(zip(seqs, tokens)):
-        n = seq.params.top_logprobs
-        best = torch.topk(logp[i], min(n, logp.shape[1])) if n else None
-        top = list(zip(best.indices.tolist(), best.values.tolist())) if best is not None else []
-        delta = seq.out.push(token, chosen[i], top)
-        seq.first_token_time = seq.first_token_time or now
-        seq.last_token_time = now
-        events.append(snapshot(seq, delta, now))
-    return events
+    return [push_chosen(seq, token, chosen[i], logp[i], now) for i, (seq, token) in enumerate(zip(seqs, tokens))]
+
+
+def push_chosen(seq: Sequence, token: int, logprob: float, logp: torch.Tensor, now: float) -> TokenEvent:
+    """Record a token chosen outside `advance` (a batched argmax): its log-prob, the top-N of logp (V,) raw
+    log-probabilities, the request's timing; its event."""
+    n = seq.params.top_logprobs
+    best = torch.topk(logp, min(n, logp.shape[0])) if n else None
+    top = list(zip(best.indices.tolist(), best.values.tolist())) if best is not None else []
+    delta = seq.out.push(token, logprob, top)
+    seq.first_token_time = seq.first_token_time or now
+    seq.last_token_time = now
+    return snapshot(seq, delta, now)
 
 
 def advance(seq: Sequence, logits: torch.Tensor, chooser: Callable[[torch.Tensor], int] | None = None) -> TokenEvent:

@@ -28,7 +28,7 @@ from ..generation.speculative import DraftLength, accept_or_resample, prompt_loo
 from ..model import ForwardBatch, Transformer, fused, kernels
 from ..model.kernels import MAX_ROWS
 from .model_runner import ModelRunner, SlotView
-from .postprocess import advance, advance_greedy, plain_greedy, snapshot
+from .postprocess import advance, advance_greedy, plain_greedy, push_chosen
 from .sequence import Sequence, TokenEvent
 
 DEFAULT_NGRAM = 2  # transformers' max_matching_ngram_size default
@@ -213,15 +213,10 @@ def _accept_greedy(seq: Sequence, logits: torch.Tensor, drafts: list[int]) -> tu
     tokens = kernels.argmax(logits).tolist()
     logp = torch.log_softmax(logits, dim=-1)  # (k + 1, V): the raw distribution
     chosen = logp.gather(1, torch.tensor(tokens)[:, None]).squeeze(1).tolist()
-    n, now, events, kept = seq.params.top_logprobs, time.monotonic(), [], 0
+    now, events, kept = time.monotonic(), [], 0
     for i, token in enumerate(tokens):
-        best = torch.topk(logp[i], min(n, logp.shape[1])) if n else None
-        top = list(zip(best.indices.tolist(), best.values.tolist())) if best is not None else []
-        delta = seq.out.push(token, chosen[i], top)
-        seq.first_token_time = seq.first_token_time or now
-        seq.last_token_time = now
-        events.append(snapshot(seq, delta, now))
-        if i == len(drafts) or token != drafts[i] or delta.finish_reason is not None:
+        events.append(push_chosen(seq, token, chosen[i], logp[i], now))
+        if i == len(drafts) or token != drafts[i] or events[-1].finish_reason is not None:
             break
         kept += 1
     return events, kept

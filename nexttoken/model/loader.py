@@ -184,24 +184,10 @@ def load_model(
     path: str | Path, dtype: str | torch.dtype | None = None, device: str | torch.device | None = None
 ) -> Transformer:
     """Build our Transformer from a Hugging Face model folder (config.json + safetensors)."""
-    path = Path(path)
-    if not path.is_dir():
-        raise MissingFileError(f"model folder {path} does not exist")
-    device = torch.device(device or "cpu")
-    torch_dtype = resolve_dtype(dtype, device)
-    cfg = ModelConfig.from_dir(path)
+    path, device, torch_dtype, cfg = _open_folder(path, dtype, device)
     tensors = read_tensors(safetensors_files(path))
     check_tensors(cfg, tensors, path)
-    # Own memory for every weight, so the checkpoint's file mapping is released with `tensors` (tensors read from
-    # it would otherwise keep every page of the file resident next to the fused copies). On CPU that memory is
-    # one huge-page arena (memory.py: decode streams it faster). One tensor at a time, so each fused temporary
-    # is freed as soon as its copy exists (load peak ~2x, not ~2.7x).
-    state = to_state_dict(cfg, tensors)
-    if device.type == "cpu":
-        state = copy_into_arena(state, torch_dtype)
-    else:
-        for name in state:
-            state[name] = state[name].to(device=device, dtype=torch_dtype, copy=True)
+    state = _owned(to_state_dict(cfg, tensors), device, torch_dtype)
     with torch.device("meta"):  # no throw-away random init: parameters are assigned from the checkpoint
         model = Transformer(cfg)
     model.load_state_dict(state, assign=True, strict=True)
@@ -210,6 +196,27 @@ def load_model(
     del tensors, state
     release_freed_memory()
     return model.to(device).eval()
+
+
+def _open_folder(path: str | Path, dtype: str | torch.dtype | None, device: str | torch.device | None):  # noqa: ANN202
+    """(folder, device, torch dtype, ModelConfig) of a model folder, checked."""
+    path = Path(path)
+    if not path.is_dir():
+        raise MissingFileError(f"model folder {path} does not exist")
+    device = torch.device(device or "cpu")
+    return path, device, resolve_dtype(dtype, device), ModelConfig.from_dir(path)
+
+
+def _owned(state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Own memory for every weight, so the checkpoint's file mapping is released with the tensors read from it
+    (they would otherwise keep every page of the file resident next to the fused copies). On CPU that memory is
+    one huge-page arena (memory.py: decode streams it faster). One tensor at a time, so each fused temporary is
+    freed as soon as its copy exists (load peak ~2x, not ~2.7x)."""
+    if device.type == "cpu":
+        return copy_into_arena(state, dtype)
+    for name in state:  # replaced one at a time, so each source can go as soon as its copy exists
+        state[name] = state[name].to(device=device, dtype=dtype, copy=True)
+    return state
 
 
 def release_freed_memory() -> None:
@@ -295,12 +302,7 @@ def load_model_shard(
     """This rank's part of a tensor-parallel Transformer (model/parallel.py): only its slices are read."""
     from .parallel import ParallelInfo, Shards, shard_modules
 
-    path = Path(path)
-    if not path.is_dir():
-        raise MissingFileError(f"model folder {path} does not exist")
-    device = torch.device(device or "cpu")
-    torch_dtype = resolve_dtype(dtype, device)
-    cfg = ModelConfig.from_dir(path)
+    path, device, torch_dtype, cfg = _open_folder(path, dtype, device)
     shards = Shards.plan(cfg, ranks.rank, ranks.size)
     tensors = read_shard(safetensors_files(path), cfg, shards)
     state = to_state_dict(cfg, tensors)
@@ -308,11 +310,7 @@ def load_model_shard(
     for name in [n for n in state if ".attention.wo." in n or ".mlp.w2." in n]:
         if name.endswith(".weight"):
             state[name.replace(".weight", ".inner.weight")] = state.pop(name)
-    if device.type == "cpu":
-        state = copy_into_arena(state, torch_dtype)
-    else:
-        for name in state:
-            state[name] = state[name].to(device=device, dtype=torch_dtype, copy=True)
+    state = _owned(state, device, torch_dtype)
     with torch.device("meta"):
         model = Transformer(shards.local_config(cfg))
     shard_modules(model, cfg, shards, ranks)
