@@ -194,12 +194,9 @@ def _structured(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
 
 
 def _speculative(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
-    import json
-
     import torch
 
     from ..llm import load
-    from ..model import load_model
     from . import speculative as spec
 
     torch.set_num_threads(args.threads)
@@ -234,22 +231,12 @@ def _speculative(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
     for batch in args.batch_sizes:
         rows += spec.measure(llm, prompt, batch, args.new_tokens, args.rounds, variants, progress,
                                 clock=time.process_time if args.clock == "cpu" else time.perf_counter)
-    print(f"{label}, greedy, {args.new_tokens} new tokens, {args.threads} threads, best of {args.rounds} rounds, "
-          f"{args.clock} clock:")
-    print(spec.table(rows))
-    out = Path(args.out).with_suffix(".json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": label, "threads": args.threads, "new_tokens": args.new_tokens,
-                               "prompt_tokens": len(prompt), "rows": rows}, indent=1))
-    progress(f"wrote {out}")
-    return 0
+    return _speculative_report(args, label, prompt, rows, progress)
 
 
 def _speculative_tail(args: argparse.Namespace, llm, path, dtype, label: str, progress) -> int:  # noqa: ANN001
     """The speedup-versus-acceptance curve: a draft made of the target's first --draft-layers blocks, the target's
     later blocks scaled by each --target-tail-scale factor (bench/speculative.py, TailScale)."""
-    import json
-
     from . import speculative as spec
 
     try:
@@ -281,14 +268,24 @@ def _speculative_tail(args: argparse.Namespace, llm, path, dtype, label: str, pr
                     row["variant"] = f"plain, tail x{eps:g}"
             rows += got
     tail.set(1.0)
+    return _speculative_report(args, label, prompt, rows, progress, draft_layers=args.draft_layers,
+                               draft_quantize=args.draft_quantize)
+
+
+def _speculative_report(args: argparse.Namespace, label: str, prompt: list[int], rows: list[dict], progress,  # noqa: ANN001
+                        **extra) -> int:
+    """The speculative bench's table on stdout and its JSON at --out."""
+    import json
+
+    from . import speculative as spec
+
     print(f"{label}, greedy, {args.new_tokens} new tokens, {args.threads} threads, best of {args.rounds} rounds, "
           f"{args.clock} clock:")
     print(spec.table(rows))
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": label, "threads": args.threads, "new_tokens": args.new_tokens,
-                               "prompt_tokens": len(prompt), "draft_layers": args.draft_layers,
-                               "draft_quantize": args.draft_quantize, "rows": rows}, indent=1))
+                               "prompt_tokens": len(prompt), **extra, "rows": rows}, indent=1))
     progress(f"wrote {out}")
     return 0
 

@@ -7,6 +7,8 @@ native kernel widens them to float32 in registers and accumulates in float32.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -43,17 +45,10 @@ def quantize_int8(model: Transformer) -> Transformer:
     """Replace the model's linear layers (and embedding) with int8 weight-only versions, in place."""
     dtype = model.dtype
     tied = model.lm_head.weight is model.embed.weight
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, Linear):
-                setattr(module, name, Int8Linear.from_linear(child))
+    _replace_linears(model, Int8Linear.from_linear)
     table = model.lm_head if tied else Int8Linear.from_linear(_as_linear(model.embed.weight))
     model.embed = Int8Embedding(table, dtype)
-    model.quantization = "int8"
-    release_freed_memory()  # the float weights just replaced
-    repack(model)  # the int8 weights onto huge pages too (memory.py), like the loader's float ones
-    release_freed_memory()
-    return model
+    return _finish(model, "int8")
 
 
 @torch.no_grad()
@@ -67,16 +62,9 @@ def quantize_int4(model: Transformer) -> Transformer:
     head = Int8Linear.from_linear(model.lm_head)
     table = head if tied else Int8Linear.from_linear(_as_linear(model.embed.weight))
     model.lm_head = head
-    for module in list(model.layers.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, Linear):
-                setattr(module, name, Int4Linear.from_linear(child))
+    _replace_linears(model.layers, Int4Linear.from_linear)
     model.embed = Int8Embedding(table, dtype)
-    model.quantization = "int4"
-    release_freed_memory()
-    repack(model)
-    release_freed_memory()
-    return model
+    return _finish(model, "int4")
 
 
 @torch.no_grad()
@@ -85,17 +73,26 @@ def quantize_bf16(model: Transformer) -> Transformer:
     bf16 weights (shared, not copied, when they are bf16 already) and the remaining parameters (norms) become
     float32, so the activations are float32."""
     tied = model.lm_head.weight is model.embed.weight
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, Linear):
-                setattr(module, name, BF16Linear.from_linear(child))
+    _replace_linears(model, BF16Linear.from_linear)
     table = model.lm_head if tied else BF16Linear.from_linear(_as_linear(model.embed.weight))
     model.embed = BF16Embedding(table)
     for p in model.parameters():  # buffers (the bf16 weights) stay as they are
         p.data = p.data.float()
-    model.quantization = "bf16"
-    release_freed_memory()
-    repack(model)
+    return _finish(model, "bf16")
+
+
+def _replace_linears(root: nn.Module, make: Callable[[Linear], nn.Module]) -> None:
+    """Every `Linear` under root (not KeptLinear: routers stay float) replaced by make(it), in place."""
+    for module in list(root.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, Linear):
+                setattr(module, name, make(child))
+
+
+def _finish(model: Transformer, kind: str) -> Transformer:
+    model.quantization = kind
+    release_freed_memory()  # the float weights just replaced
+    repack(model)  # the new weights onto huge pages too (memory.py), like the loader's float ones
     release_freed_memory()
     return model
 
