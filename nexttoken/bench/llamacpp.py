@@ -2,9 +2,11 @@
 
 Nothing here builds llama.cpp or converts checkpoints (docs/performance.md says how). Given a built `llama-bench`
 (--llama-bench PATH or $NEXTTOKEN_LLAMA_BENCH) and a folder of GGUF files named `{shape}-{type}.gguf` (type f32,
-bf16, q8_0, q4_0), the matrix runs each one right after its own engines of that shape, with the same prompt
-length, new tokens and threads: prompt processing (pp) and token generation (tg) at batch 1, as llama-bench
-measures them (wall clock: its figures are comparable only in wall-clock runs).
+bf16, q8_0, q4_0), the matrix runs each one once after every round of its own engines of that shape (Peer), with
+the same prompt length, new tokens and threads: prompt processing (pp) and token generation (tg) at batch 1, as
+llama-bench measures them (wall clock: its figures are comparable only in wall-clock runs). Batch sizes above 1 come from
+`llama-batched-bench` beside llama-bench (the same build's tool for B parallel sequences decoding together): its
+token-generation rate with -npl B, each sequence with its own prompt, as the matrix's batch-B rows have.
 """
 
 from __future__ import annotations
@@ -44,17 +46,75 @@ def run(binary: Path, gguf: Path, prompt_len: int, new_tokens: int, threads: int
     return parse(done.stdout)
 
 
-def peer_rows(binary: Path, gguf_dir: Path, shape: str, prompt_len: int, new_tokens: int, threads: int,
-              rounds: int, progress) -> list[dict]:  # noqa: ANN001
-    """One row per GGUF type found for the shape: precision, prefill ms and decode tok/s at batch 1."""
-    rows = []
-    for kind in GGUF_TYPES:
-        gguf = gguf_dir / f"{shape}-{kind}.gguf"
-        if not gguf.is_file():
-            continue
-        progress(f"llama.cpp {kind} ({gguf.name}) ...")
-        r = run(binary, gguf, prompt_len, new_tokens, threads, rounds)
-        rows.append({"engine": f"llama.cpp {kind}", "precision": f"{kind} (llama.cpp)", "batch": 1,
-                     "decode_tok_s": r.get("decode_tok_s"),
-                     "prefill_ms": 1e3 * prompt_len / r["prefill_tok_s"] if r.get("prefill_tok_s") else None})
-    return rows
+def parse_batched(output: str) -> dict[int, float]:
+    """llama-batched-bench's `--output-format jsonl` lines -> {parallel sequences: token-generation tok/s}."""
+    out = {}
+    for line in output.splitlines():
+        line = line.strip()
+        if line.startswith("{") and '"speed_tg"' in line:
+            test = json.loads(line)
+            out[int(test["pl"])] = float(test["speed_tg"])
+    return out
+
+
+def batched_bench_beside(binary: Path) -> Path | None:
+    """The llama-batched-bench built beside llama-bench, or None."""
+    path = binary.parent / "llama-batched-bench"
+    return path if path.is_file() else None
+
+
+def run_batched(binary: Path, gguf: Path, prompt_len: int, new_tokens: int, threads: int, batch: int) -> float:
+    """llama-batched-bench's decode tok/s for `batch` sequences, each with its own prompt of prompt_len tokens (not
+    shared), generated together (-npl batch): one run."""
+    ctx = batch * (prompt_len + new_tokens) + 16
+    cmd = [str(binary), "-m", str(gguf), "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", str(prompt_len),
+           "-ntg", str(new_tokens), "-npl", str(batch), "-t", str(threads), "--output-format", "jsonl"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
+    return parse_batched(done.stdout + done.stderr)[batch]
+
+
+class Peer:
+    """llama.cpp on one shape's GGUF files, measured a round at a time so that its rounds interleave with the
+    engines' (runner.run's between_rounds): on a shared machine, load that comes and goes then skews both sides
+    alike instead of whichever ran during it."""
+
+    def __init__(self, binary: Path, gguf_dir: Path, shape: str, prompt_len: int, new_tokens: int, threads: int,
+                 batch_sizes: list[int], progress) -> None:  # noqa: ANN001
+        self.binary, self.batched = binary, batched_bench_beside(binary)
+        self.ggufs = {k: gguf_dir / f"{shape}-{k}.gguf" for k in GGUF_TYPES if (gguf_dir / f"{shape}-{k}.gguf").is_file()}
+        self.prompt_len, self.new_tokens, self.threads, self.progress = prompt_len, new_tokens, threads, progress
+        self.batch_sizes = [b for b in batch_sizes if b == 1 or self.batched is not None]
+        self.prefill: dict[str, list[float]] = {k: [] for k in self.ggufs}  # tok/s per round
+        self.decode: dict[tuple[str, int], list[float]] = {(k, b): [] for k in self.ggufs for b in self.batch_sizes}
+
+    def measure_round(self, r: int) -> None:
+        for kind, gguf in self.ggufs.items():
+            for b in self.batch_sizes:
+                if b == 1:
+                    got = run(self.binary, gguf, self.prompt_len, self.new_tokens, self.threads, 1)
+                    if "prefill_tok_s" in got:
+                        self.prefill[kind].append(got["prefill_tok_s"])
+                    rate = got.get("decode_tok_s")
+                else:
+                    rate = run_batched(self.batched, gguf, self.prompt_len, self.new_tokens, self.threads, b)
+                if rate is not None:
+                    self.decode[(kind, b)].append(rate)
+                self.progress(f"round {r + 1} batch {b} llama.cpp {kind}: decode {rate or 0:.1f} tok/s")
+
+    def rows(self) -> list[dict]:
+        """Per GGUF type: a batch-1 row (prefill ms, decode tok/s: llama-bench) and a row per larger batch
+        (decode tok/s: llama-batched-bench), medians of the rounds."""
+        rows = []
+        for kind in self.ggufs:
+            pre = _median(self.prefill[kind])
+            for b in self.batch_sizes:
+                rows.append({"engine": f"llama.cpp {kind}", "precision": f"{kind} (llama.cpp)", "batch": b,
+                             "decode_tok_s": _median(self.decode[(kind, b)]),
+                             "prefill_ms": 1e3 * self.prompt_len / pre if b == 1 and pre else None})
+        return rows
+
+
+def _median(xs: list[float]) -> float | None:
+    return sorted(xs)[len(xs) // 2] if xs else None

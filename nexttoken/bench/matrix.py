@@ -27,7 +27,8 @@ def run_matrix(shapes: list[str], precisions: list[str], base: dict, cache_dir: 
                gguf_dir: Path | None = None) -> dict:
     """One summary per shape (report.summarize's), every precision and the peer measured in the same run.
     `base`: the Workload fields shared by all shapes (prompt_len, new_tokens, batch_sizes, rounds, ...).
-    With `llama_bench` and `gguf_dir`, llama.cpp's rows for the shape's GGUF files follow its engines (llamacpp.py)."""
+    With `llama_bench` and `gguf_dir`, llama.cpp runs on the shape's GGUF files after every round of its engines
+    (llamacpp.Peer), and its rows (medians of those rounds) follow theirs."""
     summaries = []
     for shape in shapes:
         dtype = SHAPES[shape][1]
@@ -36,15 +37,18 @@ def run_matrix(shapes: list[str], precisions: list[str], base: dict, cache_dir: 
         engines = ["nexttoken" if p == "none" else f"nexttoken+{p}" for p in precisions]
         engines += ["transformers"] if with_transformers else []
         workload = Workload(path, shape, dtype, engines=engines, **base)
-        summary = summarize(run(workload, progress), workload)
+        peer = None
+        if llama_bench is not None and gguf_dir is not None:
+            peer = llamacpp.Peer(llama_bench, gguf_dir, shape, base["prompt_len"], base["new_tokens"],
+                                 base["threads"], base["batch_sizes"], progress)
+        summary = summarize(run(workload, progress, peer.measure_round if peer else None), workload)
         cfg = ModelConfig.from_dir(path)
         params, _ = linear_params(cfg)
         for row in summary["rows"]:
             row["precision"] = precision_label(row["engine"], dtype)
             row["bits_per_weight"] = 8 * _linear_bytes(cfg, row["engine"], dtype) / params
-        if llama_bench is not None and gguf_dir is not None:
-            summary["llama_cpp"] = llamacpp.peer_rows(llama_bench, gguf_dir, shape, base["prompt_len"],
-                                                      base["new_tokens"], base["threads"], base["rounds"], progress)
+        if peer is not None:
+            summary["llama_cpp"] = peer.rows()
         summaries.append(summary)
     return {"shapes": summaries, "llama_cpp": str(llama_bench) if llama_bench else None}
 
@@ -76,10 +80,14 @@ def matrix_table(report: dict) -> str:
                 f"{_f(eight and eight['decode_tok_s'], '.1f')} | {_pct(eight and eight['share_of_bandwidth_bound'])} | "
                 f"{_f(one and one['vs_transformers'], '.2f')} |")
         peer = next((r for r in rows if r["engine"] == "transformers" and r["batch"] == 1), None)
-        for r in s.get("llama_cpp", []):
-            vs = r["decode_tok_s"] / peer["decode_tok_s"] if peer and r["decode_tok_s"] else None
-            lines.append(f"| {s['model']} | {r['precision']} | - | {_f(r['prefill_ms'], '.0f')} | - | "
-                         f"{_f(r['decode_tok_s'], '.1f')} | - | - | - | {_f(vs, '.2f')} |")
+        peer_rows = s.get("llama_cpp", [])
+        for engine in dict.fromkeys(r["engine"] for r in peer_rows):
+            by_batch = {r["batch"]: r for r in peer_rows if r["engine"] == engine}
+            one, eight = by_batch.get(1), by_batch.get(8)
+            vs = one["decode_tok_s"] / peer["decode_tok_s"] if peer and one and one["decode_tok_s"] else None
+            lines.append(f"| {s['model']} | {one['precision']} | - | {_f(one['prefill_ms'], '.0f')} | - | "
+                         f"{_f(one['decode_tok_s'], '.1f')} | - | {_f(eight and eight['decode_tok_s'], '.1f')} | - | "
+                         f"{_f(vs, '.2f')} |")
     m = report["shapes"][0]
     mach = m["machine"]
     lines.append(
@@ -88,7 +96,8 @@ def matrix_table(report: dict) -> str:
         f"{mach['bandwidth_gbs_median']:.1f} GB/s, matmul peak fp32 {mach['matmul_gflops']['float32']:.0f} / bf16 "
         f"{mach['matmul_gflops']['bfloat16']:.0f} GFLOP/s; 1-min load average {mach['load_average'][0]:.1f} -> "
         f"{mach['load_average'][1]:.1f}. " + (
-            f"llama.cpp: its llama-bench ({report['llama_cpp']}) right after each size's engines, batch 1, wall clock."
+            f"llama.cpp: its llama-bench ({report['llama_cpp']}, batch 1) and llama-batched-bench beside it (larger "
+            f"batches), one run after every round of the engines, wall clock, medians."
             if report.get("llama_cpp") else
             "llama.cpp not run: pass --llama-bench PATH (or set NEXTTOKEN_LLAMA_BENCH) and --gguf-dir DIR."))
     return "\n".join(lines)

@@ -67,7 +67,9 @@ def peak_memory(w: Workload, engine: str, batch: int, vocab: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run(w: Workload, progress: Callable[[str], None]) -> dict:
+def run(w: Workload, progress: Callable[[str], None], between_rounds: Callable[[int], None] | None = None) -> dict:
+    """Every engine on every batch size, round by round; `between_rounds(r)` (a peer measured outside this process,
+    e.g. llama.cpp) runs after round r's engines, so its rounds interleave with theirs."""
     torch.set_num_threads(w.threads)
     clock = CLOCKS[w.clock]
     progress(f"measuring the machine ({w.threads} threads): memory bandwidth, matmul peak ...")
@@ -98,6 +100,8 @@ def run(w: Workload, progress: Callable[[str], None]) -> dict:
                 measure_round(engine, prompts[b], w.new_tokens, m, w.clock)
                 tps = f"{m.decode_tps[-1]:.1f} tok/s" if m.decode_tps else "-"
                 progress(f"round {r + 1}/{w.rounds} batch {b} {name}: prefill {m.prefill_s[-1] * 1e3:.0f} ms, decode {tps}")
+        if between_rounds is not None:
+            between_rounds(r)
         machine["bandwidth_gbs"].append(memory_bandwidth(clock=clock))
     machine["load_average_end"] = os.getloadavg()[0]
     cfg = engines[w.engines[0]].model.config

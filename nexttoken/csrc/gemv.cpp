@@ -19,13 +19,14 @@
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 
+#include "rows.h"
+
 // Software prefetch distance for products with 2+ activation rows: each weight byte then costs several FMAs, and
 // the hardware prefetcher alone let an 8-row product over a 98 MB LM head stream at 14 GB/s (23 GB/s with it).
 // At one row it changes nothing measurable, so it is not issued there.
 static const size_t PF_BYTES = 4096;
 
 enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2, W_I4 = 3 };  // W_I4: int4.cpp's grouped 4-bit layout, float16 scales
-enum { OUT_F32 = 0, OUT_BF16 = 1 };
 
 template <int KIND>
 TARGET static inline __m512 load_w(const void* w, int64_t k, __mmask16 m) {
@@ -51,7 +52,7 @@ static inline size_t elem_size(int kind) { return kind == W_F32 ? 4 : kind == W_
 // R weight rows x M activation rows of partial sums live in R*M zmm registers. The weight type is a template
 // parameter: a runtime branch in the inner loop made the compiler spill the accumulators every iteration.
 template <int KIND, int M, int R>
-TARGET static void tile(const void* W, const float* x, int64_t K, int64_t n0, float* acc_out) {
+TARGET static void tile(const void* W, const float* x, int64_t K, int64_t n0, __m512* acc_out) {
   __m512 acc[R][M];
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
@@ -74,50 +75,14 @@ TARGET static void tile(const void* W, const float* x, int64_t K, int64_t n0, fl
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int m = 0; m < M; ++m) acc_out[r * M + m] = _mm512_reduce_add_ps(acc[r][m]);
-}
-
-// Output rows in groups of R (a last, shorter group row by row), split over the OpenMP threads when the product
-// is large enough. full(n0, sums) fills the R x M partial sums of rows n0.., one(n, sums) the M of row n; each sum
-// is then scaled (per activation row, then per output row, where given), biased and stored.
-template <int M, int R, typename Full, typename One>
-static inline void over_rows(Full full, One one, int64_t N, int64_t K, const float* xscale, const float* scale,
-                             const float* bias, void* y, int out_kind) {
-  const int64_t groups = N / R;
-  // Small products stay on one thread: waking the pool costs more than their few microseconds of work.
-  const bool parallel = (double)N * (double)K * (double)(M + 3) >= (double)(1 << 19);
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t g = 0; g <= groups; ++g) {
-    float sums[R * M];
-    const int64_t n0 = g * R;
-    const int rows = g < groups ? R : (int)(N - n0);
-    if (rows == 0) continue;
-    if (rows == R) {
-      full(n0, sums);
-    } else {
-      for (int r = 0; r < rows; ++r) one(n0 + r, sums + r * M);
-    }
-    for (int r = 0; r < rows; ++r) {
-      const int64_t n = n0 + r;
-      for (int m = 0; m < M; ++m) {
-        float v = sums[r * M + m];
-        if (xscale) v *= xscale[m];
-        if (scale) v *= scale[n];
-        if (bias) v += bias[n];
-        if (out_kind == OUT_F32)
-          ((float*)y)[(size_t)m * N + n] = v;
-        else
-          ((uint16_t*)y)[(size_t)m * N + n] = f32_to_bf16(v);
-      }
-    }
-  }
+    for (int m = 0; m < M; ++m) acc_out[r * M + m] = acc[r][m];
 }
 
 template <int KIND, int M, int R>
 TARGET static void run(const void* W, const float* x, const float* bias, const float* scale, int64_t N,
                        int64_t K, void* y, int out_kind) {
-  over_rows<M, R>([&](int64_t n0, float* sums) { tile<KIND, M, R>(W, x, K, n0, sums); },
-                  [&](int64_t n, float* sums) { tile<KIND, M, 1>(W, x, K, n, sums); }, N, K, nullptr, scale, bias,
+  over_rows<M, R>([&](int64_t n0, __m512* v) { tile<KIND, M, R>(W, x, K, n0, v); },
+                  [&](int64_t n, __m512* v) { tile<KIND, M, 1>(W, x, K, n, v); }, N, K, nullptr, scale, bias,
                   y, out_kind);
 }
 
@@ -129,35 +94,45 @@ TARGET static void run(const void* W, const float* x, const float* bias, const f
 #define TARGET_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")))
 
 template <int M, int R>
-TARGET_VNNI static void tile_i8(const int8_t* W, const int16_t* xq, int64_t Kp, int64_t K, int64_t n0, float* out) {
-  __m512i acc[R][M];
+TARGET_VNNI static void tile_i8(const int8_t* W, const int16_t* xq, int64_t Kp, int64_t K, int64_t n0, __m512* out) {
   __m512 accf[R][M];
   for (int r = 0; r < R; ++r)
-    for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_si512(), accf[r][m] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < Kp; k += 32) {
-    const int64_t left = K - k;
-    const __mmask32 mask = left >= 32 ? 0xffffffffu : (__mmask32)((1ull << left) - 1u);
-    __m512i xv[M];
-    for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_si512((const void*)(xq + (size_t)m * Kp + k));
-    for (int r = 0; r < R; ++r) {
-      __m512i w = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask, W + (size_t)(n0 + r) * K + k));
-      for (int m = 0; m < M; ++m) acc[r][m] = _mm512_dpwssd_epi32(acc[r][m], w, xv[m]);
+    for (int m = 0; m < M; ++m) accf[r][m] = _mm512_setzero_ps();
+  for (int64_t k0 = 0; k0 < Kp; k0 += 256) {  // int32 sums moved to float32 every 256 columns
+    const int64_t k1 = k0 + 256 < Kp ? k0 + 256 : Kp;
+    __m512i acc[R][M];
+    for (int r = 0; r < R; ++r)
+      for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_si512();
+    int64_t k = k0;
+    for (; k + 32 <= k1 && k + 32 <= K; k += 32) {  // whole 32-column chunks: no masks
+      __m512i xv[M];
+      for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_si512((const void*)(xq + (size_t)m * Kp + k));
+      for (int r = 0; r < R; ++r) {
+        const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(W + (size_t)(n0 + r) * K + k)));
+        for (int m = 0; m < M; ++m) acc[r][m] = _mm512_dpwssd_epi32(acc[r][m], w, xv[m]);
+      }
     }
-    if ((k & 255) == 224 || k + 32 >= Kp) {
-      for (int r = 0; r < R; ++r)
-        for (int m = 0; m < M; ++m)
-          accf[r][m] = _mm512_add_ps(accf[r][m], _mm512_cvtepi32_ps(acc[r][m])), acc[r][m] = _mm512_setzero_si512();
+    if (k < k1) {  // the row's last columns (K not a multiple of 32): weights past K are not read
+      const __mmask32 mask = (__mmask32)((1ull << (K - k)) - 1u);
+      __m512i xv[M];
+      for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_si512((const void*)(xq + (size_t)m * Kp + k));
+      for (int r = 0; r < R; ++r) {
+        const __m512i w = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask, W + (size_t)(n0 + r) * K + k));
+        for (int m = 0; m < M; ++m) acc[r][m] = _mm512_dpwssd_epi32(acc[r][m], w, xv[m]);
+      }
     }
+    for (int r = 0; r < R; ++r)
+      for (int m = 0; m < M; ++m) accf[r][m] = _mm512_add_ps(accf[r][m], _mm512_cvtepi32_ps(acc[r][m]));
   }
   for (int r = 0; r < R; ++r)
-    for (int m = 0; m < M; ++m) out[r * M + m] = _mm512_reduce_add_ps(accf[r][m]);
+    for (int m = 0; m < M; ++m) out[r * M + m] = accf[r][m];
 }
 
 template <int M, int R>
 TARGET_VNNI static void run_i8(const int8_t* W, const int16_t* xq, const float* xscale, const float* bias,
                                const float* scale, int64_t N, int64_t K, int64_t Kp, void* y, int out_kind) {
-  over_rows<M, R>([&](int64_t n0, float* sums) { tile_i8<M, R>(W, xq, Kp, K, n0, sums); },
-                  [&](int64_t n, float* sums) { tile_i8<M, 1>(W, xq, Kp, K, n, sums); }, N, K, xscale, scale, bias,
+  over_rows<M, R>([&](int64_t n0, __m512* v) { tile_i8<M, R>(W, xq, Kp, K, n0, v); },
+                  [&](int64_t n, __m512* v) { tile_i8<M, 1>(W, xq, Kp, K, n, v); }, N, K, xscale, scale, bias,
                   y, out_kind);
 }
 
@@ -167,9 +142,9 @@ typedef void (*kernel_i8_fn)(const int8_t*, const int16_t*, const float*, const 
 static kernel_i8_fn pick_i8(int M) {
   switch (M) {
     case 1: return run_i8<1, 8>;
-    case 2: return run_i8<2, 6>;
+    case 2: return run_i8<2, 4>;
     case 3: return run_i8<3, 4>;
-    case 4: return run_i8<4, 3>;
+    case 4: return run_i8<4, 2>;
     case 5: return run_i8<5, 1>;
     case 6: return run_i8<6, 1>;
     case 7: return run_i8<7, 1>;
@@ -209,7 +184,7 @@ static kernel_fn pick_kind(int M, int64_t K) {
   const bool one = M <= 2 ? K <= 2048 : K <= 1024;
   switch (M) {
     case 1: return one ? run<KIND, 1, 1> : run<KIND, 1, 8>;
-    case 2: return one ? run<KIND, 2, 1> : run<KIND, 2, 6>;
+    case 2: return one ? run<KIND, 2, 1> : run<KIND, 2, 8>;
     case 3: return one ? run<KIND, 3, 1> : run<KIND, 3, 4>;
     case 4: return one ? run<KIND, 4, 1> : run<KIND, 4, 4>;
     case 5: return one ? run<KIND, 5, 1> : run<KIND, 5, 2>;

@@ -21,19 +21,13 @@
 #include <string.h>
 
 #define TARGET_I4 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+
+#include "rows.h"
 
 namespace {
 
-enum { OUT_F32 = 0, OUT_BF16 = 1 };
 const int64_t CHUNK = 128;  // columns per 64 packed bytes (four groups)
-
-inline uint16_t to_bf16(float f) {  // round to nearest even; NaN stays NaN
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
 
 // The chunk column kept in nibble `h` (0 low, 1 high) of byte b (0..63). Word w = b / 2 of the chunk becomes
 // element w of weight vector j = 2 * (b % 2) + h (its bits 4j..4j+3), summed into int32 lane i = w / 2; lane i
@@ -46,10 +40,10 @@ inline int64_t column_of(int64_t b, int64_t h) {
 // R weight rows x M activation rows: out[r * M + m] = sum over groups of scale * (q . xq), xq's own scale not
 // applied. xq: (M, Kp) int16, chunk c's 128 values as four vectors X_j (element w = the column of vector j's
 // element w); xneg: (M, Kp/32) -8 * (sum of xq over the group), the correction for storing q + 8.
-// A (1 or 2) accumulators per pair, alternating chunks, to shorten the FMA chains.
+// A accumulators per pair, alternating chunks, to shorten the FMA chains.
 template <int M, int R, int A>
 TARGET_I4 void tile(const uint8_t* W, const uint16_t* S, const int16_t* xq, const float* xneg, int64_t Kp,
-                    int64_t n0, float* out) {
+                    int64_t n0, __m512* out) {
   __m512 acc[R][M][A];
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < M; ++m)
@@ -99,39 +93,19 @@ TARGET_I4 void tile(const uint8_t* W, const uint16_t* S, const int16_t* xq, cons
     for (int m = 0; m < M; ++m) {
       __m512 t = acc[r][m][0];
       for (int a = 1; a < A; ++a) t = _mm512_add_ps(t, acc[r][m][a]);
-      out[r * M + m] = _mm512_reduce_add_ps(t);
+      out[r * M + m] = t;
     }
 }
 
-// Output rows in groups of R (the last few one by one), split over the OpenMP threads when large enough; each
-// sum is scaled by its activation row's scale, biased, and stored as float32 or bfloat16.
+// Output rows in blocks of 16 (rows.h), each sum scaled by its activation row's scale, biased, stored as float32
+// or bfloat16.
 template <int M, int R>
 TARGET_I4 void run(const uint8_t* W, const uint16_t* S, const int16_t* xq, const float* xneg, const float* xscale,
                    const float* bias, int64_t N, int64_t Kp, void* y, int out_kind) {
-  constexpr int A = M * R <= 2 ? 2 : 1;
-  const int64_t blocks = N / R;
-  const bool parallel = (double)N * (double)Kp * (double)(M + 3) >= (double)(1 << 20);
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t b = 0; b <= blocks; ++b) {
-    float sums[R * M];
-    const int64_t n0 = b * R;
-    const int rows = b < blocks ? R : (int)(N - n0);
-    if (rows == 0) continue;
-    if (rows == R)
-      tile<M, R, A>(W, S, xq, xneg, Kp, n0, sums);
-    else
-      for (int r = 0; r < rows; ++r) tile<M, 1, A>(W, S, xq, xneg, Kp, n0 + r, sums + r * M);
-    for (int r = 0; r < rows; ++r)
-      for (int m = 0; m < M; ++m) {
-        const int64_t n = n0 + r;
-        float v = sums[r * M + m] * xscale[m];
-        if (bias) v += bias[n];
-        if (out_kind == OUT_F32)
-          ((float*)y)[(size_t)m * N + n] = v;
-        else
-          ((uint16_t*)y)[(size_t)m * N + n] = to_bf16(v);
-      }
-  }
+  constexpr int A = 2;  // for every M: a row's sums are then the same whatever rows share the call
+  over_rows<M, R>([&](int64_t n0, __m512* v) { tile<M, R, A>(W, S, xq, xneg, Kp, n0, v); },
+                  [&](int64_t n, __m512* v) { tile<M, 1, A>(W, S, xq, xneg, Kp, n, v); }, N, Kp, xscale, nullptr,
+                  bias, y, out_kind);
 }
 
 typedef void (*kernel_fn)(const uint8_t*, const uint16_t*, const int16_t*, const float*, const float*,

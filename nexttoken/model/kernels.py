@@ -25,6 +25,7 @@ import torch
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 SOURCES = (CSRC / "gemv.cpp", CSRC / "decode.cpp", CSRC / "int4.cpp")  # one library
+HEADERS = (CSRC / "rows.h",)  # included by the sources: part of the cache key
 MAX_ROWS = 16  # activation rows per call; beyond that torch's GEMM is the faster choice
 _W_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 _OUT_KIND = {torch.float32: 0, torch.bfloat16: 1}
@@ -49,10 +50,10 @@ def build(verbose: bool = False) -> Path | None:
 
 def _build() -> tuple[Path | None, str]:
     """(the library's path, "") or (None, why not)."""
-    missing = [str(f) for f in SOURCES if not f.is_file()]
+    missing = [str(f) for f in SOURCES + HEADERS if not f.is_file()]
     if missing:
         return None, f"sources missing: {missing}"
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES)).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES + HEADERS)).hexdigest()[:16]
     target = _cache_dir() / f"libnt_gemv_{digest}.so"
     if target.is_file():
         return target, ""
