@@ -26,6 +26,31 @@ def test_float32_matches_torch(M: int, N: int, K: int) -> None:
 
 
 @needs_kernel
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("N,K", [(37, 72), (300, 288), (40, 2100)])
+def test_a_row_gives_the_same_numbers_whatever_rows_share_the_call(kind: str, N: int, K: int) -> None:
+    """The engine's batch invariance rests on this: row m's outputs are bit-identical for every M (each row's sums
+    in the same order; rows reduced 16 at a time, whole blocks or the last partial one)."""
+    from nexttoken.model.int4 import Int4Linear
+    from nexttoken.model.linear import Int8Linear, Linear
+
+    gen = torch.Generator().manual_seed(N + K)
+    lin = Linear(K, N, bias=True)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(N, K, generator=gen) * 0.05)
+        lin.bias.copy_(torch.randn(N, generator=gen))
+    if kind == "bfloat16":
+        lin = lin.to(torch.bfloat16)
+    layer = {"int8": Int8Linear.from_linear, "int4": Int4Linear.from_linear}.get(kind, lambda m: m)(lin)
+    x = torch.randn(16, K, generator=gen).to(torch.bfloat16 if kind == "bfloat16" else torch.float32)
+    with torch.no_grad():
+        alone = torch.cat([layer(x[m : m + 1]) for m in range(16)])
+        for M in (2, 3, 5, 8, 11, 16):
+            together = torch.cat([layer(x[m0 : m0 + M]) for m0 in range(0, 16, M)])
+            assert torch.equal(together, alone), f"{kind}: rows differ when {M} share a call"
+
+
+@needs_kernel
 @pytest.mark.parametrize("M", [1, 4, 9])
 def test_bfloat16_accumulates_in_float32(M: int) -> None:
     gen = torch.Generator().manual_seed(M)

@@ -43,6 +43,7 @@ struct NtLayer {
 
 struct NtModel {
   int64_t n_layers, hidden, n_heads, n_kv_heads, head_dim, intermediate, vocab;
+  NtLinear embed;             // (V, C) token table: float32, bfloat16 or int8 rows (scale set); weight NULL: none
   int64_t cache_row_stride;   // Hkv * S * D
   int64_t cache_head_stride;  // S * D
   double eps;
@@ -224,6 +225,33 @@ int decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positions,
   return linear(m->lm_head, s.h.data(), B, m->vocab, C, logits);
 }
 
+// x (B, C) = the table's rows of ids, as float32: float32 copied, bfloat16 widened (exact), int8 times its row's
+// scale (rounded once), as the embedding modules compute them. Returns 1 for an id outside the table.
+int embed(const NtModel* m, const int64_t* ids, int64_t B, float* x) {
+  const int64_t C = m->hidden;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t id = ids[b];
+    if (id < 0 || id >= m->vocab) return 1;
+    float* row = x + b * C;
+    if (m->embed.kind == 0) {
+      memcpy(row, (const float*)m->embed.weight + id * C, C * sizeof(float));
+    } else if (m->embed.kind == 1) {
+      const uint16_t* w = (const uint16_t*)m->embed.weight + id * C;
+      for (int64_t c = 0; c < C; ++c) {
+        const uint32_t u = (uint32_t)w[c] << 16;
+        memcpy(row + c, &u, 4);
+      }
+    } else if (m->embed.kind == 2) {
+      const int8_t* w = (const int8_t*)m->embed.weight + id * C;
+      const float s = m->embed.scale[id];
+      for (int64_t c = 0; c < C; ++c) row[c] = (float)w[c] * s;
+    } else {
+      return 1;
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 extern "C" {
@@ -236,6 +264,17 @@ int nt_decode_step(const NtModel* m, float* x, int64_t B, const int64_t* positio
   std::vector<int64_t> slots(B), kv_lens(B, kv_len);
   for (int64_t b = 0; b < B; ++b) slots[b] = b;
   return decode_rows(m, x, B, positions, slots.data(), kv_lens.data(), logits);
+}
+
+// nt_decode_step from token ids (B,) instead of embeddings: the model's table (m->embed) is read here, so a step
+// of a small model costs Python no embedding operations.
+int nt_decode_step_ids(const NtModel* m, const int64_t* ids, int64_t B, const int64_t* positions, int64_t col,
+                       int64_t kv_len, float* logits) {
+  if (!m->embed.weight) return 1;
+  thread_local std::vector<float> x;
+  Scratch::grow(x, B * m->hidden);
+  if (embed(m, ids, B, x.data())) return 1;
+  return nt_decode_step(m, x.data(), B, positions, col, kv_len, logits);
 }
 
 // The engine's step: row b's K/V live in cache row slots[b], kv_lens[b] columns long after this token.

@@ -66,6 +66,10 @@ class DecodeState:
     cache: KVCache
     cached: int = 0  # columns whose K/V are already in the cache
     prompt_logprobs: torch.Tensor | None = None  # (B, P) when asked: log p(token | previous), NaN where undefined
+    # Python-side facts that spare the loop a tensor operation (and a read-back) every step: no column holds
+    # padding (generated columns never do, so this holds for the whole call), and some row has stopped.
+    padding_free: bool = False
+    some_stopped: bool = False
 
     @classmethod
     def start(cls, plan: DecodePlan, model: Transformer) -> "DecodeState":
@@ -78,11 +82,13 @@ class DecodeState:
         next_position = plan.attention_mask.sum(dim=1, keepdim=True)  # real tokens so far = next position
         unfinished = torch.ones(B, dtype=torch.bool, device=tokens.device)
         if plan.past is None:
-            return cls(tokens, key_valid, next_position, P, unfinished, model.new_cache(B, total))
+            return cls(tokens, key_valid, next_position, P, unfinished, model.new_cache(B, total),
+                       padding_free=bool(key_valid.all()))
         C = check_continuation(plan.past, plan.input_ids)
         key_valid[:, :C] = plan.past.key_valid
         next_position = key_valid[:, :P].sum(dim=1, keepdim=True)
-        return cls(tokens, key_valid, next_position, P, unfinished, plan.past.kv.extended(total), cached=C)
+        return cls(tokens, key_valid, next_position, P, unfinished, plan.past.kv.extended(total), cached=C,
+                   padding_free=bool(key_valid.all()))
 
     def prompt_positions(self) -> torch.Tensor:
         """(B, P) positions of the prompt tokens: left padding shifts each row so its first real token is 0."""
@@ -170,7 +176,8 @@ def forward_last(model: Transformer, state: DecodeState, plan: DecodePlan, slidi
     col = state.length - 1
     write_index = torch.full_like(state.next_position, col)
     batch = ForwardBatch.build(
-        state.next_position, write_index, state.key_valid, state.length, sliding_window, write_start=col
+        state.next_position, write_index, state.key_valid, state.length, sliding_window, write_start=col,
+        padding_free=state.padding_free,
     )
     state.next_position = state.next_position + 1
     state.cached = state.length
@@ -187,15 +194,19 @@ def decode_steps(model: Transformer, plan: DecodePlan) -> Iterator[StepOutput]:
     window = model.config.sliding_window
     logits = prefill(model, state, plan, window)
     for step in range(plan.max_new_tokens):
-        scores = plan.processors(state.ids, logits)
-        chosen = torch.where(state.unfinished, plan.sampler(scores), plan.pad_token_id)
+        scores = plan.processors(state.ids, logits) if plan.processors else logits
+        chosen = plan.sampler(scores)
+        if state.some_stopped:  # rows that stopped earlier get the pad id
+            chosen = torch.where(state.unfinished, chosen, plan.pad_token_id)
         state.append(chosen)
         finished = plan.stopping(state.ids, scores) & state.unfinished
-        state.unfinished = state.unfinished & ~finished
+        if plan.stopping:  # with no criteria nothing stops before max_new_tokens
+            state.unfinished = state.unfinished & ~finished
+            state.some_stopped = bool(finished.any()) or state.some_stopped
         out = StepOutput(chosen, logits, scores, finished, state.unfinished, state)
         for hook in plan.hooks:
             hook.after_step(state, out)
         yield out
-        if step + 1 == plan.max_new_tokens or not state.unfinished.any():
+        if step + 1 == plan.max_new_tokens or (state.some_stopped and not state.unfinished.any()):
             return
         logits = forward_last(model, state, plan, window)

@@ -66,7 +66,7 @@ class ProcessorChain:
             scores = p(input_ids, scores)
         return scores
 
-    def __len__(self) -> int:
+    def __len__(self) -> int:  # an empty chain is falsy: the decode loop then skips it
         return len(self.processors)
 
 

@@ -30,9 +30,11 @@ class ForwardBatch:
         sliding_window: int | None = None,
         write_start: int | None = None,
         last_only: bool = True,
+        padding_free: bool = False,
     ) -> "ForwardBatch":
-        """Masks from `key_valid` (B, >= kv_len): which cache columns hold real (non-padding) tokens."""
-        if _sees_everything(write_index, key_valid, kv_len, sliding_window, write_start):
+        """Masks from `key_valid` (B, >= kv_len): which cache columns hold real (non-padding) tokens.
+        `padding_free`: the caller knows every column is real (key_valid is then not read)."""
+        if _sees_everything(write_index, key_valid, kv_len, sliding_window, write_start, padding_free):
             # A plain decode step (one new token per row at the last column, no padding): every column is visible,
             # so no mask is built and attention runs unmasked (adding an all-zero mask changes nothing).
             return cls(positions, write_index, kv_len, None, None, write_start, last_only)
@@ -50,13 +52,14 @@ class ForwardBatch:
 
 
 def _sees_everything(
-    write_index: torch.Tensor, key_valid: torch.Tensor, kv_len: int, sliding_window: int | None, write_start: int | None
+    write_index: torch.Tensor, key_valid: torch.Tensor, kv_len: int, sliding_window: int | None, write_start: int | None,
+    padding_free: bool = False,
 ) -> bool:
-    # Only checked on CPU, where reading key_valid back costs a few microseconds, not a device sync.
+    # key_valid is only read on CPU, where reading it back costs a few microseconds, not a device sync.
     return (
         write_index.shape[1] == 1
         and write_start == kv_len - 1
         and (sliding_window is None or kv_len <= sliding_window)
         and key_valid.device.type == "cpu"
-        and bool(key_valid[:, :kv_len].all())
+        and (padding_free or bool(key_valid[:, :kv_len].all()))
     )

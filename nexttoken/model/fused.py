@@ -27,7 +27,7 @@ import torch
 from . import kernels
 from .batch import ForwardBatch
 from .cache import KVCache
-from .bf16 import BF16Linear
+from .bf16 import BF16Embedding, BF16Linear
 from .int4 import Int4Linear
 from .linear import Int8Linear, Linear
 
@@ -58,8 +58,9 @@ class _Layer(ctypes.Structure):
 
 class _Model(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in (
-        "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "intermediate", "vocab", "cache_row_stride",
-        "cache_head_stride")] + [("eps", ctypes.c_double), ("inv_freq", ctypes.c_void_p),
+        "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "intermediate", "vocab")] + [("embed", _Linear)] + [
+        (name, ctypes.c_int64) for name in ("cache_row_stride", "cache_head_stride")] + [
+        ("eps", ctypes.c_double), ("inv_freq", ctypes.c_void_p),
                                  ("final_norm", ctypes.c_void_p), ("lm_head", _Linear),
                                  ("layers", ctypes.POINTER(_Layer))]
 
@@ -82,11 +83,31 @@ def _linear(module: torch.nn.Module) -> _Linear | None:
                    None if bias is None else bias.data_ptr())
 
 
+def _embedding(module: torch.nn.Module, vocab: int) -> _Linear | None:
+    """The token table as the native step reads it (csrc/decode.cpp's embed: ids in [0, vocab)), or None: a
+    float32 nn.Embedding, bf16.BF16Embedding's bfloat16 rows or quant.Int8Embedding's int8 rows and scales (a
+    tensor-parallel rank's vocab-parallel table is looked up in Python)."""
+    from .quant import Int8Embedding  # here: quant.py imports the model, which imports this module
+
+    w = _table(module)
+    if not w.is_contiguous() or w.dim() != 2 or w.shape[0] < vocab:
+        return None
+    if type(module) is torch.nn.Embedding and w.dtype == torch.float32:
+        return _Linear(w.data_ptr(), 0, None, None)
+    if type(module) is BF16Embedding and w.dtype == torch.bfloat16:
+        return _Linear(w.data_ptr(), 1, None, None)
+    if type(module) is Int8Embedding and w.dtype == torch.int8 and module.dtype == torch.float32:
+        return _Linear(w.data_ptr(), 2, module.table.scale.data_ptr(), None)
+    return None
+
+
 def _key(model: torch.nn.Module, cache: KVCache) -> tuple:
     """What the native description depends on: the cache (shape too: a new cache of another length can be
     allocated where a freed one was) and every module and weight the step reads. Checked every step, so it reads
     the modules' own dicts (nn.Module attribute lookups and model.parameters() would cost ~0.1 ms a step)."""
     key = [cache.k.shape, cache.k.data_ptr(), cache.v.data_ptr(), model.inv_freq.data_ptr()]
+    embed = model._modules["embed"]
+    key += (id(embed), _table(embed).data_ptr())
     for m in (model._modules["norm"], model._modules["lm_head"]):
         key += (id(m), _weight(m).data_ptr())
     for block in model._modules["layers"]._modules.values():
@@ -102,6 +123,12 @@ def _weight(m: torch.nn.Module) -> torch.Tensor:
     m = _local(m)
     w = m._parameters.get("weight")
     return m._buffers["weight"] if w is None else w  # Int8Linear keeps its weight as a buffer
+
+
+def _table(embed: torch.nn.Module) -> torch.Tensor:
+    """The tensor an embedding module's rows live in (BF16Embedding / Int8Embedding: their shared table's)."""
+    table = embed._modules.get("table")
+    return _weight(table) if table is not None else _weight(embed)
 
 
 def _local(m: torch.nn.Module) -> torch.nn.Module:
@@ -145,10 +172,12 @@ class _Plan:
         _, _, Hkv, S, D = cache.k.shape
         vocab = model.parallel.shards.vocab_rows if sharded else cfg.vocab_size  # a rank: its rows of the head
         self.layers = (_Layer * len(layers))(*layers)  # kept alive with the plan
+        embed = None if sharded else _embedding(model.embed, vocab)
+        self.embeds = embed is not None  # the native step then reads the token table itself
         self.model = _Model(
             cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-            cfg.intermediate_size, vocab, Hkv * S * D, S * D, cfg.rms_norm_eps, model.inv_freq.data_ptr(),
-            model.norm.weight.data_ptr(), head, self.layers,
+            cfg.intermediate_size, vocab, embed or _Linear(None, 0, None, None), Hkv * S * D, S * D,
+            cfg.rms_norm_eps, model.inv_freq.data_ptr(), model.norm.weight.data_ptr(), head, self.layers,
         )
         self.ok = True
 
@@ -189,8 +218,16 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardB
     plan = _plan(model, cache)
     if not plan.ok:
         return None
-    x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
     positions = batch.positions.reshape(-1).to(torch.int64).contiguous()  # (B,)
+    if plan.embeds:  # the table read natively: no embedding operations here
+        ids = input_ids.reshape(-1).to(torch.int64).contiguous()  # (B,)
+        logits = torch.empty((ids.shape[0], model.config.vocab_size), dtype=torch.float32)
+        rc = kernels.library().nt_decode_step_ids(
+            ctypes.byref(plan.model), ids.data_ptr(), ids.shape[0], positions.data_ptr(), batch.write_start,
+            batch.kv_len, logits.data_ptr(),
+        )
+        return logits if rc == 0 else None
+    x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
     B = x.shape[0]
     if _sharded(model):
         slots = torch.arange(B, dtype=torch.int64)
