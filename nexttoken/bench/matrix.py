@@ -114,16 +114,19 @@ def plot_matrix(report: dict, path: Path) -> bool:
     except ImportError:
         return False
     shapes = report["shapes"]
-    fig, axes = plt.subplots(1, len(shapes), figsize=(4.5 * len(shapes), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4.5 * len(shapes), 4.6), squeeze=False)
     for ax, s in zip(axes[0], shapes):
         rows = [r for r in s["rows"] if r["batch"] == 1]
+        peers = [r for r in s.get("llama_cpp", []) if r["batch"] == 1]
         for i, r in enumerate(rows):
             ax.bar(i, r["decode_tok_s"] or 0, color=f"C{i}")
             ax.hlines(r["bandwidth_bound_tok_s"], i - 0.4, i + 0.4, colors="k", linestyles=":")
-        ax.set_xticks(range(len(rows)), [r["precision"].replace(" (", "\n(").replace(", ", ",\n") for r in rows],
-                      fontsize=7)
+        for j, r in enumerate(peers):  # llama.cpp's, hatched, after ours
+            ax.bar(len(rows) + j, r["decode_tok_s"] or 0, color="lightgrey", hatch="//", edgecolor="k")
+        labels = [r["precision"] for r in rows + peers]
+        ax.set_xticks(range(len(labels)), labels, fontsize=6, rotation=40, ha="right")
         ax.set_title(f"{s['model']} (prompt {s['prompt_len']}, {s['threads']} thread(s), {s['clock']} clock): decode "
-                     f"tok/s, batch 1\n(dotted: bandwidth bound)", fontsize=8)
+                     f"tok/s, batch 1\n(dotted: bandwidth bound; hatched: llama.cpp)", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
