@@ -22,9 +22,10 @@ PROMPTS = torch.tensor([[1, 5, 17, 33, 9, 60], [1, 40, 41, 42, 43, 44], [1, 90, 
 
 
 def fused_calls(monkeypatch) -> list[bool]:  # noqa: ANN001
-    """Whether each native step (generate's decode_step, the engine's decode_rows) ran; recorded as it returns."""
+    """Whether each native call (generate's decode_step and, for one greedy row, greedy_chain; the engine's
+    decode_rows) ran; recorded as it returns."""
     calls: list[bool] = []
-    for name in ("decode_step", "decode_rows"):
+    for name in ("decode_step", "greedy_chain", "decode_rows"):
         real = getattr(fused, name)
 
         def counting(*args, real=real):  # noqa: ANN002, ANN202

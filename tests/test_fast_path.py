@@ -169,3 +169,37 @@ def test_argmax_is_torch_argmax_including_ties_nan_and_inf() -> None:
     assert kernels.argmax(x).tolist() == x.argmax(-1).tolist() == [1, 0, 1, 0, 1]
     wide = torch.randn(4, 40, generator=gen)[:, ::2]  # not contiguous: torch's own argmax
     assert torch.equal(kernels.argmax(wide), wide.argmax(-1))
+
+
+@needs_kernel
+@pytest.mark.parametrize("quantize", [None, "int8", "int4", "bf16"])
+def test_greedy_chain_gives_the_step_by_step_tokens(quantize, tmp_path, monkeypatch) -> None:
+    """A plain greedy call of one row runs its steps natively, 16 per call (decode.greedy_chain); asking for each
+    step's scores makes the loop go step by step in Python. Both give the same tokens, and an EOS id stops both
+    at the same place, even in the middle of a chain."""
+    from nexttoken.model.quant import apply_quantization
+
+    save_variant("llama-gqa", tmp_path)
+    model = apply_quantization(load_model(tmp_path), quantize)
+    prompt = torch.tensor([PROMPTS[1]])
+    P = prompt.shape[1]
+    calls = []
+    chain = fused.greedy_chain
+    monkeypatch.setattr(fused, "greedy_chain", lambda *a: calls.append(a[5]) or chain(*a))
+    kwargs = dict(max_new_tokens=37, do_sample=False, pad_token_id=0)
+
+    def stepwise(eos):  # noqa: ANN001, ANN202
+        return generate(model, prompt, eos_token_id=eos, output_scores=True, return_dict_in_generate=True,
+                        **kwargs).sequences
+
+    chained = generate(model, prompt, eos_token_id=None, **kwargs)
+    assert calls == [16, 16, 4]  # the 36 steps after the first one
+    reference = stepwise(None)
+    assert len(calls) == 3  # the step-by-step call made none
+    assert torch.equal(chained, reference)
+    eos = int(reference[0, P + 20])  # first chosen at step 20 or earlier: inside the second chain at the latest
+    calls.clear()
+    stopped = generate(model, prompt, eos_token_id=eos, **kwargs)
+    first = int((reference[0, P:] == eos).nonzero()[0])
+    assert torch.equal(stopped, stepwise(eos)) and stopped.shape[1] == P + first + 1
+    assert sum(calls) >= first  # it ran in chains

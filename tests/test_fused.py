@@ -30,15 +30,23 @@ def variant(request, tmp_path_factory):
 
 
 def count_fused_steps(monkeypatch) -> list[int]:
+    """Whether each native call ran: one step (decode_step) or a chain of greedy steps (greedy_chain, which a
+    plain greedy call of one row takes after its first step)."""
     calls: list[int] = []
-    real = fused.decode_step
+    real_step, real_chain = fused.decode_step, fused.greedy_chain
 
     def counting(*args):  # noqa: ANN002, ANN202
-        out = real(*args)
+        out = real_step(*args)
+        calls.append(out is not None)
+        return out
+
+    def counting_chain(*args):  # noqa: ANN002, ANN202
+        out = real_chain(*args)
         calls.append(out is not None)
         return out
 
     monkeypatch.setattr(fused, "decode_step", counting)
+    monkeypatch.setattr(fused, "greedy_chain", counting_chain)
     return calls
 
 

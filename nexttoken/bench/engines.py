@@ -9,14 +9,25 @@ import torch
 
 
 class StepClock:
-    """A pass-through logits processor that timestamps every step: called once per forward pass, right after it."""
+    """Timestamps every generated token: as a pass-through logits processor (called once per forward pass, right
+    after it: transformers' loop) or as a streamer (put() once per chosen token after the prompt: nexttoken's, whose
+    loop then adds nothing per step and may run greedy steps natively in chains, as a user's plain call does)."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock, self.times = clock, []
+        self._prompt_seen = False
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         self.times.append(self.clock())
         return scores
+
+    def put(self, tokens: torch.Tensor) -> None:  # the streamer protocol: the prompt first, then each step's tokens
+        if self._prompt_seen:
+            self.times.append(self.clock())
+        self._prompt_seen = True
+
+    def end(self) -> None:
+        pass
 
 
 class NextTokenEngine:
@@ -31,8 +42,7 @@ class NextTokenEngine:
         from ..generation import generate
 
         return generate(self.model, ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                        do_sample=False, eos_token_id=None, pad_token_id=0,
-                        logits_processor=[recorder] if recorder else None)
+                        do_sample=False, eos_token_id=None, pad_token_id=0, streamer=recorder)
 
 
 class NextTokenServingEngine:

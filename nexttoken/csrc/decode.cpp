@@ -21,6 +21,7 @@
 
 extern "C" int nt_linear(const void* W, int kind, const float* x, const float* bias, const float* scale, int64_t M,
                          int64_t N, int64_t K, void* y, int out_kind);
+extern "C" int nt_argmax_f32(const float* x, int64_t M, int64_t N, int64_t* out);
 
 // Every field is 8 bytes wide, so the ctypes mirrors in nexttoken/model/fused.py need no padding rules.
 struct NtLinear {
@@ -212,7 +213,7 @@ int decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positions,
   float *tmp = s.tmp.data(), *cos_t = s.cos.data(), *sin_t = s.sin.data();
   rope_tables(m, B, positions, cos_t, sin_t);
   // Attention fans out over (row, head) when there is enough of it to pay for waking the thread pool.
-  const bool parallel_attention = total_kv * H * D >= (1 << 16);
+  const bool parallel_attention = total_kv * H * D >= (1 << 13);
 
   for (int64_t l = 0; l < m->n_layers; ++l) {
     const NtLayer& L = m->layers[l];
@@ -275,6 +276,25 @@ int nt_decode_step_ids(const NtModel* m, const int64_t* ids, int64_t B, const in
   Scratch::grow(x, B * m->hidden);
   if (embed(m, ids, B, x.data())) return 1;
   return nt_decode_step(m, x.data(), B, positions, col, kv_len, logits);
+}
+
+// Greedy decoding of one sequence for up to n steps without returning to Python: step i runs `token` (at rotary
+// position position + i, cache column col + i, which it fills), takes the argmax of the logits (nt_argmax_f32,
+// the decode loop's own choice) as out[i] and the next step's token, and stops after a token in eos[0..n_eos).
+// Each step is nt_decode_step_ids's, so the tokens are the step-by-step loop's. Returns the number of tokens
+// written (1..n; the last is an eos id or the n-th), or -1 for unsupported shapes. `logits` (V,) holds the last
+// step's logits.
+int nt_decode_greedy(const NtModel* m, int64_t token, int64_t position, int64_t col, int64_t n, const int64_t* eos,
+                     int64_t n_eos, int64_t* out, float* logits) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t pos = position + i, c = col + i;
+    if (nt_decode_step_ids(m, &token, 1, &pos, c, c + 1, logits)) return -1;
+    nt_argmax_f32(logits, 1, m->vocab, &token);
+    out[i] = token;
+    for (int64_t e = 0; e < n_eos; ++e)
+      if (eos[e] == token) return i + 1;
+  }
+  return n;
 }
 
 // The engine's step: row b's K/V live in cache row slots[b], kv_lens[b] columns long after this token.

@@ -45,7 +45,7 @@ TARGET static inline void over_rows(Tile tile, One one, int64_t N, int64_t K, co
   static_assert(16 % R == 0, "a block of 16 rows is whole tiles");
   const int64_t blocks = (N + 15) / 16;
   // Small products stay on one thread: waking the pool costs more than their few microseconds of work.
-  const bool parallel = (double)N * (double)K * (double)(M + 3) >= (double)(1 << 19);
+  const bool parallel = (double)N * (double)K * (double)(M + 3) >= (double)(1 << 17);
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t b = 0; b < blocks; ++b) {
     __m512 v[M][16];

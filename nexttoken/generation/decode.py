@@ -13,8 +13,10 @@ import torch
 
 from ..errors import GenerationConfigError
 from ..model import ForwardBatch, KVCache, Transformer
+from ..model import fused
 from .processors import ProcessorChain
-from .stopping import StoppingChain
+from .sampling import Sampler
+from .stopping import EosToken, StoppingChain
 
 
 @dataclass
@@ -52,6 +54,9 @@ class DecodePlan:
     hooks: Sequence[StepHook] = ()
     past: GenerationCache | None = None  # continue from a previous generation's cache
     prompt_logprobs: bool = False
+    # Whether the consumer reads each step's logits / scores. When it does not, plain greedy steps of one row run
+    # natively several at a time (fused.greedy_chain), and their StepOutputs carry no logits.
+    per_step_logits: bool = True
 
 
 @dataclass
@@ -128,8 +133,8 @@ def check_continuation(past: GenerationCache, input_ids: torch.Tensor) -> int:
 @dataclass
 class StepOutput:
     tokens: torch.Tensor  # (B,) the ids chosen this step (pad for rows finished earlier)
-    logits: torch.Tensor  # (B, V) float32, as the model produced them
-    scores: torch.Tensor  # (B, V) float32, after the processors
+    logits: torch.Tensor | None  # (B, V) float32, as the model produced them (None: a chained step, see below)
+    scores: torch.Tensor | None  # (B, V) float32, after the processors (None likewise)
     finished: torch.Tensor  # (B,) bool: the row stopped at this step (EOS, stop string or user criterion)
     unfinished: torch.Tensor  # (B,) bool: the row is still running after this step
     state: DecodeState | None = field(default=None, repr=False)  # the loop's state (read-only for consumers)
@@ -193,6 +198,7 @@ def decode_steps(model: Transformer, plan: DecodePlan) -> Iterator[StepOutput]:
         return
     window = model.config.sliding_window
     logits = prefill(model, state, plan, window)
+    chained = chainable(model, state, plan, window)
     for step in range(plan.max_new_tokens):
         scores = plan.processors(state.ids, logits) if plan.processors else logits
         chosen = plan.sampler(scores)
@@ -209,4 +215,58 @@ def decode_steps(model: Transformer, plan: DecodePlan) -> Iterator[StepOutput]:
         yield out
         if step + 1 == plan.max_new_tokens or (state.some_stopped and not state.unfinished.any()):
             return
+        if chained:  # the rest natively, CHAIN steps per call
+            yield from greedy_chain(model, state, plan, plan.max_new_tokens - step - 1)
+            return
         logits = forward_last(model, state, plan, window)
+
+
+CHAIN = 16  # greedy steps per native call: a streamer sees tokens in bursts of this many
+
+
+def chainable(model: Transformer, state: DecodeState, plan: DecodePlan, window: int | None) -> bool:
+    """Whether the steps after the first can run as native greedy chains: one row, greedy, nothing per step in
+    Python (no processors, hooks or per-step logits; stopping on EOS ids only), no padding, no sliding window in
+    reach, and a model whose native step takes them (fused.chains). The tokens are the step-by-step loop's: each
+    chained step is the same native step and the same argmax."""
+    return (
+        not plan.per_step_logits
+        and state.tokens.shape[0] == 1
+        and isinstance(plan.sampler, Sampler)
+        and plan.sampler.greedy
+        and not plan.processors
+        and not plan.hooks
+        and all(type(c) is EosToken for c in plan.stopping.criteria)
+        and state.padding_free
+        and (window is None or state.tokens.shape[1] <= window)
+        and state.tokens.device.type == "cpu"
+        and fused.chains(model, state.cache)
+    )
+
+
+def greedy_chain(model: Transformer, state: DecodeState, plan: DecodePlan, remaining: int) -> Iterator[StepOutput]:
+    """Up to `remaining` more greedy steps, CHAIN at a time in one native call each, yielded one StepOutput per
+    token (logits and scores None) with the state as the step-by-step loop leaves it."""
+    eos = [c.eos for c in plan.stopping.criteria]
+    eos_ids = torch.cat(eos) if eos else torch.empty(0, dtype=torch.long)
+    stop = set(eos_ids.tolist())
+    not_done = torch.zeros(1, dtype=torch.bool)
+    while remaining > 0:
+        col = state.length - 1  # the newest token: not in the cache yet
+        got = fused.greedy_chain(model, state.cache, int(state.tokens[0, col]), int(state.next_position[0, 0]), col,
+                                 min(CHAIN, remaining), eos_ids)
+        if got is None:
+            raise RuntimeError("the native greedy chain refused a step it was planned for")
+        for token in got:
+            chosen = torch.tensor([token])
+            state.next_position = state.next_position + 1
+            state.append(chosen)
+            state.cached = state.length - 1
+            finished = torch.tensor([token in stop])
+            if token in stop:
+                state.unfinished = state.unfinished & ~finished
+                state.some_stopped = True
+            remaining -= 1
+            yield StepOutput(chosen, None, None, finished if token in stop else not_done, state.unfinished, state)
+            if token in stop:
+                return

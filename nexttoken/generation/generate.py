@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -192,6 +193,8 @@ def decode(model: Transformer, plan: DecodePlan, cfg: GenerationConfig, streamer
     step's (B, V) logits and scores are kept only when output_logits / output_scores ask for them)."""
     if streamer is not None:
         streamer.put(plan.input_ids.cpu())
+    logprobs_asked = cfg.return_dict_in_generate  # LogprobCollector reads every step's logits
+    plan = dataclasses.replace(plan, per_step_logits=cfg.output_scores or cfg.output_logits or logprobs_asked)
     tokens: list[torch.Tensor] = []
     scores: list[torch.Tensor] = []
     logits: list[torch.Tensor] = []

@@ -201,6 +201,13 @@ def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch
     )
 
 
+def _hooked(module: torch.nn.Module) -> bool:
+    """A forward hook on the embedding (examples/per_step_hook.py adds to its output) needs the module called:
+    the native table read would skip it."""
+    return bool(module._forward_hooks or module._forward_pre_hooks or torch.nn.modules.module._global_forward_hooks
+                or torch.nn.modules.module._global_forward_pre_hooks)
+
+
 def _sharded(model: torch.nn.Module) -> bool:
     """A tensor-parallel rank's model (model/parallel.py): its steps run part by part (_rank_step)."""
     return model.__dict__.get("parallel") is not None
@@ -219,7 +226,7 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardB
     if not plan.ok:
         return None
     positions = batch.positions.reshape(-1).to(torch.int64).contiguous()  # (B,)
-    if plan.embeds:  # the table read natively: no embedding operations here
+    if plan.embeds and not _hooked(model._modules["embed"]):  # the table read natively: no embedding operations
         ids = input_ids.reshape(-1).to(torch.int64).contiguous()  # (B,)
         logits = torch.empty((ids.shape[0], model.config.vocab_size), dtype=torch.float32)
         rc = kernels.library().nt_decode_step_ids(
@@ -238,6 +245,32 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardB
         logits.data_ptr(),
     )
     return logits if rc == 0 else None
+
+
+def chains(model: torch.nn.Module, cache: KVCache) -> bool:
+    """Whether greedy_chain can run this model and cache: what applies() asks of a step, for one row of a
+    float32 model whose native step reads the token table itself (not a tensor-parallel rank)."""
+    if not (_ENABLED and cache.k.shape[1] == 1 and cache.k.dtype == torch.float32 and cache.k.device.type == "cpu"
+            and model.dtype == torch.float32 and not torch.is_grad_enabled() and not _observed(model)
+            and not _sharded(model) and kernels.library() is not None):
+        return False
+    plan = _plan(model, cache)
+    return plan.ok and plan.embeds and not _hooked(model._modules["embed"])
+
+
+def greedy_chain(model: torch.nn.Module, cache: KVCache, token: int, position: int, col: int, n: int,
+                 eos: torch.Tensor) -> list[int] | None:
+    """Up to n greedy steps of one sequence in one native call (csrc/decode.cpp's nt_decode_greedy): `token`, at
+    rotary position `position`, is written to cache column `col` and the argmax of each step's logits is the next
+    step's token. The chosen tokens, ending early after one in `eos` (int64 ids); None when the native step
+    refuses. Only for a model and cache that chains() accepts, with every column before `col` visible."""
+    plan = _plan(model, cache)
+    out = torch.empty(n, dtype=torch.int64)
+    logits = torch.empty(model.config.vocab_size, dtype=torch.float32)  # the last step's, unused by the caller
+    eos = eos.to(torch.int64).contiguous()
+    got = kernels.library().nt_decode_greedy(ctypes.byref(plan.model), token, position, col, n, eos.data_ptr(),
+                                             eos.numel(), out.data_ptr(), logits.data_ptr())
+    return None if got < 1 else out[:got].tolist()
 
 
 RowsPlan = _Plan  # a checked description of model + cache for the engine's rows
