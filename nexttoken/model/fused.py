@@ -250,7 +250,9 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardB
 def chains(model: torch.nn.Module, cache: KVCache) -> bool:
     """Whether greedy_chain can run this model and cache: what applies() asks of a step, for one row of a
     float32 model whose native step reads the token table itself (not a tensor-parallel rank)."""
-    if not (_ENABLED and cache.k.shape[1] == 1 and cache.k.dtype == torch.float32 and cache.k.device.type == "cpu"
+    from .llama import Transformer  # here: llama.py imports this module
+
+    if not (_ENABLED and isinstance(model, Transformer) and isinstance(cache, KVCache) and cache.k.shape[1] == 1 and cache.k.dtype == torch.float32 and cache.k.device.type == "cpu"
             and model.dtype == torch.float32 and not torch.is_grad_enabled() and not _observed(model)
             and not _sharded(model) and kernels.library() is not None):
         return False
