@@ -315,7 +315,7 @@ def _matrix(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
         llama_bench = None
         progress("llama.cpp not run: no --llama-bench PATH (or NEXTTOKEN_LLAMA_BENCH) with --gguf-dir DIR")
     report = run_matrix(shapes, precisions, base, Path(args.cache_dir), with_transformers, progress, llama_bench,
-                        Path(args.gguf_dir) if args.gguf_dir else None)
+                        Path(args.gguf_dir) if args.gguf_dir else None, args.dtype)
     print(matrix_table(report))
     out = Path(args.out).with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -24,16 +24,19 @@ PRECISIONS = ("none", "bf16", "int8", "int4")  # "none": the checkpoint's dtype
 
 def run_matrix(shapes: list[str], precisions: list[str], base: dict, cache_dir: Path, with_transformers: bool,
                progress: Callable[[str], None], llama_bench: Path | None = None,
-               gguf_dir: Path | None = None) -> dict:
+               gguf_dir: Path | None = None, dtype: str | None = None) -> dict:
     """One summary per shape (report.summarize's), every precision and the peer measured in the same run.
     `base`: the Workload fields shared by all shapes (prompt_len, new_tokens, batch_sizes, rounds, ...).
     With `llama_bench` and `gguf_dir`, llama.cpp runs on the shape's GGUF files after every round of its engines
-    (llamacpp.Peer), and its rows (medians of those rounds) follow theirs."""
-    summaries = []
+    (llamacpp.Peer), and its rows (medians of those rounds) follow theirs. `dtype`: the dtype every engine loads
+    the checkpoint in (its activations; default the checkpoint's own): float32 runs a bf16 checkpoint's int8 /
+    int4 rows with float32 activations, as llama.cpp does, and so on the fused native step."""
+    summaries, act_dtype = [], dtype
     for shape in shapes:
-        dtype = SHAPES[shape][1]
-        progress(f"random-weight checkpoint for {shape} ({dtype}) ...")
-        path = random_checkpoint(shape, dtype, cache_dir / f"{shape}-{dtype}")
+        stored = SHAPES[shape][1]
+        progress(f"random-weight checkpoint for {shape} ({stored}) ...")
+        path = random_checkpoint(shape, stored, cache_dir / f"{shape}-{stored}")
+        dtype = act_dtype or stored
         engines = ["nexttoken" if p == "none" else f"nexttoken+{p}" for p in precisions]
         engines += ["transformers"] if with_transformers else []
         workload = Workload(path, shape, dtype, engines=engines, **base)
