@@ -36,3 +36,16 @@ def test_matrix_table_covers_every_precision(tmp_path, capsys) -> None:
     assert out.with_suffix(".png").stat().st_size > 1000
     table = capsys.readouterr().out
     assert "| micro | int4 (groups of 32) |" in table and "% bandwidth bound" in table
+
+
+def test_matrix_dtype_is_the_dtype_the_engines_load_in(tmp_path) -> None:
+    """--dtype loads the (float32) micro checkpoint in bfloat16: the checkpoint's own row is then bf16, 16 bits."""
+    out = tmp_path / "matrix"
+    rc = main(["bench", "--matrix", "--shapes", "micro", "--dtype", "bfloat16", "--precisions", "none,int8",
+               "--no-transformers", "--prompt-len", "4", "--new-tokens", "3", "--batch-sizes", "1", "--rounds", "1",
+               "--out", str(out), "--cache-dir", str(tmp_path / "c")])
+    assert rc == 0
+    rows = json.loads(out.with_suffix(".json").read_text())["shapes"][0]["rows"]
+    assert {(r["precision"], r["bits_per_weight"] == 16) for r in rows} == {("bfloat16", True),
+                                                                            ("int8 (per row)", False)}
+    assert (tmp_path / "c" / "micro-float32").is_dir()  # the checkpoint stays as written
