@@ -11,7 +11,8 @@ import torch
 import nexttoken
 from nexttoken.generation import generate
 from nexttoken.model import fused, kernels, load_model
-from nexttoken.model.int4 import Int4Linear, dequantize_groups, quantize_groups
+from nexttoken.model.int4 import (Int4Linear, dequantize_groups, linear_reference, quantize_activations,
+                                  quantize_groups)
 from nexttoken.model.linear import Int8Linear
 from nexttoken.model.quant import quantize_int4
 from tiny_models import save_variant
@@ -76,16 +77,33 @@ def test_kernel_matches_torch_on_the_dequantized_weights(N, K, M) -> None:
     g = torch.Generator().manual_seed(N * 1000 + K + M)
     w, x, bias = torch.randn(N, K, generator=g), torch.randn(M, K, generator=g), torch.randn(N, generator=g)
     packed, scales = quantize_groups(w)
-    ref = x.double() @ dequantize_groups(packed, scales, K).double().T + bias.double()  # (M, N)
+    deq = dequantize_groups(packed, scales, K).double()
     with torch.no_grad():
         y = kernels.linear_int4(x, packed, scales, K, bias)
         y_bf16 = kernels.linear_int4(x.to(torch.bfloat16), packed, scales, K)
-    # Activations are rounded to int16 per row (relative 2^-16), products summed in float32.
-    tol = 1e-4 * float(ref.abs().max())
-    assert (y.double() - ref).abs().max() < tol
+    # The kernel's own arithmetic: int8 activations per group of 32 (quantize_activations), sums in float32.
+    exact = linear_reference(x, packed, scales, K) + bias.double()
+    assert (y.double() - exact).abs().max() < 1e-5 * float(exact.abs().max()) + 1e-6
+    # Against float activations: each activation off by at most half its group's step.
+    q, xs = quantize_activations(x)
+    step = xs.double().repeat_interleave(32, dim=1)[:, :K] / 2  # (M, K)
+    bound = step @ deq.abs().T  # (M, N)
+    assert ((y.double() - (x.double() @ deq.T + bias.double())).abs() <= bound * (1 + 1e-4) + 1e-5).all()
     assert y_bf16.dtype == torch.bfloat16
-    ref_bf16 = x.to(torch.bfloat16).double() @ dequantize_groups(packed, scales, K).double().T
-    assert torch.allclose(y_bf16.double(), ref_bf16, rtol=1e-2, atol=tol)
+    exact_bf16 = linear_reference(x.to(torch.bfloat16).float(), packed, scales, K)
+    assert torch.allclose(y_bf16.double(), exact_bf16, rtol=2**-8, atol=1e-5 * float(exact_bf16.abs().max()))
+
+
+@needs_int4
+def test_activations_are_int8_per_group_of_32_worked_by_hand() -> None:
+    x = torch.zeros(1, 70)
+    x[0, 0], x[0, 1], x[0, 2] = 2.54, -1.0, 0.0101  # group 0: largest 2.54 -> scale 0.02
+    x[0, 64] = -3.0  # group 2; group 1 all zero
+    q, s = quantize_activations(x)
+    assert q.shape == (1, 128) and s.shape == (1, 4)
+    torch.testing.assert_close(s, torch.tensor([[2.54 / 127, 0.0, 3.0 / 127, 0.0]]))
+    assert q[0, :4].tolist() == [127, -50, 1, 0]  # -1.0 / 0.02 = -50; 0.0101 / 0.02 = 0.505 -> 1
+    assert q[0, 32:64].abs().sum() == 0 and q[0, 64] == -127
 
 
 @needs_int4
@@ -107,7 +125,13 @@ def test_layer_decode_prefill_and_fallback_agree(monkeypatch) -> None:
         monkeypatch.setattr(kernels, "int4_available", lambda: False)
         fallback = layer(x)  # torch on the whole dequantized matrix
     assert torch.allclose(prefill, fallback, atol=1e-5)
-    assert torch.allclose(decode, fallback[:, :1], atol=1e-4)
+    # decode multiplies int8 activations (quantize_activations): its own arithmetic exactly, float activations
+    # within half an activation step per column
+    exact = linear_reference(x[:, 0], layer.weight, layer.scale, 200) + layer.bias.double()  # (2, 300)
+    assert torch.allclose(decode[:, 0].double(), exact, rtol=1e-5, atol=1e-5)
+    _, xs = quantize_activations(x[:, 0])
+    bound = (xs.double().repeat_interleave(32, dim=1)[:, :200] / 2) @ layer.dequantized().double().abs().T
+    assert ((decode[:, 0] - fallback[:, 0]).double().abs() <= bound + 1e-5).all()
 
 
 @needs_int4

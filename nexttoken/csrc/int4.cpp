@@ -5,12 +5,14 @@
 // Kp/2 bytes; its 128-column chunk c is the 64 bytes [64c, 64c + 64), each nibble one column of the chunk (which:
 // column_of below) stored as q + 8 (0..15). Scales: (N, Kp/32) float16, group g = columns [32g, 32g + 32).
 //
-// The product: each activation row is quantized to int16 with one scale per row (relative error <= 2^-16, far
-// below the weights' own) and written in the chunks' nibble order. A chunk is one 64-byte load; read as 32
-// 16-bit words, (v >> 0, 4, 8, 12) & 15 are four vectors of 32 int16 weights (no shuffles), each multiplied with
-// its activations by VNNI's vpdpwssd (pairs of products summed into 16 int32 lanes) into one vector of sums whose
-// lane i belongs to group i % 4 of the chunk. That vector goes to float32 and is scaled by [s0, s1, s2, s3, s0, ...]
-// with one FMA; the +8 of the storage is taken off once per group (-8 * scale * the group's activation sum).
+// The product: each activation row is quantized to int8 per group of 32 columns (scale = the group's largest
+// magnitude / 127, values rounded half to even: llama.cpp's Q8_0 activations; top-1 agreement with float32 on real
+// text is unchanged from int16 activations, see nexttoken/model/int4.py) and written in the chunks' nibble order.
+// A chunk is one 64-byte load; v & 0x0f and (v >> 4) & 0x0f are two vectors of 64 unsigned weights (q + 8), each
+// multiplied with its 64 activations by VNNI's vpdpbusd (four byte products summed into each of 16 int32 lanes,
+// 64 per instruction) into one vector of sums whose lane i belongs to group i % 4 of the chunk. That vector goes
+// to float32 and is scaled by the weight and activation scales of its groups; the +8 of the storage is taken off
+// once per group (-8 * scales * the group's activation sum).
 // A weight costs half a byte of memory traffic plus 1/16 byte of scale: 4.5 bits, as llama.cpp's Q4_0.
 //
 // Prefill dequantizes blocks of rows into float32/bfloat16 (nt_dequantize_i4) for torch's GEMM.
@@ -37,19 +39,19 @@ inline int64_t column_of(int64_t b, int64_t h) {
   return 32 * (i % 4) + 8 * (i / 4) + 2 * j + w % 2;
 }
 
-// R weight rows x M activation rows: out[r * M + m] = sum over groups of scale * (q . xq), xq's own scale not
-// applied. xq: (M, Kp) int16, chunk c's 128 values as four vectors X_j (element w = the column of vector j's
-// element w); xneg: (M, Kp/32) -8 * (sum of xq over the group), the correction for storing q + 8.
-// A accumulators per pair, alternating chunks, to shorten the FMA chains.
+// R weight rows x M activation rows: out[r * M + m] = the vector of partial sums (lanes summed later). xq: (M, Kp)
+// int8, chunk c's 128 values as the activations of its low nibbles then its high nibbles; xs: (M, Kp/8) float,
+// chunk c's 16 lanes the activation scale of lane i's group (4c + i % 4); xneg: (M, Kp/32) -8 * scale * (sum of
+// xq over the group), the correction for storing q + 8. A accumulators per pair, alternating chunks.
 template <int M, int R, int A>
-TARGET_I4 void tile(const uint8_t* W, const uint16_t* S, const int16_t* xq, const float* xneg, int64_t Kp,
-                    int64_t n0, __m512* out) {
+TARGET_I4 void tile(const uint8_t* W, const uint16_t* S, const int8_t* xq, const float* xs, const float* xneg,
+                    int64_t Kp, int64_t n0, __m512* out) {
   __m512 acc[R][M][A];
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < M; ++m)
       for (int a = 0; a < A; ++a) acc[r][m][a] = _mm512_setzero_ps();
   const int64_t row_bytes = Kp / 2, groups = Kp / 32;
-  const __m512i nib = _mm512_set1_epi16(0x000f);
+  const __m512i nib = _mm512_set1_epi8(0x0f);
   const __m512i zero = _mm512_setzero_si512();
   __m512i pick[4];  // chunk c of a 16-group block: lane i -> group 4c + i % 4
   for (int c = 0; c < 4; ++c) {
@@ -73,18 +75,15 @@ TARGET_I4 void tile(const uint8_t* W, const uint16_t* S, const int16_t* xq, cons
       const int64_t k = (g0 + 4 * c) * 32;
       for (int r = 0; r < R; ++r) {
         const __m512i v = _mm512_loadu_si512((const void*)(W + (size_t)(n0 + r) * row_bytes + k / 2));
-        const __m512i w0 = _mm512_and_si512(v, nib);
-        const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-        const __m512i w2 = _mm512_and_si512(_mm512_srli_epi16(v, 8), nib);
-        const __m512i w3 = _mm512_srli_epi16(v, 12);
+        const __m512i lo = _mm512_and_si512(v, nib);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
         const __m512 s = _mm512_permutexvar_ps(pick[c], sc[r]);
         for (int m = 0; m < M; ++m) {
-          const int16_t* xm = xq + (size_t)m * Kp + k;
-          __m512i d = _mm512_dpwssd_epi32(zero, w0, _mm512_loadu_si512((const void*)xm));
-          d = _mm512_dpwssd_epi32(d, w1, _mm512_loadu_si512((const void*)(xm + 32)));
-          d = _mm512_dpwssd_epi32(d, w2, _mm512_loadu_si512((const void*)(xm + 64)));
-          d = _mm512_dpwssd_epi32(d, w3, _mm512_loadu_si512((const void*)(xm + 96)));
-          acc[r][m][c % A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc[r][m][c % A]);
+          const int8_t* xm = xq + (size_t)m * Kp + k;
+          __m512i d = _mm512_dpbusd_epi32(zero, lo, _mm512_loadu_si512((const void*)xm));
+          d = _mm512_dpbusd_epi32(d, hi, _mm512_loadu_si512((const void*)(xm + 64)));
+          const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_loadu_ps(xs + (size_t)m * (Kp / 8) + k / 8));
+          acc[r][m][c % A] = _mm512_fmadd_ps(t, s, acc[r][m][c % A]);
         }
       }
     }
@@ -100,15 +99,15 @@ TARGET_I4 void tile(const uint8_t* W, const uint16_t* S, const int16_t* xq, cons
 // Output rows in blocks of 16 (rows.h), each sum scaled by its activation row's scale, biased, stored as float32
 // or bfloat16.
 template <int M, int R>
-TARGET_I4 void run(const uint8_t* W, const uint16_t* S, const int16_t* xq, const float* xneg, const float* xscale,
+TARGET_I4 void run(const uint8_t* W, const uint16_t* S, const int8_t* xq, const float* xs, const float* xneg,
                    const float* bias, int64_t N, int64_t Kp, void* y, int out_kind) {
   constexpr int A = 2;  // for every M: a row's sums are then the same whatever rows share the call
-  over_rows<M, R>([&](int64_t n0, __m512* v) { tile<M, R, A>(W, S, xq, xneg, Kp, n0, v); },
-                  [&](int64_t n, __m512* v) { tile<M, 1, A>(W, S, xq, xneg, Kp, n, v); }, N, Kp, xscale, nullptr,
-                  bias, y, out_kind);
+  over_rows<M, R>([&](int64_t n0, __m512* v) { tile<M, R, A>(W, S, xq, xs, xneg, Kp, n0, v); },
+                  [&](int64_t n, __m512* v) { tile<M, 1, A>(W, S, xq, xs, xneg, Kp, n, v); }, N, Kp, nullptr,
+                  nullptr, bias, y, out_kind);
 }
 
-typedef void (*kernel_fn)(const uint8_t*, const uint16_t*, const int16_t*, const float*, const float*,
+typedef void (*kernel_fn)(const uint8_t*, const uint16_t*, const int8_t*, const float*, const float*,
                           const float*, int64_t, int64_t, void*, int);
 
 // Short rows (<= 2 KB packed) are read one after another: interleaving several starves the hardware prefetcher
@@ -129,29 +128,37 @@ kernel_fn pick(int M, int64_t Kp) {
   }
 }
 
-// x (M, K) float32 -> xq (M, Kp) int16 in the chunks' order (zero padded), one scale per row (amax / 32767), and
-// xneg (M, Kp/32): -8 times each group's sum of xq.
-void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int16_t* xq, float* xneg, float* xscale) {
-  int64_t col_of[CHUNK];  // position 32 * j + w of a chunk's activations -> its column
+// x (M, K) float32 -> xq (M, Kp) int8 in the chunks' order (zero padded), xs (M, Kp/8) the group scale of each
+// chunk lane (lane i of chunk c: group 4c + i % 4), xneg (M, Kp/32) -8 * scale * each group's sum of xq. A group's
+// scale is its largest magnitude / 127 (0 for an all-zero group, whose values are then 0), values x / scale
+// rounded half to even: nexttoken/model/int4.py's quantize_activations, the definition this is tested against.
+void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int8_t* xq, float* xs, float* xneg) {
+  int64_t col_of[CHUNK];  // position p of a chunk's 128 activations -> its column (p < 64: low nibble of byte p)
   for (int64_t b = 0; b < 64; ++b)
-    for (int64_t h = 0; h < 2; ++h) col_of[32 * (2 * (b % 2) + h) + b / 2] = column_of(b, h);
+    for (int64_t h = 0; h < 2; ++h) col_of[64 * h + b] = column_of(b, h);
+  const int64_t G = Kp / 32;
+  float scale[1024];
   for (int64_t m = 0; m < M; ++m) {
     const float* row = x + (size_t)m * K;
-    float amax = 0.f;
-    for (int64_t k = 0; k < K; ++k) amax = row[k] > amax ? row[k] : (-row[k] > amax ? -row[k] : amax);
-    const float s = amax > 0.f ? amax / 32767.f : 1.f;
-    const float inv = 1.f / s;
-    xscale[m] = s;
-    int16_t* q = xq + (size_t)m * Kp;
-    float* neg = xneg + (size_t)m * (Kp / 32);
-    for (int64_t g = 0; g < Kp / 32; ++g) neg[g] = 0.f;
+    for (int64_t g = 0; g < G; ++g) {
+      float amax = 0.f;
+      for (int64_t k = 32 * g; k < 32 * g + 32 && k < K; ++k) amax = fabsf(row[k]) > amax ? fabsf(row[k]) : amax;
+      scale[g] = amax / 127.f;
+    }
+    int8_t* q = xq + (size_t)m * Kp;
+    float* neg = xneg + (size_t)m * G;
+    for (int64_t g = 0; g < G; ++g) neg[g] = 0.f;
     for (int64_t c = 0; c < Kp; c += CHUNK)
       for (int64_t p = 0; p < CHUNK; ++p) {
-        const int64_t col = c + col_of[p];
-        const int16_t v = col < K ? (int16_t)__builtin_lrintf(row[col] * inv) : (int16_t)0;
+        const int64_t col = c + col_of[p], g = col / 32;
+        const int8_t v = col < K && scale[g] > 0.f ? (int8_t)__builtin_lrintf(row[col] / scale[g]) : (int8_t)0;
         q[c + p] = v;
-        neg[col / 32] -= 8.f * (float)v;  // exact: |sum| <= 32 * 8 * 32767 < 2^24
+        neg[g] += (float)v;  // exact: |sum| <= 32 * 127
       }
+    for (int64_t g = 0; g < G; ++g) neg[g] = -8.f * scale[g] * neg[g];
+    float* lanes = xs + (size_t)m * (Kp / 8);
+    for (int64_t c = 0; c < Kp / CHUNK; ++c)
+      for (int64_t i = 0; i < 16; ++i) lanes[16 * c + i] = scale[4 * c + i % 4];
   }
 }
 
@@ -222,14 +229,14 @@ int nt_linear_i4(const uint8_t* W, const uint16_t* S, const float* x, const floa
                  int64_t K, void* y, int out_kind) {
   const int64_t Kp = (K + CHUNK - 1) / CHUNK * CHUNK;
   if (Kp > 32768 || M > 16) return 1;
-  alignas(64) static thread_local int16_t xq[8 * 32768];  // (8, Kp) quantized activations, chunk order
-  alignas(64) static thread_local float xneg[8 * 1024];    // (8, Kp/32)
-  float xscale[8];
+  alignas(64) static thread_local int8_t xq[8 * 32768];  // (8, Kp) quantized activations, chunk order
+  alignas(64) static thread_local float xs[8 * 4096];    // (8, Kp/8) chunk-lane scales
+  alignas(64) static thread_local float xneg[8 * 1024];  // (8, Kp/32)
   for (int64_t m0 = 0; m0 < M; m0 += 8) {  // up to 8 activation rows per pass over the weights
     const int64_t rows = M - m0 < 8 ? M - m0 : 8;
-    quantize_rows(x + (size_t)m0 * K, rows, K, Kp, xq, xneg, xscale);
+    quantize_rows(x + (size_t)m0 * K, rows, K, Kp, xq, xs, xneg);
     char* yo = (char*)y + (size_t)m0 * N * (out_kind == OUT_F32 ? 4 : 2);
-    pick((int)rows, Kp)(W, S, xq, xneg, xscale, bias, N, Kp, yo, out_kind);
+    pick((int)rows, Kp)(W, S, xq, xs, xneg, bias, N, Kp, yo, out_kind);
   }
   return 0;
 }

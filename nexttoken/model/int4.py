@@ -6,11 +6,16 @@ round to q in [-8, 7]: w ~= q * d. A weight then costs 4.5 bits (4 + 16/32), a q
 plus the scales, and decode (bound by reading the weights) runs that much faster in the native kernel
 (csrc/int4.cpp). Prefill dequantizes blocks of rows and runs torch's GEMM on them, as the int8 layer does.
 
+The decode kernel multiplies int8 activations, quantized per group of 32 columns (quantize_activations:
+llama.cpp's Q8_0 scheme), with VNNI's vpdpbusd, 64 products per instruction (int16 activations took 32 per
+instruction and made int4 compute-bound). Top-1 agreement with float32 on real text is unchanged by it: 94.20% on
+the packaged model either way, 86.0% against 85.8% on stories260k (the kernel's activations simulated in torch).
+
 Layout (what the kernel reads): K padded with zero weights to Kp, a multiple of 128; `weight` (N, Kp/2) uint8,
 whose bytes [64c, 64c + 64) of a row hold its 128-column chunk c; byte b keeps column COLUMN_OF[b] of the chunk
 in its low nibble and COLUMN_OF[64 + b] in its high nibble, each stored as q + 8; `scale` (N, Kp/32) float16. The
-order lets the kernel split a 64-byte load into four int16 vectors with shifts and masks alone, each int32 lane
-of their VNNI sums holding one group (csrc/int4.cpp's column_of).
+order lets the kernel split a 64-byte load into two vectors of 64 byte-wide weights with a shift and masks alone,
+every four consecutive bytes (one int32 lane of their VNNI sums) in one group (csrc/int4.cpp's column_of).
 """
 
 from __future__ import annotations
@@ -85,6 +90,32 @@ def _quantize_rows(w: torch.Tensor, Kp: int) -> tuple[torch.Tensor, torch.Tensor
     u = (best_q + 8).to(torch.uint8).view(N, Kp // CHUNK, CHUNK)[..., COLUMN_OF]  # (N, chunks, 128 nibble positions)
     packed = u[..., :64] | (u[..., 64:] << 4)  # (N, chunks, 64 bytes)
     return packed.reshape(N, Kp // 2), best_scale.reshape(N, Kp // GROUP)
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) float -> (q (M, Kp) int8, scale (M, Kp/32) float32), what the decode kernel multiplies: per group of
+    32 columns (padded with zeros to Kp), scale = the largest magnitude / 127 and q = x / scale rounded half to
+    even (0 in an all-zero group)."""
+    M, K = x.shape
+    Kp = padded(K)
+    groups = torch.zeros(M, Kp, dtype=torch.float32)
+    groups[:, :K] = x.float()
+    groups = groups.view(M, Kp // GROUP, GROUP)
+    scale = groups.abs().amax(-1) / 127  # (M, G) float32, as the kernel divides
+    safe = torch.where(scale > 0, scale, 1.0)[..., None]
+    q = torch.where(scale[..., None] > 0, torch.round(groups / safe), 0.0).to(torch.int8)
+    return q.view(M, Kp), scale
+
+
+def linear_reference(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, K: int) -> torch.Tensor:
+    """(M, N) float64: what the decode kernel computes up to float32 rounding, the sum over groups of weight scale
+    x activation scale x (q . xq) (quantize_activations' int8 activations)."""
+    q, xs = quantize_activations(x)  # (M, Kp), (M, G)
+    N = packed.shape[0]
+    w = dequantize_groups(packed, torch.ones_like(scales), packed.shape[1] * 2).double()  # (N, Kp) the q values
+    G = xs.shape[1]
+    per_group = torch.einsum("mgk,ngk->mng", q.double().view(-1, G, GROUP), w.view(N, G, GROUP))  # (M, N, G)
+    return (per_group * xs.double()[:, None, :] * scales.double()[None]).sum(-1)
 
 
 def dequantize_groups(packed: torch.Tensor, scales: torch.Tensor, K: int) -> torch.Tensor:
