@@ -16,6 +16,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from .runner import median
+
 GGUF_TYPES = ("f32", "bf16", "q8_0", "q4_0")
 
 
@@ -108,13 +110,9 @@ class Peer:
         (decode tok/s: llama-batched-bench), medians of the rounds."""
         rows = []
         for kind in self.ggufs:
-            pre = _median(self.prefill[kind])
+            pre = median(self.prefill[kind])
             for b in self.batch_sizes:
                 rows.append({"engine": f"llama.cpp {kind}", "precision": f"{kind} (llama.cpp)", "batch": b,
-                             "decode_tok_s": _median(self.decode[(kind, b)]),
+                             "decode_tok_s": median(self.decode[(kind, b)]),
                              "prefill_ms": 1e3 * self.prompt_len / pre if b == 1 and pre else None})
         return rows
-
-
-def _median(xs: list[float]) -> float | None:
-    return sorted(xs)[len(xs) // 2] if xs else None

@@ -31,15 +31,15 @@ def run_matrix(shapes: list[str], precisions: list[str], base: dict, cache_dir: 
     (llamacpp.Peer), and its rows (medians of those rounds) follow theirs. `dtype`: the dtype every engine loads
     the checkpoint in (its activations; default the checkpoint's own): float32 runs a bf16 checkpoint's int8 /
     int4 rows with float32 activations, as llama.cpp does, and so on the fused native step."""
-    summaries, act_dtype = [], dtype
+    summaries = []
     for shape in shapes:
         stored = SHAPES[shape][1]
         progress(f"random-weight checkpoint for {shape} ({stored}) ...")
         path = random_checkpoint(shape, stored, cache_dir / f"{shape}-{stored}")
-        dtype = act_dtype or stored
+        loaded = dtype or stored
         engines = ["nexttoken" if p == "none" else f"nexttoken+{p}" for p in precisions]
         engines += ["transformers"] if with_transformers else []
-        workload = Workload(path, shape, dtype, engines=engines, **base)
+        workload = Workload(path, shape, loaded, engines=engines, **base)
         peer = None
         if llama_bench is not None and gguf_dir is not None:
             peer = llamacpp.Peer(llama_bench, gguf_dir, shape, base["prompt_len"], base["new_tokens"],
@@ -48,8 +48,8 @@ def run_matrix(shapes: list[str], precisions: list[str], base: dict, cache_dir: 
         cfg = ModelConfig.from_dir(path)
         params, _ = linear_params(cfg)
         for row in summary["rows"]:
-            row["precision"] = precision_label(row["engine"], dtype)
-            row["bits_per_weight"] = 8 * _linear_bytes(cfg, row["engine"], dtype) / params
+            row["precision"] = precision_label(row["engine"], loaded)
+            row["bits_per_weight"] = 8 * _linear_bytes(cfg, row["engine"], loaded) / params
         if peer is not None:
             summary["llama_cpp"] = peer.rows()
         summaries.append(summary)

@@ -15,7 +15,6 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <math.h>
-#include <string.h>
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 
@@ -37,14 +36,6 @@ TARGET static inline __m512 load_w(const void* w, int64_t k, __mmask16 m) {
   }
   __m128i b = _mm_maskz_loadu_epi8(m, (const int8_t*)w + k);
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // NaN stays NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return (uint16_t)(u >> 16);
 }
 
 static inline size_t elem_size(int kind) { return kind == W_F32 ? 4 : kind == W_BF16 ? 2 : 1; }
@@ -93,6 +84,18 @@ TARGET static void run(const void* W, const float* x, const float* bias, const f
 // (256 x 127 x 32767 < 2^31).
 #define TARGET_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")))
 
+// One 32-column chunk at column k of R weight rows into their int32 sums (mask: the columns of the row to read).
+template <int M, int R>
+TARGET_VNNI static inline void chunk_i8(const int8_t* W, const int16_t* xq, int64_t Kp, int64_t K, int64_t n0,
+                                        int64_t k, __mmask32 mask, __m512i (&acc)[R][M]) {
+  __m512i xv[M];
+  for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_si512((const void*)(xq + (size_t)m * Kp + k));
+  for (int r = 0; r < R; ++r) {
+    const __m512i w = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask, W + (size_t)(n0 + r) * K + k));
+    for (int m = 0; m < M; ++m) acc[r][m] = _mm512_dpwssd_epi32(acc[r][m], w, xv[m]);
+  }
+}
+
 template <int M, int R>
 TARGET_VNNI static void tile_i8(const int8_t* W, const int16_t* xq, int64_t Kp, int64_t K, int64_t n0, __m512* out) {
   __m512 accf[R][M];
@@ -104,23 +107,8 @@ TARGET_VNNI static void tile_i8(const int8_t* W, const int16_t* xq, int64_t Kp, 
     for (int r = 0; r < R; ++r)
       for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_si512();
     int64_t k = k0;
-    for (; k + 32 <= k1 && k + 32 <= K; k += 32) {  // whole 32-column chunks: no masks
-      __m512i xv[M];
-      for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_si512((const void*)(xq + (size_t)m * Kp + k));
-      for (int r = 0; r < R; ++r) {
-        const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(W + (size_t)(n0 + r) * K + k)));
-        for (int m = 0; m < M; ++m) acc[r][m] = _mm512_dpwssd_epi32(acc[r][m], w, xv[m]);
-      }
-    }
-    if (k < k1) {  // the row's last columns (K not a multiple of 32): weights past K are not read
-      const __mmask32 mask = (__mmask32)((1ull << (K - k)) - 1u);
-      __m512i xv[M];
-      for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_si512((const void*)(xq + (size_t)m * Kp + k));
-      for (int r = 0; r < R; ++r) {
-        const __m512i w = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask, W + (size_t)(n0 + r) * K + k));
-        for (int m = 0; m < M; ++m) acc[r][m] = _mm512_dpwssd_epi32(acc[r][m], w, xv[m]);
-      }
-    }
+    for (; k + 32 <= k1 && k + 32 <= K; k += 32) chunk_i8<M, R>(W, xq, Kp, K, n0, k, 0xffffffffu, acc);  // whole
+    if (k < k1) chunk_i8<M, R>(W, xq, Kp, K, n0, k, (__mmask32)((1ull << (K - k)) - 1u), acc);  // the row's tail
     for (int r = 0; r < R; ++r)
       for (int m = 0; m < M; ++m) accf[r][m] = _mm512_add_ps(accf[r][m], _mm512_cvtepi32_ps(acc[r][m]));
   }
@@ -221,11 +209,8 @@ TARGET static void dequant_row(const int8_t* q, float s, int64_t K, void* out, i
     const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, q + k))), sv);
     if (out_kind == OUT_F32) {
       _mm512_mask_storeu_ps((float*)out + k, m, v);
-    } else {  // round to nearest even (finite values only: int8 x a finite scale)
-      __m512i u = _mm512_castps_si512(v);
-      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-      u = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
-      _mm256_mask_storeu_epi16((uint16_t*)out + k, m, _mm512_cvtepi32_epi16(u));
+    } else {
+      _mm256_mask_storeu_epi16((uint16_t*)out + k, m, to_bf16x16(v));
     }
   }
 }

@@ -203,11 +203,8 @@ TARGET_I4 void dequant_row(const uint8_t* W, const uint16_t* S, int64_t K, int64
         const __m512 val = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu16_epi32(part), eight)), s);
         if (out_kind == OUT_F32) {
           _mm512_mask_storeu_ps((float*)out + k, m, val);
-        } else {  // round to nearest even (finite values: a small integer times a finite scale)
-          __m512i bits = _mm512_castps_si512(val);
-          const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-          bits = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
-          _mm256_mask_storeu_epi16((uint16_t*)out + k, m, _mm512_cvtepi32_epi16(bits));
+        } else {
+          _mm256_mask_storeu_epi16((uint16_t*)out + k, m, to_bf16x16(val));
         }
       }
     }

@@ -71,10 +71,9 @@ class DecodeState:
     cache: KVCache
     cached: int = 0  # columns whose K/V are already in the cache
     prompt_logprobs: torch.Tensor | None = None  # (B, P) when asked: log p(token | previous), NaN where undefined
-    # Python-side facts that spare the loop a tensor operation (and a read-back) every step: no column holds
-    # padding (generated columns never do, so this holds for the whole call), and some row has stopped.
+    # No column holds padding (generated columns never do, so this holds for the whole call): decode steps then
+    # skip reading key_valid back to find it out.
     padding_free: bool = False
-    some_stopped: bool = False
 
     @classmethod
     def start(cls, plan: DecodePlan, model: Transformer) -> "DecodeState":
@@ -201,19 +200,15 @@ def decode_steps(model: Transformer, plan: DecodePlan) -> Iterator[StepOutput]:
     chained = chainable(model, state, plan, window)
     for step in range(plan.max_new_tokens):
         scores = plan.processors(state.ids, logits) if plan.processors else logits
-        chosen = plan.sampler(scores)
-        if state.some_stopped:  # rows that stopped earlier get the pad id
-            chosen = torch.where(state.unfinished, chosen, plan.pad_token_id)
+        chosen = torch.where(state.unfinished, plan.sampler(scores), plan.pad_token_id)
         state.append(chosen)
         finished = plan.stopping(state.ids, scores) & state.unfinished
-        if plan.stopping:  # with no criteria nothing stops before max_new_tokens
-            state.unfinished = state.unfinished & ~finished
-            state.some_stopped = bool(finished.any()) or state.some_stopped
+        state.unfinished = state.unfinished & ~finished
         out = StepOutput(chosen, logits, scores, finished, state.unfinished, state)
         for hook in plan.hooks:
             hook.after_step(state, out)
         yield out
-        if step + 1 == plan.max_new_tokens or (state.some_stopped and not state.unfinished.any()):
+        if step + 1 == plan.max_new_tokens or not state.unfinished.any():
             return
         if chained:  # the rest natively, CHAIN steps per call
             yield from greedy_chain(model, state, plan, plan.max_new_tokens - step - 1)
@@ -247,26 +242,21 @@ def chainable(model: Transformer, state: DecodeState, plan: DecodePlan, window: 
 def greedy_chain(model: Transformer, state: DecodeState, plan: DecodePlan, remaining: int) -> Iterator[StepOutput]:
     """Up to `remaining` more greedy steps, CHAIN at a time in one native call each, yielded one StepOutput per
     token (logits and scores None) with the state as the step-by-step loop leaves it."""
-    eos = [c.eos for c in plan.stopping.criteria]
-    eos_ids = torch.cat(eos) if eos else torch.empty(0, dtype=torch.long)
+    eos_ids = torch.cat([c.eos for c in plan.stopping.criteria] or [torch.empty(0, dtype=torch.long)])
     stop = set(eos_ids.tolist())
-    not_done = torch.zeros(1, dtype=torch.bool)
     while remaining > 0:
         col = state.length - 1  # the newest token: not in the cache yet
         got = fused.greedy_chain(model, state.cache, int(state.tokens[0, col]), int(state.next_position[0, 0]), col,
                                  min(CHAIN, remaining), eos_ids)
         if got is None:
             raise RuntimeError("the native greedy chain refused a step it was planned for")
-        for token in got:
-            chosen = torch.tensor([token])
+        for token in got:  # the last one may be an EOS id: the native chain stops after it
+            chosen, finished = torch.tensor([token]), torch.tensor([token in stop])
             state.next_position = state.next_position + 1
             state.append(chosen)
             state.cached = state.length - 1
-            finished = torch.tensor([token in stop])
-            if token in stop:
-                state.unfinished = state.unfinished & ~finished
-                state.some_stopped = True
+            state.unfinished = state.unfinished & ~finished
             remaining -= 1
-            yield StepOutput(chosen, None, None, finished if token in stop else not_done, state.unfinished, state)
-            if token in stop:
-                return
+            yield StepOutput(chosen, None, None, finished, state.unfinished, state)
+        if not state.unfinished.any():
+            return

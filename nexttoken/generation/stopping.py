@@ -83,17 +83,8 @@ class StoppingChain:
 
     def __init__(self, criteria: Sequence[StoppingCriterion]) -> None:
         self.criteria = list(criteria)
-        self._none_done: torch.Tensor | None = None  # the answer of an empty chain, made once
-
-    def __bool__(self) -> bool:
-        return bool(self.criteria)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if not self.criteria:
-            none = self._none_done
-            if none is None or none.shape[0] != input_ids.shape[0] or none.device != input_ids.device:
-                none = self._none_done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-            return none
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         for criterion in self.criteria:
             result = criterion(input_ids, scores)

@@ -201,11 +201,13 @@ def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch
     )
 
 
-def _hooked(module: torch.nn.Module) -> bool:
-    """A forward hook on the embedding (examples/per_step_hook.py adds to its output) needs the module called:
-    the native table read would skip it."""
-    return bool(module._forward_hooks or module._forward_pre_hooks or torch.nn.modules.module._global_forward_hooks
-                or torch.nn.modules.module._global_forward_pre_hooks)
+def _reads_table(plan: "_Plan", model: torch.nn.Module) -> bool:
+    """Whether the native step looks the tokens up itself: a table it reads (plan.embeds) and no forward hook on the
+    embedding (examples/per_step_hook.py adds to its output), which needs the module called."""
+    embed = model._modules["embed"]
+    return plan.embeds and not (embed._forward_hooks or embed._forward_pre_hooks
+                                or torch.nn.modules.module._global_forward_hooks
+                                or torch.nn.modules.module._global_forward_pre_hooks)
 
 
 def _sharded(model: torch.nn.Module) -> bool:
@@ -226,7 +228,7 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardB
     if not plan.ok:
         return None
     positions = batch.positions.reshape(-1).to(torch.int64).contiguous()  # (B,)
-    if plan.embeds and not _hooked(model._modules["embed"]):  # the table read natively: no embedding operations
+    if _reads_table(plan, model):  # no embedding operations here
         ids = input_ids.reshape(-1).to(torch.int64).contiguous()  # (B,)
         logits = torch.empty((ids.shape[0], model.config.vocab_size), dtype=torch.float32)
         rc = kernels.library().nt_decode_step_ids(
@@ -248,16 +250,12 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardB
 
 
 def chains(model: torch.nn.Module, cache: KVCache) -> bool:
-    """Whether greedy_chain can run this model and cache: what applies() asks of a step, for one row of a
-    float32 model whose native step reads the token table itself (not a tensor-parallel rank)."""
-    from .llama import Transformer  # here: llama.py imports this module
-
-    if not (_ENABLED and isinstance(model, Transformer) and isinstance(cache, KVCache) and cache.k.shape[1] == 1 and cache.k.dtype == torch.float32 and cache.k.device.type == "cpu"
-            and model.dtype == torch.float32 and not torch.is_grad_enabled() and not _observed(model)
-            and not _sharded(model) and kernels.library() is not None):
+    """Whether greedy_chain can run this model and cache: one row whose native step (rows_plan's conditions)
+    reads the token table itself (not a tensor-parallel rank, no hook on the embedding)."""
+    if not isinstance(cache, KVCache) or cache.k.shape[1] != 1 or _sharded(model):
         return False
-    plan = _plan(model, cache)
-    return plan.ok and plan.embeds and not _hooked(model._modules["embed"])
+    plan = rows_plan(model, cache)
+    return plan is not None and _reads_table(plan, model)
 
 
 def greedy_chain(model: torch.nn.Module, cache: KVCache, token: int, position: int, col: int, n: int,
