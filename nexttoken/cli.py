@@ -104,8 +104,8 @@ def _generate_traced(llm: Any, prompt: str, options: dict[str, Any], page: str) 
     """Generate with a trace; write the explain page and, beside it, the trace as JSON (for `nexttoken replay`)."""
     from pathlib import Path
 
-    from .generation.trace import to_json
-    from .generation.trace_page import render_page
+    from .generation.trace.recorder import to_json
+    from .generation.trace.page import render_page
 
     result = llm.generate(prompt, **options, trace=True)
     html = Path(page)
@@ -123,7 +123,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .errors import GenerationConfigError
-    from .generation.replay import replay
+    from .generation.trace.replay import replay
     from .llm import load
 
     try:

@@ -41,7 +41,7 @@ def load_pretrained(
 ) -> Pretrained:
     """Read a Hugging Face model folder (the packaged default model when path is None). `model`: the folder's
     network loaded already (a tensor-parallel rank's shard); its tokenizer and defaults are read here."""
-    from .model.quant import apply_quantization
+    from .model.quant.quantize import apply_quantization
 
     path = Path(path) if path is not None else default_model_path()
     if model is None:

@@ -29,3 +29,23 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+SMOLLM2_GGUF = SHARED_DIR / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct (a real instruction model) as a Hugging Face folder: float32 safetensors, tokenizer and
+    chat template, dequantized from the shared Q4_1 GGUF by transformers' own GGUF loader (the shared
+    make_folder.py, ~30 s). Written once per session; `NEXTTOKEN_TEST_CACHE` keeps it across sessions."""
+    import os
+    import subprocess
+    import sys
+
+    cache = os.environ.get("NEXTTOKEN_TEST_CACHE")
+    out = Path(cache) / "smollm2-135m-instruct" if cache else tmp_path_factory.mktemp("smollm2") / "model"
+    if not (out / "model.safetensors").is_file():
+        script = SMOLLM2_GGUF.parent / "make_folder.py"
+        subprocess.run([sys.executable, str(script), str(out)], check=True, capture_output=True, timeout=600)
+    return out

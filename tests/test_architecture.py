@@ -69,6 +69,141 @@ def test_imports_point_down(path: Path) -> None:
     assert not upward, f"{path.relative_to(PACKAGE)} ({part}) imports {upward}: an import up the layers"
 
 
+# Inside the crowded layers, the parts (a subpackage, or a module beside them) and what each may import, lower
+# parts first: the same rule one level down (docs/architecture.md draws it).
+ROOMS: dict[str, dict[str, set[str]]] = {
+    "generation": {
+        "values": set(),  # option values parsed once: below the options object and the processors both
+        "config": {"values"},
+        "modes": {"config"},
+        "stopping": set(),
+        "logprobs": set(),
+        "speculative": set(),
+        "processors": {"values", "config"},
+        "sampling": {"config", "processors"},
+        "output_pipeline": {"config", "stopping"},
+        "trace": {"config"},
+        "decode": {"processors", "sampling", "stopping"},
+        "outputs": {"decode"},
+        "search": {"config", "decode", "logprobs", "outputs"},
+        "generate": {"config", "decode", "logprobs", "modes", "outputs", "processors", "sampling", "search",
+                     "stopping"},
+        "completions": {"config", "generate", "logprobs", "output_pipeline", "processors", "stopping"},
+    },
+    "model": {
+        "kernels": set(), "batch": set(), "memory": set(), "rope": set(),
+        "cache": {"batch"},
+        "linear": {"kernels"},
+        "moe": {"linear"},
+        "quant": {"kernels", "linear", "memory"},
+        "layers": {"batch", "cache", "linear", "moe", "rope"},
+        "fused": {"batch", "cache", "kernels", "layers", "linear", "quant"},
+        "llama": {"batch", "cache", "fused", "layers", "linear", "rope"},
+        "parallel": {"linear", "memory", "moe", "quant"},
+        "weights": {"llama", "memory", "moe", "parallel"},
+    },
+    "engine": {
+        "prefix_cache": set(),
+        "sequence": set(),
+        "scheduler": {"prefix_cache", "sequence"},
+        "postprocess": {"sequence"},
+        "model_runner": {"prefix_cache", "scheduler", "sequence"},
+        "speculation": {"model_runner", "postprocess", "sequence"},
+        "distributed": {"model_runner", "prefix_cache", "scheduler"},
+        "launch": {"distributed"},
+        "llm_engine": {"distributed", "model_runner", "postprocess", "prefix_cache", "scheduler", "sequence",
+                       "speculation"},
+        "async_engine": {"llm_engine", "sequence"},
+    },
+    "tools": {"parser": set(), "formats": {"parser"}, "request": {"formats", "parser"}},
+    "server": {
+        "settings": set(),
+        "metrics": set(),
+        "http": {"metrics"},  # error bodies, guards, shutdown, the SSE bridge to the engine
+        "openai": {"http"},  # OpenAI's wire format: request bodies, prompts, options, outputs
+        "api": {"http", "metrics", "openai", "settings"},  # one module per API
+        "app": {"api", "http", "metrics", "settings"},
+        "cli": {"app", "http", "settings"},
+    },
+}
+
+
+def _room_part(module: str) -> tuple[str, str] | None:
+    """'nexttoken.generation.processors.chain' -> ('generation', 'processors'); None above the rooms' level."""
+    parts = module.split(".")
+    return (parts[1], parts[2]) if len(parts) >= 3 else None
+
+
+ROOM_FILES = [p for p in FILES if len(p.relative_to(PACKAGE).parts) >= 2
+              and p.relative_to(PACKAGE).parts[0] in ROOMS and p.name != "__init__.py"
+              or len(p.relative_to(PACKAGE).parts) >= 3 and p.relative_to(PACKAGE).parts[0] in ROOMS]
+
+
+def _module(path: Path) -> str:
+    return "nexttoken." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+
+
+@pytest.mark.parametrize("path", ROOM_FILES, ids=[str(p.relative_to(PACKAGE)) for p in ROOM_FILES])
+def test_imports_point_down_inside_a_room(path: Path) -> None:
+    room, part = _room_part(_module(path))  # type: ignore[misc]
+    assert part in ROOMS[room], f"{path}: a new part of {room}/; place it in ROOMS (docs/architecture.md)"
+    inside = {_room_part(m)[1] for m in _imports(path) if _room_part(m) and _room_part(m)[0] == room}  # type: ignore[index]
+    upward = sorted(p for p in inside if p != part and p not in ROOMS[room][part])
+    assert not upward, f"{path.relative_to(PACKAGE)} ({room}/{part}) imports {upward}: an import up inside {room}/"
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of the graph, or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state and (found := visit(m)):
+                return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (found := visit(n)):
+            return found
+    return None
+
+
+def test_no_import_circle_in_any_room() -> None:
+    """Module by module (a package's __init__ included), nothing imports itself back through others."""
+    graph = {_module(p).removesuffix(".__init__"): {m for m in _imports(p)} for p in PACKAGE.rglob("*.py")}
+    graph = {n: {m for m in ms if m in graph and m != n} for n, ms in graph.items()}
+    # A package's __init__ re-exports its modules: an edge into a package is an edge into what it re-exports, so
+    # only a module importing its own package's __init__ could close a circle through it.
+    assert _cycle(graph) is None, f"an import circle: {' -> '.join(_cycle(graph) or [])}"
+    room_graph: dict[str, set[str]] = {}
+    for n, ms in graph.items():
+        a = _room_part(n)
+        for m in ms:
+            b = _room_part(m)
+            if a and b and a[0] == b[0] and a != b:
+                room_graph.setdefault("/".join(a), set()).add("/".join(b))
+    assert _cycle(room_graph) is None, f"parts of a room import each other: {' -> '.join(_cycle(room_graph) or [])}"
+
+
+def test_the_checker_sees_a_circle_and_an_upward_import_inside_a_room() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+    bad = PACKAGE / "generation" / "processors" / "_probe_upward.py"
+    bad.write_text("from ..search import beam_search\n")
+    try:
+        assert "nexttoken.generation.search" in _imports(bad)
+        assert "search" not in ROOMS["generation"]["processors"]
+    finally:
+        bad.unlink()
+
+
 def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     """The rule can fail: a generation module importing the engine is caught."""
     bad = PACKAGE / "generation" / "_probe_upward.py"

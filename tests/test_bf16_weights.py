@@ -11,7 +11,7 @@ import torch
 import nexttoken
 from nexttoken.generation import generate
 from nexttoken.model import fused, kernels, load_model
-from nexttoken.model.bf16 import BF16Linear
+from nexttoken.model.quant.bf16 import BF16Linear
 from nexttoken.model.quant import quantize_bf16
 from tiny_models import save_variant
 

@@ -8,7 +8,7 @@ import math
 import torch
 
 from nexttoken.generation import generate
-from nexttoken.generation.contrastive import degeneration_scores
+from nexttoken.generation.search.contrastive import degeneration_scores
 from test_decoding_common import PROMPTS, left_padded, model_pair
 from test_decoding_stub import BigramModel
 

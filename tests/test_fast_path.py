@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from nexttoken.generation import generate
 from nexttoken.model import fused, kernels, load_model
-from nexttoken.model.linear import quantize_rows
+from nexttoken.model.quant.int8 import quantize_rows
 from test_generation_parity import PROMPTS, left_padded
 from tiny_models import save_variant
 
@@ -31,8 +31,9 @@ def test_float32_matches_torch(M: int, N: int, K: int) -> None:
 def test_a_row_gives_the_same_numbers_whatever_rows_share_the_call(kind: str, N: int, K: int) -> None:
     """The engine's batch invariance rests on this: row m's outputs are bit-identical for every M (each row's sums
     in the same order; rows reduced 16 at a time, whole blocks or the last partial one)."""
-    from nexttoken.model.int4 import Int4Linear
-    from nexttoken.model.linear import Int8Linear, Linear
+    from nexttoken.model.quant.int4 import Int4Linear
+    from nexttoken.model.quant.int8 import Int8Linear
+    from nexttoken.model.linear import Linear
 
     gen = torch.Generator().manual_seed(N + K)
     lin = Linear(K, N, bias=True)
@@ -147,11 +148,11 @@ def test_dequantize_rounds_like_torch(dtype) -> None:
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int8_prefill_in_blocks_equals_one_dequantized_matrix(dtype, monkeypatch) -> None:
-    from nexttoken.model import linear
+    from nexttoken.model.quant import int8
 
-    monkeypatch.setattr(linear, "PREFILL_BLOCK_BYTES", 64 * 96 * 4)  # several blocks and a short last one
+    monkeypatch.setattr(int8, "PREFILL_BLOCK_BYTES", 64 * 96 * 4)  # several blocks and a short last one
     gen = torch.Generator().manual_seed(6)
-    layer = linear.Int8Linear.from_linear(torch.nn.Linear(96, 300).to(dtype))
+    layer = int8.Int8Linear.from_linear(torch.nn.Linear(96, 300).to(dtype))
     x = torch.randn(80, 96, generator=gen).to(dtype)  # 80 rows: past the few-row kernels, the prefill path
     with torch.no_grad():
         expected = F.linear(x, (layer.weight.float() * layer.scale[:, None]).to(dtype)) + layer.bias.to(dtype)

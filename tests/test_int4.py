@@ -11,9 +11,10 @@ import torch
 import nexttoken
 from nexttoken.generation import generate
 from nexttoken.model import fused, kernels, load_model
-from nexttoken.model.int4 import (Int4Linear, dequantize_groups, linear_reference, quantize_activations,
-                                  quantize_groups)
-from nexttoken.model.linear import Int8Linear
+from nexttoken.model.quant.int4 import (
+    Int4Linear, dequantize_groups, linear_reference, quantize_activations, quantize_groups
+)
+from nexttoken.model.quant.int8 import Int8Linear
 from nexttoken.model.quant import quantize_int4
 from tiny_models import save_variant
 
@@ -197,7 +198,7 @@ def test_load_quantize_int4_generates() -> None:
 @needs_int4
 @pytest.mark.parametrize("N,K", [(3, 32), (17, 70), (64, 300), (5, 1000)])
 def test_native_quantizer_equals_the_torch_definition(N, K) -> None:
-    from nexttoken.model.int4 import quantize_groups_reference
+    from nexttoken.model.quant.int4 import quantize_groups_reference
 
     g = torch.Generator().manual_seed(N + K)
     w = torch.randn(N, K, generator=g) * torch.rand(N, 1, generator=g)  # rows of different magnitudes

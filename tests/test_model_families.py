@@ -17,7 +17,8 @@ from nexttoken.errors import ModelLoadError
 from nexttoken.generation import generate
 from nexttoken.generation.config import GenerationConfig
 from nexttoken.model import kernels, load_model
-from nexttoken.model.linear import Int8Linear, KeptLinear, Linear, quantize_rows
+from nexttoken.model.quant.int8 import Int8Linear, quantize_rows
+from nexttoken.model.linear import KeptLinear, Linear
 from nexttoken.model.moe import MoE
 from nexttoken.model.quant import quantize_int8
 from tiny_models import PROMPTS, left_padded, save_variant

@@ -10,10 +10,10 @@ import torch
 
 from nexttoken.errors import GenerationConfigError
 from nexttoken.generation import GenerationConfig, generate
-from nexttoken.generation.llamacpp import DRY, XTC, MirostatV2, TopNSigma
-from nexttoken.generation.penalties import FrequencyPenalty, LogitBias, PresencePenalty
+from nexttoken.generation.processors.llamacpp import DRY, XTC, MirostatV2, TopNSigma
+from nexttoken.generation.processors.penalties import FrequencyPenalty, LogitBias, PresencePenalty
 from nexttoken.generation.processors import build_processors
-from nexttoken.generation.warpers import Temperature, TopK
+from nexttoken.generation.processors.warpers import Temperature, TopK
 from test_decoding_common import PROMPTS, left_padded, model_pair
 
 INF = float("inf")

@@ -9,19 +9,19 @@ import pytest
 import torch
 
 from nexttoken.errors import GenerationConfigError
-from nexttoken.generation.constraints import (
+from nexttoken.generation.processors.constraints import (
     ExponentialDecayLengthPenalty, ForcedBOS, ForcedEOS, LogitNormalization, MinLength, MinNewTokens,
-    PrefixConstrained, RemoveInvalidValues, SuppressTokens, SuppressTokensAtBegin,
+    PrefixConstrained, RemoveInvalidValues, SuppressTokens, SuppressTokensAtBegin
 )
-from nexttoken.generation.guidance import ClassifierFreeGuidance
-from nexttoken.generation.llamacpp import DRY, XTC, TopNSigma
-from nexttoken.generation.penalties import (
+from nexttoken.generation.processors.guidance import ClassifierFreeGuidance
+from nexttoken.generation.processors.llamacpp import DRY, XTC, TopNSigma
+from nexttoken.generation.processors.penalties import (
     EncoderNoRepeatNGram, EncoderRepetitionPenalty, FrequencyPenalty, LogitBias, NoBadWords, NoRepeatNGram,
-    PresencePenalty, RepetitionPenalty, SequenceBias,
+    PresencePenalty, RepetitionPenalty, SequenceBias
 )
 from nexttoken.generation.processors import ProcessorChain
-from nexttoken.generation.warpers import Epsilon, Eta, MinP, Temperature, TopH, TopK, TopP, Typical
-from nexttoken.generation.watermark import Watermark
+from nexttoken.generation.processors.warpers import Epsilon, Eta, MinP, Temperature, TopH, TopK, TopP, Typical
+from nexttoken.generation.processors.watermark import Watermark
 
 INF = float("inf")
 
@@ -329,7 +329,7 @@ def test_processor_never_modifies_its_input(proc) -> None:
 
 
 def test_mirostat_never_modifies_its_input() -> None:
-    from nexttoken.generation.llamacpp import MirostatV2
+    from nexttoken.generation.processors.llamacpp import MirostatV2
 
     scores = torch.randn(2, 20, generator=torch.Generator().manual_seed(3))
     before = scores.clone()

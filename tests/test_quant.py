@@ -11,7 +11,7 @@ import nexttoken
 from nexttoken.errors import ModelLoadError
 from nexttoken.generation import generate
 from nexttoken.model import kernels, load_model
-from nexttoken.model.linear import Int8Linear
+from nexttoken.model.quant.int8 import Int8Linear
 from nexttoken.model.quant import quantize_int8
 from tiny_models import save_variant
 

@@ -173,7 +173,7 @@ def test_an_unexpected_error_is_a_500_without_its_text_and_the_connection_lives(
 
     import uvicorn
 
-    import nexttoken.server.app as server_app
+    import nexttoken.server.api.models as server_app
     from nexttoken.engine import EngineConfig, LLMEngine
     from nexttoken.pretrained import load_pretrained
     from nexttoken.server import ServerSettings, build_app
@@ -557,7 +557,7 @@ def test_echoed_token_texts_and_offsets_on_real_tokenizers(shared_dir, name) -> 
     """Every conformance text, echoed (BOS included where the tokenizer adds one): a whole-character token's text
     is exactly what the returned text holds at its offset; the byte tokens of one character (byte fallback or
     byte-level pieces) point at that character, and their bytes are the character's; offsets never go back."""
-    from nexttoken.server.responses import echo_token_texts
+    from nexttoken.server.openai.outputs import echo_token_texts
     from nexttoken.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(shared_dir / "tokenizers" / name)

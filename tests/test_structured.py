@@ -17,7 +17,7 @@ import nexttoken
 from nexttoken.bench.schemas import PARTIAL, SCHEMAS, UNSUPPORTED
 from nexttoken.engine import EngineConfig, LLMEngine
 from nexttoken.generation.config import GenerationConfig
-from nexttoken.generation.structured import GRAMMARS, StructuredOutputError, compile_for
+from nexttoken.generation.processors.structured import GRAMMARS, StructuredOutputError, compile_for
 
 FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER
 PROMPT = "Once upon a time"

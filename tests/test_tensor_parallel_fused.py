@@ -130,7 +130,7 @@ def test_row_parallel_biases_and_padded_vocab(tmp_path, counted) -> None:
 RANK_FORWARD = '''
 import json, os, sys, torch, torch.distributed as dist
 from nexttoken.model import fused
-from nexttoken.model.loader import load_model_shard
+from nexttoken.model.weights.shard import load_model_shard
 from nexttoken.model.parallel import RankGroup
 from test_fused import step_logits
 

@@ -18,7 +18,7 @@ from tiny_models import build_chat_model
 
 import nexttoken
 from nexttoken.errors import GenerationConfigError
-from nexttoken.generation.structured import GRAMMARS, Constraint, allowed_tokens
+from nexttoken.generation.processors.structured import GRAMMARS, Constraint, allowed_tokens
 from nexttoken.tokenizer import Tokenizer
 from nexttoken.tools import FORMATS, ToolCallDelta, ToolsError, ToolUse, template_messages
 

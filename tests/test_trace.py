@@ -22,9 +22,9 @@ from nexttoken.engine.postprocess import snapshot
 from nexttoken.engine.sequence import HookState, Sequence
 from nexttoken.errors import GenerationConfigError
 from nexttoken.generation.decode import StepOutput
-from nexttoken.generation.replay import compare, replay
+from nexttoken.generation.trace.replay import compare, replay
 from nexttoken.generation.sampling import Sampler
-from nexttoken.generation.trace import to_json
+from nexttoken.generation.trace.recorder import to_json
 from tiny_models import save_variant
 
 PROMPT = [1, 5, 17, 33, 8]
@@ -232,7 +232,7 @@ def test_replay_finds_changed_code(tiny, monkeypatch) -> None:
     """A processor whose code changed (top-k keeping one token more) is named at the first step it matters."""
     llm, _ = tiny
     trace = llm.generate(PROMPT, max_new_tokens=6, do_sample=True, temperature=0.9, top_k=8, seed=2, trace=True).trace
-    from nexttoken.generation import warpers
+    from nexttoken.generation.processors import warpers
 
     original = warpers.TopK.__call__
 
@@ -351,7 +351,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_cli_replay_of_a_library_trace(tiny, tmp_path) -> None:
     folder = str(tiny[0].path)  # a token-id-only model: the trace is written through the library
     ids_run = subprocess.run(
-        [sys.executable, "-c", "import nexttoken, sys; from nexttoken.generation.trace import to_json; "
+        [sys.executable, "-c", "import nexttoken, sys; from nexttoken.generation.trace.recorder import to_json; "
          f"llm = nexttoken.load({folder!r}); c = llm.generate({PROMPT}, max_new_tokens=6, do_sample=True, seed=4, "
          "trace=True, trace_top_n=4); open(sys.argv[1], 'w').write(to_json(c.trace))", str(tmp_path / "t.json")],
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, capture_output=True, text=True,
@@ -433,8 +433,8 @@ def test_each_sequence_has_its_own_trace_and_user_processors_are_stages(packaged
 
 
 def test_a_note_joins_its_step() -> None:
-    from nexttoken.generation.processors import Temperature
-    from nexttoken.generation.trace import TraceRecorder
+    from nexttoken.generation.processors.chain import Temperature
+    from nexttoken.generation.trace.recorder import TraceRecorder
 
     rec = TraceRecorder(3, {"prompt_ids": [1]})
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])

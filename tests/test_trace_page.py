@@ -13,8 +13,8 @@ import pytest
 
 import nexttoken
 from cdp import Browser, browser_or_skip
-from nexttoken.generation.replay import replay
-from nexttoken.generation.trace_page import render_page
+from nexttoken.generation.trace.replay import replay
+from nexttoken.generation.trace.page import render_page
 from nexttoken.pretrained import DEFAULT_MODEL_DIR
 
 openai = pytest.importorskip("openai")
@@ -171,8 +171,8 @@ def test_server_serves_the_page_of_a_traced_request(browser, server) -> None:
 def test_the_servers_trace_store_is_bounded() -> None:
     import asyncio
 
-    from nexttoken.server.errors import APIError
-    from nexttoken.server.traces import TraceStore
+    from nexttoken.server.http.errors import APIError
+    from nexttoken.server.api.traces import TraceStore
 
     store = TraceStore("m", capacity=3, budget_bytes=10_000)
     small = {"steps": [], "padding": "x" * 1000}

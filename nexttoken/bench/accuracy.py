@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from ..model import ForwardBatch, Transformer, load_model
-from ..model.quant import apply_quantization
+from ..model.quant.quantize import apply_quantization
 from ..tokenizer import Tokenizer
 
 # Human-written text in the TinyStories register (what stories260k was trained on).

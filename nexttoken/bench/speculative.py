@@ -51,7 +51,7 @@ def draft_from_target(path: Path, dtype: str | None, layers: int | None, noise: 
     """A fresh copy of the target cut to its first `layers` blocks, each weight plus N(0, (noise * its std)^2), then
     optionally quantized (`quantize`: int8, int4, bf16 as in nexttoken.load) so that its step costs less."""
     from ..model import load_model
-    from ..model.quant import apply_quantization
+    from ..model.quant.quantize import apply_quantization
 
     draft = load_model(path, dtype=dtype)
     if layers is not None and layers < draft.config.num_hidden_layers:

@@ -54,12 +54,12 @@ class _Llguidance:
     name = "llguidance"
 
     def __init__(self, tokenizer: Any, vocab: int, eos: list[int]) -> None:
-        from ..generation.structured import GrammarCache
+        from ..generation.processors.structured import GrammarCache
 
         self.cache, self.tok, self.vocab, self.eos = GrammarCache(), tokenizer, vocab, tuple(eos)
 
     def compile(self, schema: dict) -> Any:
-        from ..generation.structured import Constraint
+        from ..generation.processors.structured import Constraint
 
         lltok = self.cache.tokenizer(self.tok, self.vocab, self.eos)
         return self.cache.compile(Constraint("json_schema", schema), lltok).template
@@ -128,7 +128,7 @@ class _MaskedBy:
         self.matcher, self.prompt_length = matcher, prompt_length
 
     def __call__(self, ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        from ..generation.structured import allowed_tokens
+        from ..generation.processors.structured import allowed_tokens
 
         if ids.shape[1] > self.prompt_length:
             self.matcher.accept(int(ids[0, -1]))

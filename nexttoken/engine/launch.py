@@ -26,9 +26,9 @@ import torch.distributed as dist
 
 from ..config import ModelConfig
 from ..errors import ModelLoadError
-from ..model.loader import load_model_shard
+from ..model.weights.shard import load_model_shard
 from ..model.parallel import RankGroup, TensorParallelError, check_divisible, quantize_int8_sharded
-from ..model.quant import QUANTIZATIONS
+from ..model.quant.quantize import QUANTIZATIONS
 from .distributed import DEFAULT_TIMEOUT_S, Cluster, free_port, serve_worker
 
 

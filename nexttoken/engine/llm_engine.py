@@ -28,20 +28,20 @@ from ..generation.decode import StepHook
 from ..generation.generate import length_budget, model_generation_config
 from ..generation.modes import GenerationMode, generation_mode
 from ..generation.output_pipeline import OutputPipeline
-from ..generation.processors import ChainInputs, LogitsProcessor, build_processors
+from ..generation.processors.chain import ChainInputs, LogitsProcessor, build_processors
 from ..generation.sampling import Sampler, make_sampler
 from ..generation.speculative import DraftLength
 from ..generation.stopping import MaxTime, StoppingChain, StoppingCriterion
-from ..generation.structured import GrammarMask
-from ..generation.trace import TraceRecorder, options_of
+from ..generation.processors.structured import GrammarMask
+from ..generation.trace.recorder import TraceRecorder, options_of
 from ..model import Transformer
 from .distributed import DistributedRunner
 from .model_runner import ModelRunner
 from .postprocess import advance, advance_greedy, plain_greedy, snapshot
 from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
-from .sequence import Sequence, TokenEvent
-from .speculation import DEFAULT_NGRAM, Drafter, Speculation, SpeculativeConfig, Speculator
+from .sequence import Sequence, Speculation, TokenEvent
+from .speculation import DEFAULT_NGRAM, Drafter, SpeculativeConfig, Speculator
 
 def _prefetch(seqs: list[Sequence]) -> None:
     for seq in seqs:

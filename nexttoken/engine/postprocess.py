@@ -14,7 +14,7 @@ import torch
 from ..generation.decode import StepOutput
 from ..generation.output_pipeline import Delta
 from ..generation.sampling import Sampler
-from ..generation.structured import allowed_tokens
+from ..generation.processors.structured import allowed_tokens
 from ..model import kernels
 from .sequence import HookState, Sequence, TokenEvent
 

@@ -4,20 +4,31 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 
 from ..generation.config import GenerationConfig
 from ..generation.decode import StepHook
 from ..generation.output_pipeline import OutputPipeline, PromptLogprobs, TopLogprobs
-from ..generation.processors import ProcessorChain
+from ..generation.processors.chain import ProcessorChain
 from ..generation.stopping import StoppingChain
-from ..generation.structured import GrammarMask
-from ..generation.trace import TraceRecorder
+from ..generation.processors.structured import GrammarMask
+from ..generation.speculative import DraftLength
+from ..generation.trace.recorder import TraceRecorder
 
-if TYPE_CHECKING:
-    from .speculation import Speculation
+
+@dataclass
+class Speculation:
+    """One request's speculation: where its drafts come from and what they achieved."""
+
+    length: DraftLength
+    ngram: int | None = None  # prompt lookup's longest n-gram; None when a draft model proposes
+    drafter: Any = None  # speculation.Drafter: the draft model and its cache
+    draft_cached: int = 0  # tokens whose K/V are in the draft model's slot
+    drafted: int = 0  # draft tokens verified
+    accepted: int = 0  # of them, kept
+    steps: int = 0  # verification passes
 
 
 class SequenceStatus(enum.Enum):
@@ -122,7 +133,7 @@ class TokenEvent:
     scheduled_time: float | None
     prompt_logprobs: PromptLogprobs | None = None  # with the first event only
     prefix_hit_tokens: int = 0
-    trace: dict | None = None  # with the last event of a traced request: its trace (generation/trace.py)
+    trace: dict | None = None  # with the last event of a traced request: its trace (generation/trace/recorder.py)
     spec_draft_tokens: int = 0  # speculative decoding, so far in this request: draft tokens verified
     spec_accepted_tokens: int = 0  # of them, kept
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..generation.speculative import DraftLength, accept_or_resample, prompt_lookup
+from ..generation.speculative import accept_or_resample, prompt_lookup
 from ..model import ForwardBatch, Transformer, fused, kernels
 from ..model.kernels import MAX_ROWS
 from .model_runner import ModelRunner, SlotView
@@ -41,19 +41,6 @@ class SpeculativeConfig:
     num_tokens: int = 4  # tokens drafted per step
     draft_model: Transformer | None = None  # None: prompt lookup
     ngram: int = DEFAULT_NGRAM  # prompt lookup's longest n-gram
-
-
-@dataclass
-class Speculation:
-    """One request's speculation: where its drafts come from and what they achieved."""
-
-    length: DraftLength
-    ngram: int | None = None  # prompt lookup's longest n-gram; None when a draft model proposes
-    drafter: "Drafter | None" = None
-    draft_cached: int = 0  # tokens whose K/V are in the draft model's slot
-    drafted: int = 0  # draft tokens verified
-    accepted: int = 0  # of them, kept
-    steps: int = 0  # verification passes
 
 
 @dataclass(eq=False)

@@ -6,7 +6,7 @@ from .decode import GenerationCache, StepHook
 from .generate import GenerateOutput, generate
 from .logprobs import compute_transition_scores
 from .modes import GenerationMode, generation_mode
-from .watermark import WatermarkDetector, WatermarkingConfig
+from .processors.watermark import WatermarkDetector, WatermarkingConfig
 
 __all__ = [
     "GenerateOutput", "GenerationCache", "GenerationConfig", "GenerationMode", "StepHook", "WatermarkDetector",

@@ -14,7 +14,7 @@ from .config import GenerationConfig
 from .generate import generate, left_pad
 from .logprobs import compute_transition_scores
 from .output_pipeline import Completion, replay
-from .processors import LogitsProcessor
+from .processors.chain import LogitsProcessor
 from .stopping import StoppingCriterion
 
 

@@ -8,15 +8,15 @@ GenerationConfigError that names it and says what is allowed; nothing is silentl
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 from dataclasses import dataclass
-from operator import attrgetter
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import GenerationConfigError
+from .values import (WARPER_NAMES, WatermarkingConfig, check_choice, check_combination, json_schema_value,
+                     parse_logit_bias, parse_sequence_bias)
 
 # Keys transformers writes into generation_config.json that describe the file, not the generation.
 _FILE_METADATA = {"transformers_version", "_from_model_config", "use_cache", "trust_remote_code"}
@@ -116,14 +116,14 @@ class GenerationConfig:
     top_logprobs: int = 0  # per generated token: log-probabilities of the N most likely alternatives
     prompt_logprobs: bool = False  # log-probability of every prompt token given the ones before it
     logprobs_mode: str = "raw"  # "raw": the model's distribution; "processed": the one sampled from
-    # Structured output (generation/structured.py, docs/structured_output.md): at most one constraint.
+    # Structured output (generation/processors/structured.py, docs/structured_output.md): at most one constraint.
     json_schema: Any = None  # a JSON Schema: dict, JSON string or pydantic model class (kept as a dict)
     json_object: bool = False  # any JSON object
     regex: str | None = None  # the whole output matches it
     choice: list[str] | None = None  # the output is one of these strings
     grammar: str | None = None  # a Lark grammar (llguidance's dialect), or GBNF (llama.cpp's) when it has '::='
     structured_best_effort: bool = False  # enforce what the grammar engine can and let unimplemented keywords pass
-    # Traces (generation/trace.py, docs/tracing.md): per step, the top trace_top_n candidates before and after
+    # Traces (generation/trace/recorder.py, docs/tracing.md): per step, the top trace_top_n candidates before and after
     # each processor, the draw, the stop decisions and timings. Recorded by the engine (greedy and sampling).
     trace: bool = False
     trace_top_n: int = 10
@@ -160,8 +160,6 @@ class GenerationConfig:
             if name in _CANONICAL:
                 options[name] = _CANONICAL[name](value)
         updated = dataclasses.replace(self, **options)
-        from .structured import check_combination  # late: structured reads this module's fields
-
         check_combination(updated)
         return updated
 
@@ -198,14 +196,12 @@ class GenerationConfig:
 
         The field checks cannot know the vocabulary; whoever holds the model (the engine, the server) calls this
         before running, so an id past the vocabulary is a bad option, not a failure inside a processor."""
-        from .penalties import _parse_sequence_bias, parse_logit_bias  # late: penalties imports this module
-
         def flat(v: Any) -> list[int]:
             return [v] if isinstance(v, int) else [t for x in v for t in flat(x)] if v is not None else []
 
         named = {
             "bad_words_ids": flat(self.bad_words_ids),
-            "sequence_bias": flat([list(k) for k in _parse_sequence_bias(self.sequence_bias)])
+            "sequence_bias": flat([list(k) for k in parse_sequence_bias(self.sequence_bias)])
             if self.sequence_bias is not None else [],
             "suppress_tokens": flat(self.suppress_tokens),
             "begin_suppress_tokens": flat(self.begin_suppress_tokens),
@@ -306,14 +302,12 @@ def _id_lists(name: str, v: Any) -> None:
     _fail(name, v, "must be a non-empty list of non-empty lists of token ids, or None")
 
 
-def _parsed_by(parser_path: str, errors: tuple[type[Exception], ...] = (GenerationConfigError,)) -> Callable[[str, Any], None]:
-    """A check that runs the processor's own parser (`module:function`): one definition of validity."""
+def _parsed_by(parse: Callable[[Any], Any], errors: tuple[type[Exception], ...] = (GenerationConfigError,)) -> Callable[[str, Any], None]:
+    """A check that runs the processors' own parser (values.py): one definition of validity."""
 
     def check(name: str, v: Any) -> None:
         if v is None:
             return
-        module, function = parser_path.split(":")
-        parse = attrgetter(function)(importlib.import_module(f".{module}", __package__))  # late: they import us
         try:
             parse(v)
         except errors as e:
@@ -322,18 +316,16 @@ def _parsed_by(parser_path: str, errors: tuple[type[Exception], ...] = (Generati
     return check
 
 
-_sequence_bias_parsed = _parsed_by("penalties:_parse_sequence_bias")
-_logit_bias = _parsed_by("penalties:parse_logit_bias")
-_watermarking_parsed = _parsed_by("watermark:WatermarkingConfig.from_any", (GenerationConfigError, TypeError))
+_sequence_bias_parsed = _parsed_by(parse_sequence_bias)
+_logit_bias = _parsed_by(parse_logit_bias)
+_watermarking_parsed = _parsed_by(WatermarkingConfig.from_any, (GenerationConfigError, TypeError))
 
 
 def _sequence_bias(name: str, v: Any) -> None:
     _sequence_bias_parsed(name, v)
     if v is None:
         return
-    from .penalties import _parse_sequence_bias
-
-    for ids, bias in _parse_sequence_bias(v).items():
+    for ids, bias in parse_sequence_bias(v).items():
         if not (-BIAS_LIMIT <= bias <= BIAS_LIMIT or bias == -math.inf):
             _fail(name, v, f"the bias for {list(ids)} must be in [-{BIAS_LIMIT:g}, {BIAS_LIMIT:g}] (or -inf, a ban), "
                            f"got {bias!r}")
@@ -343,8 +335,6 @@ def _watermarking(name: str, v: Any) -> None:
     _watermarking_parsed(name, v)
     if v is None:
         return
-    from .watermark import WatermarkingConfig
-
     bias = WatermarkingConfig.from_any(v).bias
     if not (math.isfinite(bias) and abs(bias) <= BIAS_LIMIT):
         _fail(name, v, f"bias must be a number in [-{BIAS_LIMIT:g}, {BIAS_LIMIT:g}], got {bias!r}")
@@ -365,15 +355,11 @@ def _early_stopping(name: str, v: Any) -> None:
 
 def _json_schema(name: str, v: Any) -> None:
     if v is not None:
-        from .structured import json_schema_value
-
         json_schema_value(v)
 
 
 def _choice(name: str, v: Any) -> None:
     if v is not None:
-        from .structured import check_choice
-
         check_choice(v)
 
 
@@ -393,10 +379,8 @@ def _one_of(*allowed: str) -> Callable[[str, Any], None]:
 def _sampler_order(name: str, v: Any) -> None:
     if v is None:
         return
-    from .processors import WARPERS
-
-    if not isinstance(v, (list, tuple)) or len(set(v)) != len(v) or not all(x in WARPERS for x in v):
-        _fail(name, v, f"must be a list of distinct names from {sorted(WARPERS)}")
+    if not isinstance(v, (list, tuple)) or len(set(v)) != len(v) or not all(x in WARPER_NAMES for x in v):
+        _fail(name, v, f"must be a list of distinct names from {sorted(WARPER_NAMES)}")
 
 
 TRACE_TOP_N_LIMIT = 1000  # candidates kept per stage and step: the trace's memory bound
@@ -489,8 +473,7 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
 }
 # Values kept in one form once checked: a schema as a dict (from a JSON string or a pydantic class), choices a list.
 _CANONICAL: dict[str, Callable[[Any], Any]] = {
-    "json_schema": lambda v: None if v is None else importlib.import_module(".structured", __package__)
-    .json_schema_value(v),
+    "json_schema": lambda v: None if v is None else json_schema_value(v),
     "choice": lambda v: None if v is None else list(v),
 }
 assert set(_CHECKS) == {f.name for f in dataclasses.fields(GenerationConfig)}

@@ -14,7 +14,7 @@ import torch
 from ..errors import GenerationConfigError
 from ..model import ForwardBatch, KVCache, Transformer
 from ..model import fused
-from .processors import ProcessorChain
+from .processors.chain import ProcessorChain
 from .sampling import Sampler
 from .stopping import EosToken, StoppingChain
 

@@ -10,14 +10,14 @@ import torch
 from ..errors import GenerationConfigError, PromptTooLongError
 from ..model import Transformer
 from .config import GenerationConfig
-from .beam import beam_search
-from .contrastive import contrastive_search
+from .search.beam import beam_search
+from .search.contrastive import contrastive_search
 from .decode import DecodePlan, GenerationCache, StepHook, StepOutput, check_continuation, decode_steps
-from .group_beam import group_beam_search
+from .search.group_beam import group_beam_search
 from .logprobs import LogprobCollector
 from .modes import GenerationMode, generation_mode
 from .outputs import GenerateOutput
-from .processors import ChainInputs, LogitsProcessor, build_processors
+from .processors.chain import ChainInputs, LogitsProcessor, build_processors
 from .sampling import make_sampler
 from .stopping import EosToken, MaxTime, StoppingChain, StoppingCriterion, StopStrings
 

@@ -15,7 +15,7 @@ the fact. It owns, for one sequence:
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -44,7 +44,7 @@ class Completion:
     # LLM.chat with tools: the calls the model made (nexttoken.tools.ToolCall); `text` is then the content
     # outside them and finish_reason "tool_calls".
     tool_calls: list[Any] | None = None
-    # With trace=True: why each token came out (generation/trace.py; nexttoken.generation.trace_page renders it).
+    # With trace=True: why each token came out (generation/trace/recorder.py; nexttoken.generation.trace.page renders it).
     trace: dict[str, Any] | None = None
 
 

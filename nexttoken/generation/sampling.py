@@ -8,7 +8,7 @@ import torch
 
 from ..model import kernels
 from .config import GenerationConfig
-from .llamacpp import MirostatV2
+from .processors.llamacpp import MirostatV2
 
 
 class Sampler:

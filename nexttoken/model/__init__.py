@@ -3,6 +3,6 @@
 from .batch import ForwardBatch
 from .cache import KVCache
 from .llama import Transformer
-from .loader import load_model
+from .weights.loader import load_model
 
 __all__ = ["ForwardBatch", "KVCache", "Transformer", "load_model"]

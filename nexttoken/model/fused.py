@@ -27,9 +27,11 @@ import torch
 from . import kernels
 from .batch import ForwardBatch
 from .cache import KVCache
-from .bf16 import BF16Embedding, BF16Linear
-from .int4 import Int4Linear
-from .linear import Int8Linear, Linear
+from .quant.bf16 import BF16Embedding, BF16Linear
+from .quant.int4 import Int4Linear
+from .quant.int8 import Int8Embedding, Int8Linear
+from .layers import MLP, Attention, Block, RMSNorm
+from .linear import Linear
 
 _ENABLED = os.environ.get("NEXTTOKEN_FUSED", "1") != "0"  # NEXTTOKEN_FUSED=0: decode steps run the modules
 _KIND = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
@@ -87,8 +89,7 @@ def _embedding(module: torch.nn.Module, vocab: int) -> _Linear | None:
     """The token table as the native step reads it (csrc/decode.cpp's embed: ids in [0, vocab)), or None: a
     float32 nn.Embedding, bf16.BF16Embedding's bfloat16 rows or quant.Int8Embedding's int8 rows and scales (a
     tensor-parallel rank's vocab-parallel table is looked up in Python)."""
-    from .quant import Int8Embedding  # here: quant.py imports the model, which imports this module
-
+    
     w = _table(module)
     if not w.is_contiguous() or w.dim() != 2 or w.shape[0] < vocab:
         return None
@@ -141,8 +142,6 @@ class _Plan:
     """The ctypes description of one model + cache, kept while none of their tensors move."""
 
     def __init__(self, model: torch.nn.Module, cache: KVCache) -> None:
-        from .llama import MLP, Attention, Block, RMSNorm  # here: llama.py imports this module
-
         cfg = model.config
         self.key = _key(model, cache)
         self.ok = False
@@ -280,9 +279,7 @@ def rows_plan(model: torch.nn.Module, cache: KVCache) -> RowsPlan | None:
     """The native description when the engine's decode rows of this model and slot cache take the native step,
     else None. A property of the model and the cache alone (never of which requests share a step), so a request's
     numbers do not depend on its batch-mates. Checked once per step (the weights may have been replaced)."""
-    from .llama import Transformer  # here: llama.py imports this module
-
-    if not (_ENABLED and isinstance(model, Transformer) and cache.k.dtype == torch.float32
+    if not (_ENABLED and getattr(model, "native_step", False) and cache.k.dtype == torch.float32
             and cache.k.device.type == "cpu" and model.dtype == torch.float32 and not torch.is_grad_enabled()
             and not _observed(model) and kernels.library() is not None):
         return None

@@ -203,7 +203,7 @@ def int4_available() -> bool:
 def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, K: int,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (..., K) @ W^T (+ bias (N,) float32) for 4-bit W: packed (N, Kp/2) uint8 and scales (N, Kp/32) float16
-    as nexttoken/model/int4.py lays them out; at most MAX_ROWS rows of x. Output in x's dtype."""
+    as nexttoken/model/quant/int4.py lays them out; at most MAX_ROWS rows of x. Output in x's dtype."""
     lib = library()
     assert lib is not None and x.shape[-1] == K
     N = packed.shape[0]

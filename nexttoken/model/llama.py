@@ -8,155 +8,21 @@ tensors) so a decode step runs two matmuls per block instead of five.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
 from . import fused
 from .batch import ForwardBatch
 from .cache import KVCache
+from .layers import Block, RMSNorm
 from .linear import Linear
-from .moe import MoE
-from .rope import apply_rope, inverse_frequencies, longrope_inv_freq, rope_cos_sin
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, plus_one: bool = False) -> None:
-        super().__init__()
-        self.eps, self.plus_one = eps, plus_one
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32, scale in the input dtype: transformers' order, which bf16 parity depends on.
-        # In-place where the temporaries are our own: fewer allocations per decode step, the same arithmetic.
-        dtype = x.dtype
-        if dtype != torch.float32:
-            x = x.float()
-        x = x * x.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
-        if self.plus_one:  # Gemma: scaled by (1 + weight) in float32, then cast (its order, not Llama's)
-            return (x * (1.0 + self.weight.float())).to(dtype)
-        return self.weight * (x if dtype == torch.float32 else x.to(dtype))
-
-
-def activation(name: str):  # noqa: ANN201
-    """The MLP's gate activation by its config name (ModelConfig validated it)."""
-    if name == "gelu_pytorch_tanh":
-        return lambda x: F.gelu(x, approximate="tanh")
-    return F.silu
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
-        super().__init__()
-        self.layer = layer
-        self.n_heads, self.n_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        self.split = (q_size, kv_size, kv_size)
-        self.wqkv = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias or cfg.attention_bias)
-        self.wo = Linear(q_size, cfg.hidden_size, bias=cfg.attention_bias)
-        self.sliding = cfg.sliding_layers[layer] if cfg.sliding_layers else False
-        # q and k RMS-normalised before RoPE: each head over its head_dim (Qwen3), or the whole projection (OLMo 2).
-        self.qk_norm = cfg.qk_norm
-        q_dim, k_dim = (self.head_dim, self.head_dim) if cfg.qk_norm == "head" else (q_size, kv_size)
-        self.q_norm = RMSNorm(q_dim, cfg.rms_norm_eps, cfg.norm_plus_one) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(k_dim, cfg.rms_norm_eps, cfg.norm_plus_one) if cfg.qk_norm else None
-        self.scale = cfg.attention_multiplier  # None: SDPA's 1/sqrt(head_dim)
-        self.softcap = cfg.attn_logit_softcapping
-
-    def forward(
-        self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor
-    ) -> torch.Tensor:
-        B, T, _ = x.shape
-        qk, v = self.wqkv(x).split((self.split[0] + self.split[1], self.split[2]), dim=-1)
-        if self.qk_norm == "projection":
-            q, k = qk.split(self.split[:2], dim=-1)
-            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=-1)
-        # q and k heads rotated together: one set of RoPE ops per layer instead of two (fewer ops per decode step).
-        qk = qk.view(B, T, self.n_heads + self.n_kv_heads, self.head_dim)  # (B, T, H + Hkv, D)
-        if self.qk_norm == "head":
-            q, k = qk.split((self.n_heads, self.n_kv_heads), dim=2)
-            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=2)
-        qk = qk.transpose(1, 2)  # (B, H + Hkv, T, D)
-        q, k = apply_rope(qk, cos, sin).split((self.n_heads, self.n_kv_heads), dim=1)  # (B, H|Hkv, T, D)
-        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
-        keys, values = cache.update(self.layer, batch, k, v)  # (B, Hkv, S, D)
-        mask = batch.window_mask if self.sliding else batch.mask
-        if batch.rowwise and B > 1:  # each row alone: its numbers cannot depend on its batch-mates
-            y = torch.cat([self._attend(q[b : b + 1], keys[b : b + 1], values[b : b + 1],
-                                        None if mask is None else mask[b : b + 1]) for b in range(B)])
-        else:
-            y = self._attend(q, keys, values, mask)  # (B, H, T, D)
-        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
-
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                mask: torch.Tensor | None) -> torch.Tensor:
-        """q (B, H, T, D), keys and values (B, Hkv, S, D), mask (B, 1, T, S) bool or None -> (B, H, T, D)."""
-        if self.softcap is not None:
-            return softcapped_attention(q, keys, values, mask, self.scale, self.softcap)
-        return F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv_heads, scale=self.scale
-        )
-
-
-def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                         scale: float | None, cap: float) -> torch.Tensor:
-    """Attention whose scores are soft-capped (Gemma 2: cap * tanh(s / cap)) before the softmax, which SDPA cannot
-    do: q (B, H, T, D), k and v (B, Hkv, S, D), mask (B, 1, T, S) bool or None -> (B, H, T, D). transformers'
-    eager order: scores in the activation dtype, softmax in float32, probabilities cast back."""
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
-    scores = (q @ k.transpose(2, 3)) * (q.shape[-1] ** -0.5 if scale is None else scale)  # (B, H, T, S)
-    scores = torch.tanh(scores / cap) * cap
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, intermediate: int | None = None) -> None:
-        super().__init__()
-        self.intermediate = intermediate or cfg.intermediate_size  # a MoE expert's is its own
-        self.w13 = Linear(cfg.hidden_size, 2 * self.intermediate, bias=cfg.mlp_bias)  # gate ++ up
-        self.w2 = Linear(self.intermediate, cfg.hidden_size, bias=cfg.mlp_bias)
-        self.act = activation(cfg.hidden_act)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w13(x).split(self.intermediate, dim=-1)
-        return self.w2(self.act(gate) * up)
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
-        super().__init__()
-        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one)
-        self.attention = Attention(cfg, layer)
-        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one)
-        self.mlp = MoE(cfg, lambda width: MLP(cfg, width)) if cfg.moe and cfg.moe.sparse_layers[layer] else MLP(cfg)
-        self.norm_after, self.residual = cfg.norm_after, cfg.residual_multiplier
-        if cfg.sandwich_norm:  # Gemma 2 / 3: each branch's output normed too, before the residual add
-            self.attention_post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one)
-            self.ffn_post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one)
-        self.sandwich = cfg.sandwich_norm
-
-    def forward(
-        self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor
-    ) -> torch.Tensor:
-        if self.sandwich:
-            x = x + self.attention_post_norm(self.attention(self.attention_norm(x), batch, cache, cos, sin))
-            return x + self.ffn_post_norm(self.mlp(self.ffn_norm(x)))
-        if self.norm_after:  # OLMo 2: the branch's output is normed, then added
-            x = x + self.attention_norm(self.attention(x, batch, cache, cos, sin))
-            return x + self.ffn_norm(self.mlp(x))
-        if self.residual != 1.0:  # Granite scales each branch before the residual add
-            x = x + self.attention(self.attention_norm(x), batch, cache, cos, sin) * self.residual
-            return x + self.mlp(self.ffn_norm(x)) * self.residual
-        x = x + self.attention(self.attention_norm(x), batch, cache, cos, sin)
-        return x + self.mlp(self.ffn_norm(x))
+from .rope import inverse_frequencies, longrope_inv_freq, rope_cos_sin
 
 
 class Transformer(nn.Module):
     """Token ids in, next-token logits out; all sequence state lives in the KVCache passed to forward."""
+
+    native_step = True  # fused.py may run its decode steps natively (it checks the layers; a stand-in model lacks this)
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

@@ -14,7 +14,7 @@ its q heads read (replicated). Norms, RoPE tables and the KV cache layout are pe
 
 The sharded model is still a `Transformer` (the same blocks and forward), built from a *rank-local* config (its
 heads, KV heads and MLP width divided by N) with the layers above swapped in. `model.parallel` describes the rank;
-`loader.load_model_shard` reads only this rank's slices from the safetensors files.
+`shard.load_model_shard` reads only this rank's slices from the safetensors files.
 
 Collectives run only while the ranks step together: `RankGroup.active` is set by the engine on every rank around
 one step. A forward outside such a step (rank 0 alone, e.g. beam search) raises instead of waiting forever on
@@ -34,7 +34,9 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..errors import ModelLoadError, TensorParallelError
-from .linear import Int8Linear, Linear
+from .quant.int8 import Int8Linear, quantize_rows
+from .linear import Linear
+from .memory import release_freed_memory, repack
 from .moe import MoE
 
 __all__ = ["RankGroup", "Shards", "TensorParallelError", "check_divisible", "shard_modules", "quantize_int8_sharded"]
@@ -302,9 +304,6 @@ def quantize_int8_sharded(model: nn.Module) -> nn.Module:
     """quant.quantize_int8 for a sharded model, giving each weight exactly the single-process int8 values: row
     scales of column-split and vocab-split matrices are whole rows already; a row-split matrix's row scale comes
     from the all-reduced maximum over every rank's part of the row."""
-    from .linear import quantize_rows
-    from .loader import release_freed_memory
-    from .memory import repack
 
     info: ParallelInfo = model.parallel
     dtype = model.dtype

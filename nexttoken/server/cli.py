@@ -62,8 +62,9 @@ def run(args: argparse.Namespace) -> int:
 
     from ..engine import EngineConfig, LLMEngine, SpeculativeConfig
     from ..pretrained import default_model_path, load_pretrained
-    from .app import ServerSettings, build_app
-    from .shutdown import BACKSTOP_S
+    from .app import build_app
+    from .settings import ServerSettings
+    from .http.shutdown import BACKSTOP_S
 
     if args.threads:
         torch.set_num_threads(args.threads)

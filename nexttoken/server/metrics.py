@@ -12,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..engine.llm_engine import EngineStats
 from ..engine.sequence import TokenEvent
-from ..generation.structured import Compiled
+from ..generation.processors.structured import Compiled
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5, 10, 20, 40, 80)
 _RATE_WINDOW_S = 10.0

@@ -20,12 +20,19 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol, Sequence
 
 from .parser import Reader, ToolCallParser, openai_call_id, random_id
 
-if TYPE_CHECKING:
-    from .request import ToolUse
+
+class ToolUse(Protocol):
+    """What a format's grammar reads of a request's tools (request.ToolUse, passed in: formats sit below it)."""
+
+    choice: str
+    parallel: bool
+
+    @property
+    def callable_functions(self) -> Sequence[Any]: ...
 
 # Arguments are written as json.dumps writes them (the templates render past calls so): no free whitespace.
 _JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}

@@ -188,7 +188,7 @@ def _template_call(call: Any, i: int, j: int) -> Any:
 def tool_options(use: ToolUse, tokenizer: Any, options: Mapping[str, Any]) -> dict[str, Any]:
     """Generation options (GenerationConfig's names) with what `use` needs: the grammar that keeps calls valid,
     and special tokens kept in the text when a call marker is one."""
-    from ..generation.structured import CONSTRAINTS
+    from ..generation.processors.structured import CONSTRAINTS
 
     options = dict(options)
     grammar = use.grammar(tokenizer)

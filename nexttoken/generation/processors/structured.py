@@ -1,0 +1,275 @@
+"""Structured output: JSON Schema, JSON object, regex, choice or a Lark / GBNF grammar, enforced as a token mask.
+
+A constraint is an option of GenerationConfig (`json_schema`, `json_object`, `regex`, `choice`, `grammar`, with
+`structured_best_effort`). The grammar engine is llguidance (docs/structured_output.md has the measurements that
+chose it over xgrammar): it compiles the constraint against the tokenizer once (cached by constraint, here), and
+per step its matcher gives the set of tokens that keep the output inside the grammar, EOS only where the grammar
+is complete. `GrammarMask` is that set as a processor: one matcher per row, fed the row's new tokens.
+
+Loud, not silent: a schema keyword or grammar feature llguidance does not enforce fails compilation with its name
+(`StructuredOutputError`), unless `structured_best_effort=True` (llguidance's "lenient" mode) asks to go on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..values import CONSTRAINTS, StructuredOutputError, check_choice, check_combination, json_schema_value  # noqa: F401 (re-exported)
+
+# JSON is written compactly with one space after ',' and ':' (as json.dumps does): flexible whitespace lets a
+# weak model emit blank lines until max_tokens, a failure the peers' users report.
+_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+CACHE_SIZE = 256  # compiled grammars kept (per process), least recently used dropped first
+
+
+# ---- options ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Constraint:
+    """One request's constraint, in a canonical form: the cache key is its JSON."""
+
+    kind: str  # one of CONSTRAINTS
+    spec: Any  # dict (json_schema), str (regex, grammar), tuple of str (choice), None (json_object)
+    best_effort: bool = False
+
+    @property
+    def key(self) -> str:
+        return json.dumps([self.kind, self.spec, self.best_effort], sort_keys=True, default=list)
+
+    def grammar(self) -> str:
+        """The llguidance grammar (its JSON form) for this constraint."""
+        import llguidance
+
+        M = llguidance.LLMatcher
+        layout = dict(_JSON_LAYOUT, lenient=self.best_effort)
+        if self.kind == "json_schema":
+            return M.grammar_from_json_schema(self.spec, overrides=layout)
+        if self.kind == "json_object":
+            return M.grammar_from_json_schema({"type": "object"}, overrides=layout)
+        if self.kind == "regex":
+            return M.grammar_from_regex(self.spec)
+        if self.kind == "choice":  # one Lark rule with each choice a string literal (JSON escapes are Lark's)
+            return M.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in self.spec))
+        from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
+
+        try:  # GBNF (llama.cpp's) is translated to Lark, llguidance's own syntax
+            gbnf = "::=" in self.spec and not self.spec.lstrip().startswith("%llguidance")
+            lark = gbnf_to_lark(self.spec) if gbnf else self.spec
+        except GbnfToLarkError as e:
+            raise StructuredOutputError(f"grammar is not valid GBNF: {e}") from e
+        return M.grammar_from_lark(lark)
+
+
+def constraint_of(cfg: Any) -> Constraint | None:
+    """The constraint a GenerationConfig sets, or None."""
+    if cfg.json_schema is not None:
+        return Constraint("json_schema", cfg.json_schema, cfg.structured_best_effort)
+    if cfg.json_object:
+        return Constraint("json_object", None, cfg.structured_best_effort)
+    if cfg.regex is not None:
+        return Constraint("regex", cfg.regex, cfg.structured_best_effort)
+    if cfg.choice is not None:
+        return Constraint("choice", tuple(cfg.choice), cfg.structured_best_effort)
+    if cfg.grammar is not None:
+        return Constraint("grammar", cfg.grammar, cfg.structured_best_effort)
+    return None
+
+
+# ---- compiling, cached ---------------------------------------------------------------------------------------
+
+@dataclass
+class CompileStats:
+    """What the cache has done, for /metrics: compiles (misses) with their seconds, and hits."""
+
+    compiles: int = 0
+    hits: int = 0
+    seconds_total: float = 0.0
+    durations: list[float] = field(default_factory=list)  # each compile's seconds, drained by whoever reports them
+
+
+@dataclass(frozen=True)
+class Compiled:
+    template: Any  # an llguidance LLMatcher at the start state; each request deep-copies it
+    ends: frozenset[int]  # the ids that end a sequence (its EOS to the grammar engine)
+    seconds: float  # what compiling took (0.0 on a cache hit)
+    cached: bool
+
+
+class GrammarCache:
+    """Compiled grammars by (tokenizer, constraint), least recently used dropped past `size`; thread-safe (the
+    server compiles off the event loop while the engine thread runs)."""
+
+    def __init__(self, size: int = CACHE_SIZE) -> None:
+        self.size = size
+        self._entries: OrderedDict[tuple[int, str], Any] = OrderedDict()
+        self._tokenizers: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        self.stats = CompileStats()
+
+    def tokenizer(self, tokenizer: Any, vocab_size: int, stop_ids: tuple[int, ...]) -> Any:
+        """llguidance's view of `tokenizer` (a nexttoken Tokenizer): its tokens over the model's `vocab_size` rows,
+        with the ids that end a sequence as its EOS (allowed exactly where the grammar is complete)."""
+        import llguidance
+
+        if not stop_ids:
+            raise StructuredOutputError("a constrained output needs a token that ends it: the model defines no "
+                                        "eos_token_id, so pass eos_token_id or stop_token_ids")
+        with self._lock:
+            per = self._tokenizers.setdefault(tokenizer, {})
+            key = (vocab_size, stop_ids)
+            if key not in per:
+                per[key] = llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=vocab_size,
+                                                  eos_token=list(stop_ids))
+            return per[key]
+
+    def compile(self, constraint: Constraint, lltokenizer: Any) -> Compiled:
+        import llguidance
+
+        key = (id(lltokenizer), constraint.key)
+        with self._lock:
+            template = self._entries.get(key)
+            if template is not None:
+                self._entries.move_to_end(key)
+                self.stats.hits += 1
+                return Compiled(template, frozenset(lltokenizer.eos_tokens), 0.0, True)
+        start = time.perf_counter()
+        try:
+            grammar = constraint.grammar()
+        except ValueError as e:  # llguidance: the schema is not a JSON object
+            raise StructuredOutputError(f"{constraint.kind}: {e}") from e
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, lltokenizer)
+        if failed or (messages and not constraint.best_effort):
+            raise StructuredOutputError(_explain(constraint, messages))
+        template = llguidance.LLMatcher(lltokenizer, grammar, log_level=0)
+        if template.is_error():
+            raise StructuredOutputError(_explain(constraint, [template.get_error()]))
+        seconds = time.perf_counter() - start
+        with self._lock:
+            self._entries[key] = template
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+            self.stats.compiles += 1
+            self.stats.seconds_total += seconds
+            self.stats.durations.append(seconds)
+        return Compiled(template, frozenset(lltokenizer.eos_tokens), seconds, False)
+
+
+def _explain(constraint: Constraint, messages: list[str]) -> str:
+    text = "; ".join(m.strip() for m in messages) or "rejected by the grammar engine"
+    hint = ""
+    if "Unimplemented keys" in text or "Unknown format" in text or "only supported" in text:
+        hint = (": these are not enforced by the grammar engine; remove them, or set structured_best_effort "
+                "(true) to enforce the rest and let them go unchecked")
+    return f"{constraint.kind} cannot be enforced: {text}{hint}"
+
+
+GRAMMARS = GrammarCache()  # the process's cache: the library, the engine and the server share compiled grammars
+
+
+def compile_for(cfg: Any, tokenizer: Any, vocab_size: int, cache: GrammarCache = GRAMMARS) -> Compiled | None:
+    """Compile (or find) the constraint `cfg` sets, for `tokenizer` over `vocab_size` logits; None without one."""
+    constraint = constraint_of(cfg)
+    if constraint is None:
+        return None
+    if tokenizer is None:
+        raise StructuredOutputError(f"{constraint.kind} needs the tokenizer: pass tokenizer=... (or use LLM)")
+    return cache.compile(constraint, cache.tokenizer(tokenizer, vocab_size, tuple(sorted(cfg.stop_ids))))
+
+
+# ---- the processor -------------------------------------------------------------------------------------------
+
+# byte value -> its 8 bits, least significant first: one gather unpacks a bitmask
+_BYTE_BITS = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool()  # (256, 8)
+
+
+def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(B, ceil(V/32)) int32 bitmask (bit j of word w: token 32w + j, little-endian words) -> (B, V) bool."""
+    return _BYTE_BITS[bitmask.view(torch.uint8).long()].flatten(1)[:, :vocab_size]
+
+
+class GrammarMask:
+    """(B, L) ids, (B, V) scores -> scores with every token the grammar forbids at -inf.
+
+    Row r's generated tokens are ids[r, prompt_length:]; each call feeds the matcher the ones it has not seen, then
+    asks for the next mask. `mask_for` does the same ahead of time (the engine runs it while the forward pass
+    runs), so the call only applies the mask. A row whose matcher has ended (EOS taken) or that was finished by
+    something else (a stop string: the loop then appends padding, which the mask never allowed) is left alone.
+    """
+
+    def __init__(self, compiled: Compiled, prompt_length: int, vocab_size: int, kind: str = "grammar") -> None:
+        self.compiled, self.prompt_length, self.vocab_size, self.kind = compiled, prompt_length, vocab_size, kind
+        self.matchers: list[Any] = []
+        self.seen: list[int] = []  # generated tokens fed to each row's matcher
+        self.masked_at: list[int] = []  # `seen` when the row's bitmask was computed (-1: never)
+        self.done: list[bool] = []
+        self.bitmask = torch.empty(0, 0, dtype=torch.int32)
+
+    def _rows(self, batch: int) -> None:
+        if len(self.matchers) == batch:
+            return
+        if self.matchers:
+            raise StructuredOutputError(f"{self.kind}: the batch changed from {len(self.matchers)} to {batch} rows "
+                                        "mid-generation, which a per-row grammar state cannot follow")
+        self.matchers = [self.compiled.template.deep_copy() for _ in range(batch)]
+        self.seen, self.masked_at, self.done = [0] * batch, [-1] * batch, [False] * batch
+        self.bitmask = torch.zeros(batch, (self.vocab_size + 31) // 32, dtype=torch.int32)
+
+    def mask_for(self, generated: list[int]) -> torch.Tensor:
+        """One row's (ceil(V/32),) int32 bitmask after `generated`: computed now, or found ready when the engine
+        called this ahead of time, during the forward pass."""
+        self._rows(1)
+        self.prepare(0, generated)
+        return self.bitmask[0]
+
+    def prepare(self, row: int, generated: list[int]) -> None:
+        """Feed row's matcher the generated tokens it has not seen and compute its next mask (GIL released)."""
+        if self.done[row]:
+            return
+        m = self.matchers[row]
+        for token in generated[self.seen[row]:]:
+            if not m.consume_token(token):
+                if self.masked_at[row] == self.seen[row] and self._allowed(row, token):
+                    # the grammar engine refused a token its own mask allowed: never let that pass
+                    raise StructuredOutputError(f"{self.kind}: the grammar engine refused token {token}, which "
+                                                f"its mask allowed ({m.get_error()})")
+                self.done[row] = True  # padding after the row finished: the mask never allowed it
+                return
+            self.seen[row] += 1
+            if token in self.compiled.ends:  # EOS taken where the grammar allowed it: the row is over
+                self.done[row] = True
+                return
+        if self.masked_at[row] != self.seen[row]:
+            m.unsafe_compute_mask_ptr(self.bitmask[row].data_ptr(), self.bitmask.shape[1] * 4)
+            self.masked_at[row] = self.seen[row]
+
+    def _allowed(self, row: int, token: int) -> bool:
+        return token < self.vocab_size and bool((int(self.bitmask[row, token // 32]) >> (token % 32)) & 1)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        B = scores.shape[0]
+        self._rows(B)
+        P = self.prompt_length
+        for row in range(B):
+            if not self.done[row] and self.masked_at[row] != input_ids.shape[1] - P:  # not prefetched
+                self.prepare(row, input_ids[row, P:].tolist())
+        allowed = allowed_tokens(self.bitmask, scores.shape[1]).to(scores.device)
+        if any(self.done):  # rows that have ended keep their scores
+            allowed |= torch.tensor(self.done, device=scores.device)[:, None]
+        out = scores.masked_fill(~allowed, -math.inf)
+        if not bool(torch.isfinite(out).any(dim=-1).all()):
+            raise StructuredOutputError(
+                f"{self.kind}: every token the grammar allows next is ruled out by another option (min_new_tokens, "
+                "forced_eos_token_id, bad_words_ids, suppress_tokens, a logits processor...): drop the conflicting "
+                "option"
+            )
+        return out

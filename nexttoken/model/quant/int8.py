@@ -1,0 +1,87 @@
+"""Weight-only int8: `Int8Linear` holds int8 weights with one float32 scale per output row (symmetric per-row
+quantization, `quantize_rows`), and `Int8Embedding` reads embedding rows from such a table (tied embeddings share
+it). Built by quant.quantize_int8.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import kernels
+
+
+class Int8Linear(nn.Module):
+    """y = (x @ q^T) * scale + bias with q (N, K) int8 and scale (N,) float32: symmetric per-row quantization."""
+
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = qweight.shape[1], qweight.shape[0]
+        self.register_buffer("weight", qweight)  # (N, K) int8
+        self.register_buffer("scale", scale)  # (N,) float32
+        self.register_buffer("bias", bias)  # (N,) float32 or None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
+        q, scale = quantize_rows(linear.weight.detach())
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        return cls(q, scale, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if kernels.usable(x, self.weight):
+            return kernels.linear(x, self.weight, self.bias, self.scale)
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)  # (M, K)
+        # torch's own int8 weight-only kernel for few rows; past the native kernel's rows dequantizing in blocks is
+        # far faster where the kernels exist (40 x 512 -> 512, one thread: 15 ms vs 0.5 ms; MoE experts' prefill)
+        few = x2.shape[0] <= 64 and (x2.shape[0] <= kernels.MAX_ROWS or not kernels.available())
+        if x.device.type == "cpu" and few:
+            y = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.weight, self.scale.to(x.dtype))
+        elif x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and kernels.available():
+            y = self._prefill_in_blocks(x2)
+        else:  # dequantizing once costs less than the GEMM it feeds, which then runs at full speed
+            y = F.linear(x2, (self.weight.to(torch.float32) * self.scale[:, None]).to(x.dtype))
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.view(*lead, self.out_features)
+
+    def _prefill_in_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """x (M, K) @ dequantized weights^T, a block of output rows at a time: the dequantized block (a few MB)
+        stays in cache for its GEMM, and no full-size float copy of the matrix (1 GB for a 1B model's LM head
+        in float32) ever exists."""
+        N, K = self.weight.shape
+        rows = max(64, PREFILL_BLOCK_BYTES // (K * x.element_size()))
+        y = torch.empty((x.shape[0], N), dtype=x.dtype)
+        buffer = torch.empty(min(rows, N) * K, dtype=x.dtype)
+        for n0 in range(0, N, rows):
+            w = kernels.dequantize(self.weight[n0 : n0 + rows], self.scale[n0 : n0 + rows], x.dtype, out=buffer)
+            y[:, n0 : n0 + w.shape[0]] = F.linear(x, w)
+        return y
+
+
+PREFILL_BLOCK_BYTES = 4 << 20  # dequantized weights per GEMM in int8 prefill: cache-sized, large enough to run fast
+
+
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (N, K) float -> (int8 (N, K), scale (N,) float32) with w ~= q * scale[:, None], |q| <= 127."""
+    wf = w.float()
+    scale = wf.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # (N,)
+    q = torch.round(wf / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+class Int8Embedding(nn.Module):
+    """Embedding rows read from an Int8Linear's weights (tied embeddings share the quantized table)."""
+
+    def __init__(self, table: Int8Linear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.table, self.dtype = table, dtype
+
+    @property
+    def weight(self) -> torch.Tensor:  # the model's dtype/device are read from embed.weight
+        return torch.empty(0, dtype=self.dtype, device=self.table.weight.device)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = F.embedding(ids, self.table.weight).to(torch.float32)  # (B, T, C)
+        return (rows * self.table.scale[ids][..., None]).to(self.dtype)

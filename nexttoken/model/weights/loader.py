@@ -1,0 +1,218 @@
+"""Reading a Hugging Face checkpoint's safetensors into our Transformer (never pickle)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from ...config import ModelConfig
+from ...errors import MissingFileError, ModelLoadError
+from ..llama import Transformer
+from ..memory import copy_into_arena, release_freed_memory
+from ..moe import checkpoint_shapes as moe_shapes, checkpoint_state as moe_state
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Tensors some checkpoints carry that hold nothing we need (RoPE tables are recomputed from the config).
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """float32 on CPU by default, bfloat16 on accelerators; names or torch dtypes accepted."""
+    if dtype is None or dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if isinstance(dtype, torch.dtype):
+        if dtype in DTYPES.values():
+            return dtype
+        raise ModelLoadError(f"dtype {dtype} is not supported; use one of {', '.join(DTYPES)}")
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The checkpoint's safetensors files: a single file, or the shards named by the index."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ModelLoadError(f"{index} is not a valid safetensors index (needs a 'weight_map'): {e}") from e
+        files = [path / name for name in sorted(set(weight_map.values()))]
+        for f in files:
+            if not f.is_file():
+                raise MissingFileError(f"{f} is listed in {index.name} but does not exist; the download is incomplete")
+        return files
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    if any(path.glob("*.bin")) or any(path.glob("*.pt")) or any(path.glob("*.pth")):
+        raise MissingFileError(
+            f"{path} has only pickle checkpoints (*.bin/*.pt); nexttoken loads safetensors only, since pickle "
+            "can run code. Convert with transformers: model.save_pretrained(dir, safe_serialization=True)"
+        )
+    raise MissingFileError(
+        f"{path} has no model.safetensors (or model.safetensors.index.json with shards); "
+        "point --model at a Hugging Face model folder"
+    )
+
+
+def read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt", device="cpu") as sf:
+                for name in sf.keys():
+                    if not name.endswith(_IGNORED_SUFFIXES):
+                        tensors[name] = sf.get_tensor(name)
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            raise ModelLoadError(f"{f} is not a readable safetensors file ({e}); re-download or re-export it") from e
+    return tensors
+
+
+def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    C, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    q, kv = cfg.num_attention_heads * D, cfg.num_key_value_heads * D
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (cfg.vocab_size, C),
+        "model.norm.weight": (C,),
+    }
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, C)
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        norms = ("post_attention_layernorm", "post_feedforward_layernorm") if cfg.norm_after else (
+            "input_layernorm", "post_attention_layernorm")
+        shapes |= {
+            p + norms[0] + ".weight": (C,),
+            p + norms[1] + ".weight": (C,),
+            p + "self_attn.q_proj.weight": (q, C),
+            p + "self_attn.k_proj.weight": (kv, C),
+            p + "self_attn.v_proj.weight": (kv, C),
+            p + "self_attn.o_proj.weight": (C, q),
+        }
+        if _fused_checkpoint(cfg):  # Phi-3 stores q/k/v and gate/up fused, in our layout already
+            for x in "qkv":
+                del shapes[p + f"self_attn.{x}_proj.weight"]
+            shapes |= {p + "self_attn.qkv_proj.weight": (q + 2 * kv, C), p + "mlp.gate_up_proj.weight": (2 * I, C),
+                       p + "mlp.down_proj.weight": (C, I)}
+            continue
+        if cfg.sandwich_norm:
+            shapes |= {p + "pre_feedforward_layernorm.weight": (C,), p + "post_feedforward_layernorm.weight": (C,)}
+        if cfg.moe and cfg.moe.sparse_layers[i]:
+            shapes |= moe_shapes(cfg, i)
+        else:
+            shapes |= {p + "mlp.gate_proj.weight": (I, C), p + "mlp.up_proj.weight": (I, C),
+                       p + "mlp.down_proj.weight": (C, I)}
+        if cfg.qk_norm:
+            qn, kn = (D, D) if cfg.qk_norm == "head" else (q, kv)
+            shapes |= {p + "self_attn.q_norm.weight": (qn,), p + "self_attn.k_norm.weight": (kn,)}
+        if cfg.qkv_bias or cfg.attention_bias:
+            shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,), p + "self_attn.v_proj.bias": (kv,)}
+        if cfg.attention_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (C,)
+        if cfg.mlp_bias:
+            shapes |= {p + "mlp.gate_proj.bias": (I,), p + "mlp.up_proj.bias": (I,), p + "mlp.down_proj.bias": (C,)}
+    return shapes
+
+
+def _fused_checkpoint(cfg: ModelConfig) -> bool:
+    return cfg.architecture == "Phi3ForCausalLM"
+
+
+def check_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: Path) -> None:
+    expected = _expected_shapes(cfg)
+    missing = [n for n in expected if n not in tensors]
+    if missing:
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise ModelLoadError(f"{source}: tensor {', '.join(missing[:3])}{more} missing from the checkpoint")
+    for name, shape in expected.items():
+        if tuple(tensors[name].shape) != shape:
+            raise ModelLoadError(
+                f"{source}: tensor {name} has shape {tuple(tensors[name].shape)}, but config.json implies {shape}"
+            )
+    unexpected = [n for n in tensors if n not in expected and not (cfg.tie_word_embeddings and n == "lm_head.weight")]
+    if unexpected:
+        raise ModelLoadError(
+            f"{source}: unexpected tensors {', '.join(unexpected[:3])}: the checkpoint does not match config.json "
+            f"({cfg.architecture})"
+        )
+
+
+def to_state_dict(cfg: ModelConfig, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Checkpoint names -> our module names, fusing q/k/v and gate/up."""
+    sd = {"embed.weight": t["model.embed_tokens.weight"], "norm.weight": t["model.norm.weight"]}
+    sd["lm_head.weight"] = sd["embed.weight"] if cfg.tie_word_embeddings else t["lm_head.weight"]
+    for i in range(cfg.num_hidden_layers):
+        p, o = f"model.layers.{i}.", f"layers.{i}."
+        # The block's two norms: before attention and MLP (Llama), or after them (OLMo 2's post norms).
+        first, second = ("post_attention_layernorm", "post_feedforward_layernorm") if cfg.norm_after else (
+            "input_layernorm", "post_attention_layernorm")
+        if cfg.sandwich_norm:  # Gemma 2 / 3: four norms, before and after each branch
+            first, second = "input_layernorm", "pre_feedforward_layernorm"
+            sd[o + "attention_post_norm.weight"] = t[p + "post_attention_layernorm.weight"]
+            sd[o + "ffn_post_norm.weight"] = t[p + "post_feedforward_layernorm.weight"]
+        sd[o + "attention_norm.weight"] = t[p + first + ".weight"]
+        sd[o + "ffn_norm.weight"] = t[p + second + ".weight"]
+        if cfg.moe and cfg.moe.sparse_layers[i]:
+            sd |= moe_state(cfg, t, i)
+        if cfg.qk_norm:
+            sd[o + "attention.q_norm.weight"] = t[p + "self_attn.q_norm.weight"]
+            sd[o + "attention.k_norm.weight"] = t[p + "self_attn.k_norm.weight"]
+        if _fused_checkpoint(cfg):  # [q; k; v] and [gate; up] rows: our fused matrices as they are
+            sd[o + "attention.wqkv.weight"] = t[p + "self_attn.qkv_proj.weight"]
+            sd[o + "attention.wo.weight"] = t[p + "self_attn.o_proj.weight"]
+            sd[o + "mlp.w13.weight"] = t[p + "mlp.gate_up_proj.weight"]
+            sd[o + "mlp.w2.weight"] = t[p + "mlp.down_proj.weight"]
+            continue
+        for kind in ("weight", "bias"):
+            names = [p + f"self_attn.{x}_proj.{kind}" for x in "qkv"]
+            if names[0] in t:
+                sd[o + f"attention.wqkv.{kind}"] = torch.cat([t[n] for n in names])
+            if p + f"self_attn.o_proj.{kind}" in t:
+                sd[o + f"attention.wo.{kind}"] = t[p + f"self_attn.o_proj.{kind}"]
+            if p + f"mlp.gate_proj.{kind}" in t:
+                sd[o + f"mlp.w13.{kind}"] = torch.cat([t[p + f"mlp.gate_proj.{kind}"], t[p + f"mlp.up_proj.{kind}"]])
+                sd[o + f"mlp.w2.{kind}"] = t[p + f"mlp.down_proj.{kind}"]
+    return sd
+
+
+def load_model(
+    path: str | Path, dtype: str | torch.dtype | None = None, device: str | torch.device | None = None
+) -> Transformer:
+    """Build our Transformer from a Hugging Face model folder (config.json + safetensors)."""
+    path, device, torch_dtype, cfg = _open_folder(path, dtype, device)
+    tensors = read_tensors(safetensors_files(path))
+    check_tensors(cfg, tensors, path)
+    state = _owned(to_state_dict(cfg, tensors), device, torch_dtype)
+    with torch.device("meta"):  # no throw-away random init: parameters are assigned from the checkpoint
+        model = Transformer(cfg)
+    model.load_state_dict(state, assign=True, strict=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed.weight
+    del tensors, state
+    release_freed_memory()
+    return model.to(device).eval()
+
+
+def _open_folder(path: str | Path, dtype: str | torch.dtype | None, device: str | torch.device | None):  # noqa: ANN202
+    """(folder, device, torch dtype, ModelConfig) of a model folder, checked."""
+    path = Path(path)
+    if not path.is_dir():
+        raise MissingFileError(f"model folder {path} does not exist")
+    device = torch.device(device or "cpu")
+    return path, device, resolve_dtype(dtype, device), ModelConfig.from_dir(path)
+
+
+def _owned(state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Own memory for every weight, so the checkpoint's file mapping is released with the tensors read from it
+    (they would otherwise keep every page of the file resident next to the fused copies). On CPU that memory is
+    one huge-page arena (memory.py: decode streams it faster). One tensor at a time, so each fused temporary is
+    freed as soon as its copy exists (load peak ~2x, not ~2.7x)."""
+    if device.type == "cpu":
+        return copy_into_arena(state, dtype)
+    for name in state:  # replaced one at a time, so each source can go as soon as its copy exists
+        state[name] = state[name].to(device=device, dtype=dtype, copy=True)
+    return state

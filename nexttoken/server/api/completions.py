@@ -1,0 +1,113 @@
+"""POST /v1/completions: OpenAI's Completions API (prompts as text or ids, echo, log-probs, n, streaming)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from ...engine import expand
+from ...engine.async_engine import EngineClosedError, EngineDeadError
+from ...errors import NextTokenError
+from ..http.errors import bad_request
+from ..http.streams import Job, SSEResponse, run_jobs, sse
+from ..openai.outputs import TokenTexts, echo_logprobs, echo_token_texts, usage
+from ..openai.prompts import DEFAULT_COMPLETION_TOKENS, completion_prompts
+from ..openai.protocol import CompletionRequest
+from .serving import Serving, collect_choices, engine_failure, parse_body, unavailable
+
+
+class Completions(Serving):
+    async def completions(self, request: Request) -> Response:
+        arrival = time.monotonic()
+        req: CompletionRequest = parse_body(CompletionRequest, await request.body())
+        self._check_model(req.model)
+        prompts = completion_prompts(req, self.tokenizer, self.limits.vocab_size)
+        max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
+        cfg = self._options(req, prompts, max_tokens, "prompt", top_logprobs=req.logprobs or 0,
+                            prompt_logprobs=req.echo and req.logprobs is not None)
+        await self._compile(req, cfg)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        jobs = [Job(i, f"{rid}-{i}", ids, c, rid) for i, (ids, c) in enumerate(expand(prompts, cfg))]
+        head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.settings.model_name}
+        events = run_jobs(self.engine, jobs, self.metrics, arrival)
+        if req.stream:
+            return SSEResponse(self._completion_stream(req, jobs, head, events))
+        return await self._completion_full(request, req, jobs, head, events)
+
+    def _echo_text(self, req: CompletionRequest, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=req.skip_special_tokens) if self.tokenizer else ""
+
+    def _token_texts(self, req: CompletionRequest, job: Job) -> TokenTexts | None:
+        """A choice's token texts and offsets, read in context (with echo, from the prompt's first token)."""
+        if req.logprobs is None:
+            return None
+        if req.echo:
+            return echo_token_texts(self.tokenizer, job.prompt_ids, req.skip_special_tokens)
+        return TokenTexts(self.tokenizer, req.skip_special_tokens)
+
+    def _completion_logprobs(self, req: CompletionRequest, job: Job, ids: list[int], lps: list, tops: list,
+                             with_prompt: bool, prompt_lp: list | None, texts: TokenTexts | None) -> dict | None:
+        if texts is None:
+            return None
+        if with_prompt:
+            p_values, p_tops = echo_logprobs(job.prompt_ids, prompt_lp)
+            ids, lps, tops = job.prompt_ids + ids, p_values + lps, p_tops + tops
+        return self.logprobs.completion(ids, lps, tops, texts)
+
+    async def _completion_full(self, request: Request, req: CompletionRequest, jobs: list[Job], head: dict,
+                               events: AsyncIterator) -> Response:
+        choices = await collect_choices(request, len(jobs), events)
+        if choices is None:
+            return Response(status_code=499)  # the client left; its requests were cancelled
+        body = []
+        for job, c in zip(jobs, choices):
+            prefix = self._echo_text(req, job.prompt_ids) if req.echo else ""
+            body.append({
+                "index": job.index,
+                "text": prefix + c.text,
+                "logprobs": self._completion_logprobs(req, job, c.token_ids, c.logprobs, c.top_logprobs,
+                                                      req.echo, c.prompt_logprobs, self._token_texts(req, job)),
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+                **self._trace_field(c.trace),
+            })
+        n_prompt = sum(len(j.prompt_ids) for j in jobs[:: req.n])
+        return JSONResponse({**head, "choices": body, "usage": usage(n_prompt, sum(len(c.token_ids) for c in choices),
+                                                                     [c.speculated for c in choices])})
+
+    async def _completion_stream(self, req: CompletionRequest, jobs: list[Job], head: dict,
+                                 events: AsyncIterator) -> AsyncIterator[str]:
+        started, completion_tokens, speculated = set(), 0, {}
+        texts = [self._token_texts(req, job) for job in jobs]
+        try:
+            async for index, event in events:
+                if event.finish_reason == "error":
+                    yield sse(json.dumps(engine_failure(event).body()))
+                    break
+                job = jobs[index]
+                first = index not in started
+                started.add(index)
+                text = (self._echo_text(req, job.prompt_ids) if req.echo and first else "") + event.text
+                lp = self._completion_logprobs(req, job, event.token_ids, event.logprobs, event.top_logprobs,
+                                               req.echo and first, event.prompt_logprobs, texts[index])
+                completion_tokens += len(event.token_ids)
+                speculated[index] = (event.spec_draft_tokens, event.spec_accepted_tokens)
+                if not (text or event.finished or lp):
+                    continue
+                choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": event.finish_reason,
+                          "stop_reason": event.stop_reason, **self._trace_field(event.trace)}
+                yield sse(json.dumps({**head, "choices": [choice]}))
+        except NextTokenError as e:
+            yield sse(json.dumps(bad_request(str(e)).body()))
+        except (EngineClosedError, EngineDeadError) as e:
+            yield sse(json.dumps(unavailable(e).body()))
+        if req.stream_options and req.stream_options.include_usage:
+            n_prompt = sum(len(j.prompt_ids) for j in jobs[:: req.n])
+            yield sse(json.dumps({**head, "choices": [],
+                                  "usage": usage(n_prompt, completion_tokens, list(speculated.values()))}))
+        yield sse("[DONE]")

@@ -1,0 +1,137 @@
+"""What every API's handlers share: the engine, the request limits and defaults, options and grammar checks, tool
+use, traces, and how an engine failure becomes an HTTP error. Each API (completions.py, chat.py, ...) is a class
+over this state; app.py builds one of each and routes to them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from ...engine import LLMEngine
+from ...engine.async_engine import AsyncEngine, EngineClosedError, EngineDeadError
+from ...errors import NextTokenError
+from ...generation.processors.structured import CONSTRAINTS, compile_for, constraint_of
+from ...tools import ToolsError, ToolUse
+from ...tools.request import tool_options
+from ..http.errors import APIError, bad_request, from_validation_error
+from ..http.shutdown import MESSAGE as SHUTTING_DOWN
+from ..http.streams import ClientGone, collect
+from ..metrics import ServerMetrics
+from ..openai.options import constraint_field, request_options, server_defaults
+from ..openai.outputs import Choice, LogprobFormatter
+from ..openai.prompts import Limits, new_tokens
+from ..settings import ServerSettings
+from .traces import TraceStore
+
+log = logging.getLogger("nexttoken.server")
+
+
+def parse_body(model: type[BaseModel], body: bytes) -> Any:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        raise from_validation_error(e) from e
+
+
+class Serving:
+    """The state the APIs share: one per server, each API class built over it."""
+
+    def __init__(self, core: LLMEngine, engine: AsyncEngine, metrics: ServerMetrics, settings: ServerSettings,
+                 traces: TraceStore | None = None) -> None:
+        self.tokenizer, self.engine, self.metrics, self.settings = core.tokenizer, engine, metrics, settings
+        self.limits = Limits(core.max_model_len, core.model.config.vocab_size, settings.max_n)
+        self.base = server_defaults(core.generation_config)
+        self.logprobs = LogprobFormatter(core.tokenizer)
+        self.created = int(time.time())
+        self.traces = traces or TraceStore(settings.model_name)  # traced requests' explain pages (one per server)
+
+    def _check_model(self, name: str | None) -> None:
+        if name is not None and name != self.settings.model_name:
+            raise APIError(
+                404, f"the model {name!r} does not exist; this server serves {self.settings.model_name!r}",
+                "model", code="model_not_found",
+            )
+
+    def _options(self, req: Any, prompts: list[list[int]], max_tokens: int | None, param: str, **extra: Any) -> Any:
+        """The request's GenerationConfig: its fields through the one translation table, the length checked."""
+        count = len(prompts) * req.n
+        if count > self.settings.max_seqs_per_request:
+            raise bad_request(
+                f"this request asks for {len(prompts)} prompts x n={req.n} = {count} sequences, over this server's "
+                f"limit of {self.settings.max_seqs_per_request} (--max-seqs-per-request): split it", "prompt")
+        wanted = new_tokens(prompts, max_tokens, req.n, self.limits, param)
+        cfg = request_options(req, self.base, max_new_tokens=wanted, **extra)
+        for name, ids in cfg.ids_outside(self.limits.vocab_size).items():  # bad_words_ids, logit_bias, ...
+            raise bad_request(f"{name} contains token ids {ids[:5]} outside the vocabulary [0, "
+                              f"{self.limits.vocab_size})", name)
+        return cfg
+
+    async def _compile(self, req: Any, cfg: Any, field: str | None = None) -> None:
+        """Compile the request's grammar off the event loop (the engine then finds it cached); a constraint that
+        cannot be enforced is a 400 naming what (and the field that carried it), before any work is queued."""
+        if constraint_of(cfg) is None:
+            return
+        try:
+            compiled = await asyncio.to_thread(compile_for, cfg, self.tokenizer, self.limits.vocab_size)
+        except NextTokenError as e:
+            raise bad_request(str(e), field or constraint_field(req)) from e
+        self.metrics.grammar(compiled)  # type: ignore[arg-type]
+
+    def _trace_field(self, trace: dict | None) -> dict:
+        """A traced choice's `trace` (its id and the URLs of its explain page and JSON); {} when not traced."""
+        return {} if trace is None else {"trace": self.traces.add(trace)}
+
+    def _tool_use(self, tools: list | None, tool_choice: Any, parallel: bool | None) -> ToolUse | None:
+        template = self.tokenizer.chat_template_for(tools) if self.tokenizer is not None else None
+        try:
+            return ToolUse.of(tools, tool_choice, parallel, self.settings.tool_call_parser, template)
+        except ToolsError as e:
+            raise bad_request(str(e), e.param) from e
+
+    def _with_tools(self, cfg: Any, use: ToolUse) -> Any:
+        """The request's options with what its tools need (the calls' grammar; special tokens kept in the text
+        when a call marker is one)."""
+        try:
+            return cfg.updated(**tool_options(use, self.tokenizer, {n: getattr(cfg, n) for n in CONSTRAINTS}))
+        except ToolsError as e:
+            raise bad_request(str(e), e.param) from e
+        except NextTokenError as e:
+            raise bad_request(str(e), "tools") from e
+
+
+async def collect_choices(request: Request, n: int, events: AsyncIterator) -> list[Choice] | None:
+    """Every event of a non-streaming request, gathered per choice; None when the client left first."""
+    choices = [Choice() for _ in range(n)]
+    try:
+        for index, event in await collect(request, events):
+            choices[index].add(event)
+    except ClientGone:
+        return None
+    except NextTokenError as e:
+        raise bad_request(str(e)) from e
+    except (EngineClosedError, EngineDeadError) as e:
+        raise unavailable(e) from e
+    failed = next((c for c in choices if c.finish_reason == "error"), None)
+    if failed is not None:
+        raise engine_failure(failed)
+    return choices
+
+
+def unavailable(e: Exception) -> APIError:
+    """The engine is closed (shutting down) or dead: a 503, retryable elsewhere or later."""
+    if isinstance(e, EngineClosedError):
+        return APIError(503, SHUTTING_DOWN, type="service_unavailable_error", code="server_shutting_down")
+    return APIError(503, "the engine stopped: this server cannot generate; see its log", type="internal_server_error")
+
+
+def engine_failure(event: Any) -> APIError:
+    """A request that failed inside the engine (its own options at run time; the others go on): a 500 in
+    OpenAI's body for it alone. What failed is logged here, not sent."""
+    log.error("a request failed inside the engine: %s", event.stop_reason)
+    return APIError(500, "generation failed inside the engine for this request (other requests are not "
+                         "affected); the server log has the details", type="internal_server_error")

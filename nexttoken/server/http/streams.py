@@ -1,0 +1,119 @@
+"""Running a request's choices on the engine, and noticing when its client goes away.
+
+Every way a client can leave (closing a stream, dropping a plain request) ends up cancelling the engine
+streams, whose cleanup tells the engine to abort: the slot is free at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from ...engine.async_engine import AsyncEngine
+from ...engine.sequence import TokenEvent
+from ...generation.config import GenerationConfig
+from ..metrics import ServerMetrics
+
+
+@dataclass(frozen=True)
+class Job:
+    index: int  # the choice's index in the response
+    request_id: str
+    prompt_ids: list[int]
+    params: GenerationConfig  # one sequence's options
+    group: str = ""  # the client request: its sequences share turns for free slots with other requests
+
+
+async def run_jobs(
+    engine: AsyncEngine, jobs: list[Job], metrics: ServerMetrics, arrival: float
+) -> AsyncIterator[tuple[int, TokenEvent]]:
+    """(choice index, event) from all jobs as they come; closing this iterator cancels the unfinished ones."""
+    merged: asyncio.Queue = asyncio.Queue()
+
+    async def pump(job: Job) -> None:
+        previous, finished = None, False
+        try:
+            async for event in engine.stream(job.request_id, job.prompt_ids, job.params, arrival, job.group or None):
+                metrics.observe(event, previous)
+                previous, finished = (event.time if event.token_ids else previous), event.finished
+                await merged.put((job.index, event))
+        except asyncio.CancelledError:
+            if not finished:
+                metrics.finished.labels("abort").inc()  # the client left: engine.stream's cleanup aborted it
+            raise
+        except Exception as e:  # noqa: BLE001 - handed to the consumer, who decides the response
+            await merged.put((job.index, e))
+
+    tasks = [asyncio.create_task(pump(job)) for job in jobs]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, event = await merged.get()
+            if isinstance(event, Exception):
+                raise event
+            yield index, event
+            if event.finished:
+                remaining -= 1
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class ClientGone(Exception):
+    """The client closed the connection before the response was ready."""
+
+
+async def collect(request: Request, events: AsyncIterator[tuple[int, TokenEvent]]) -> list[tuple[int, TokenEvent]]:
+    """All events of a non-streaming request; raises ClientGone (after cancelling) if the client leaves first."""
+
+    async def consume() -> list[tuple[int, TokenEvent]]:
+        return [item async for item in events]
+
+    consumer = asyncio.create_task(consume())
+    watcher = asyncio.create_task(_disconnected(request.receive))
+    done, _ = await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if consumer in done:
+        watcher.cancel()
+        return consumer.result()
+    consumer.cancel()
+    await asyncio.gather(consumer, return_exceptions=True)
+    await events.aclose()  # type: ignore[attr-defined]
+    raise ClientGone()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class SSEResponse(StreamingResponse):
+    """Server-sent events that stop (and close their source, cancelling the request) when the client leaves,
+    whatever ASGI version the server speaks."""
+
+    def __init__(self, content: AsyncIterator[str], **kwargs: Any) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}, **kwargs)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        streaming = asyncio.create_task(self.stream_response(send))
+        watcher = asyncio.create_task(_disconnected(receive))
+        try:
+            done, _ = await asyncio.wait({streaming, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if streaming in done:
+                exc = streaming.exception()
+                if exc is not None and not isinstance(exc, OSError):
+                    raise exc
+        finally:
+            for task in (streaming, watcher):
+                task.cancel()
+            await asyncio.gather(streaming, watcher, return_exceptions=True)
+            await self.body_iterator.aclose()  # type: ignore[union-attr]
+
+
+def sse(data: str) -> str:
+    return f"data: {data}\n\n"

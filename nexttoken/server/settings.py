@@ -1,0 +1,17 @@
+"""The server's settings, from `nexttoken serve`'s flags (cli.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model_name: str
+    api_key: str | None = None
+    max_n: int = 8  # choices per request
+    max_seqs_per_request: int = 256  # prompts x n: one request may not create more sequences than this
+    max_body_bytes: int = 1 << 20
+    body_timeout_s: float = 30.0  # a request body not fully sent by then gets 408
+    shutdown_timeout_s: float = 10.0  # on SIGTERM / SIGINT: what is still running after this is aborted (503)
+    tool_call_parser: str | None = None  # vLLM's --tool-call-parser name; None: read off the chat template
