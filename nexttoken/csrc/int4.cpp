@@ -1,13 +1,13 @@
 // Weight-only 4-bit products for decode: y (M, N) = x (M, K) @ W (N, K)^T (+ bias), W in groups of 32 columns,
 // each group with its own float16 scale (Q4_0's scheme: q in [-8, 7], w ~= q * d).
 //
-// Storage (built by nexttoken/model/int4.py): K is padded with zero weights to Kp, a multiple of 128. Row n holds
+// Storage (built by nexttoken/model/quant/int4.py): K is padded with zero weights to Kp, a multiple of 128. Row n holds
 // Kp/2 bytes; its 128-column chunk c is the 64 bytes [64c, 64c + 64), each nibble one column of the chunk (which:
 // column_of below) stored as q + 8 (0..15). Scales: (N, Kp/32) float16, group g = columns [32g, 32g + 32).
 //
 // The product: each activation row is quantized to int8 per group of 32 columns (scale = the group's largest
 // magnitude / 127, values rounded half to even: llama.cpp's Q8_0 activations; top-1 agreement with float32 on real
-// text is unchanged from int16 activations, see nexttoken/model/int4.py) and written in the chunks' nibble order.
+// text is unchanged from int16 activations, see nexttoken/model/quant/int4.py) and written in the chunks' nibble order.
 // A chunk is one 64-byte load; v & 0x0f and (v >> 4) & 0x0f are two vectors of 64 unsigned weights (q + 8), each
 // multiplied with its 64 activations by VNNI's vpdpbusd (four byte products summed into each of 16 int32 lanes,
 // 64 per instruction) into one vector of sums whose lane i belongs to group i % 4 of the chunk. That vector goes
@@ -131,7 +131,7 @@ kernel_fn pick(int M, int64_t Kp) {
 // x (M, K) float32 -> xq (M, Kp) int8 in the chunks' order (zero padded), xs (M, Kp/8) the group scale of each
 // chunk lane (lane i of chunk c: group 4c + i % 4), xneg (M, Kp/32) -8 * scale * each group's sum of xq. A group's
 // scale is its largest magnitude / 127 (0 for an all-zero group, whose values are then 0), values x / scale
-// rounded half to even: nexttoken/model/int4.py's quantize_activations, the definition this is tested against.
+// rounded half to even: nexttoken/model/quant/int4.py's quantize_activations, the definition this is tested against.
 void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int8_t* xq, float* xs, float* xneg) {
   int64_t col_of[CHUNK];  // position p of a chunk's 128 activations -> its column (p < 64: low nibble of byte p)
   for (int64_t b = 0; b < 64; ++b)
@@ -238,7 +238,7 @@ int nt_linear_i4(const uint8_t* W, const uint16_t* S, const float* x, const floa
   return 0;
 }
 
-// w (N, K) float32 -> packed (N, Kp/2) and scales (N, Kp/32) float16, as nexttoken/model/int4.py's
+// w (N, K) float32 -> packed (N, Kp/2) and scales (N, Kp/32) float16, as nexttoken/model/quant/int4.py's
 // quantize_groups defines it (that Python function is the reference; this is the same arithmetic, fast enough
 // for a 1B model at load time): per group, the value of largest magnitude m (the first one on a tie), and for
 // each factor f the float16 scale d = f * m / -8, q = round-half-even(w / d) clamped to [-8, 7], squared error
