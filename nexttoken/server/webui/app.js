@@ -1,0 +1,569 @@
+// nexttoken's chat page. It speaks only the public API: GET /v1/models, POST /v1/chat/completions with
+// "stream": true (server-sent events read from fetch, stopped with an AbortController), and, for "why this
+// token", GET /v1/traces/{id}.json. Conversations and their options live in this browser's localStorage.
+// Model text is only ever set as text (textContent, or Markdown.render's text nodes), never as markup.
+"use strict";
+(function () {
+  const STORE = "nexttoken.webui.conversations", KEY = "nexttoken.webui.apiKey";
+  const NUMBERS = ["temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "presence_penalty",
+    "frequency_penalty", "repetition_penalty"];
+  const INTEGERS = new Set(["top_k", "max_tokens", "seed"]);
+  const $ = id => document.getElementById(id);
+  const el = (tag, cls, text) => {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = text;
+    return e;
+  };
+  const button = (cls, text, title, onClick) => {
+    const b = el("button", cls, text);
+    b.type = "button";
+    if (title) b.title = title;
+    b.addEventListener("click", onClick);
+    return b;
+  };
+  const fmt = (x, d) => (x === null || x === undefined) ? "-" : Number(x).toFixed(d === undefined ? 4 : d);
+
+  // ---- state ------------------------------------------------------------------------------------------------
+  let state = load();
+  let model = null;               // the served model's id, from /v1/models
+  let running = null;             // {controller, conv, msg} while an answer streams
+  const traces = new Map();       // trace id -> its JSON (or a Promise of it); not stored: the server keeps them
+
+  function newConversation(options) {
+    return { id: "c" + Date.now().toString(36) + Math.random().toString(36).slice(2, 6), title: "New chat",
+      messages: [], options: options ? JSON.parse(JSON.stringify(options)) : { trace: true } };
+  }
+  function load() {
+    try {
+      const s = JSON.parse(localStorage.getItem(STORE));
+      if (s && Array.isArray(s.conversations) && s.conversations.length) return s;
+    } catch (e) { /* a damaged store starts afresh */ }
+    const c = newConversation();
+    return { conversations: [c], current: c.id };
+  }
+  function save() {
+    try { localStorage.setItem(STORE, JSON.stringify(state)); } catch (e) { /* full: keep going in memory */ }
+  }
+  const conv = () => state.conversations.find(c => c.id === state.current) || state.conversations[0];
+
+  // ---- the API ----------------------------------------------------------------------------------------------
+  function headers(json) {
+    const h = {};
+    if (json) h["Content-Type"] = "application/json";
+    const key = localStorage.getItem(KEY);
+    if (key) h["Authorization"] = "Bearer " + key;
+    return h;
+  }
+  async function errorOf(response) {  // the API's own error body, as one line
+    try {
+      const body = await response.json();
+      if (body && body.error) return body.error.message + (body.error.param ? " (" + body.error.param + ")" : "");
+    } catch (e) { /* not JSON */ }
+    return "HTTP " + response.status;
+  }
+  let keyWaiters = [];
+  function askForKey(message) {  // resolves once the user has given a key
+    $("key-dialog").hidden = false;
+    $("key-error").hidden = !message;
+    $("key-error").textContent = message || "";
+    $("key-input").focus();
+    return new Promise(resolve => keyWaiters.push(resolve));
+  }
+  async function api(path, init) {  // fetch with the key; a 401 asks for the key and tries again
+    for (;;) {
+      const response = await fetch(path, { ...init, headers: headers(init && init.body) });
+      if (response.status !== 401) return response;
+      const message = await errorOf(response);
+      await askForKey(localStorage.getItem(KEY) ? "the server refused this key: " + message : null);
+    }
+  }
+  async function loadModel() {
+    const response = await api("/v1/models");
+    if (!response.ok) throw new Error(await errorOf(response));
+    const data = (await response.json()).data || [];
+    model = data.length ? data[0].id : null;
+    $("model").textContent = model || "(no model)";
+    $("forget-key").hidden = !localStorage.getItem(KEY);
+  }
+
+  // ---- the request ------------------------------------------------------------------------------------------
+  /** The body of a chat request for the conversation's messages up to `upto` (not included) and its options. */
+  function requestBody(c, upto) {
+    const o = c.options, body = { model, stream: true, stream_options: { include_usage: true } };
+    const messages = [];
+    if (o.system && o.system.trim()) messages.push({ role: "system", content: o.system });
+    c.messages.slice(0, upto).forEach(m => {
+      const out = { role: m.role, content: m.content || "" };
+      if (m.tool_calls && m.tool_calls.length) out.tool_calls = m.tool_calls;
+      messages.push(out);
+    });
+    body.messages = messages;
+    NUMBERS.forEach(name => {
+      const v = o[name];
+      if (v === undefined || v === null || v === "") return;
+      const n = Number(v);
+      if (!Number.isFinite(n) || (INTEGERS.has(name) && !Number.isInteger(n))) throw new Error(name + " must be " + (INTEGERS.has(name) ? "an integer" : "a number") + ", got " + JSON.stringify(v));
+      body[name] = n;
+    });
+    const stops = (o.stop || "").split("\n").filter(s => s !== "");
+    if (stops.length) body.stop = stops;
+    const sv = o.structured_value || "";
+    if (o.structured === "json_schema") {
+      let schema;
+      try { schema = JSON.parse(sv); } catch (e) { throw new Error("the JSON Schema is not valid JSON: " + e.message); }
+      body.response_format = { type: "json_schema", json_schema: { name: "answer", schema } };
+    } else if (o.structured === "regex") {
+      body.structured_outputs = { regex: sv };
+    } else if (o.structured === "choice") {
+      body.structured_outputs = { choice: sv.split("\n").filter(s => s !== "") };
+    }
+    if (o.tools && o.tools.trim()) {
+      try { body.tools = JSON.parse(o.tools); } catch (e) { throw new Error("tools is not valid JSON: " + e.message); }
+      if (o.tool_choice) body.tool_choice = o.tool_choice;
+    }
+    if (o.trace) body.trace = true;
+    return body;
+  }
+
+  /** Stream an answer into `msg` (an assistant message already in the conversation). */
+  async function generate(c, msg) {
+    const upto = c.messages.indexOf(msg);
+    let body;
+    try { body = requestBody(c, upto); } catch (e) {
+      showOptionsError(e.message);
+      c.messages.splice(upto, 1);
+      render();
+      return;
+    }
+    showOptionsError(null);
+    Object.assign(msg, { content: "", reasoning: "", tool_calls: [], state: "streaming", finish_reason: null,
+      stats: null, trace: null, error: null, deltas: 0 });
+    const controller = new AbortController();
+    running = { controller, conv: c, msg };
+    setRunning(true);
+    render();
+    const t0 = performance.now();
+    let first = null, last = null, usage = null;
+    const seen = () => { last = performance.now(); if (first === null) first = last; };
+    try {
+      const response = await api("/v1/chat/completions", { method: "POST", body: JSON.stringify(body),
+        signal: controller.signal });
+      if (!response.ok) throw new Error(await errorOf(response));
+      const reader = response.body.getReader(), decoder = new TextDecoder();
+      let buffer = "", done = false;
+      while (!done) {
+        const { value, done: ended } = await reader.read();
+        if (ended) break;
+        buffer += decoder.decode(value, { stream: true });
+        let cut;
+        while ((cut = buffer.indexOf("\n\n")) >= 0) {  // one server-sent event per blank line
+          const event = buffer.slice(0, cut);
+          buffer = buffer.slice(cut + 2);
+          const data = event.split("\n").filter(l => l.startsWith("data:")).map(l => l.slice(5).trimStart()).join("\n");
+          if (!data) continue;
+          if (data === "[DONE]") { done = true; break; }
+          const chunk = JSON.parse(data);
+          if (chunk.error) throw new Error(chunk.error.message);
+          if (chunk.usage) usage = chunk.usage;
+          for (const choice of chunk.choices || []) {
+            const d = choice.delta || {};
+            const reasoning = d.reasoning_content || d.reasoning;
+            if (reasoning) { msg.reasoning += reasoning; seen(); }
+            if (d.content) { msg.content += d.content; seen(); }
+            (d.tool_calls || []).forEach(call => { mergeCall(msg, call); seen(); });
+            if (choice.finish_reason) msg.finish_reason = choice.finish_reason;
+            if (choice.trace) msg.trace = { id: choice.trace.id, url: choice.trace.url, json_url: choice.trace.json_url };
+          }
+          msg.deltas++;
+          scheduleRender(msg);
+        }
+      }
+      msg.state = "done";
+    } catch (e) {
+      if (controller.signal.aborted) { msg.state = "stopped"; msg.finish_reason = "stopped"; }
+      else { msg.state = "error"; msg.error = e.message; }
+    }
+    const end = performance.now();
+    const tokens = usage ? usage.completion_tokens : null;
+    msg.stats = { tokens, ttft_ms: first === null ? null : first - t0,
+      tokens_per_s: tokens && tokens > 1 && last > first ? (tokens - 1) / ((last - first) / 1000) : null,
+      ms: end - t0 };
+    running = null;
+    setRunning(false);
+    save();
+    render();
+  }
+
+  function mergeCall(msg, call) {  // a streamed tool call: its id and name first, then its argument text
+    const i = call.index === undefined ? msg.tool_calls.length : call.index;
+    const have = msg.tool_calls[i] || (msg.tool_calls[i] = { id: call.id, type: "function", function: { name: "", arguments: "" } });
+    if (call.id) have.id = call.id;
+    const f = call.function || {};
+    if (f.name) have.function.name += f.name;
+    if (f.arguments) have.function.arguments += f.arguments;
+  }
+
+  function stop() { if (running) running.controller.abort(); }
+
+  function setRunning(on) {
+    $("send").hidden = on;
+    $("stop").hidden = !on;
+    document.body.dataset.running = on ? "1" : "";
+  }
+
+  // ---- actions ----------------------------------------------------------------------------------------------
+  function send(text) {
+    if (running || !text.trim()) return;
+    const c = conv();
+    c.messages.push({ role: "user", content: text });
+    if (c.title === "New chat") c.title = text.trim().slice(0, 48);
+    const msg = { role: "assistant", content: "" };
+    c.messages.push(msg);
+    save();
+    generate(c, msg);
+  }
+  function regenerate(c, msg) {
+    if (running) return;
+    generate(c, msg);
+  }
+  function edit(c, i, node) {  // the message becomes a text box: save it (and, for a user message, send again)
+    if (running) return;
+    const m = c.messages[i];
+    const box = el("textarea", "edit-box");
+    box.value = m.content || "";
+    box.rows = Math.min(12, Math.max(2, box.value.split("\n").length));
+    const bar = el("div", "actions");
+    const done = resend => {
+      m.content = box.value;
+      if (resend && m.role === "user") {
+        c.messages.splice(i + 1);
+        const msg = { role: "assistant", content: "" };
+        c.messages.push(msg);
+        save();
+        generate(c, msg);
+      } else { save(); render(); }
+    };
+    bar.appendChild(button("primary save-send", m.role === "user" ? "Save & send" : "Save", null, () => done(true)));
+    bar.appendChild(button("cancel", "Cancel", null, render));
+    const body = node.querySelector(".body");
+    body.replaceChildren(box, bar);
+    box.addEventListener("keydown", e => {
+      if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); done(true); }
+      if (e.key === "Escape") { e.preventDefault(); render(); }
+    });
+    box.focus();
+  }
+  async function copy(text, b) {
+    try { await navigator.clipboard.writeText(text); } catch (e) {
+      const t = el("textarea"); t.value = text; document.body.appendChild(t); t.select();
+      document.execCommand("copy"); t.remove();
+    }
+    b.textContent = "copied";
+    setTimeout(() => { b.textContent = "copy"; }, 1200);
+  }
+  function exportConversation() {
+    const c = conv();
+    const blob = new Blob([JSON.stringify({ model, ...c }, null, 2)], { type: "application/json" });
+    const a = el("a");
+    a.href = URL.createObjectURL(blob);
+    a.download = "nexttoken-chat-" + c.id + ".json";
+    document.body.appendChild(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(a.href), 1000);
+  }
+
+  // ---- "why this token" -------------------------------------------------------------------------------------
+  function getTrace(info) {
+    if (!traces.has(info.id)) {
+      traces.set(info.id, api(info.json_url).then(async r => {
+        if (!r.ok) throw new Error(await errorOf(r));
+        return r.json();
+      }));
+    }
+    return traces.get(info.id);
+  }
+  async function showTokens(m, node) {
+    const box = node.querySelector(".why");
+    if (!box.hidden) { box.hidden = true; node.classList.remove("why-open"); return; }
+    box.hidden = false;
+    node.classList.add("why-open");  // the tokens take the text's place while they are shown
+    box.replaceChildren(el("div", "note", "loading the trace ..."));
+    let trace;
+    try { trace = await getTrace(m.trace); } catch (e) {
+      box.replaceChildren(el("div", "error", "the trace is not available: " + e.message));
+      return;
+    }
+    const texts = trace.token_texts || {};
+    const tokText = id => (String(id) in texts) ? texts[String(id)] : "#" + id;
+    const strip = el("div", "strip");
+    trace.steps.forEach((s, i) => {
+      const shown = s.text ? s.text : tokText(s.chosen.id);
+      const t = el("span", "tok", shown);
+      t.dataset.step = i;
+      t.tabIndex = 0;
+      t.style.background = "rgba(220, 60, 40, " + (0.08 + 0.8 * (1 - s.chosen.prob)).toFixed(3) + ")";
+      t.title = "step " + i + ": p=" + fmt(s.chosen.prob) + ", rank " + s.chosen.rank;
+      t.addEventListener("click", () => step(trace, i, box));
+      t.addEventListener("keydown", e => { if (e.key === "Enter") step(trace, i, box); });
+      strip.appendChild(t);
+    });
+    const help = el("div", "note", "each token shaded by how unsure the choice was (darker: less likely); click one to see why it came out. ");
+    const full = el("a", null, "the full explain page");
+    full.href = m.trace.url;
+    full.target = "_blank";
+    help.appendChild(full);
+    box.replaceChildren(help, strip, el("div", "detail"));
+  }
+
+  function bars(title, stats, top, chosen, texts) {
+    const card = el("div", "stage");
+    card.appendChild(el("h4", null, title));
+    card.appendChild(el("div", "stats", stats));
+    top.ids.forEach((id, k) => {
+      const row = el("div", "bar-row" + (id === chosen ? " chosen" : ""));
+      row.dataset.tokenId = id;
+      row.appendChild(el("span", "label", (String(id) in texts) ? texts[String(id)] : "#" + id));
+      const track = el("span", "track"), bar = el("span", "bar");
+      bar.style.width = (100 * (top.probs[k] || 0)).toFixed(2) + "%";
+      track.appendChild(bar);
+      row.appendChild(track);
+      row.appendChild(el("span", "value", fmt(top.probs[k], 3)));
+      card.appendChild(row);
+    });
+    return card;
+  }
+
+  /** One step of the trace, inline: the candidates before and after each processor, the draw, the stops. */
+  function step(trace, i, box) {
+    const s = trace.steps[i], texts = trace.token_texts || {}, c = s.chosen;
+    box.querySelectorAll(".tok.sel").forEach(t => t.classList.remove("sel"));
+    box.querySelector('.tok[data-step="' + i + '"]').classList.add("sel");
+    const detail = box.querySelector(".detail");
+    detail.dataset.step = i;
+    const name = (String(c.id) in texts) ? texts[String(c.id)] : "#" + c.id;
+    const sm = s.sampler || {};
+    const head = el("div", "step-title", "step " + i + ": chose " + JSON.stringify(name) + " (id " + c.id + ", rank " +
+      c.rank + ", p " + fmt(c.prob) + "; under the raw logits rank " + c.raw_rank + ", p " + fmt(c.raw_prob) + ")");
+    const draw = el("div", "draw", "sampler: " + sm.kind + (sm.greedy ? " (argmax)" : " (a draw)") +
+      (sm.seed !== null && sm.seed !== undefined ? ", seed " + sm.seed : "") + (sm.state ? ", generator state " + sm.state : ""));
+    const cards = el("div", "cards");
+    cards.appendChild(bars("model (raw)", "entropy " + fmt(s.raw.entropy), s.raw, c.id, texts));
+    (s.stages || []).forEach(st => cards.appendChild(bars("after " + st.name, "changed " + st.changed + ", masked " +
+      st.masked + ", mass moved " + fmt(st.mass_moved) + ", entropy " + fmt(st.entropy_before) + " -> " +
+      fmt(st.entropy_after), st.top, c.id, texts)));
+    const table = el("table", "stops");
+    const headRow = el("tr");
+    ["condition", "stops?", "detail"].forEach(h => headRow.appendChild(el("th", null, h)));
+    table.appendChild(headRow);
+    (s.stop || []).forEach(d => {
+      const tr = el("tr");
+      tr.appendChild(el("td", null, d.name));
+      tr.appendChild(el("td", d.stop ? "yes" : null, d.stop ? "stop" : "no"));
+      tr.appendChild(el("td", null, d.detail === null || d.detail === undefined ? "" : String(d.detail)));
+      table.appendChild(tr);
+    });
+    Object.entries(s.notes || {}).forEach(([k, v]) => {
+      const tr = el("tr");
+      [k, "note", JSON.stringify(v)].forEach(x => tr.appendChild(el("td", null, x)));
+      table.appendChild(tr);
+    });
+    const close = button("link close-step", "close", "hide this step", () => {
+      detail.replaceChildren();
+      delete detail.dataset.step;
+      box.querySelectorAll(".tok.sel").forEach(t => t.classList.remove("sel"));
+    });
+    detail.replaceChildren(head, draw, cards, table, close);
+  }
+
+  // ---- rendering --------------------------------------------------------------------------------------------
+  let pending = null;
+  function scheduleRender(msg) {  // at most one repaint of the streaming message per frame
+    if (pending) return;
+    pending = requestAnimationFrame(() => { pending = null; renderStreaming(msg); });
+  }
+  function renderStreaming(msg) {
+    const c = conv(), i = c.messages.indexOf(msg);
+    const node = document.querySelector('#messages .msg[data-index="' + i + '"]');
+    if (!node) return;
+    node.replaceWith(messageNode(c, i));
+  }
+
+  function messageNode(c, i) {
+    const m = c.messages[i];
+    const node = el("div", "msg " + m.role);
+    node.dataset.index = i;
+    node.dataset.role = m.role;
+    if (m.role === "assistant") node.dataset.state = m.state || "done";
+    node.dataset.deltas = m.deltas || 0;
+    node.appendChild(el("div", "who", m.role === "user" ? "you" : m.role));
+    const body = el("div", "body");
+    if (m.role === "assistant") {
+      if (m.reasoning) {
+        const fold = el("details", "reasoning");
+        fold.appendChild(el("summary", null, m.state === "streaming" && !m.content ? "thinking ..." : "reasoning"));
+        fold.appendChild(el("div", "reasoning-text", m.reasoning));
+        body.appendChild(fold);
+      }
+      const content = el("div", "content markdown");
+      content.appendChild(Markdown.render(m.content || ""));
+      body.appendChild(content);
+      (m.tool_calls || []).forEach(call => {
+        const box = el("div", "tool-call");
+        const f = call.function || {};
+        box.appendChild(el("div", "call-name", (f.name || "?") + "(...)"));
+        let args = f.arguments || "";
+        try { args = JSON.stringify(JSON.parse(args), null, 2); } catch (e) { /* still streaming, or not JSON */ }
+        box.appendChild(el("pre", "call-args", args));
+        if (call.id) box.appendChild(el("div", "call-id", call.id));
+        body.appendChild(box);
+      });
+      if (m.state === "streaming" && !m.content && !m.reasoning && !(m.tool_calls || []).length) body.appendChild(el("div", "note", "..."));
+      if (m.error) body.appendChild(el("div", "error", m.error));
+    } else {
+      body.appendChild(el("div", "content plain", m.content));
+    }
+    node.appendChild(body);
+    if (m.role === "assistant" && m.state !== "streaming") {
+      const st = m.stats || {};
+      const parts = [];
+      if (st.tokens !== null && st.tokens !== undefined) parts.push(st.tokens + " tokens");
+      if (st.tokens_per_s) parts.push(st.tokens_per_s.toFixed(1) + " tokens/s");
+      if (st.ttft_ms !== null && st.ttft_ms !== undefined) parts.push("first token " + Math.round(st.ttft_ms) + " ms");
+      if (m.finish_reason) parts.push("finish: " + m.finish_reason);
+      node.appendChild(el("div", "stats", parts.join(" \u00b7 ")));
+    }
+    if (m.state !== "streaming") {
+      const bar = el("div", "actions");
+      bar.appendChild(button("copy", "copy", "copy this message", e => copy(m.content || "", e.target)));
+      bar.appendChild(button("edit", "edit", m.role === "user" ? "edit and send again" : "edit this answer", () => edit(c, i, node)));
+      if (m.role === "assistant" && i === c.messages.length - 1) bar.appendChild(button("regenerate", "regenerate", "answer again", () => regenerate(c, m)));
+      if (m.role === "assistant" && m.trace) bar.appendChild(button("why-toggle", "why this token?", "show the tokens; click one to see its trace", () => showTokens(m, node)));
+      node.appendChild(bar);
+      const why = el("div", "why");
+      why.hidden = true;
+      node.appendChild(why);
+    }
+    return node;
+  }
+
+  function render() {
+    const c = conv();
+    const box = $("messages");
+    const open = [...box.querySelectorAll(".msg")].filter(n => n.querySelector(".why") && !n.querySelector(".why").hidden)
+      .map(n => +n.dataset.index);
+    box.replaceChildren(...c.messages.map((_, i) => messageNode(c, i)));
+    $("empty").hidden = c.messages.length > 0;
+    open.forEach(i => {  // an open "why" view stays open across repaints
+      const node = box.querySelector('.msg[data-index="' + i + '"]');
+      if (node && c.messages[i] && c.messages[i].trace) showTokens(c.messages[i], node);
+    });
+    renderConversations();
+    fillOptions();
+    box.lastElementChild && box.lastElementChild.scrollIntoView({ block: "end" });
+  }
+  function renderConversations() {
+    const list = $("conv-list");
+    list.replaceChildren(...state.conversations.map(c => {
+      const li = el("li", c.id === state.current ? "current" : null);
+      li.dataset.id = c.id;
+      const open = button("open", c.title || "New chat", null, () => {
+        if (running) return;
+        state.current = c.id; save(); render(); document.body.classList.remove("show-convs");
+      });
+      li.appendChild(open);
+      li.appendChild(button("delete", "\u00d7", "delete this conversation", () => {
+        if (running) return;
+        state.conversations = state.conversations.filter(x => x !== c);
+        if (!state.conversations.length) state.conversations.push(newConversation());
+        if (state.current === c.id) state.current = state.conversations[0].id;
+        save(); render();
+      }));
+      return li;
+    }));
+  }
+
+  // ---- the options panel ------------------------------------------------------------------------------------
+  const FIELDS = ["system", ...NUMBERS, "stop", "structured", "structured_value", "tools", "tool_choice"];
+  function fillOptions() {
+    const o = conv().options;
+    FIELDS.forEach(name => { $("opt-" + name).value = o[name] === undefined || o[name] === null ? "" : o[name]; });
+    $("opt-trace").checked = !!o.trace;
+    $("opt-structured_value").hidden = !o.structured;
+  }
+  function readOption(name) {
+    const o = conv().options;
+    if (name === "trace") o.trace = $("opt-trace").checked;
+    else o[name] = $("opt-" + name).value;
+    $("opt-structured_value").hidden = !o.structured;
+    save();
+  }
+  function showOptionsError(message) {
+    $("options-error").hidden = !message;
+    $("options-error").textContent = message || "";
+    if (message) document.body.classList.add("show-options");
+  }
+
+  // ---- wiring -----------------------------------------------------------------------------------------------
+  function wire() {
+    const input = $("input");
+    $("composer").addEventListener("submit", e => {
+      e.preventDefault();
+      if (running) return;
+      const text = input.value;
+      if (!text.trim()) return;
+      input.value = "";
+      send(text);
+    });
+    input.addEventListener("keydown", e => {  // Enter sends; Shift+Enter is a new line (the textarea's own)
+      if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+        e.preventDefault();
+        $("composer").requestSubmit();
+      }
+    });
+    document.addEventListener("keydown", e => { if (e.key === "Escape" && running) { e.preventDefault(); stop(); } });
+    $("stop").addEventListener("click", stop);
+    $("new-conv").addEventListener("click", () => {
+      if (running) return;
+      const c = newConversation(conv().options);
+      state.conversations.unshift(c);
+      state.current = c.id;
+      save(); render();
+      input.focus();
+    });
+    $("export").addEventListener("click", exportConversation);
+    $("toggle-convs").addEventListener("click", () => { document.body.classList.toggle("show-convs"); document.body.classList.remove("show-options"); });
+    $("toggle-options").addEventListener("click", () => { document.body.classList.toggle("show-options"); document.body.classList.remove("show-convs"); });
+    FIELDS.forEach(name => $("opt-" + name).addEventListener(name === "structured" || name === "tool_choice" ? "change" : "input", () => readOption(name)));
+    $("opt-trace").addEventListener("change", () => readOption("trace"));
+    $("messages").addEventListener("click", e => {
+      if (e.target.classList.contains("copy-code")) copy(e.target.parentNode.querySelector("code").textContent, e.target);
+    });
+    $("key-form").addEventListener("submit", e => {
+      e.preventDefault();
+      const key = $("key-input").value.trim();
+      if (!key) return;
+      localStorage.setItem(KEY, key);
+      $("key-input").value = "";
+      $("key-dialog").hidden = true;
+      const waiting = keyWaiters;
+      keyWaiters = [];
+      waiting.forEach(resolve => resolve());
+    });
+    $("forget-key").addEventListener("click", () => { localStorage.removeItem(KEY); $("forget-key").hidden = true; });
+  }
+
+  async function main() {
+    // A message left "streaming" by a reload was cut off: say so.
+    state.conversations.forEach(c => c.messages.forEach(m => { if (m.state === "streaming") { m.state = "stopped"; m.finish_reason = "stopped"; } }));
+    wire();
+    render();
+    setRunning(false);
+    document.body.dataset.ready = "1";  // usable now; the model's name follows (after the key, if one is asked)
+    try { await loadModel(); } catch (e) { $("model").textContent = "the server did not answer: " + e.message; }
+    document.body.dataset.model = model || "";
+    render();
+  }
+  main();
+})();
