@@ -121,6 +121,7 @@
     if (o.tools && o.tools.trim()) {
       try { body.tools = JSON.parse(o.tools); } catch (e) { throw new Error("tools is not valid JSON: " + e.message); }
       if (o.tool_choice) body.tool_choice = o.tool_choice;
+      if (o.parallel_tool_calls === false) body.parallel_tool_calls = false;
     }
     if (o.trace) body.trace = true;
     return body;
@@ -490,11 +491,12 @@
     const o = conv().options;
     FIELDS.forEach(name => { $("opt-" + name).value = o[name] === undefined || o[name] === null ? "" : o[name]; });
     $("opt-trace").checked = !!o.trace;
+    $("opt-parallel_tool_calls").checked = o.parallel_tool_calls !== false;
     $("opt-structured_value").hidden = !o.structured;
   }
   function readOption(name) {
     const o = conv().options;
-    if (name === "trace") o.trace = $("opt-trace").checked;
+    if (name === "trace" || name === "parallel_tool_calls") o[name] = $("opt-" + name).checked;
     else o[name] = $("opt-" + name).value;
     $("opt-structured_value").hidden = !o.structured;
     save();
@@ -536,7 +538,7 @@
     $("toggle-convs").addEventListener("click", () => { document.body.classList.toggle("show-convs"); document.body.classList.remove("show-options"); });
     $("toggle-options").addEventListener("click", () => { document.body.classList.toggle("show-options"); document.body.classList.remove("show-convs"); });
     FIELDS.forEach(name => $("opt-" + name).addEventListener(name === "structured" || name === "tool_choice" ? "change" : "input", () => readOption(name)));
-    $("opt-trace").addEventListener("change", () => readOption("trace"));
+    ["trace", "parallel_tool_calls"].forEach(name => $("opt-" + name).addEventListener("change", () => readOption(name)));
     $("messages").addEventListener("click", e => {
       if (e.target.classList.contains("copy-code")) copy(e.target.parentNode.querySelector("code").textContent, e.target);
     });

@@ -15,9 +15,9 @@
   const INLINE = /(`+)([\s\S]*?[^`])\1(?!`)|\[([^\]\n]+)\]\((https?:\/\/[^\s)]+)\)|\*\*(?=\S)([\s\S]*?\S)\*\*|\*(?=[^\s*])([^*\n]*?[^\s*])\*|\b_(?=\S)([^_\n]*?\S)_\b/g;
 
   function inline(text, parent) {
+    const re = new RegExp(INLINE.source, "g");  // its own: the calls nest (bold inside a link's text, ...)
     let last = 0;
-    INLINE.lastIndex = 0;
-    for (let m; (m = INLINE.exec(text)) !== null;) {
+    for (let m; (m = re.exec(text)) !== null;) {
       if (m.index > last) parent.appendChild(document.createTextNode(text.slice(last, m.index)));
       if (m[1] !== undefined) parent.appendChild(el("code", null, m[2]));
       else if (m[3] !== undefined) {
@@ -29,7 +29,7 @@
       } else if (m[5] !== undefined) inline(m[5], parent.appendChild(el("strong")));
       else if (m[6] !== undefined) inline(m[6], parent.appendChild(el("em")));
       else inline(m[7], parent.appendChild(el("em")));
-      last = INLINE.lastIndex;
+      last = re.lastIndex;
     }
     if (last < text.length) parent.appendChild(document.createTextNode(text.slice(last)));
     return parent;
