@@ -140,6 +140,7 @@ def test_the_page_asks_for_the_key_and_loads_from_the_server_alone(page) -> None
 
 
 def test_send_streams_with_enter_and_shift_enter(page) -> None:
+    _option(page, "max_tokens", 100)  # the model's context is 512 tokens: room for the next turns
     page.eval("document.getElementById('input').focus()")
     page.call("Input.insertText", text="Tell me a story")
     _press(page, "Enter", shift=True)  # a new line, nothing sent
@@ -157,6 +158,7 @@ def test_send_streams_with_enter_and_shift_enter(page) -> None:
     (body,) = _chat_bodies(page)
     assert body["messages"] == [{"role": "user", "content": "Tell me a story\nabout a cat."}]
     assert body["stream"] is True and body["trace"] is True and body["model"] == "default_model"
+    assert body["max_tokens"] == 100 and body["stream_options"] == {"include_usage": True}
     partial = [n for n in page.eval("window.__partial") if n > 0]
     final = _messages(page)[-1]
     assert final["state"] == "done" and final["content"] and final["deltas"] > 3
@@ -243,6 +245,47 @@ def test_why_this_token_opens_the_trace_inline(page) -> None:
         page.click(f"{_last(page)} .why .tok[data-step='3']")
         page.eval(f"document.querySelector('{_last(page)}').scrollIntoView({{block: 'start'}})")
         page.screenshot(Path(DOCS) / "webui.png")
+
+
+def test_errors_are_shown_and_the_page_goes_on(page) -> None:
+    """A bad option is caught before sending (the options panel says why); one the server refuses comes back in
+    the API's own error body, shown on the answer; the next message works."""
+    _new_chat(page, structured="json_schema", structured_value="{not json")
+    page.eval("document.getElementById('input').focus()")
+    page.call("Input.insertText", text="Hi")
+    sent = len(_chat_bodies(page))
+    _press(page, "Enter")
+    _wait(page, "!document.getElementById('options-error').hidden")
+    assert "the JSON Schema is not valid JSON" in page.eval("document.getElementById('options-error').textContent")
+    assert len(_chat_bodies(page)) == sent and page.eval("document.querySelectorAll('#messages .msg').length") == 0
+    assert page.eval("document.getElementById('input').value") == "Hi"  # kept, to send once the options are right
+    _option(page, "structured", "")
+    _option(page, "top_p", 5)
+    page.eval("document.getElementById('input').value = ''")
+    _type_and_send(page, "Hi")
+    msg = _messages(page)[-1]
+    assert msg["state"] == "error" and "top_p" in msg["error"]
+    assert "top_p" in page.eval(f"document.querySelector('{_last(page)} .error').textContent")
+    _option(page, "top_p", "")
+    page.click(f"{_last(page)} .regenerate")
+    _wait(page, "document.body.dataset.running === ''")
+    assert _messages(page)[-1]["state"] == "done" and "top_p" not in _chat_bodies(page)[-1]
+
+
+def test_reasoning_is_shown_folded_above_the_answer(page) -> None:
+    """A stored answer with reasoning (what a reasoning model's `reasoning_content` deltas build) shows it in a
+    closed fold before the answer."""
+    page.eval("""(() => { const s = JSON.parse(localStorage.getItem('nexttoken.webui.conversations'));
+        s.conversations.find(c => c.id === s.current).messages.push({role: 'assistant', state: 'done',
+          reasoning: 'First, <think> about it.', content: 'The answer.', finish_reason: 'stop'});
+        localStorage.setItem('nexttoken.webui.conversations', JSON.stringify(s)); })()""")
+    page.open(page.server + "/")
+    fold = page.eval(f"""(() => {{ const m = document.querySelector('{_last(page)}'); const f = m.querySelector('details.reasoning');
+        return {{open: f.open, summary: f.querySelector('summary').textContent, text: f.querySelector('.reasoning-text').textContent,
+                 before: !!(f.compareDocumentPosition(m.querySelector('.content')) & Node.DOCUMENT_POSITION_FOLLOWING)}}; }})()""")
+    assert fold == {"open": False, "summary": "reasoning", "text": "First, <think> about it.", "before": True}
+    page.click(f"{_last(page)} .reasoning summary")
+    assert page.eval(f"document.querySelector('{_last(page)} details.reasoning').open") is True
 
 
 def test_stop_mid_answer_with_escape(page) -> None:
@@ -338,16 +381,19 @@ def test_markdown_renderer(page) -> None:
 def test_reload_keeps_the_conversations_and_their_options(page) -> None:
     before = _messages(page)
     titles = page.eval("[...document.querySelectorAll('#conv-list .open')].map(b => b.textContent)")
+    fields = "[...document.querySelectorAll('#options textarea, #options input, #options select')].map(e => e.type === 'checkbox' ? e.checked : e.value)"
+    options = page.eval(fields)
     page.open(page.server + "/")
     _wait(page, "document.body.dataset.model === 'default_model'")  # the key was kept: no prompt this time
     assert page.eval("document.getElementById('key-dialog').hidden") is True
-    assert _messages(page) == before
+    assert _messages(page) == before and len(titles) == 6
     assert page.eval("[...document.querySelectorAll('#conv-list .open')].map(b => b.textContent)") == titles
-    assert page.eval("document.querySelector('.msg.user .content').textContent") == before[-2]["content"]
-    assert page.eval(f"document.querySelector('{_last(page)} pre code').textContent") == "<script>window.pwned = 4</script>"
-    assert page.eval("document.getElementById('opt-structured').value") == "choice"
-    page.click("#conv-list li:nth-child(5) .open")  # the first conversation, with its own options
+    assert page.eval(fields) == options
+    shown = page.eval("[...document.querySelectorAll('#messages .msg')].map(m => m.querySelector('.content').textContent)")
+    assert shown[0] == before[0]["content"] and len(shown) == len(before)
+    page.click(f"#conv-list li:nth-child({titles.index('Tell me a story about a cat.') + 1}) .open")  # the first one, its options
     _wait(page, "document.getElementById('opt-seed').value === '43'")
+    assert page.eval("document.getElementById('opt-temperature').value") == "0.7"
     assert page.eval("document.querySelectorAll('#messages .msg').length") == 4
 
 

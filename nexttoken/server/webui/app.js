@@ -131,9 +131,10 @@
   async function generate(c, msg) {
     const upto = c.messages.indexOf(msg);
     let body;
-    try { body = requestBody(c, upto); } catch (e) {
+    try { body = requestBody(c, upto); } catch (e) {  // regenerate or edit with options that cannot be sent
       showOptionsError(e.message);
-      c.messages.splice(upto, 1);
+      Object.assign(msg, { state: "error", error: e.message });
+      save();
       render();
       return;
     }
@@ -214,15 +215,19 @@
   }
 
   // ---- actions ----------------------------------------------------------------------------------------------
+  /** Send the user's text with the conversation's options; false (the text stays in the box) when the options
+      cannot make a request (the options panel says why). */
   function send(text) {
-    if (running || !text.trim()) return;
+    if (running || !text.trim()) return false;
     const c = conv();
+    try { requestBody(c, c.messages.length); } catch (e) { showOptionsError(e.message); return false; }
     c.messages.push({ role: "user", content: text });
-    if (c.title === "New chat") c.title = text.trim().slice(0, 48);
+    if (c.title === "New chat") c.title = text.trim().replace(/\s+/g, " ").slice(0, 48);
     const msg = { role: "assistant", content: "" };
     c.messages.push(msg);
     save();
     generate(c, msg);
+    return true;
   }
   function regenerate(c, msg) {
     if (running) return;
@@ -513,10 +518,7 @@
     $("composer").addEventListener("submit", e => {
       e.preventDefault();
       if (running) return;
-      const text = input.value;
-      if (!text.trim()) return;
-      input.value = "";
-      send(text);
+      if (send(input.value)) input.value = "";
     });
     input.addEventListener("keydown", e => {  // Enter sends; Shift+Enter is a new line (the textarea's own)
       if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
