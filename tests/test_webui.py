@@ -243,7 +243,7 @@ def test_why_this_token_opens_the_trace_inline(page) -> None:
         assert f"seed {step['sampler']['seed']}" in shown["draw"] and "(a draw)" in shown["draw"]
     if DOCS:
         page.click(f"{_last(page)} .why .tok[data-step='3']")
-        page.eval(f"document.querySelector('{_last(page)}').scrollIntoView({{block: 'start'}})")
+        page.eval("document.querySelector('#messages .msg:nth-last-child(2)').scrollIntoView({block: 'start'})")
         page.screenshot(Path(DOCS) / "webui.png")
 
 
@@ -429,7 +429,7 @@ def test_phone_width(page) -> None:
         page.click(f"{_last(page)} .why .tok[data-step='2']")
         assert page.eval("document.documentElement.scrollWidth") <= 390
         if DOCS:
-            page.eval(f"document.querySelector('{_last(page)}').scrollIntoView({{block: 'start'}})")
+            page.eval("document.querySelector('#messages .msg:nth-last-child(2)').scrollIntoView({block: 'start'})")
             page.screenshot(Path(DOCS) / "webui_phone.png")
     finally:
         page.call("Emulation.clearDeviceMetricsOverride")
@@ -444,13 +444,26 @@ def test_nothing_was_fetched_but_the_server(page) -> None:
 
 
 def test_no_webui_turns_the_page_off() -> None:
-    from test_server import start_server, stop_server
+    """`serve --no-webui` sets the setting that leaves the routes out: `/` and its files are then 404s in the API's
+    error body, and the API is unchanged (the app in-process: no second server to start)."""
+    from fastapi.testclient import TestClient
 
-    proc, url = start_server(Path(DEFAULT_MODEL_DIR), "--no-webui")
-    try:
-        r = httpx.get(url + "/")
-        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
-        assert httpx.get(url + "/webui/app.js").status_code == 404
-        assert httpx.get(url + "/v1/models").status_code == 200
-    finally:
-        stop_server(proc)
+    from nexttoken.cli import build_parser
+    from nexttoken.engine import EngineConfig, LLMEngine
+    from nexttoken.pretrained import load_pretrained
+    from nexttoken.server.app import build_app
+    from nexttoken.server.settings import ServerSettings
+
+    assert build_parser().parse_args(["serve", "--no-webui"]).webui is False
+    assert build_parser().parse_args(["serve"]).webui is True
+    loaded = load_pretrained(None)
+    engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(), loaded.generation_config)
+    off = TestClient(build_app(engine, ServerSettings("m", webui=False)))
+    r = off.get("/")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    assert off.get("/webui/app.js").status_code == 404
+    on = TestClient(build_app(engine, ServerSettings("m")))
+    for path, kind in (("/", "text/html"), ("/webui/app.js", "text/javascript"), ("/webui/style.css", "text/css")):
+        r = on.get(path)
+        assert r.status_code == 200 and r.headers["content-type"].startswith(kind)
+        assert r.headers["content-security-policy"].startswith("default-src 'none'; script-src 'self'")

@@ -292,9 +292,16 @@
   }
   async function showTokens(m, node) {
     const box = node.querySelector(".why");
-    if (!box.hidden) { box.hidden = true; node.classList.remove("why-open"); return; }
+    const toggle = node.querySelector(".why-toggle");
+    if (!box.hidden) {
+      box.hidden = true;
+      node.classList.remove("why-open");
+      toggle.textContent = "why this token?";
+      return;
+    }
     box.hidden = false;
     node.classList.add("why-open");  // the tokens take the text's place while they are shown
+    toggle.textContent = "show the text";
     box.replaceChildren(el("div", "note", "loading the trace ..."));
     let trace;
     try { trace = await getTrace(m.trace); } catch (e) {
