@@ -323,10 +323,12 @@
       strip.appendChild(t);
     });
     const help = el("div", "note", "each token shaded by how unsure the choice was (darker: less likely); click one to see why it came out. ");
-    const full = el("a", null, "the full explain page");
-    full.href = m.trace.url;
-    full.target = "_blank";
-    help.appendChild(full);
+    if (!localStorage.getItem(KEY)) {  // a link cannot carry the key: with one, the server's page would be a 401
+      const full = el("a", "explain-link", "the full explain page");
+      full.href = m.trace.url;
+      full.target = "_blank";
+      help.appendChild(full);
+    }
     box.replaceChildren(help, strip, el("div", "detail"));
   }
 
