@@ -134,7 +134,7 @@ def test_the_page_asks_for_the_key_and_loads_from_the_server_alone(page) -> None
     assert page.eval("document.getElementById('key-dialog').hidden") is True
     urls = [r["url"] for r in _requests(page)]
     assert {u.removeprefix(page.server) for u in urls} == {"/", "/webui/style.css", "/webui/markdown.js", "/webui/app.js",
-                                                           "/v1/models"}
+                                                           "/webui/trace-step.js", "/v1/models"}
     headers = httpx.get(page.server + "/").headers
     assert "default-src 'none'" in headers["content-security-policy"]
 
@@ -224,7 +224,7 @@ def test_why_this_token_opens_the_trace_inline(page) -> None:
         page.click(f"{_last(page)} .why .tok[data-step='{i}']")
         shown = page.eval(f"""(() => {{ const d = document.querySelector('{_last(page)} .why .detail');
             return {{step: d.dataset.step, title: d.querySelector('.step-title').textContent,
-              cards: [...d.querySelectorAll('.stage')].map(c => ({{title: c.querySelector('h4').textContent,
+              cards: [...d.querySelectorAll('.stage')].map(c => ({{title: c.querySelector('h3').textContent,
                 ids: [...c.querySelectorAll('.bar-row')].map(r => +r.dataset.tokenId),
                 widths: [...c.querySelectorAll('.bar')].map(x => parseFloat(x.style.width)),
                 chosen: [...c.querySelectorAll('.bar-row.chosen')].map(r => +r.dataset.tokenId)}})),

@@ -22,7 +22,6 @@
     b.addEventListener("click", onClick);
     return b;
   };
-  const fmt = (x, d) => (x === null || x === undefined) ? "-" : Number(x).toFixed(d === undefined ? 4 : d);
 
   // ---- state ------------------------------------------------------------------------------------------------
   let state = load();
@@ -308,16 +307,14 @@
       box.replaceChildren(el("div", "error", "the trace is not available: " + e.message));
       return;
     }
-    const texts = trace.token_texts || {};
-    const tokText = id => (String(id) in texts) ? texts[String(id)] : "#" + id;
     const strip = el("div", "strip");
     trace.steps.forEach((s, i) => {
-      const shown = s.text ? s.text : tokText(s.chosen.id);
+      const shown = s.text ? s.text : TraceStep.tokenText(trace, s.chosen.id);
       const t = el("span", "tok", shown);
       t.dataset.step = i;
       t.tabIndex = 0;
       t.style.background = "rgba(220, 60, 40, " + (0.08 + 0.8 * (1 - s.chosen.prob)).toFixed(3) + ")";
-      t.title = "step " + i + ": p=" + fmt(s.chosen.prob) + ", rank " + s.chosen.rank;
+      t.title = "step " + i + ": p=" + TraceStep.fmt(s.chosen.prob) + ", rank " + s.chosen.rank;
       t.addEventListener("click", () => step(trace, i, box));
       t.addEventListener("keydown", e => { if (e.key === "Enter") step(trace, i, box); });
       strip.appendChild(t);
@@ -332,64 +329,26 @@
     box.replaceChildren(help, strip, el("div", "detail"));
   }
 
-  function bars(title, stats, top, chosen, texts) {
-    const card = el("div", "stage");
-    card.appendChild(el("h4", null, title));
-    card.appendChild(el("div", "stats", stats));
-    top.ids.forEach((id, k) => {
-      const row = el("div", "bar-row" + (id === chosen ? " chosen" : ""));
-      row.dataset.tokenId = id;
-      row.appendChild(el("span", "label", (String(id) in texts) ? texts[String(id)] : "#" + id));
-      const track = el("span", "track"), bar = el("span", "bar");
-      bar.style.width = (100 * (top.probs[k] || 0)).toFixed(2) + "%";
-      track.appendChild(bar);
-      row.appendChild(track);
-      row.appendChild(el("span", "value", fmt(top.probs[k], 3)));
-      card.appendChild(row);
-    });
-    return card;
-  }
-
-  /** One step of the trace, inline: the candidates before and after each processor, the draw, the stops. */
+  /** One step of the trace, inline: the candidates before and after each processor, the draw, the stops (drawn
+      by the explain page's own script, TraceStep). */
   function step(trace, i, box) {
-    const s = trace.steps[i], texts = trace.token_texts || {}, c = s.chosen;
     box.querySelectorAll(".tok.sel").forEach(t => t.classList.remove("sel"));
     box.querySelector('.tok[data-step="' + i + '"]').classList.add("sel");
     const detail = box.querySelector(".detail");
     detail.dataset.step = i;
-    const name = (String(c.id) in texts) ? texts[String(c.id)] : "#" + c.id;
-    const sm = s.sampler || {};
-    const head = el("div", "step-title", "step " + i + ": chose " + JSON.stringify(name) + " (id " + c.id + ", rank " +
-      c.rank + ", p " + fmt(c.prob) + "; under the raw logits rank " + c.raw_rank + ", p " + fmt(c.raw_prob) + ")");
-    const draw = el("div", "draw", "sampler: " + sm.kind + (sm.greedy ? " (argmax)" : " (a draw)") +
-      (sm.seed !== null && sm.seed !== undefined ? ", seed " + sm.seed : "") + (sm.state ? ", generator state " + sm.state : ""));
     const cards = el("div", "cards");
-    cards.appendChild(bars("model (raw)", "entropy " + fmt(s.raw.entropy), s.raw, c.id, texts));
-    (s.stages || []).forEach(st => cards.appendChild(bars("after " + st.name, "changed " + st.changed + ", masked " +
-      st.masked + ", mass moved " + fmt(st.mass_moved) + ", entropy " + fmt(st.entropy_before) + " -> " +
-      fmt(st.entropy_after), st.top, c.id, texts)));
+    cards.replaceChildren(...TraceStep.cards(trace, i));
     const table = el("table", "stops");
-    const headRow = el("tr");
-    ["condition", "stops?", "detail"].forEach(h => headRow.appendChild(el("th", null, h)));
-    table.appendChild(headRow);
-    (s.stop || []).forEach(d => {
-      const tr = el("tr");
-      tr.appendChild(el("td", null, d.name));
-      tr.appendChild(el("td", d.stop ? "yes" : null, d.stop ? "stop" : "no"));
-      tr.appendChild(el("td", null, d.detail === null || d.detail === undefined ? "" : String(d.detail)));
-      table.appendChild(tr);
-    });
-    Object.entries(s.notes || {}).forEach(([k, v]) => {
-      const tr = el("tr");
-      [k, "note", JSON.stringify(v)].forEach(x => tr.appendChild(el("td", null, x)));
-      table.appendChild(tr);
-    });
+    const head = el("tr");
+    ["condition", "stops?", "detail"].forEach(h => head.appendChild(el("th", null, h)));
+    table.replaceChildren(head, ...TraceStep.stopRows(trace, i));
     const close = button("link close-step", "close", "hide this step", () => {
       detail.replaceChildren();
       delete detail.dataset.step;
       box.querySelectorAll(".tok.sel").forEach(t => t.classList.remove("sel"));
     });
-    detail.replaceChildren(head, draw, cards, table, close);
+    detail.replaceChildren(el("div", "step-title", TraceStep.title(trace, i)),
+      el("div", "draw", TraceStep.draw(trace.steps[i])), cards, table, close);
   }
 
   // ---- rendering --------------------------------------------------------------------------------------------
