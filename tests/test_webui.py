@@ -111,6 +111,12 @@ def _api(b: Browser, body: dict) -> dict:
     return r.json()["choices"][0]
 
 
+def _metrics(b: Browser) -> dict[str, float]:
+    """The server's Prometheus samples, name{labels} -> value."""
+    lines = httpx.get(b.server + "/metrics").text.splitlines()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines if line and not line.startswith("#")}
+
+
 def _new_chat(b: Browser, **options) -> None:
     b.click("#new-conv")
     _wait(b, "document.querySelectorAll('#messages .msg').length === 0")
@@ -197,6 +203,14 @@ def test_regenerate_asks_again_without_the_old_answer(page) -> None:
     _wait(page, "document.body.dataset.running === ''")
     body = _chat_bodies(page)[-1]
     assert body["seed"] == 43 and _messages(page)[-1]["content"] == _api(page, body)["message"]["content"]
+
+
+def test_copy_puts_the_message_on_the_clipboard(page) -> None:
+    page.call("Browser.grantPermissions", origin=page.server, permissions=["clipboardReadWrite", "clipboardSanitizedWrite"])
+    page.click(f"{_last(page)} .actions .copy")
+    _wait(page, f"document.querySelector('{_last(page)} .actions .copy').textContent === 'copied'")
+    read = page.call("Runtime.evaluate", expression="navigator.clipboard.readText()", awaitPromise=True, returnByValue=True)
+    assert read["result"]["value"] == _messages(page)[-1]["content"]
 
 
 def test_edit_and_resend_a_user_message(page) -> None:
@@ -289,18 +303,25 @@ def test_reasoning_is_shown_folded_above_the_answer(page) -> None:
 
 
 def test_stop_mid_answer_with_escape(page) -> None:
-    _new_chat(page, structured="regex", structured_value="[a-z ]{400}", max_tokens=450, trace=False)
+    # Letters one at a time (200 of them, 200-400 tokens): long enough to stop mid-way on a fast machine too.
+    _new_chat(page, structured="regex", structured_value="([a-z] ){200}", max_tokens=480, trace=False)
     page.eval("document.getElementById('input').focus()")
     page.call("Input.insertText", text="Write a long line.")
+    generated = _metrics(page)["nexttoken_generation_tokens_total"]
     _press(page, "Enter")
     _wait(page, "(document.querySelector('.msg.assistant[data-state=\"streaming\"] .content') || {}).textContent")
     _press(page, "Escape")
     _wait(page, "document.body.dataset.running === ''")
     body, msg = _chat_bodies(page)[-1], _messages(page)[-1]
-    assert body["structured_outputs"] == {"regex": "[a-z ]{400}"} and "trace" not in body
+    assert body["structured_outputs"] == {"regex": "([a-z] ){200}"} and "trace" not in body
     assert msg["state"] == "stopped" and msg["finish_reason"] == "stopped" and 0 < len(msg["content"]) < 400
     assert "finish: stopped" in page.eval(f"document.querySelector('{_last(page)} .stats').textContent")
-    assert httpx.get(page.server + "/health").status_code == 200  # the server goes on (the request was cancelled)
+    deadline = time.monotonic() + 30  # the server saw the client leave: the request was aborted, its slot freed
+    while (metrics := _metrics(page)).get('nexttoken_requests_finished_total{finish_reason="abort"}') != 1.0 \
+            or metrics["nexttoken_num_requests_running"] != 0.0:
+        assert time.monotonic() < deadline, metrics
+        time.sleep(0.05)
+    assert metrics["nexttoken_generation_tokens_total"] - generated < 200
 
 
 def test_a_json_schema_answer_parses(page) -> None:

@@ -191,6 +191,7 @@
       tokens_per_s: tokens && tokens > 1 && last > first ? (tokens - 1) / ((last - first) / 1000) : null,
       ms: end - t0 };
     running = null;
+    if (pending) { cancelAnimationFrame(pending); pending = null; }
     setRunning(false);
     save();
     render();
@@ -358,6 +359,7 @@
     pending = requestAnimationFrame(() => { pending = null; renderStreaming(msg); });
   }
   function renderStreaming(msg) {
+    if (msg.state !== "streaming") return;  // finished meanwhile: render() has drawn it (and an edit box may be open)
     const c = conv(), i = c.messages.indexOf(msg);
     const node = document.querySelector('#messages .msg[data-index="' + i + '"]');
     if (!node) return;
