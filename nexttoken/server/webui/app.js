@@ -93,6 +93,7 @@
     const messages = [];
     if (o.system && o.system.trim()) messages.push({ role: "system", content: o.system });
     c.messages.slice(0, upto).forEach(m => {
+      if (m.role === "assistant" && m.state === "error" && !m.content) return;  // a failed answer said nothing
       const out = { role: m.role, content: m.content || "" };
       if (m.tool_calls && m.tool_calls.length) out.tool_calls = m.tool_calls;
       messages.push(out);
@@ -156,7 +157,7 @@
       while (!done) {
         const { value, done: ended } = await reader.read();
         if (ended) break;
-        buffer += decoder.decode(value, { stream: true });
+        buffer += decoder.decode(value, { stream: true });  // this server ends its lines with \n
         let cut;
         while ((cut = buffer.indexOf("\n\n")) >= 0) {  // one server-sent event per blank line
           const event = buffer.slice(0, cut);
@@ -180,6 +181,7 @@
           scheduleRender(msg);
         }
       }
+      if (!done) throw new Error("the connection closed before the answer ended");
       msg.state = "done";
     } catch (e) {
       if (controller.signal.aborted) { msg.state = "stopped"; msg.finish_reason = "stopped"; }
