@@ -85,12 +85,17 @@ def _press(b: Browser, key: str, shift: bool = False) -> None:
     b.call("Input.dispatchKeyEvent", type="keyUp", key=key, code=key, modifiers=8 if shift else 0)
 
 
+def _answered(b: Browser, action) -> None:
+    """Do `action` (a send, a regenerate ...) and wait until its answer has ended (the page counts them)."""
+    before = int(b.eval("document.body.dataset.answers || 0"))
+    action()
+    _wait(b, f"+(document.body.dataset.answers || 0) > {before}")
+
+
 def _type_and_send(b: Browser, text: str) -> None:
     b.eval("document.getElementById('input').focus()")
     b.call("Input.insertText", text=text)
-    _press(b, "Enter")
-    _wait(b, "document.body.dataset.running === '1'")
-    _wait(b, "document.body.dataset.running === ''")
+    _answered(b, lambda: _press(b, "Enter"))
 
 
 def _messages(b: Browser) -> list[dict]:
@@ -158,8 +163,7 @@ def test_send_streams_with_enter_and_shift_enter(page) -> None:
         const m = document.querySelector('.msg.assistant[data-state="streaming"] .content');
         if (m) window.__partial.push(m.textContent.length); }).observe(document.getElementById('messages'),
         {childList: true, subtree: true});""")
-    _press(page, "Enter")
-    _wait(page, "document.body.dataset.running === ''")
+    _answered(page, lambda: _press(page, "Enter"))
     assert page.eval("document.getElementById('input').value") == ""
     (body,) = _chat_bodies(page)
     assert body["messages"] == [{"role": "user", "content": "Tell me a story\nabout a cat."}]
@@ -192,15 +196,13 @@ def test_options_reach_the_request_and_the_answer_is_the_apis(page) -> None:
 
 def test_regenerate_asks_again_without_the_old_answer(page) -> None:
     before = _messages(page)
-    page.click(f"{_last(page)} .regenerate")
-    _wait(page, "document.body.dataset.running === ''")
+    _answered(page, lambda: page.click(f"{_last(page)} .regenerate"))
     first, again = _chat_bodies(page)[-2:]
     assert again == first  # the same conversation (the old answer is not sent), the same options
     after = _messages(page)
     assert len(after) == len(before) and after[-1]["content"] == before[-1]["content"]  # seed 42: the same answer
     _option(page, "seed", 43)
-    page.click(f"{_last(page)} .regenerate")
-    _wait(page, "document.body.dataset.running === ''")
+    _answered(page, lambda: page.click(f"{_last(page)} .regenerate"))
     body = _chat_bodies(page)[-1]
     assert body["seed"] == 43 and _messages(page)[-1]["content"] == _api(page, body)["message"]["content"]
 
@@ -216,8 +218,7 @@ def test_copy_puts_the_message_on_the_clipboard(page) -> None:
 def test_edit_and_resend_a_user_message(page) -> None:
     page.click(".msg.user[data-index='2'] .edit")
     page.eval("document.querySelector('.msg.user[data-index=\"2\"] .edit-box').value = 'Tell me about a bird.'")
-    page.click(".msg.user[data-index='2'] .save-send")
-    _wait(page, "document.body.dataset.running === ''")
+    _answered(page, lambda: page.click(".msg.user[data-index='2'] .save-send"))
     body = _chat_bodies(page)[-1]
     assert [m["content"] for m in body["messages"]][1:] == [
         "Tell me a story\nabout a cat.", _messages(page)[1]["content"], "Tell me about a bird."]
@@ -281,8 +282,7 @@ def test_errors_are_shown_and_the_page_goes_on(page) -> None:
     assert msg["state"] == "error" and "top_p" in msg["error"]
     assert "top_p" in page.eval(f"document.querySelector('{_last(page)} .error').textContent")
     _option(page, "top_p", "")
-    page.click(f"{_last(page)} .regenerate")
-    _wait(page, "document.body.dataset.running === ''")
+    _answered(page, lambda: page.click(f"{_last(page)} .regenerate"))
     assert _messages(page)[-1]["state"] == "done" and "top_p" not in _chat_bodies(page)[-1]
 
 
@@ -359,7 +359,7 @@ def test_model_text_is_shown_as_text_never_run(page) -> None:
     msg = _messages(page)[-1]
     assert msg["content"] == HOSTILE
     assert page.eval(f"document.querySelector('{_last(page)} .content').textContent") == HOSTILE
-    assert page.eval(".msg.user .content".join(["document.querySelector('", "').textContent"])) == \
+    assert page.eval("document.querySelector('.msg.user .content').textContent") == \
         "<b>bold?</b> <img src=y onerror=\"window.pwned = 3\">"
     # Markdown still renders, from an edited answer: code blocks keep markup as text.
     page.click(f"{_last(page)} .edit")
@@ -378,17 +378,18 @@ def test_model_text_is_shown_as_text_never_run(page) -> None:
 
 
 MARKDOWN = [  # text -> the nodes the page builds for it (read back as HTML here; the page never writes HTML)
-    ("**bold** *em* _em_ `a<b>` ``x`y``", "<p><strong>bold</strong> <em>em</em> <em>em</em> <code>a&lt;b&gt;</code> "
-                                         "<code>x`y</code></p>"),
-    ("```py\nif a < b:\n    print('<i>')\n```", '<pre class="code" data-lang="py"><code class="language-py">if a &lt; b:\n'
-                                                "    print('&lt;i&gt;')</code>"
-                                                '<button class="copy-code" type="button">copy</button></pre>'),
-    ("```\nstill streaming", '<pre class="code"><code>still streaming</code><button class="copy-code" type="button">copy'
-                             "</button></pre>"),
+    ("**bold** *em* _em_ `a<b>` ``x`y``",
+     "<p><strong>bold</strong> <em>em</em> <em>em</em> <code>a&lt;b&gt;</code> <code>x`y</code></p>"),
+    ("```py\nif a < b:\n    print('<i>')\n```",
+     ("""<pre class="code" data-lang="py"><code class="language-py">if a &lt; b:\n    print('&lt;i&gt;')</code>"""
+      """<button class="copy-code" type="button">copy</button></pre>""")),
+    ("```\nstill streaming",
+     '<pre class="code"><code>still streaming</code><button class="copy-code" type="button">copy</button></pre>'),
     ("- a\n- **b**\n\n3. x\n4. y", '<ul><li>a</li><li><strong>b</strong></li></ul><ol start="3"><li>x</li><li>y</li></ol>'),
     ("# T\n> q\n---\nline one\nline two", "<h3>T</h3><blockquote>q</blockquote><hr><p>line one<br>line two</p>"),
-    ("[ok](https://example.com/a) [no](javascript:alert(1)) <a href=x>", '<p><a href="https://example.com/a" '
-     'rel="noopener noreferrer nofollow" target="_blank">ok</a> [no](javascript:alert(1)) &lt;a href=x&gt;</p>'),
+    ("[ok](https://example.com/a) [no](javascript:alert(1)) <a href=x>",
+     ('<p><a href="https://example.com/a" rel="noopener noreferrer nofollow" target="_blank">ok</a> '
+      "[no](javascript:alert(1)) &lt;a href=x&gt;</p>")),
 ]
 
 

@@ -197,6 +197,7 @@
     setRunning(false);
     save();
     render();
+    document.body.dataset.answers = +(document.body.dataset.answers || 0) + 1;  // answers ended on this page
   }
 
   function mergeCall(msg, call) {  // a streamed tool call: its id and name first, then its argument text
