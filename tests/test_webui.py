@@ -145,7 +145,7 @@ def test_the_page_asks_for_the_key_and_loads_from_the_server_alone(page) -> None
     assert page.eval("document.getElementById('key-dialog').hidden") is True
     urls = [r["url"] for r in _requests(page)]
     assert {u.removeprefix(page.server) for u in urls} == {"/", "/webui/style.css", "/webui/markdown.js", "/webui/app.js",
-                                                           "/webui/trace-step.js", "/v1/models"}
+                                                           "/webui/trace-step.js", "/webui/client.js", "/v1/models"}
     headers = httpx.get(page.server + "/").headers
     assert "default-src 'none'" in headers["content-security-policy"]
 
@@ -457,12 +457,14 @@ def test_phone_width(page) -> None:
         page.call("Emulation.clearDeviceMetricsOverride")
 
 
-def test_nothing_was_fetched_but_the_server(page) -> None:
+def test_nothing_was_fetched_but_the_server_and_no_script_failed(page) -> None:
     others = [r["url"] for r in _requests(page) if not r["url"].startswith((page.server + "/", "blob:", "data:"))]
     assert others == []
     failed = [e["params"] for e in page.events if e.get("method") == "Network.loadingFailed"
               and e["params"].get("errorText") != "net::ERR_ABORTED"]  # the stopped stream is the one abort
     assert failed == []
+    thrown = [e["params"]["exceptionDetails"] for e in page.events if e.get("method") == "Runtime.exceptionThrown"]
+    assert thrown == []  # and the page's script never failed
 
 
 def test_no_webui_turns_the_page_off() -> None:

@@ -16,6 +16,7 @@ from fastapi.responses import Response
 # step of a trace is drawn by the explain page's own script (generation/trace/step.js).
 _JS, _CSS, _HTML = "text/javascript; charset=utf-8", "text/css; charset=utf-8", "text/html; charset=utf-8"
 ASSETS = {"index.html": (__name__, "index.html", _HTML), "app.js": (__name__, "app.js", _JS),
+          "client.js": (__name__, "client.js", _JS),
           "markdown.js": (__name__, "markdown.js", _JS), "style.css": (__name__, "style.css", _CSS),
           "trace-step.js": ("nexttoken.generation.trace", "step.js", _JS)}
 

@@ -1,13 +1,10 @@
-// nexttoken's chat page. It speaks only the public API: GET /v1/models, POST /v1/chat/completions with
-// "stream": true (server-sent events read from fetch, stopped with an AbortController), and, for "why this
+// nexttoken's chat page. It speaks only the public API (client.js): GET /v1/models, POST /v1/chat/completions
+// with "stream": true (server-sent events read from fetch, stopped with an AbortController), and, for "why this
 // token", GET /v1/traces/{id}.json. Conversations and their options live in this browser's localStorage.
 // Model text is only ever set as text (textContent, or Markdown.render's text nodes), never as markup.
 "use strict";
 (function () {
-  const STORE = "nexttoken.webui.conversations", KEY = "nexttoken.webui.apiKey";
-  const NUMBERS = ["temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "presence_penalty",
-    "frequency_penalty", "repetition_penalty"];
-  const INTEGERS = new Set(["top_k", "max_tokens", "seed"]);
+  const STORE = "nexttoken.webui.conversations";
   const $ = id => document.getElementById(id);
   const el = (tag, cls, text) => {
     const e = document.createElement(tag);
@@ -47,20 +44,6 @@
   const conv = () => state.conversations.find(c => c.id === state.current) || state.conversations[0];
 
   // ---- the API ----------------------------------------------------------------------------------------------
-  function headers(json) {
-    const h = {};
-    if (json) h["Content-Type"] = "application/json";
-    const key = localStorage.getItem(KEY);
-    if (key) h["Authorization"] = "Bearer " + key;
-    return h;
-  }
-  async function errorOf(response) {  // the API's own error body, as one line
-    try {
-      const body = await response.json();
-      if (body && body.error) return body.error.message + (body.error.param ? " (" + body.error.param + ")" : "");
-    } catch (e) { /* not JSON */ }
-    return "HTTP " + response.status;
-  }
   let keyWaiters = [];
   function askForKey(message) {  // resolves once the user has given a key
     $("key-dialog").hidden = false;
@@ -69,69 +52,20 @@
     $("key-input").focus();
     return new Promise(resolve => keyWaiters.push(resolve));
   }
-  async function api(path, init) {  // fetch with the key; a 401 asks for the key and tries again
-    for (;;) {
-      const response = await fetch(path, { ...init, headers: headers(init && init.body) });
-      if (response.status !== 401) return response;
-      const message = await errorOf(response);
-      await askForKey(localStorage.getItem(KEY) ? "the server refused this key: " + message : null);
-    }
-  }
   async function loadModel() {
-    const response = await api("/v1/models");
-    if (!response.ok) throw new Error(await errorOf(response));
+    const response = await Client.api("/v1/models");
+    if (!response.ok) throw new Error(await Client.errorOf(response));
     const data = (await response.json()).data || [];
     model = data.length ? data[0].id : null;
     $("model").textContent = model || "(no model)";
-    $("forget-key").hidden = !localStorage.getItem(KEY);
-  }
-
-  // ---- the request ------------------------------------------------------------------------------------------
-  /** The body of a chat request for the conversation's messages up to `upto` (not included) and its options. */
-  function requestBody(c, upto) {
-    const o = c.options, body = { model, stream: true, stream_options: { include_usage: true } };
-    const messages = [];
-    if (o.system && o.system.trim()) messages.push({ role: "system", content: o.system });
-    c.messages.slice(0, upto).forEach(m => {
-      if (m.role === "assistant" && m.state === "error" && !m.content) return;  // a failed answer said nothing
-      const out = { role: m.role, content: m.content || "" };
-      if (m.tool_calls && m.tool_calls.length) out.tool_calls = m.tool_calls;
-      messages.push(out);
-    });
-    body.messages = messages;
-    NUMBERS.forEach(name => {
-      const v = o[name];
-      if (v === undefined || v === null || v === "") return;
-      const n = Number(v);
-      if (!Number.isFinite(n) || (INTEGERS.has(name) && !Number.isInteger(n))) throw new Error(name + " must be " + (INTEGERS.has(name) ? "an integer" : "a number") + ", got " + JSON.stringify(v));
-      body[name] = n;
-    });
-    const stops = (o.stop || "").split("\n").filter(s => s !== "");
-    if (stops.length) body.stop = stops;
-    const sv = o.structured_value || "";
-    if (o.structured === "json_schema") {
-      let schema;
-      try { schema = JSON.parse(sv); } catch (e) { throw new Error("the JSON Schema is not valid JSON: " + e.message); }
-      body.response_format = { type: "json_schema", json_schema: { name: "answer", schema } };
-    } else if (o.structured === "regex") {
-      body.structured_outputs = { regex: sv };
-    } else if (o.structured === "choice") {
-      body.structured_outputs = { choice: sv.split("\n").filter(s => s !== "") };
-    }
-    if (o.tools && o.tools.trim()) {
-      try { body.tools = JSON.parse(o.tools); } catch (e) { throw new Error("tools is not valid JSON: " + e.message); }
-      if (o.tool_choice) body.tool_choice = o.tool_choice;
-      if (o.parallel_tool_calls === false) body.parallel_tool_calls = false;
-    }
-    if (o.trace) body.trace = true;
-    return body;
+    $("forget-key").hidden = !Client.key();
   }
 
   /** Stream an answer into `msg` (an assistant message already in the conversation). */
   async function generate(c, msg) {
     const upto = c.messages.indexOf(msg);
     let body;
-    try { body = requestBody(c, upto); } catch (e) {  // regenerate or edit with options that cannot be sent
+    try { body = Client.requestBody(c, upto, model); } catch (e) {  // regenerate or edit with options that cannot be sent
       showOptionsError(e.message);
       Object.assign(msg, { state: "error", error: e.message });
       save();
@@ -149,39 +83,23 @@
     let first = null, last = null, usage = null;
     const seen = () => { last = performance.now(); if (first === null) first = last; };
     try {
-      const response = await api("/v1/chat/completions", { method: "POST", body: JSON.stringify(body),
+      const response = await Client.api("/v1/chat/completions", { method: "POST", body: JSON.stringify(body),
         signal: controller.signal });
-      if (!response.ok) throw new Error(await errorOf(response));
-      const reader = response.body.getReader(), decoder = new TextDecoder();
-      let buffer = "", done = false;
-      while (!done) {
-        const { value, done: ended } = await reader.read();
-        if (ended) break;
-        buffer += decoder.decode(value, { stream: true });  // this server ends its lines with \n
-        let cut;
-        while ((cut = buffer.indexOf("\n\n")) >= 0) {  // one server-sent event per blank line
-          const event = buffer.slice(0, cut);
-          buffer = buffer.slice(cut + 2);
-          const data = event.split("\n").filter(l => l.startsWith("data:")).map(l => l.slice(5).trimStart()).join("\n");
-          if (!data) continue;
-          if (data === "[DONE]") { done = true; break; }
-          const chunk = JSON.parse(data);
-          if (chunk.error) throw new Error(chunk.error.message);
-          if (chunk.usage) usage = chunk.usage;
-          for (const choice of chunk.choices || []) {
-            const d = choice.delta || {};
-            const reasoning = d.reasoning_content || d.reasoning;
-            if (reasoning) { msg.reasoning += reasoning; seen(); }
-            if (d.content) { msg.content += d.content; seen(); }
-            (d.tool_calls || []).forEach(call => { mergeCall(msg, call); seen(); });
-            if (choice.finish_reason) msg.finish_reason = choice.finish_reason;
-            if (choice.trace) msg.trace = { id: choice.trace.id, url: choice.trace.url, json_url: choice.trace.json_url };
-          }
-          msg.deltas++;
-          scheduleRender(msg);
+      if (!response.ok) throw new Error(await Client.errorOf(response));
+      for await (const chunk of Client.events(response)) {
+        if (chunk.usage) usage = chunk.usage;
+        for (const choice of chunk.choices || []) {
+          const d = choice.delta || {};
+          const reasoning = d.reasoning_content || d.reasoning;  // a reasoning model's thinking, when sent
+          if (reasoning) { msg.reasoning += reasoning; seen(); }
+          if (d.content) { msg.content += d.content; seen(); }
+          (d.tool_calls || []).forEach(call => { mergeCall(msg, call); seen(); });
+          if (choice.finish_reason) msg.finish_reason = choice.finish_reason;
+          if (choice.trace) msg.trace = { id: choice.trace.id, url: choice.trace.url, json_url: choice.trace.json_url };
         }
+        msg.deltas++;
+        scheduleRender(msg);
       }
-      if (!done) throw new Error("the connection closed before the answer ended");
       msg.state = "done";
     } catch (e) {
       if (controller.signal.aborted) { msg.state = "stopped"; msg.finish_reason = "stopped"; }
@@ -223,7 +141,7 @@
   function send(text) {
     if (running || !text.trim()) return false;
     const c = conv();
-    try { requestBody(c, c.messages.length); } catch (e) { showOptionsError(e.message); return false; }
+    try { Client.requestBody(c, c.messages.length, model); } catch (e) { showOptionsError(e.message); return false; }
     c.messages.push({ role: "user", content: text });
     if (c.title === "New chat") c.title = text.trim().replace(/\s+/g, " ").slice(0, 48);
     const msg = { role: "assistant", content: "" };
@@ -286,8 +204,8 @@
   // ---- "why this token" -------------------------------------------------------------------------------------
   function getTrace(info) {
     if (!traces.has(info.id)) {
-      traces.set(info.id, api(info.json_url).then(async r => {
-        if (!r.ok) throw new Error(await errorOf(r));
+      traces.set(info.id, Client.api(info.json_url).then(async r => {
+        if (!r.ok) throw new Error(await Client.errorOf(r));
         return r.json();
       }));
     }
@@ -324,7 +242,7 @@
       strip.appendChild(t);
     });
     const help = el("div", "note", "each token shaded by how unsure the choice was (darker: less likely); click one to see why it came out. ");
-    if (!localStorage.getItem(KEY)) {  // a link cannot carry the key: with one, the server's page would be a 401
+    if (!Client.key()) {  // a link cannot carry the key: with one, the server's page would be a 401
       const full = el("a", "explain-link", "the full explain page");
       full.href = m.trace.url;
       full.target = "_blank";
@@ -464,7 +382,7 @@
   }
 
   // ---- the options panel ------------------------------------------------------------------------------------
-  const FIELDS = ["system", ...NUMBERS, "stop", "structured", "structured_value", "tools", "tool_choice"];
+  const FIELDS = ["system", ...Client.NUMBERS, "stop", "structured", "structured_value", "tools", "tool_choice"];
   function fillOptions() {
     const o = conv().options;
     FIELDS.forEach(name => { $("opt-" + name).value = o[name] === undefined || o[name] === null ? "" : o[name]; });
@@ -521,17 +439,18 @@
       e.preventDefault();
       const key = $("key-input").value.trim();
       if (!key) return;
-      localStorage.setItem(KEY, key);
+      Client.setKey(key);
       $("key-input").value = "";
       $("key-dialog").hidden = true;
       const waiting = keyWaiters;
       keyWaiters = [];
       waiting.forEach(resolve => resolve());
     });
-    $("forget-key").addEventListener("click", () => { localStorage.removeItem(KEY); $("forget-key").hidden = true; });
+    $("forget-key").addEventListener("click", () => { Client.forgetKey(); $("forget-key").hidden = true; });
   }
 
   async function main() {
+    Client.onKeyNeeded(askForKey);
     // A message left "streaming" by a reload was cut off: say so.
     state.conversations.forEach(c => c.messages.forEach(m => { if (m.state === "streaming") { m.state = "stopped"; m.finish_reason = "stopped"; } }));
     wire();
