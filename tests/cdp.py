@@ -39,14 +39,14 @@ def browser_or_skip() -> str:
 
 
 class Browser:
-    def __init__(self, executable: str, width: int = 1280, height: int = 1000) -> None:
+    def __init__(self, executable: str, width: int = 1280, height: int = 1000, args: tuple[str, ...] = ()) -> None:
         from websockets.sync.client import connect
 
         self.profile = tempfile.mkdtemp(prefix="nexttoken-chromium-")
         self.proc = subprocess.Popen(
             [executable, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
              "--remote-debugging-port=0", f"--user-data-dir={self.profile}", f"--window-size={width},{height}",
-             "about:blank"],
+             *args, "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         port_file = Path(self.profile) / "DevToolsActivePort"

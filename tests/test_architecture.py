@@ -122,7 +122,8 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "http": {"metrics"},  # error bodies, guards, shutdown, the SSE bridge to the engine
         "openai": {"http"},  # OpenAI's wire format: request bodies, prompts, options, outputs
         "api": {"http", "metrics", "openai", "settings"},  # one module per API
-        "app": {"api", "http", "metrics", "settings"},
+        "webui": set(),  # the chat page (package data) and its routes
+        "app": {"api", "http", "metrics", "settings", "webui"},
         "cli": {"app", "http", "settings"},
     },
 }

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from nexttoken.model import kernels
+from nexttoken.server.webui import ASSETS
 
 ROOT = Path(__file__).resolve().parents[1]
 MACHINE_CAN_BUILD = (
@@ -54,11 +55,14 @@ def test_the_wheel_carries_the_kernel_sources_and_the_model_and_generates(wheel_
     env = {"NEXTTOKEN_CACHE": str(tmp_path / "cache")}  # the kernel compiles from the installed sources
     probe = _run([str(wheel_venv / "bin" / "python"), "-c", textwrap.dedent("""
         import json, nexttoken
+        from importlib.resources import files
+        from nexttoken.server.webui import ASSETS
         from nexttoken.model import kernels
         from nexttoken.pretrained import DEFAULT_MODEL_DIR
         print(json.dumps({"file": nexttoken.__file__, "sources": [str(s) for s in kernels.SOURCES if s.is_file()],
                           "model": (DEFAULT_MODEL_DIR / "model.safetensors").is_file(),
-                          "kernel": kernels.available()}))
+                          "kernel": kernels.available(),
+                          "webui": sorted(n for n, (package, file, _) in ASSETS.items() if (files(package) / file).is_file())}))
     """)], env, cwd=tmp_path)  # not the checkout's folder, whose nexttoken/ would shadow the installed one
     assert probe.returncode == 0, probe.stderr
     info = json.loads(probe.stdout)
@@ -67,6 +71,7 @@ def test_the_wheel_carries_the_kernel_sources_and_the_model_and_generates(wheel_
     assert sorted(Path(s).name for s in info["sources"]) == checkout  # every kernel source of the checkout
     assert all(s.startswith(str(wheel_venv)) for s in info["sources"])
     assert info["model"]
+    assert info["webui"] == sorted(ASSETS)  # the chat page's files (package data)
     assert info["kernel"] == MACHINE_CAN_BUILD
     assert list((tmp_path / "cache" / "kernels").glob("libnt_*.so")) if MACHINE_CAN_BUILD else True
     story = _run([str(wheel_venv / "bin" / "nexttoken"), "generate", "Once upon a time", "--max-new-tokens", "30"], env,

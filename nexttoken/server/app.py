@@ -21,6 +21,7 @@ from .http.guards import ApiKeyGuard, BodyLimit, InternalErrors
 from .http.shutdown import MESSAGE as SHUTTING_DOWN, Drain
 from .metrics import ServerMetrics
 from .settings import ServerSettings
+from .webui import add_webui
 
 __all__ = ["ServerSettings", "build_app"]
 
@@ -54,7 +55,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kinds = {404: ("not_found_error", f"no route {request.url.path!r}: see /v1/models, /v1/completions, "
-                                          "/v1/chat/completions, /tokenize, /detokenize, /health, /metrics"),
+                                          "/v1/chat/completions, /v1/traces/{id}, /tokenize, /detokenize, /health, /metrics"),
                  405: ("invalid_request_error", f"{request.method} is not allowed on {request.url.path!r}")}
         kind, message = kinds.get(exc.status_code, ("invalid_request_error", str(exc.detail)))
         return JSONResponse(error_body(message, kind), status_code=exc.status_code, headers=exc.headers)
@@ -68,5 +69,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     app.api_route("/health", methods=["GET", "HEAD"])(models.health)
     app.get("/metrics")(models.prometheus)
     app.get("/v1/traces/{trace_id}")(traces.get)
+    if settings.webui:
+        add_webui(app)
     app.state.engine, app.state.drain = async_engine, drain
     return app

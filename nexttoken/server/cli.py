@@ -52,6 +52,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(docs/tensor_parallel.md)")
     p.add_argument("--tensor-parallel-timeout", type=float, default=60.0,
                    help="seconds a rank may stay silent (a step, or an idle heartbeat) before the server stops")
+    p.add_argument("--no-webui", dest="webui", action="store_false",
+                   help="do not serve the chat page at / (docs/webui.md); the API is unchanged")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
     p.set_defaults(run=run)
 
@@ -86,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     )
     name = args.served_model_name or Path(loaded.path).name
     settings = ServerSettings(name, args.api_key, args.max_n, args.max_seqs_per_request, args.max_body_bytes,
-                              args.body_timeout, args.shutdown_timeout, args.tool_call_parser)
+                              args.body_timeout, args.shutdown_timeout, args.tool_call_parser, args.webui)
     speculative = None
     if args.num_speculative_tokens < 1:
         print("nexttoken serve: --num-speculative-tokens must be >= 1", file=sys.stderr)
@@ -102,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
         speculative = SpeculativeConfig(args.num_speculative_tokens, draft.model)
     engine = LLMEngine(loaded.model, loaded.tokenizer, config, loaded.generation_config, speculative)
     app = build_app(engine, settings)
-    print(f"serving {name!r} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    print(f"serving {name!r} on http://{args.host}:{args.port}"
+          + (f" (chat page: http://{args.host}:{args.port}/)" if args.webui else ""), file=sys.stderr, flush=True)
     if not args.api_key and not _loopback(args.host):
         print(f"nexttoken serve: WARNING: listening on {args.host} without --api-key: anyone who can reach this "
               "address can use the model. Set --api-key KEY, or bind to 127.0.0.1.", file=sys.stderr, flush=True)

@@ -8,15 +8,20 @@ Token texts are set as text, never as markup, so a trace served by the server ca
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from .recorder import to_json
+
+# One step's cards, draw and stop rows, in JavaScript: this page inlines it, the server's chat page serves it.
+STEP_JS = (Path(__file__).parent / "step.js").read_text(encoding="utf-8")
 
 
 def render_page(trace: dict[str, Any], title: str = "nexttoken trace") -> str:
     """The page for `trace` (a TraceRecorder.to_dict result, or the JSON of one read back)."""
     data = to_json(trace).replace("</", "<\\/")  # the JSON cannot close its script element
-    return _PAGE.replace("__TITLE__", _escape(title)).replace("__TRACE__", data)
+    step = STEP_JS.replace("</", "<\\/")  # nor can the script (it has no "</" today)
+    return _PAGE.replace("__STEP__", step).replace("__TITLE__", _escape(title)).replace("__TRACE__", data)
 
 
 def _escape(text: str) -> str:
@@ -70,6 +75,7 @@ table { border-collapse: collapse; font-size: 12px; } td, th { border: 1px solid
 <div class="legend"><span class="seg-forward"></span>forward (the batch's)<span class="seg-processors"></span>processors<span class="seg-sampling"></span>sampling<span class="seg-stop"></span>stop checks</div>
 <div id="timeline"></div>
 <script type="application/json" id="trace-data">__TRACE__</script>
+<script>__STEP__</script>
 <script>
 "use strict";
 const trace = JSON.parse(document.getElementById("trace-data").textContent);
@@ -115,24 +121,6 @@ function strip() {
   shade();
 }
 
-function bars(title, stats, top, chosen) {
-  const card = el("div", "stage");
-  card.appendChild(el("h3", null, title));
-  card.appendChild(el("div", "stats", stats));
-  top.ids.forEach((id, k) => {
-    const row = el("div", "bar-row" + (id === chosen ? " chosen" : ""));
-    row.dataset.tokenId = id;
-    row.appendChild(el("span", "label", tokText(id)));
-    const track = el("span", "track"), bar = el("span", "bar");
-    bar.style.display = "block";
-    bar.style.width = (100 * (top.probs[k] || 0)).toFixed(2) + "%";
-    track.appendChild(bar); row.appendChild(track);
-    row.appendChild(el("span", "value", fmt(top.probs[k], 3)));
-    card.appendChild(row);
-  });
-  return card;
-}
-
 function select(i) {
   const s = trace.steps[i];
   if (!s) return;
@@ -143,38 +131,12 @@ function select(i) {
   selected = i;
   document.getElementById("tok-" + i).classList.add("sel");
   document.getElementById("tl-" + i).classList.add("sel");
-  const c = s.chosen;
-  document.getElementById("detail-title").textContent = "step " + i + ": chose " + JSON.stringify(tokText(c.id)) +
-    " (id " + c.id + ", rank " + c.rank + ", p " + fmt(c.prob) + "; under the raw logits rank " + c.raw_rank +
-    ", p " + fmt(c.raw_prob) + ")";
-  const sm = s.sampler || {};
-  document.getElementById("draw").textContent = "sampler: " + sm.kind + (sm.greedy ? " (argmax)" : " (a draw)") +
-    (sm.seed !== null && sm.seed !== undefined ? ", seed " + sm.seed : "") + (sm.state ? ", generator state " + sm.state : "");
+  document.getElementById("detail-title").textContent = TraceStep.title(trace, i);
+  document.getElementById("draw").textContent = TraceStep.draw(s);
   const detail = document.getElementById("detail");
-  detail.replaceChildren();
+  detail.replaceChildren(...TraceStep.cards(trace, i));
   detail.dataset.step = i;
-  detail.appendChild(bars("model (raw)", "entropy " + fmt(s.raw.entropy), s.raw, c.id));
-  (s.stages || []).forEach(st => {
-    const stats = "changed " + st.changed + ", masked " + st.masked + ", mass moved " + fmt(st.mass_moved) +
-      ", entropy " + fmt(st.entropy_before) + " -> " + fmt(st.entropy_after) + ", " + fmt(st.ms, 3) + " ms";
-    detail.appendChild(bars("after " + st.name, stats, st.top, c.id));
-  });
-  const body = document.querySelector("#stops tbody");
-  body.replaceChildren();
-  (s.stop || []).forEach(d => {
-    const tr = el("tr");
-    tr.appendChild(el("td", null, d.name));
-    tr.appendChild(el("td", d.stop ? "yes" : null, d.stop ? "stop" : "no"));
-    tr.appendChild(el("td", null, d.detail === null || d.detail === undefined ? "" : String(d.detail)));
-    body.appendChild(tr);
-  });
-  Object.entries(s.notes || {}).forEach(([name, value]) => {
-    const tr = el("tr");
-    tr.appendChild(el("td", null, name));
-    tr.appendChild(el("td", null, "note"));
-    tr.appendChild(el("td", null, JSON.stringify(value)));
-    body.appendChild(tr);
-  });
+  document.querySelector("#stops tbody").replaceChildren(...TraceStep.stopRows(trace, i));
   if (location.hash !== "#step=" + i) history.replaceState(null, "", "#step=" + i);
 }
 
