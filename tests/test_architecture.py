@@ -115,13 +115,15 @@ ROOMS: dict[str, dict[str, set[str]]] = {
                        "speculation"},
         "async_engine": {"llm_engine", "sequence"},
     },
-    "tools": {"parser": set(), "formats": {"parser"}, "request": {"formats", "parser"}},
+    "tools": {"parser": set(), "reasoning": set(), "formats": {"parser"}, "request": {"formats", "parser"},
+              "answer": {"parser", "reasoning"}},
     "server": {
         "settings": set(),
         "metrics": set(),
         "http": {"metrics"},  # error bodies, guards, shutdown, the SSE bridge to the engine
-        "openai": {"http"},  # OpenAI's wire format: request bodies, prompts, options, outputs
-        "api": {"http", "metrics", "openai", "settings"},  # one module per API
+        "openai": {"http"},  # OpenAI's wire format: request bodies, prompts, options, outputs, Responses items
+        "anthropic": {"http"},  # Anthropic's wire format: the Messages body, its blocks and stream events
+        "api": {"anthropic", "http", "metrics", "openai", "settings"},  # one module per API
         "app": {"api", "http", "metrics", "settings"},
         "cli": {"app", "http", "settings"},
     },

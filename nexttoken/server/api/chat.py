@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from fastapi import Request
@@ -24,25 +25,51 @@ from ..openai.protocol import ChatCompletionRequest
 from .serving import Serving, collect_choices, engine_failure, parse_body, unavailable
 
 
+@dataclass
+class ChatRun:
+    """A chat request on its way through the engine: what every chat-shaped API (Chat Completions, Responses,
+    Messages) formats in its own way."""
+
+    id: str
+    prompt_ids: list[int]
+    jobs: list[Job]
+    events: AsyncIterator  # (choice index, TokenEvent) as they come
+    use: ToolUse | None  # the tools whose calls are read out of the text; None: plain text
+
+    def parser(self) -> ToolCallParser | None:
+        return self.use.parser() if self.use is not None else None
+
+
 class Chat(Serving):
-    async def chat_completions(self, request: Request) -> Response:
-        arrival = time.monotonic()
-        req: ChatCompletionRequest = parse_body(ChatCompletionRequest, await request.body())
+    async def render(self, req: ChatCompletionRequest) -> tuple[ToolUse | None, list[int]]:
+        """The request's tools, checked, and its prompt: the conversation through the chat template."""
         self._check_model(req.model)
         use = self._tool_use(req.tools, req.tool_choice, req.parallel_tool_calls)
         tools = list(use.tools) if use is not None else None
         ids = await asyncio.to_thread(chat_prompt, req, self.tokenizer, tools)  # untrusted template work: off the loop
         check_ids(ids, self.limits.vocab_size, "messages")
+        return use, ids
+
+    async def start_chat(self, req: ChatCompletionRequest, arrival: float, prefix: str = "chatcmpl") -> ChatRun:
+        """The one chat request path: tools checked, the template rendered, the options translated and the
+        grammar compiled, then the jobs queued on the engine."""
+        use, ids = await self.render(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         cfg = self._options(req, [ids], max_tokens, "messages", top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
         if use is not None:
             cfg = self._with_tools(cfg, use)
         await self._compile(req, cfg, "tools" if use is not None and use.calls else None)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        rid = f"{prefix}-{uuid.uuid4().hex}" if prefix == "chatcmpl" else f"{prefix}_{uuid.uuid4().hex}"
         jobs = [Job(j, f"{rid}-{j}", p, c, rid) for j, (p, c) in enumerate(expand([ids], cfg))]
-        head = {"id": rid, "created": int(time.time()), "model": self.settings.model_name}
         events = run_jobs(self.engine, jobs, self.metrics, arrival)
-        parsing = use if use is not None and use.calls else None
+        return ChatRun(rid, ids, jobs, events, use if use is not None and use.calls else None)
+
+    async def chat_completions(self, request: Request) -> Response:
+        arrival = time.monotonic()
+        req: ChatCompletionRequest = parse_body(ChatCompletionRequest, await request.body())
+        run = await self.start_chat(req, arrival)
+        ids, jobs, events, parsing = run.prompt_ids, run.jobs, run.events, run.use
+        head = {"id": run.id, "created": int(time.time()), "model": self.settings.model_name}
         if req.stream:
             return SSEResponse(self._chat_stream(req, jobs, head, events, parsing))
         choices = await collect_choices(request, len(jobs), events)
