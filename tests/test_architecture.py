@@ -122,7 +122,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "metrics": set(),
         "http": {"metrics"},  # error bodies, guards, shutdown, the SSE bridge to the engine
         "openai": {"http"},  # OpenAI's wire format: request bodies, prompts, options, outputs, Responses items
-        "anthropic": {"http"},  # Anthropic's wire format: the Messages body, its blocks and stream events
+        "anthropic": {"http", "openai"},  # Anthropic's wire format: the Messages body, its blocks and stream events
         "api": {"anthropic", "http", "metrics", "openai", "settings"},  # one module per API
         "app": {"api", "http", "metrics", "settings"},
         "cli": {"app", "http", "settings"},

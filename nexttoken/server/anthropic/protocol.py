@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from ..http.errors import bad_request
+from ..openai.protocol import PASSED_THROUGH
 
 # Keys a block or tool may carry that change nothing for a local model (prompt caching, citations, how the
 # hosted service loads and streams tools).
@@ -77,7 +78,7 @@ class CountTokensRequest(_Fields):
     pass
 
 
-class MessagesRequest(_Fields):
+class _MessagesFields(_Fields):
     max_tokens: int = Field(ge=1)
     stop_sequences: list[str] | None = None
     stream: bool = False
@@ -86,16 +87,26 @@ class MessagesRequest(_Fields):
     top_k: int | None = None
 
 
+# With vLLM's sampling extras under their chat names (a client's extra_body): one request, one meaning everywhere.
+MessagesRequest = create_model(
+    "MessagesRequest", __base__=_MessagesFields,
+    **{name: (Any, None) for name in PASSED_THROUGH if name not in _MessagesFields.model_fields}  # type: ignore[call-overload]
+)
+
+
 def chat_body(req: _Fields) -> dict[str, Any]:
     """The Chat Completions body that asks for the same thing."""
     messages = [{"role": "system", "content": _system(req.system)}] if req.system else []
     for i, m in enumerate(req.messages):
         messages += _messages(m, f"messages[{i}]")
     body: dict[str, Any] = {"model": req.model, "messages": messages}
-    if isinstance(req, MessagesRequest):
+    if isinstance(req, _MessagesFields):
         body["max_completion_tokens"], body["stream"] = req.max_tokens, req.stream
         for name in ("temperature", "top_p", "top_k"):
             if getattr(req, name) is not None:
+                body[name] = getattr(req, name)
+        for name in PASSED_THROUGH:
+            if name in req.model_fields_set and name != "stop":
                 body[name] = getattr(req, name)
         if req.stop_sequences:
             body["stop"] = req.stop_sequences

@@ -40,6 +40,12 @@ LIBRARY_OPTIONS = (
     "trace", "trace_top_n",  # nexttoken's: the response's choices carry their trace's explain page URL
 )
 
+# The chat fields that other chat-shaped APIs (Responses, Anthropic Messages) accept under the same names (a
+# client's `extra_body`), passed on to the chat request: one request means the same on every endpoint.
+PASSED_THROUGH = ("seed", "stop", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                  "min_tokens", "ignore_eos", "stop_token_ids", "logit_bias", "skip_special_tokens",
+                  "include_stop_str_in_output", *LIBRARY_OPTIONS)
+
 
 class JsonSchemaFormat(_Strict):
     """OpenAI's response_format.json_schema. `strict` is accepted either way: the schema is always enforced, and

@@ -10,16 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 
 from ..http.errors import APIError, bad_request
-from .protocol import LIBRARY_OPTIONS
-
-# vLLM's and the library's sampling fields that go through under their chat names (`extra_body`), so one request
-# means the same on every endpoint.
-PASSED_THROUGH = ("seed", "stop", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
-                  "min_tokens", "ignore_eos", "stop_token_ids", "logit_bias", "skip_special_tokens",
-                  "include_stop_str_in_output", *LIBRARY_OPTIONS)
+from .protocol import PASSED_THROUGH
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
@@ -92,17 +86,20 @@ class _ResponsesFields(_Strict):
     def _null_is_absent(cls, data: Any) -> Any:
         return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
-    @model_validator(mode="after")
-    def _not_offered(self) -> "_ResponsesFields":
-        if self.background:
-            raise ValueError("background responses are not offered by this server: leave background out")
-        for name in ("conversation", "prompt"):
-            if getattr(self, name) is not None:
-                raise ValueError(f"{name} (OpenAI's stored {name}s) is not offered by this server: send the "
-                                 "input items themselves, or previous_response_id")
-        if isinstance(self.input, list) and not self.input and self.previous_response_id is None:
-            raise ValueError("input must not be empty")
-        return self
+    @field_validator("input")
+    @classmethod
+    def _input(cls, v: str | list) -> str | list:
+        if isinstance(v, list) and not v:
+            raise ValueError("input must not be empty: send a string or a list of items")
+        return v
+
+    @field_validator("background", "conversation", "prompt")
+    @classmethod
+    def _not_offered(cls, v: Any, info: ValidationInfo) -> Any:
+        if v not in (None, False):
+            raise ValueError(f"{info.field_name} (OpenAI's stored state and background runs) is not offered by this "
+                             "server: send the input items themselves, or previous_response_id")
+        return v
 
 
 ResponsesRequest = create_model(
