@@ -200,10 +200,9 @@ def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
     if not isinstance(tool.get("input_schema"), dict):
         raise bad_request(f"tools[{i}].input_schema is required: the JSON Schema of the tool's input",
                           f"tools[{i}].input_schema")
-    function = {"name": tool.get("name"), "parameters": tool["input_schema"]}
-    if tool.get("description") is not None:
-        function["description"] = tool["description"]
-    return {"type": "function", "function": function}
+    function = {"name": tool.get("name"), "description": tool.get("description"), "parameters": tool["input_schema"]}
+    # OpenAI's key order: templates render the tool as JSON, so the order is part of the prompt
+    return {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
 
 
 def _tool_choice(choice: dict[str, Any]) -> tuple[str | dict[str, Any], bool | None]:

@@ -202,7 +202,9 @@ def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
     if unknown:
         raise bad_request(f"tools[{i}]: unknown field(s) {sorted(unknown)}: a function tool is {{type, name, "
                           "description, parameters, strict}}", f"tools[{i}]")
-    return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type" and v is not None}}
+    # OpenAI's key order: templates render the tool as JSON, so the order is part of the prompt
+    function = {k: tool.get(k) for k in ("name", "description", "parameters", "strict")}
+    return {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
 
 
 def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
