@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from ..tools.formats import FORMATS
+from ..tools.reasoning import FORMATS as REASONING_FORMATS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -37,6 +39,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tool-call-parser", choices=sorted(FORMATS),
                    help="the format the model writes tool calls in (vLLM's names; default: read off the chat "
                         "template)")
+    p.add_argument("--reasoning-parser", choices=sorted(REASONING_FORMATS),
+                   help="where the model writes its thinking (vLLM's names; default: read off the chat template): "
+                        "sent as reasoning_content / reasoning, not content")
+    p.add_argument("--reasoning-budget", type=int, metavar="N",
+                   help="close a thinking block after N tokens (default: no limit; a request's reasoning effort "
+                        "or thinking.budget_tokens sets its own)")
+    p.add_argument("--default-chat-template-kwargs", type=json.loads, default={}, metavar="JSON",
+                   help="chat template variables for every request, e.g. '{\"enable_thinking\": false}'; a "
+                        "request's chat_template_kwargs override them")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="accepted for vLLM's command lines: tool_choice \"auto\" is always on when the call "
                         "format is known")
@@ -86,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     )
     name = args.served_model_name or Path(loaded.path).name
     settings = ServerSettings(name, args.api_key, args.max_n, args.max_seqs_per_request, args.max_body_bytes,
-                              args.body_timeout, args.shutdown_timeout, args.tool_call_parser)
+                              args.body_timeout, args.shutdown_timeout, args.tool_call_parser,
+                              args.reasoning_parser, args.reasoning_budget, args.default_chat_template_kwargs)
     speculative = None
     if args.num_speculative_tokens < 1:
         print("nexttoken serve: --num-speculative-tokens must be >= 1", file=sys.stderr)

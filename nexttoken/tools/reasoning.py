@@ -22,8 +22,20 @@ class ReasoningFormat:
     end: str
     opened_by_prompt: bool  # the template writes `start` itself: the answer begins inside the thinking
 
-    def parser(self) -> "ReasoningParser":
-        return ReasoningParser(self)
+    def parser(self, opened: bool | None = None) -> "ReasoningParser":
+        """A parser for one answer; `opened`: whether its prompt left a block open (see `opened_in`), where known
+        (else the format's usual template decides)."""
+        return ReasoningParser(self, self.opened_by_prompt if opened is None else opened)
+
+    def opened_in(self, prompt: str) -> bool:
+        """Whether `prompt` (the rendered template) leaves a thinking block open: its last marker is the start.
+        Exact where a name's rule is not: DeepSeek-R1's template opens no block after a tool's output, Qwen3's
+        closes one with enable_thinking false."""
+        return prompt.rfind(self.start) > prompt.rfind(self.end)
+
+
+# reasoning.effort (OpenAI's names) as a thinking budget in tokens.
+EFFORT_BUDGETS = {"none": 0, "minimal": 256, "low": 1024, "medium": 4096, "high": 16384, "xhigh": 32768}
 
 
 FORMATS = {f.name: f for f in (
@@ -57,12 +69,13 @@ class ReasoningParser:
     """Text in, `(thinking, text)` parts out, as it streams: a marker split across feeds is held back until it is
     decided. `reasoning` and `content` hold the whole of each so far."""
 
-    def __init__(self, fmt: ReasoningFormat) -> None:
+    def __init__(self, fmt: ReasoningFormat, opened: bool | None = None) -> None:
+        opened = fmt.opened_by_prompt if opened is None else opened
         self.format = fmt
-        self.state = "thinking" if fmt.opened_by_prompt else "opening"  # opening -> thinking -> content
+        self.state = "thinking" if opened else "opening"  # opening -> thinking -> content
         self.pending = ""  # text held back: a possible start of a marker
         self.reasoning = self.content = ""
-        self._leading = fmt.opened_by_prompt  # a start marker may still come first, and is then dropped
+        self._leading = opened  # a start marker may still come first, and is then dropped
 
     def feed(self, text: str) -> list[tuple[bool, str]]:
         self.pending += text

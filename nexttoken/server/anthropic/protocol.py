@@ -110,6 +110,15 @@ def chat_body(req: _Fields) -> dict[str, Any]:
                 body[name] = getattr(req, name)
         if req.stop_sequences:
             body["stop"] = req.stop_sequences
+    if req.thinking is not None and req.thinking.type in ("enabled", "disabled"):
+        # thinking on or off, in the template variable the thinking templates read (Qwen3's, SmolLM3's, ...)
+        kwargs = {"enable_thinking": req.thinking.type == "enabled", **body.get("chat_template_kwargs", {})}
+        body["chat_template_kwargs"] = kwargs
+        if req.thinking.budget_tokens is not None:
+            body["thinking_token_budget"] = req.thinking.budget_tokens
+    effort = req.output_config.effort if req.output_config is not None else None
+    if effort is not None and "thinking_token_budget" not in body:
+        body["reasoning_effort"] = {"max": "xhigh"}.get(effort, effort)
     fmt = req.output_config.format if req.output_config is not None else None
     if fmt is not None:
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.schema_}}

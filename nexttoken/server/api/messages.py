@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from ...engine.async_engine import EngineClosedError, EngineDeadError
 from ...errors import NextTokenError
 from ...tools import ToolCallDelta
-from ...tools.answer import AnswerParser, Thinking
+from ...tools.answer import Thinking
 from ..anthropic.events import ContentBlocks, message_id, message_object, sse_event, stop_reason
 from ..anthropic.protocol import CountTokensRequest, MessagesRequest, chat_body
 from ..http.errors import APIError, anthropic_error_body, bad_request
@@ -39,7 +39,7 @@ class Messages(Chat):
             return Response(status_code=499)
         c = choices[0]
         blocks = ContentBlocks()
-        _add(blocks, self._answer(run).parse(c.text))
+        _add(blocks, run.answer().parse(c.text))
         blocks.close()
         stop = stop_reason(c.finish_reason, c.stop_reason, blocks.calls)
         return JSONResponse(message_object(mid, self.settings.model_name, blocks.blocks, stop, len(run.prompt_ids),
@@ -47,14 +47,11 @@ class Messages(Chat):
 
     async def count_tokens(self, request: Request) -> Response:
         req = parse_body(CountTokensRequest, await request.body())
-        _, ids = await self.render(_chat_request(chat_body(req)))
+        _, ids, _ = await self.render(_chat_request(chat_body(req)))
         return JSONResponse({"input_tokens": len(ids)})
 
-    def _answer(self, run: ChatRun) -> AnswerParser:
-        return AnswerParser(None, run.parser())
-
     async def _stream(self, mid: str, run: ChatRun) -> AsyncIterator[str]:
-        blocks, answer = ContentBlocks(), self._answer(run)
+        blocks, answer = ContentBlocks(), run.answer()
         yield sse_event({"type": "message_start", "message": message_object(
             mid, self.settings.model_name, [], None, len(run.prompt_ids), 0)})
         yield sse_event({"type": "ping"})

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from ...engine.async_engine import EngineClosedError, EngineDeadError
 from ...errors import NextTokenError
 from ...tools import ToolCallDelta
-from ...tools.answer import AnswerParser, Thinking
+from ...tools.answer import Thinking
 from ..http.errors import APIError, bad_request
 from ..http.streams import SSEResponse
 from ..openai.protocol import ChatCompletionRequest
@@ -78,7 +78,7 @@ class Responses(Chat):
         c = choices[0]
         items = OutputItems()
         lp = self.logprobs.chat(c.token_ids, c.logprobs, c.top_logprobs)["content"] if chat.logprobs else None
-        _add(items, self._answer(run).parse(c.text), lp)
+        _add(items, run.answer().parse(c.text), lp)
         items.close()
         body = self._body(run, req, items, c.finish_reason, len(c.token_ids))
         self._keep(req, body, conversation)
@@ -92,13 +92,11 @@ class Responses(Chat):
         self.stored._drop(response_id)
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
-    def _answer(self, run: ChatRun) -> AnswerParser:
-        return AnswerParser(None, run.parser())
-
     def _body(self, run: ChatRun, req: Any, items: OutputItems, finish_reason: str | None, tokens: int,
               status: str | None = None) -> dict[str, Any]:
         status = status or ("incomplete" if finish_reason == "length" else "completed")
-        reasoning = 0
+        thinking = "".join(c["text"] for item in items.items if item["type"] == "reasoning" for c in item["content"])
+        reasoning = len(self.tokenizer.encode(thinking, add_special_tokens=False)) if thinking else 0
         return response_object(run.id, req, self.settings.model_name, items.items, status,
                                response_usage(len(run.prompt_ids), tokens, reasoning))
 
@@ -109,7 +107,7 @@ class Responses(Chat):
     async def _stream(self, req: Any, chat: ChatCompletionRequest, run: ChatRun,
                       conversation: list[dict[str, Any]]) -> AsyncIterator[str]:
         numbered = _Numbered()
-        items, answer = OutputItems(), self._answer(run)
+        items, answer = OutputItems(), run.answer()
         start = response_object(run.id, req, self.settings.model_name, [], "in_progress", None)
         yield numbered({"type": "response.created", "response": start})
         yield numbered({"type": "response.in_progress", "response": start})

@@ -44,7 +44,7 @@ LIBRARY_OPTIONS = (
 # client's `extra_body`), passed on to the chat request: one request means the same on every endpoint.
 PASSED_THROUGH = ("seed", "stop", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
                   "min_tokens", "ignore_eos", "stop_token_ids", "logit_bias", "skip_special_tokens",
-                  "include_stop_str_in_output", *LIBRARY_OPTIONS)
+                  "include_stop_str_in_output", "chat_template_kwargs", "thinking_token_budget", *LIBRARY_OPTIONS)
 
 
 class JsonSchemaFormat(_Strict):
@@ -251,9 +251,13 @@ class ChatCompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
     tools: list[dict[str, Any]] | None = None
     tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
     parallel_tool_calls: bool | None = None
+    # Variables for the chat template (vLLM's), e.g. {"enable_thinking": false}, over the server's defaults.
+    chat_template_kwargs: dict[str, Any] | None = None
+    # A reasoning model's thinking budget in tokens (vLLM's thinking_token_budget); reasoning_effort sets one too.
+    thinking_token_budget: int | None = Field(None, ge=0)
     # OpenAI's other fields. Accepted with no effect on a local model (docs/serving.md says so): metadata, store
-    # (nothing is stored), service_tier, prompt_cache_key, safety_identifier, reasoning_effort and verbosity (no
-    # reasoning model here), prediction (a latency hint; the output is the same), modalities ["text"]. The rest
+    # (nothing is stored), service_tier, prompt_cache_key, safety_identifier, verbosity (a hint for OpenAI's own
+    # models), prediction (a latency hint; the output is the same), modalities ["text"]. The rest
     # (the legacy functions / function_call, audio) is refused by value in _not_offered.
     functions: list[dict[str, Any]] | None = None
     function_call: Union[Literal["none", "auto"], dict[str, Any], None] = None
@@ -298,6 +302,7 @@ class TokenizeRequest(_Strict):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     tools: list[dict[str, Any]] | None = None  # with messages: rendered by the chat template
+    chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
