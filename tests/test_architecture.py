@@ -105,14 +105,15 @@ ROOMS: dict[str, dict[str, set[str]]] = {
     "engine": {
         "prefix_cache": set(),
         "sequence": set(),
+        "embedding": set(),  # pooled final hidden states, over the model's prefill
         "scheduler": {"prefix_cache", "sequence"},
         "postprocess": {"sequence"},
         "model_runner": {"prefix_cache", "scheduler", "sequence"},
         "speculation": {"model_runner", "postprocess", "sequence"},
         "distributed": {"model_runner", "prefix_cache", "scheduler"},
         "launch": {"distributed"},
-        "llm_engine": {"distributed", "model_runner", "postprocess", "prefix_cache", "scheduler", "sequence",
-                       "speculation"},
+        "llm_engine": {"distributed", "embedding", "model_runner", "postprocess", "prefix_cache", "scheduler",
+                       "sequence", "speculation"},
         "async_engine": {"llm_engine", "sequence"},
     },
     "tools": {"parser": set(), "reasoning": set(), "formats": {"parser"}, "request": {"formats", "parser"},

@@ -48,6 +48,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--default-chat-template-kwargs", type=json.loads, default={}, metavar="JSON",
                    help="chat template variables for every request, e.g. '{\"enable_thinking\": false}'; a "
                         "request's chat_template_kwargs override them")
+    p.add_argument("--pooling", choices=["last", "mean", "cls"], default="last",
+                   help="/v1/embeddings pooling for a model folder that declares none (sentence-transformers' "
+                        "Pooling config wins where there is one)")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="accepted for vLLM's command lines: tool_choice \"auto\" is always on when the call "
                         "format is known")
@@ -72,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..engine import EngineConfig, LLMEngine, SpeculativeConfig
+    from ..engine.embedding import model_pooling
     from ..pretrained import default_model_path, load_pretrained
     from .app import build_app
     from .settings import ServerSettings
@@ -98,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     name = args.served_model_name or Path(loaded.path).name
     settings = ServerSettings(name, args.api_key, args.max_n, args.max_seqs_per_request, args.max_body_bytes,
                               args.body_timeout, args.shutdown_timeout, args.tool_call_parser,
-                              args.reasoning_parser, args.reasoning_budget, args.default_chat_template_kwargs)
+                              args.reasoning_parser, args.reasoning_budget, args.default_chat_template_kwargs,
+                              model_pooling(loaded.path) or args.pooling)
     speculative = None
     if args.num_speculative_tokens < 1:
         print("nexttoken serve: --num-speculative-tokens must be >= 1", file=sys.stderr)

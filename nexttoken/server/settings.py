@@ -18,3 +18,4 @@ class ServerSettings:
     reasoning_parser: str | None = None  # vLLM's --reasoning-parser name; None: read off the chat template
     reasoning_budget: int | None = None  # thinking tokens at most, unless a request says otherwise (None: no limit)
     default_chat_template_kwargs: dict = field(default_factory=dict)  # under each request's chat_template_kwargs
+    pooling: str = "last"  # embeddings' pooling: the model folder's own (sentence-transformers) where it has one

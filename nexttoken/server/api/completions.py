@@ -26,7 +26,7 @@ class Completions(Serving):
         arrival = time.monotonic()
         req: CompletionRequest = parse_body(CompletionRequest, await request.body())
         self._check_model(req.model)
-        prompts = completion_prompts(req, self.tokenizer, self.limits.vocab_size)
+        prompts = completion_prompts(req.prompt, self.tokenizer, self.limits.vocab_size)
         max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
         cfg = self._options(req, prompts, max_tokens, "prompt", top_logprobs=req.logprobs or 0,
                             prompt_logprobs=req.echo and req.logprobs is not None)

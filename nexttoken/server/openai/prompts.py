@@ -9,7 +9,7 @@ from ...chat_template import RenderLimits
 from ...errors import NextTokenError
 from ..http.errors import bad_request
 from ...tools import template_messages
-from .protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, TokenizeRequest
+from .protocol import ChatCompletionRequest, ChatMessage, TokenizeRequest
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -27,20 +27,20 @@ def check_ids(ids: list[int], vocab: int, param: str) -> None:
         raise bad_request(f"{param} contains token ids {bad[:5]} outside the vocabulary [0, {vocab})", param)
 
 
-def completion_prompts(req: CompletionRequest, tokenizer: Any, vocab: int) -> list[list[int]]:
-    """The request's prompts as token ids (a string, a list of strings, ids, or a list of id lists)."""
-    p = req.prompt
+def completion_prompts(p: Any, tokenizer: Any, vocab: int, param: str = "prompt") -> list[list[int]]:
+    """A request's prompts (`prompt`, or embeddings' `input`) as token ids: a string, a list of strings, ids, or a
+    list of id lists."""
     if isinstance(p, str) or (p and isinstance(p[0], str)):
         texts = [p] if isinstance(p, str) else p
         if tokenizer is None:
-            raise bad_request("this model has no tokenizer: send the prompt as token ids", "prompt")
+            raise bad_request(f"this model has no tokenizer: send the {param} as token ids", param)
         prompts = [tokenizer.encode(t) for t in texts]
     else:
         prompts = [p] if isinstance(p[0], int) else p  # type: ignore[list-item]
     for ids in prompts:
         if not ids:
-            raise bad_request("the prompt is empty (it encodes to no tokens)", "prompt")
-        check_ids(ids, vocab, "prompt")
+            raise bad_request(f"the {param} is empty (it encodes to no tokens)", param)
+        check_ids(ids, vocab, param)
     return prompts
 
 

@@ -297,6 +297,31 @@ class ChatCompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
         return self
 
 
+class EmbeddingRequest(_Strict):
+    """OpenAI's embeddings body (and vLLM's `normalize`)."""
+
+    model: str | None = None
+    input: Union[str, list[str], list[int], list[list[int]]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+    normalize: bool = True  # vLLM's: false returns the pooled states as they are
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+    @field_validator("input")
+    @classmethod
+    def _input(cls, v: str | list) -> str | list:
+        if isinstance(v, list) and (not v or any(isinstance(p, (str, list)) and not p for p in v)):
+            raise ValueError("input must not be empty, nor hold an empty string or list")
+        if isinstance(v, str) and not v:
+            raise ValueError("input must not be empty")
+        return v
+
+
 class TokenizeRequest(_Strict):
     model: str | None = None
     prompt: str | None = None
