@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nexttoken"
 
 # Each part of the package and the parts it may import (besides itself). Lower layers first.
 BASE = {"errors", "config"}
-TEXT = {"tokenizer", "chat_template", "detokenizer"}
+TEXT = {"tokenizer", "chat_template", "detokenizer", "infill"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "extras": {"errors"},
@@ -20,6 +20,7 @@ ALLOWED: dict[str, set[str]] = {
     "tokenizer": {"errors", "chat_template"},
     "chat_template": {"errors"},
     "detokenizer": {"errors", "tokenizer"},
+    "infill": {"errors", "tokenizer"},
     "generation": BASE | TEXT | {"model"},
     "engine": BASE | TEXT | {"model", "generation"},
     "pretrained": BASE | TEXT | {"model", "generation"},
@@ -124,7 +125,8 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "http": {"metrics"},  # error bodies, guards, shutdown, the SSE bridge to the engine
         "openai": {"http"},  # OpenAI's wire format: request bodies, prompts, options, outputs, Responses items
         "anthropic": {"http", "openai"},  # Anthropic's wire format: the Messages body, its blocks and stream events
-        "api": {"anthropic", "http", "metrics", "openai", "settings"},  # one module per API
+        "llamacpp": set(),  # llama.cpp's wire format: the /infill body
+        "api": {"anthropic", "http", "llamacpp", "metrics", "openai", "settings"},  # one module per API
         "app": {"api", "http", "metrics", "settings"},
         "cli": {"app", "http", "settings"},
     },

@@ -15,6 +15,7 @@ from ..engine.async_engine import AsyncEngine
 from .api.chat import Chat
 from .api.completions import Completions
 from .api.embeddings import Embeddings
+from .api.infill import Infill
 from .api.messages import Messages
 from .api.models import Models
 from .api.responses import Responses
@@ -34,9 +35,9 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     metrics = ServerMetrics(lambda: async_engine.stats)
     async_engine = AsyncEngine(engine, on_step=metrics.on_step)
     traces = TraceStore(settings.model_name)  # one store: every API's traced choices are read back at one URL
-    completions, chat, models, responses, messages, embeddings = (
+    completions, chat, models, responses, messages, embeddings, infill = (
         api(engine, async_engine, metrics, settings, traces)
-        for api in (Completions, Chat, Models, Responses, Messages, Embeddings))
+        for api in (Completions, Chat, Models, Responses, Messages, Embeddings, Infill))
     drain = Drain(settings.shutdown_timeout_s)  # cli.py starts its clock on the signal
 
     @asynccontextmanager
@@ -61,7 +62,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kinds = {404: ("not_found_error", f"no route {request.url.path!r}: see /v1/models, /v1/completions, "
-                                          "/v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /tokenize, /detokenize, /health, /metrics"),
+                                          "/v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /infill, /tokenize, /detokenize, /health, /metrics"),
                  405: ("invalid_request_error", f"{request.method} is not allowed on {request.url.path!r}")}
         kind, message = kinds.get(exc.status_code, ("invalid_request_error", str(exc.detail)))
         body = (anthropic_error_body(exc.status_code, message) if request.url.path.startswith(ANTHROPIC_PATHS)
@@ -75,6 +76,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
         app.get(f"{prefix}/responses/{{response_id}}")(responses.get)
         app.delete(f"{prefix}/responses/{{response_id}}")(responses.delete)
     app.post("/v1/embeddings")(embeddings.create)
+    app.post("/infill")(infill.infill)
     app.post("/v1/messages")(messages.create)
     app.post("/v1/messages/count_tokens")(messages.count_tokens)
     app.get("/v1/models")(models.models)

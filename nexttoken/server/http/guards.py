@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .errors import error_body_for
 from .shutdown import MESSAGE as SHUTTING_DOWN, Drain
 
-_PROTECTED = ("/v1/", "/tokenize", "/detokenize")  # /health and /metrics stay open for probes and scrapers
+_PROTECTED = ("/v1/", "/tokenize", "/detokenize", "/infill", "/responses")  # /health and /metrics stay open for probes and scrapers
 
 
 async def _send_error(send: Send, status: int, body: dict) -> None:

@@ -169,16 +169,18 @@ class CompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)  # OpenAI allows 5; vLLM 20
     best_of: int | None = Field(None, ge=1)  # OpenAI's; only best_of == n (or absent) is offered
-    suffix: str | None = None  # OpenAI's insertion; refused unless empty
+    suffix: str | None = None  # OpenAI's insertion: fill in the middle with the tokenizer's FIM tokens (infill.py)
 
     @model_validator(mode="after")
     def _not_offered(self) -> "CompletionRequest":
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError(f"best_of={self.best_of} (ranking more samples than n={self.n} are returned) is not "
                              "offered: leave it out, or set it to n")
-        if self.suffix:
-            raise ValueError("suffix (insertion between a prompt and a suffix) is not offered by this server: "
-                             "leave it out")
+        if self.suffix and not (isinstance(self.prompt, str) or isinstance(self.prompt[0], str)):
+            raise ValueError("suffix (fill in the middle) needs the prompt as text: the prefix and the suffix are "
+                             "laid out with the model's FIM tokens")
+        if self.suffix and self.echo:
+            raise ValueError("echo with suffix is not offered: the prompt sent is the model's FIM layout")
         return self
 
     @field_validator("prompt")
