@@ -126,7 +126,10 @@ def served(request, shared_dir, tmp_path_factory):
     eos = Tokenizer.from_dir(tokenizer).encode("<|endoftext|>", add_special_tokens=False)[0]
     folder = build_chain_model(tmp_path_factory.mktemp(request.param), tokenizer, chain_ids(tokenizer, text) + [eos],
                                eos)
-    proc, url = start_server(folder)
+    # Qwen3 with thinking off by default: the template closes a block in the prompt, and the model (the chain)
+    # opens one anyway, as the answer's first token; every split below must still hold.
+    extra = ("--default-chat-template-kwargs", '{"enable_thinking": false}') if request.param == "qwen3" else ()
+    proc, url = start_server(folder, *extra)
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
     yield request.param, url, client, client.models.list().data[0].id
     stop_server(proc)
@@ -202,10 +205,14 @@ def test_chat_template_kwargs_reach_the_template(served) -> None:
     name, url, client, model = served
     if name != "qwen3":
         pytest.skip("DeepSeek-R1's template has no enable_thinking switch")
-    on = httpx.post(url + "/tokenize", json={"messages": QUESTION}).json()["tokens"]
-    off = httpx.post(url + "/tokenize", json={"messages": QUESTION,
-                                              "chat_template_kwargs": {"enable_thinking": False}}).json()["tokens"]
-    assert off[:len(on)] == on and off[len(on):][0] == QWEN3_TOKENS["<think>"]
+    default = httpx.post(url + "/tokenize", json={"messages": QUESTION}).json()["tokens"]  # the server's: off
+    on = httpx.post(url + "/tokenize", json={"messages": QUESTION,
+                                             "chat_template_kwargs": {"enable_thinking": True}}).json()["tokens"]
+    assert default[:len(on)] == on and default[len(on):][0] == QWEN3_TOKENS["<think>"]
     bad = httpx.post(url + "/v1/chat/completions", json={"messages": QUESTION, "chat_template_kwargs": {
         "tools": []}})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs"
+    traced = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=20, temperature=0,
+                                            extra_body={"trace": True})
+    kept = httpx.get(url + traced.choices[0].model_extra["trace"]["json_url"]).json()
+    assert (kept["reasoning"], kept["content"]) == ("Let me see", "Hello there")  # the trace keeps the split

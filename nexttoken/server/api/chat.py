@@ -91,6 +91,9 @@ class Chat(Serving):
         body = []
         for i, c in enumerate(choices):
             message, finish_reason = _message(run, c.text), c.finish_reason
+            trace = c.trace
+            if trace is not None and run.reasoning is not None:  # the trace keeps the answer's split too
+                trace = {**trace, "reasoning": message["reasoning_content"], "content": message["content"]}
             if message.get("tool_calls") and c.finish_reason == "stop":
                 finish_reason = "tool_calls"
             body.append({
@@ -99,7 +102,7 @@ class Chat(Serving):
                 "logprobs": self.logprobs.chat(c.token_ids, c.logprobs, c.top_logprobs) if req.logprobs else None,
                 "finish_reason": finish_reason,
                 "stop_reason": c.stop_reason,
-                **self._trace_field(c.trace),
+                **self._trace_field(trace),
             })
         total = sum(len(c.token_ids) for c in choices)
         return JSONResponse({**head, "object": "chat.completion", "choices": body,
