@@ -99,6 +99,10 @@ def run(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         prefix_cache_blocks=args.prefix_cache_blocks,
     )
+    if not isinstance(args.default_chat_template_kwargs, dict):
+        print("nexttoken serve: --default-chat-template-kwargs must be a JSON object, e.g. "
+              "'{\"enable_thinking\": false}'", file=sys.stderr)
+        return 2
     name = args.served_model_name or Path(loaded.path).name
     settings = ServerSettings(name, args.api_key, args.max_n, args.max_seqs_per_request, args.max_body_bytes,
                               args.body_timeout, args.shutdown_timeout, args.tool_call_parser,
