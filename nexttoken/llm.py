@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Sequence, Union
 
 import torch
 
+from .engine.embedding import embed, model_pooling
 from .engine import EngineConfig, LLMEngine, TokenEvent, expand
 from .engine.postprocess import traced
 from .engine.sequence import Sequence as EngineSequence
@@ -106,6 +107,17 @@ class LLM:
                 f"{self.path} has no tokenizer.json, so text prompts cannot be encoded: pass token ids instead"
             )
         return self.tokenizer
+
+    # ---- embeddings --------------------------------------------------------------------------------------------
+    def embed(self, texts: Prompt | Sequence[Prompt], pooling: str | None = None, normalize: bool = True,
+              dimensions: int | None = None) -> list[list[float]]:
+        """One embedding per text (or token-id list): the final hidden states pooled ("last", "mean", "cls"; by
+        default the folder's sentence-transformers pooling, else "last"), L2-normalized unless normalize=False,
+        cut to `dimensions` (and normalized again) when given. The server's /v1/embeddings computes the same."""
+        single = isinstance(texts, str) or (len(texts) > 0 and isinstance(texts[0], int))  # type: ignore[index]
+        prompts = [self.encode(t) for t in ([texts] if single else list(texts))]  # type: ignore[list-item]
+        how = pooling or model_pooling(self.path) or "last"
+        return [v.tolist() for v in embed(self.model, prompts, how, normalize, dimensions)]
 
     # ---- generation --------------------------------------------------------------------------------------------
     def generate(self, prompt: Prompt | Sequence[Prompt], **options: Any) -> Completion | list[Completion]:

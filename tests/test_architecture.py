@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nexttoken"
 
 # Each part of the package and the parts it may import (besides itself). Lower layers first.
 BASE = {"errors", "config"}
-TEXT = {"tokenizer", "chat_template", "detokenizer"}
+TEXT = {"tokenizer", "chat_template", "detokenizer", "infill"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "extras": {"errors"},
@@ -20,6 +20,7 @@ ALLOWED: dict[str, set[str]] = {
     "tokenizer": {"errors", "chat_template"},
     "chat_template": {"errors"},
     "detokenizer": {"errors", "tokenizer"},
+    "infill": {"errors", "tokenizer"},
     "generation": BASE | TEXT | {"model"},
     "engine": BASE | TEXT | {"model", "generation"},
     "pretrained": BASE | TEXT | {"model", "generation"},
@@ -105,23 +106,27 @@ ROOMS: dict[str, dict[str, set[str]]] = {
     "engine": {
         "prefix_cache": set(),
         "sequence": set(),
+        "embedding": set(),  # pooled final hidden states, over the model's prefill
         "scheduler": {"prefix_cache", "sequence"},
         "postprocess": {"sequence"},
         "model_runner": {"prefix_cache", "scheduler", "sequence"},
         "speculation": {"model_runner", "postprocess", "sequence"},
         "distributed": {"model_runner", "prefix_cache", "scheduler"},
         "launch": {"distributed"},
-        "llm_engine": {"distributed", "model_runner", "postprocess", "prefix_cache", "scheduler", "sequence",
-                       "speculation"},
+        "llm_engine": {"distributed", "embedding", "model_runner", "postprocess", "prefix_cache", "scheduler",
+                       "sequence", "speculation"},
         "async_engine": {"llm_engine", "sequence"},
     },
-    "tools": {"parser": set(), "formats": {"parser"}, "request": {"formats", "parser"}},
+    "tools": {"parser": set(), "reasoning": set(), "formats": {"parser"}, "request": {"formats", "parser"},
+              "answer": {"parser", "reasoning"}},
     "server": {
         "settings": set(),
         "metrics": set(),
         "http": {"metrics"},  # error bodies, guards, shutdown, the SSE bridge to the engine
-        "openai": {"http"},  # OpenAI's wire format: request bodies, prompts, options, outputs
-        "api": {"http", "metrics", "openai", "settings"},  # one module per API
+        "openai": {"http"},  # OpenAI's wire format: request bodies, prompts, options, outputs, Responses items
+        "anthropic": {"http", "openai"},  # Anthropic's wire format: the Messages body, its blocks and stream events
+        "llamacpp": set(),  # llama.cpp's wire format: the /infill body
+        "api": {"anthropic", "http", "llamacpp", "metrics", "openai", "settings"},  # one module per API
         "webui": set(),  # the chat page (package data) and its routes
         "app": {"api", "http", "metrics", "settings", "webui"},
         "cli": {"app", "http", "settings"},

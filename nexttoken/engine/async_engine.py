@@ -103,6 +103,18 @@ class AsyncEngine:
             for rid in list(self._streams):
                 self._send(rid, EngineDeadError(f"the engine stopped: {e!r}"))
 
+    async def embed(self, prompts: list[list[int]], pooling: str, normalize: bool = True,
+                    dimensions: int | None = None) -> list:
+        """LLMEngine.embed, run on the engine thread between two steps (the model is the engine's to run)."""
+        if self._closed is not None:
+            raise EngineClosedError(self._closed)
+        if self.error is not None:
+            raise EngineDeadError(f"the engine stopped: {self.error!r}")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        self._inbox.put(("call", (lambda: self.engine.embed(prompts, pooling, normalize, dimensions), loop, done)))
+        return await done
+
     def _drain_inbox(self, block: bool) -> None:
         while True:
             try:
@@ -118,6 +130,13 @@ class AsyncEngine:
                     self._send(request_id, e)
             elif kind == "abort":
                 self.engine.abort(item)
+            elif kind == "call":  # work on the engine's model between steps (embeddings); its result to the caller
+                fn, loop, done = item
+                try:
+                    result, failed = fn(), None
+                except Exception as e:  # noqa: BLE001 - the caller's error, not the engine's
+                    result, failed = None, e
+                loop.call_soon_threadsafe(_settle, done, result, failed)
             elif kind == "close":
                 for request_id in list(self.engine.requests):
                     self.engine.abort(request_id)
@@ -132,3 +151,12 @@ class AsyncEngine:
         if target is not None:
             loop, events = target
             loop.call_soon_threadsafe(events.put_nowait, item)
+
+
+def _settle(done: asyncio.Future, result: object, failed: BaseException | None) -> None:
+    if done.cancelled():  # the caller left
+        return
+    if failed is not None:
+        done.set_exception(failed)
+    else:
+        done.set_result(result)

@@ -33,6 +33,7 @@ from ..generation.sampling import Sampler, make_sampler
 from ..generation.speculative import DraftLength
 from ..generation.stopping import MaxTime, StoppingChain, StoppingCriterion
 from ..generation.processors.structured import GrammarMask
+from .embedding import EmbeddingError, embed
 from ..generation.trace.recorder import TraceRecorder, options_of
 from ..model import Transformer
 from .distributed import DistributedRunner
@@ -160,6 +161,14 @@ class LLMEngine:
         self._prompt_tokens = self._generated_tokens = self._steps = 0
 
     # ---- requests ----------------------------------------------------------------------------------------------
+    def embed(self, prompts: list[list[int]], pooling: str, normalize: bool = True,
+              dimensions: int | None = None) -> list[torch.Tensor]:
+        """Each prompt's embedding: its final hidden states pooled (embedding.py), computed between steps on the
+        engine's model (the server's AsyncEngine calls this on the engine thread)."""
+        if not hasattr(self.model, "last_hidden_state"):
+            raise EmbeddingError("this model (sharded over ranks) does not compute embeddings: serve it unsharded")
+        return embed(self.model, prompts, pooling, normalize, dimensions)
+
     def add_request(
         self,
         prompt_ids: list[int],

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import GenerationConfigError
-from .values import (WARPER_NAMES, WatermarkingConfig, check_choice, check_combination, json_schema_value,
+from .values import (WARPER_NAMES, Thinking, WatermarkingConfig, check_choice, check_combination, json_schema_value,
                      parse_logit_bias, parse_sequence_bias)
 
 # Keys transformers writes into generation_config.json that describe the file, not the generation.
@@ -127,6 +127,9 @@ class GenerationConfig:
     # each processor, the draw, the stop decisions and timings. Recorded by the engine (greedy and sampling).
     trace: bool = False
     trace_top_n: int = 10
+    # A reasoning model's thinking block (values.Thinking: its markers, its budget): the budget closes it, and
+    # structured output and tool calls constrain the answer after it, not the thinking.
+    thinking: Any = None
     # speculative decoding (generation/speculative.py): prompt lookup, or a draft model passed as assistant_model
     prompt_lookup_num_tokens: int | None = None  # draft this many tokens by prompt lookup
     max_matching_ngram_size: int | None = None  # prompt lookup's longest n-gram (default 2)
@@ -340,6 +343,11 @@ def _watermarking(name: str, v: Any) -> None:
         _fail(name, v, f"bias must be a number in [-{BIAS_LIMIT:g}, {BIAS_LIMIT:g}], got {bias!r}")
 
 
+def _thinking(name: str, v: Any) -> None:
+    if v is not None and not isinstance(v, Thinking):
+        _fail(name, v, "must be a nexttoken.generation.values.Thinking (the block's marker ids and budget)")
+
+
 def _decay(name: str, v: Any) -> None:
     if v is None or (
         isinstance(v, (list, tuple)) and len(v) == 2 and _is_int(v[0]) and v[0] >= 0 and _is_number(v[1]) and v[1] > 0
@@ -466,6 +474,7 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "structured_best_effort": _boolean,
     "trace": _boolean,
     "trace_top_n": _trace_top_n,
+    "thinking": _thinking,
     "prompt_lookup_num_tokens": _int_at_least(1),
     "max_matching_ngram_size": _int_at_least(1),
     "num_assistant_tokens": _int_at_least(1, optional=False),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..errors import GenerationConfigError
 
@@ -98,6 +98,47 @@ class WatermarkingConfig:
         if not isinstance(cfg.hashing_key, int) or isinstance(cfg.bias, bool) or not isinstance(cfg.bias, (int, float)):
             raise GenerationConfigError(f"hashing_key must be an int and bias a number, got {value!r}")
         return cfg
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """A reasoning model's thinking block, by its marker tokens: where it opens and closes in a sequence, and the
+    budget that closes it (GenerationConfig's `thinking`).
+
+    Read off the tokens alone: thinking is open where the last marker so far is `start` (a template that opens
+    the block in the prompt, DeepSeek-R1's, leaves it open; Qwen3's with thinking off closes it there). A block
+    the prompt leaves closed may still be opened by the answer's first token, and only there."""
+
+    start_id: int
+    end_id: int
+    budget: int | None = None  # thinking tokens at most; then the end marker is forced (None: no limit)
+
+    def __post_init__(self) -> None:
+        for name in ("start_id", "end_id"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise GenerationConfigError(f"thinking.{name} must be a token id, got {v!r}")
+        if self.budget is not None and (isinstance(self.budget, bool) or not isinstance(self.budget, int)
+                                        or self.budget < 0):
+            raise GenerationConfigError(f"thinking.budget must be an integer >= 0 (or None), got {self.budget!r}")
+
+    def open_after(self, ids: Sequence[int]) -> bool:
+        """Whether the block is open after `ids` (a prompt): its last marker is the start."""
+        for token in reversed(ids):
+            if token in (self.start_id, self.end_id):
+                return token == self.start_id
+        return False
+
+    def span(self, prompt_open: bool, generated: Sequence[int]) -> tuple[int | None, int | None]:
+        """(where the thinking began in `generated`, where the answer after it begins): (None, 0) when there is no
+        thinking; (k, None) while it is open; the start is -1 when the prompt opened it."""
+        begun = -1 if prompt_open else (0 if generated and generated[0] == self.start_id else None)
+        if begun is None:
+            return None, 0
+        for i in range(begun + 1, len(generated)):
+            if generated[i] == self.end_id:
+                return begun, i + 1
+        return begun, None
 
 
 class StructuredOutputError(GenerationConfigError):

@@ -74,6 +74,22 @@ class Transformer(nn.Module):
             logits = fused.decode_step(self, input_ids, batch, cache)
             if logits is not None:
                 return logits
+        x = self._trunk(input_ids, batch, cache)  # (B, T, C)
+        if batch.last_only:
+            x = x[:, -1]
+        logits = self.lm_head(self.norm(x))
+        cfg = self.config
+        if cfg.final_logit_softcapping is not None:  # Gemma: cap * tanh(logits / cap)
+            logits = torch.tanh(logits / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
+        return logits / cfg.logits_scaling if cfg.logits_scaling != 1.0 else logits
+
+    def last_hidden_state(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+        """input_ids (B, T) -> (B, T, C): the final norm's output at every position (transformers'
+        `last_hidden_state`), what embeddings pool."""
+        return self.norm(self._trunk(input_ids, batch, cache))
+
+    def _trunk(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+        """input_ids (B, T) -> (B, T, C): the embedding and every layer, before the final norm."""
         cfg = self.config
         x = self.embed(input_ids)  # (B, T, C)
         if cfg.embedding_multiplier != 1.0:
@@ -88,9 +104,4 @@ class Transformer(nn.Module):
                 x = block(x, batch, cache, *local)
             else:
                 x = block(x, batch, cache, cos, sin)
-        if batch.last_only:
-            x = x[:, -1]
-        logits = self.lm_head(self.norm(x))
-        if cfg.final_logit_softcapping is not None:  # Gemma: cap * tanh(logits / cap)
-            logits = torch.tanh(logits / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
-        return logits / cfg.logits_scaling if cfg.logits_scaling != 1.0 else logits
+        return x

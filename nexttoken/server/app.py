@@ -14,9 +14,13 @@ from ..engine import LLMEngine
 from ..engine.async_engine import AsyncEngine
 from .api.chat import Chat
 from .api.completions import Completions
+from .api.embeddings import Embeddings
+from .api.infill import Infill
+from .api.messages import Messages
 from .api.models import Models
+from .api.responses import Responses
 from .api.traces import TraceStore
-from .http.errors import APIError, error_body
+from .http.errors import ANTHROPIC_PATHS, APIError, anthropic_error_body, error_body
 from .http.guards import ApiKeyGuard, BodyLimit, InternalErrors
 from .http.shutdown import MESSAGE as SHUTTING_DOWN, Drain
 from .metrics import ServerMetrics
@@ -32,7 +36,9 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     metrics = ServerMetrics(lambda: async_engine.stats)
     async_engine = AsyncEngine(engine, on_step=metrics.on_step)
     traces = TraceStore(settings.model_name)  # one store: every API's traced choices are read back at one URL
-    completions, chat, models = (api(engine, async_engine, metrics, settings, traces) for api in (Completions, Chat, Models))
+    completions, chat, models, responses, messages, embeddings, infill = (
+        api(engine, async_engine, metrics, settings, traces)
+        for api in (Completions, Chat, Models, Responses, Messages, Embeddings, Infill))
     drain = Drain(settings.shutdown_timeout_s)  # cli.py starts its clock on the signal
 
     @asynccontextmanager
@@ -50,18 +56,30 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        if request.url.path.startswith(ANTHROPIC_PATHS):  # each API answers in its own error body
+            return JSONResponse(anthropic_error_body(exc.status, exc.message), status_code=exc.status)
         return exc.response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kinds = {404: ("not_found_error", f"no route {request.url.path!r}: see /v1/models, /v1/completions, "
-                                          "/v1/chat/completions, /v1/traces/{id}, /tokenize, /detokenize, /health, /metrics"),
+                                          "/v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /infill, /v1/traces/{id}, /tokenize, /detokenize, /health, /metrics"),
                  405: ("invalid_request_error", f"{request.method} is not allowed on {request.url.path!r}")}
         kind, message = kinds.get(exc.status_code, ("invalid_request_error", str(exc.detail)))
-        return JSONResponse(error_body(message, kind), status_code=exc.status_code, headers=exc.headers)
+        body = (anthropic_error_body(exc.status_code, message) if request.url.path.startswith(ANTHROPIC_PATHS)
+                else error_body(message, kind))
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     app.post("/v1/completions")(completions.completions)
     app.post("/v1/chat/completions")(chat.chat_completions)
+    for prefix in ("/v1", ""):  # clients with a base URL without /v1 (OpenAI's Responses examples) too
+        app.post(f"{prefix}/responses")(responses.create)
+        app.get(f"{prefix}/responses/{{response_id}}")(responses.get)
+        app.delete(f"{prefix}/responses/{{response_id}}")(responses.delete)
+    app.post("/v1/embeddings")(embeddings.create)
+    app.post("/infill")(infill.infill)
+    app.post("/v1/messages")(messages.create)
+    app.post("/v1/messages/count_tokens")(messages.count_tokens)
     app.get("/v1/models")(models.models)
     app.get("/v1/models/{model_id:path}")(models.model)
     app.post("/tokenize")(models.tokenize)

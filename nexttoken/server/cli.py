@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from ..tools.formats import FORMATS
+from ..tools.reasoning import FORMATS as REASONING_FORMATS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -37,6 +39,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tool-call-parser", choices=sorted(FORMATS),
                    help="the format the model writes tool calls in (vLLM's names; default: read off the chat "
                         "template)")
+    p.add_argument("--reasoning-parser", choices=sorted(REASONING_FORMATS),
+                   help="where the model writes its thinking (vLLM's names; default: read off the chat template): "
+                        "sent as reasoning_content / reasoning, not content")
+    p.add_argument("--reasoning-budget", type=int, metavar="N",
+                   help="close a thinking block after N tokens (default: no limit; a request's reasoning effort "
+                        "or thinking.budget_tokens sets its own)")
+    p.add_argument("--default-chat-template-kwargs", type=json.loads, default={}, metavar="JSON",
+                   help="chat template variables for every request, e.g. '{\"enable_thinking\": false}'; a "
+                        "request's chat_template_kwargs override them")
+    p.add_argument("--pooling", choices=["last", "mean", "cls"], default="last",
+                   help="/v1/embeddings pooling for a model folder that declares none (sentence-transformers' "
+                        "Pooling config wins where there is one)")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="accepted for vLLM's command lines: tool_choice \"auto\" is always on when the call "
                         "format is known")
@@ -63,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..engine import EngineConfig, LLMEngine, SpeculativeConfig
+    from ..engine.embedding import model_pooling
     from ..pretrained import default_model_path, load_pretrained
     from .app import build_app
     from .settings import ServerSettings
@@ -86,9 +101,16 @@ def run(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         prefix_cache_blocks=args.prefix_cache_blocks,
     )
+    if not isinstance(args.default_chat_template_kwargs, dict):
+        print("nexttoken serve: --default-chat-template-kwargs must be a JSON object, e.g. "
+              "'{\"enable_thinking\": false}'", file=sys.stderr)
+        return 2
     name = args.served_model_name or Path(loaded.path).name
     settings = ServerSettings(name, args.api_key, args.max_n, args.max_seqs_per_request, args.max_body_bytes,
-                              args.body_timeout, args.shutdown_timeout, args.tool_call_parser, args.webui)
+                              args.body_timeout, args.shutdown_timeout, args.tool_call_parser,
+                              reasoning_parser=args.reasoning_parser, reasoning_budget=args.reasoning_budget,
+                              default_chat_template_kwargs=args.default_chat_template_kwargs,
+                              pooling=model_pooling(loaded.path) or args.pooling, webui=args.webui)
     speculative = None
     if args.num_speculative_tokens < 1:
         print("nexttoken serve: --num-speculative-tokens must be >= 1", file=sys.stderr)

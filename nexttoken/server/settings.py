@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -16,3 +16,7 @@ class ServerSettings:
     shutdown_timeout_s: float = 10.0  # on SIGTERM / SIGINT: what is still running after this is aborted (503)
     tool_call_parser: str | None = None  # vLLM's --tool-call-parser name; None: read off the chat template
     webui: bool = True  # the chat page at / (webui/); --no-webui leaves it out
+    reasoning_parser: str | None = None  # vLLM's --reasoning-parser name; None: read off the chat template
+    reasoning_budget: int | None = None  # thinking tokens at most, unless a request says otherwise (None: no limit)
+    default_chat_template_kwargs: dict = field(default_factory=dict)  # under each request's chat_template_kwargs
+    pooling: str = "last"  # embeddings' pooling: the model folder's own (sentence-transformers) where it has one

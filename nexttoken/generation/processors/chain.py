@@ -33,6 +33,7 @@ from .constraints import (
 from .guidance import ClassifierFreeGuidance
 from .llamacpp import DRY, XTC, TopNSigma
 from .structured import GrammarMask, compile_for, constraint_of
+from .thinking import ThinkingBudget
 from .penalties import (
     EncoderNoRepeatNGram,
     EncoderRepetitionPenalty,
@@ -204,7 +205,11 @@ def build_processors(
         if x.vocab_size is None:
             raise GenerationConfigError(f"{constraint.kind} needs the vocabulary size (ChainInputs.vocab_size)")
         compiled = compile_for(cfg, x.tokenizer, x.vocab_size)
-        chain.append(GrammarMask(compiled, x.prompt_length, x.vocab_size, constraint.kind))  # type: ignore[arg-type]
+        prompt = x.prompt_ids[0].tolist() if x.prompt_ids is not None else []
+        chain.append(GrammarMask(compiled, x.prompt_length, x.vocab_size, constraint.kind,  # type: ignore[arg-type]
+                                 cfg.thinking, prompt))
+    if cfg.thinking is not None and cfg.thinking.budget is not None:  # last word before sampling: close the block
+        chain.append(ThinkingBudget(cfg.thinking, x.prompt_length))
     if not cfg.greedy:
         chain.extend(warpers(cfg, x))
     if cfg.watermarking_config is not None:

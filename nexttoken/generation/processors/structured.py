@@ -19,11 +19,11 @@ import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
-from ..values import CONSTRAINTS, StructuredOutputError, check_choice, check_combination, json_schema_value  # noqa: F401 (re-exported)
+from ..values import CONSTRAINTS, StructuredOutputError, Thinking, check_choice, check_combination, json_schema_value  # noqa: F401 (re-exported)
 
 # JSON is written compactly with one space after ',' and ':' (as json.dumps does): flexible whitespace lets a
 # weak model emit blank lines until max_tokens, a failure the peers' users report.
@@ -192,6 +192,11 @@ def compile_for(cfg: Any, tokenizer: Any, vocab_size: int, cache: GrammarCache =
 _BYTE_BITS = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool()  # (256, 8)
 
 
+def _bit(j: int) -> int:
+    """Bit j of an int32 word, as the signed value torch stores."""
+    return (1 << j) - (1 << 32) if j == 31 else 1 << j
+
+
 def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """(B, ceil(V/32)) int32 bitmask (bit j of word w: token 32w + j, little-endian words) -> (B, V) bool."""
     return _BYTE_BITS[bitmask.view(torch.uint8).long()].flatten(1)[:, :vocab_size]
@@ -206,11 +211,16 @@ class GrammarMask:
     something else (a stop string: the loop then appends padding, which the mask never allowed) is left alone.
     """
 
-    def __init__(self, compiled: Compiled, prompt_length: int, vocab_size: int, kind: str = "grammar") -> None:
+    def __init__(self, compiled: Compiled, prompt_length: int, vocab_size: int, kind: str = "grammar",
+                 thinking: Thinking | None = None, prompt: Sequence[int] = ()) -> None:
         self.compiled, self.prompt_length, self.vocab_size, self.kind = compiled, prompt_length, vocab_size, kind
+        # A reasoning model thinks first, unconstrained: the grammar applies to the answer after the block.
+        self.thinking, self.prompt = thinking, list(prompt)
+        self.opened: list[bool] = []  # per row: the prompt left a thinking block open
         self.matchers: list[Any] = []
-        self.seen: list[int] = []  # generated tokens fed to each row's matcher
-        self.masked_at: list[int] = []  # `seen` when the row's bitmask was computed (-1: never)
+        self.seen: list[int] = []  # answer tokens fed to each row's matcher
+        self.masked_at: list[int] = []  # generated tokens when the row's bitmask was computed (-1: never)
+        self.mask_seen: list[int] = []  # `seen` when it was computed (-1: an all-allowing mask, while thinking)
         self.done: list[bool] = []
         self.bitmask = torch.empty(0, 0, dtype=torch.int32)
 
@@ -222,6 +232,9 @@ class GrammarMask:
                                         "mid-generation, which a per-row grammar state cannot follow")
         self.matchers = [self.compiled.template.deep_copy() for _ in range(batch)]
         self.seen, self.masked_at, self.done = [0] * batch, [-1] * batch, [False] * batch
+        self.mask_seen = [-1] * batch
+        opened = self.thinking is not None and self.thinking.open_after(self.prompt)
+        self.opened = self.opened or [opened] * batch
         self.bitmask = torch.zeros(batch, (self.vocab_size + 31) // 32, dtype=torch.int32)
 
     def mask_for(self, generated: list[int]) -> torch.Tensor:
@@ -235,10 +248,20 @@ class GrammarMask:
         """Feed row's matcher the generated tokens it has not seen and compute its next mask (GIL released)."""
         if self.done[row]:
             return
+        made, opening = len(generated), False
+        if self.thinking is not None:
+            begun, after = self.thinking.span(self.opened[row], generated)
+            if after is None:  # still thinking: every token is allowed
+                if self.mask_seen[row] != -1 or self.masked_at[row] == -1:
+                    self.bitmask[row].fill_(-1)
+                self.masked_at[row], self.mask_seen[row] = made, -1
+                return
+            opening = begun is None and made == 0  # the answer's first token may open a block instead
+            generated = generated[after:]
         m = self.matchers[row]
         for token in generated[self.seen[row]:]:
             if not m.consume_token(token):
-                if self.masked_at[row] == self.seen[row] and self._allowed(row, token):
+                if self.mask_seen[row] == self.seen[row] and self._allowed(row, token):
                     # the grammar engine refused a token its own mask allowed: never let that pass
                     raise StructuredOutputError(f"{self.kind}: the grammar engine refused token {token}, which "
                                                 f"its mask allowed ({m.get_error()})")
@@ -248,17 +271,22 @@ class GrammarMask:
             if token in self.compiled.ends:  # EOS taken where the grammar allowed it: the row is over
                 self.done[row] = True
                 return
-        if self.masked_at[row] != self.seen[row]:
+        if self.masked_at[row] != made or self.mask_seen[row] != self.seen[row]:
             m.unsafe_compute_mask_ptr(self.bitmask[row].data_ptr(), self.bitmask.shape[1] * 4)
-            self.masked_at[row] = self.seen[row]
+            if opening:
+                start = self.thinking.start_id  # type: ignore[union-attr]
+                self.bitmask[row, start // 32] |= _bit(start % 32)
+            self.masked_at[row], self.mask_seen[row] = made, self.seen[row]
 
     def _allowed(self, row: int, token: int) -> bool:
         return token < self.vocab_size and bool((int(self.bitmask[row, token // 32]) >> (token % 32)) & 1)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         B = scores.shape[0]
-        self._rows(B)
         P = self.prompt_length
+        if not self.matchers and self.thinking is not None:  # each row's own prompt says whether it opened a block
+            self.opened = [self.thinking.open_after(input_ids[r, :P].tolist()) for r in range(B)]
+        self._rows(B)
         for row in range(B):
             if not self.done[row] and self.masked_at[row] != input_ids.shape[1] - P:  # not prefetched
                 self.prepare(row, input_ids[row, P:].tolist())

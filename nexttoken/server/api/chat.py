@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from fastapi import Request
@@ -15,68 +16,106 @@ from fastapi.responses import JSONResponse, Response
 from ...engine import expand
 from ...engine.async_engine import EngineClosedError, EngineDeadError
 from ...errors import NextTokenError
-from ...tools import ToolCallParser, ToolUse
+from ...tools import ToolUse
+from ...tools.answer import AnswerParser, Thinking
+from ...tools.reasoning import ReasoningFormat
 from ..http.errors import bad_request
 from ..http.streams import Job, SSEResponse, run_jobs, sse
 from ..openai.outputs import usage
-from ..openai.prompts import chat_prompt, check_ids
+from ..openai.prompts import chat_text, check_ids, template_kwargs
 from ..openai.protocol import ChatCompletionRequest
 from .serving import Serving, collect_choices, engine_failure, parse_body, unavailable
 
 
+@dataclass
+class ChatRun:
+    """A chat request on its way through the engine: what every chat-shaped API (Chat Completions, Responses,
+    Messages) formats in its own way."""
+
+    id: str
+    prompt_ids: list[int]
+    jobs: list[Job]
+    events: AsyncIterator  # (choice index, TokenEvent) as they come
+    use: ToolUse | None  # the tools whose calls are read out of the text; None: plain text
+    reasoning: ReasoningFormat | None = None  # where the model writes its thinking; None: no thinking
+    opened: bool = False  # the prompt left a thinking block open (the answer starts inside it)
+
+    def answer(self) -> AnswerParser:
+        """A parser for one choice's text: thinking, content, calls."""
+        return AnswerParser(self.reasoning.parser(self.opened) if self.reasoning is not None else None,
+                            self.use.parser() if self.use is not None else None)
+
+
 class Chat(Serving):
-    async def chat_completions(self, request: Request) -> Response:
-        arrival = time.monotonic()
-        req: ChatCompletionRequest = parse_body(ChatCompletionRequest, await request.body())
+    async def render(self, req: ChatCompletionRequest) -> tuple[ToolUse | None, list[int], str]:
+        """The request's tools, checked, and its prompt: the conversation through the chat template (ids, text)."""
         self._check_model(req.model)
         use = self._tool_use(req.tools, req.tool_choice, req.parallel_tool_calls)
         tools = list(use.tools) if use is not None else None
-        ids = await asyncio.to_thread(chat_prompt, req, self.tokenizer, tools)  # untrusted template work: off the loop
+        variables = template_kwargs(self.settings.default_chat_template_kwargs, req)
+        # untrusted template work: off the event loop
+        text = await asyncio.to_thread(chat_text, req, self.tokenizer, tools, variables)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)  # the template writes BOS itself
         check_ids(ids, self.limits.vocab_size, "messages")
+        return use, ids, text
+
+    async def start_chat(self, req: ChatCompletionRequest, arrival: float, prefix: str = "chatcmpl") -> ChatRun:
+        """The one chat request path: tools checked, the template rendered, the options translated and the
+        grammar compiled, then the jobs queued on the engine."""
+        use, ids, text = await self.render(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         cfg = self._options(req, [ids], max_tokens, "messages", top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
+        thinking = self._thinking(req)
+        if thinking is not None:
+            cfg = cfg.updated(thinking=thinking)
         if use is not None:
             cfg = self._with_tools(cfg, use)
         await self._compile(req, cfg, "tools" if use is not None and use.calls else None)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        rid = f"{prefix}-{uuid.uuid4().hex}" if prefix == "chatcmpl" else f"{prefix}_{uuid.uuid4().hex}"
         jobs = [Job(j, f"{rid}-{j}", p, c, rid) for j, (p, c) in enumerate(expand([ids], cfg))]
-        head = {"id": rid, "created": int(time.time()), "model": self.settings.model_name}
         events = run_jobs(self.engine, jobs, self.metrics, arrival)
-        parsing = use if use is not None and use.calls else None
+        opened = self.reasoning is not None and self.reasoning.opened_in(text)
+        return ChatRun(rid, ids, jobs, events, use if use is not None and use.calls else None, self.reasoning, opened)
+
+    async def chat_completions(self, request: Request) -> Response:
+        arrival = time.monotonic()
+        req: ChatCompletionRequest = parse_body(ChatCompletionRequest, await request.body())
+        run = await self.start_chat(req, arrival)
+        ids, jobs, events = run.prompt_ids, run.jobs, run.events
+        head = {"id": run.id, "created": int(time.time()), "model": self.settings.model_name}
         if req.stream:
-            return SSEResponse(self._chat_stream(req, jobs, head, events, parsing))
+            return SSEResponse(self._chat_stream(req, run, head))
         choices = await collect_choices(request, len(jobs), events)
         if choices is None:
             return Response(status_code=499)  # the client left; its requests were cancelled
         body = []
         for i, c in enumerate(choices):
-            message, finish_reason = {"role": "assistant", "content": c.text}, c.finish_reason
-            if parsing is not None:
-                content, calls = parsing.parser().parse(c.text)  # type: ignore[union-attr]
-                message["content"] = content
-                if calls:
-                    message["tool_calls"] = [call.to_openai() for call in calls]
-                    finish_reason = "tool_calls" if c.finish_reason == "stop" else c.finish_reason
+            message, finish_reason = _message(run, c.text), c.finish_reason
+            trace = c.trace
+            if trace is not None and run.reasoning is not None:  # the trace keeps the answer's split too
+                trace = {**trace, "reasoning": message["reasoning_content"], "content": message["content"]}
+            if message.get("tool_calls") and c.finish_reason == "stop":
+                finish_reason = "tool_calls"
             body.append({
                 "index": i,
                 "message": message,
                 "logprobs": self.logprobs.chat(c.token_ids, c.logprobs, c.top_logprobs) if req.logprobs else None,
                 "finish_reason": finish_reason,
                 "stop_reason": c.stop_reason,
-                **self._trace_field(c.trace),
+                **self._trace_field(trace),
             })
         total = sum(len(c.token_ids) for c in choices)
         return JSONResponse({**head, "object": "chat.completion", "choices": body,
                              "usage": usage(len(ids), total, [c.speculated for c in choices])})
 
-    async def _chat_stream(self, req: ChatCompletionRequest, jobs: list[Job], head: dict,
-                           events: AsyncIterator, use: ToolUse | None) -> AsyncIterator[str]:
+    async def _chat_stream(self, req: ChatCompletionRequest, run: ChatRun, head: dict) -> AsyncIterator[str]:
+        jobs, events = run.jobs, run.events
         head = {**head, "object": "chat.completion.chunk"}
         for job in jobs:  # the role comes first, in a chunk of its own, as OpenAI sends it
             delta = {"role": "assistant", "content": ""}
             yield sse(json.dumps({**head, "choices": [{"index": job.index, "delta": delta, "logprobs": None,
                                                        "finish_reason": None}]}))
-        parsers = {job.index: use.parser() for job in jobs} if use is not None else {}
+        parsers = {job.index: run.answer() for job in jobs}
         completion_tokens, speculated = 0, {}
         try:
             async for index, event in events:
@@ -86,7 +125,7 @@ class Chat(Serving):
                 completion_tokens += len(event.token_ids)
                 speculated[index] = (event.spec_draft_tokens, event.spec_accepted_tokens)
                 lp = self.logprobs.chat(event.token_ids, event.logprobs, event.top_logprobs) if req.logprobs else None
-                choices = _chat_deltas(index, event, lp, parsers.get(index))
+                choices = _chat_deltas(index, event, lp, parsers[index])
                 if choices:
                     choices[-1].update(self._trace_field(event.trace))
                 for choice in choices:
@@ -101,18 +140,34 @@ class Chat(Serving):
         yield sse("[DONE]")
 
 
-def _chat_deltas(index: int, event: Any, lp: dict | None, parser: ToolCallParser | None) -> list[dict]:
-    """One event as chat chunks' choices: its content, or with tools each piece in a chunk of its own (the text
-    outside calls as content; a call's id and name, then its argument text, as delta.tool_calls, as OpenAI sends
-    them). Log-probs go with the first chunk, the finish with the last; an event with nothing to say sends none."""
+def _message(run: ChatRun, text: str) -> dict[str, Any]:
+    """A whole answer as the assistant message: its content, its calls, and (with a reasoning format) its thinking
+    as reasoning_content and reasoning (both names, as vLLM sends them)."""
+    answer = run.answer()
+    pieces = answer.parse(text)
+    content = "".join(p for p in pieces if isinstance(p, str))
+    calls = answer.calls
+    message: dict[str, Any] = {"role": "assistant", "content": (content or None) if calls else content}
+    if run.reasoning is not None:
+        thinking = "".join(p.text for p in pieces if isinstance(p, Thinking)) or None
+        message["reasoning_content"] = message["reasoning"] = thinking
+    if calls:
+        message["tool_calls"] = [call.to_openai() for call in calls]
+    return message
+
+
+def _chat_deltas(index: int, event: Any, lp: dict | None, answer: AnswerParser) -> list[dict]:
+    """One event as chat chunks' choices: each piece in a chunk of its own (thinking as reasoning_content and
+    reasoning, the text outside calls as content, a call's id and name, then its argument text, as
+    delta.tool_calls, as OpenAI sends them). Log-probs go with the first chunk, the finish with the last; an event
+    with nothing to say sends none."""
     finish_reason = event.finish_reason
-    if parser is None:
-        deltas: list[dict] = [{"content": event.text}] if event.text else []
-    else:
-        pieces = parser.feed(event.text) + (parser.finish() if event.finished else [])
-        deltas = [{"content": p} if isinstance(p, str) else {"tool_calls": [p.to_openai()]} for p in pieces]
-        if finish_reason == "stop" and parser.calls:
-            finish_reason = "tool_calls"
+    pieces = answer.feed(event.text) + (answer.finish() if event.finished else [])
+    deltas = [{"content": p} if isinstance(p, str) else
+              {"reasoning_content": p.text, "reasoning": p.text} if isinstance(p, Thinking) else
+              {"tool_calls": [p.to_openai()]} for p in pieces]
+    if finish_reason == "stop" and answer.calls:
+        finish_reason = "tool_calls"
     if not deltas and (event.finished or (lp and lp["content"])):
         deltas = [{}]
     last = len(deltas) - 1

@@ -1,4 +1,5 @@
-"""POST /v1/completions: OpenAI's Completions API (prompts as text or ids, echo, log-probs, n, streaming)."""
+"""POST /v1/completions: OpenAI's Completions API (prompts as text or ids, echo, log-probs, n, streaming, and
+`suffix`: fill in the middle with the model's FIM tokens)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from fastapi.responses import JSONResponse, Response
 from ...engine import expand
 from ...engine.async_engine import EngineClosedError, EngineDeadError
 from ...errors import NextTokenError
+from ...infill import InfillError, fim_prompt
 from ..http.errors import bad_request
 from ..http.streams import Job, SSEResponse, run_jobs, sse
 from ..openai.outputs import TokenTexts, echo_logprobs, echo_token_texts, usage
-from ..openai.prompts import DEFAULT_COMPLETION_TOKENS, completion_prompts
+from ..openai.prompts import DEFAULT_COMPLETION_TOKENS, check_ids, completion_prompts
 from ..openai.protocol import CompletionRequest
 from .serving import Serving, collect_choices, engine_failure, parse_body, unavailable
 
@@ -26,7 +28,11 @@ class Completions(Serving):
         arrival = time.monotonic()
         req: CompletionRequest = parse_body(CompletionRequest, await request.body())
         self._check_model(req.model)
-        prompts = completion_prompts(req, self.tokenizer, self.limits.vocab_size)
+        if req.suffix:  # OpenAI's insertion: the prompt is the prefix, the model writes what comes before suffix
+            texts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
+            prompts = [self._fim(text, req.suffix) for text in texts]
+        else:
+            prompts = completion_prompts(req.prompt, self.tokenizer, self.limits.vocab_size)
         max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
         cfg = self._options(req, prompts, max_tokens, "prompt", top_logprobs=req.logprobs or 0,
                             prompt_logprobs=req.echo and req.logprobs is not None)
@@ -38,6 +44,16 @@ class Completions(Serving):
         if req.stream:
             return SSEResponse(self._completion_stream(req, jobs, head, events))
         return await self._completion_full(request, req, jobs, head, events)
+
+    def _fim(self, prefix: str, suffix: str, extra: list[tuple[str, str]] = (), after: str = "",  # type: ignore[assignment]
+             param: str = "suffix") -> list[int]:
+        """A fill-in-the-middle prompt in the model family's layout; a 400 for a tokenizer without FIM tokens."""
+        try:
+            ids = fim_prompt(self.tokenizer, prefix, suffix, extra, after)
+        except InfillError as e:
+            raise bad_request(str(e), param) from e
+        check_ids(ids, self.limits.vocab_size, param)
+        return ids
 
     def _echo_text(self, req: CompletionRequest, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=req.skip_special_tokens) if self.tokenizer else ""

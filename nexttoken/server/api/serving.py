@@ -16,7 +16,9 @@ from ...engine import LLMEngine
 from ...engine.async_engine import AsyncEngine, EngineClosedError, EngineDeadError
 from ...errors import NextTokenError
 from ...generation.processors.structured import CONSTRAINTS, compile_for, constraint_of
+from ...generation.values import Thinking
 from ...tools import ToolsError, ToolUse
+from ...tools.reasoning import EFFORT_BUDGETS, ReasoningFormat, detect_format, format_named
 from ...tools.request import tool_options
 from ..http.errors import APIError, bad_request, from_validation_error
 from ..http.shutdown import MESSAGE as SHUTTING_DOWN
@@ -49,6 +51,37 @@ class Serving:
         self.logprobs = LogprobFormatter(core.tokenizer)
         self.created = int(time.time())
         self.traces = traces or TraceStore(settings.model_name)  # traced requests' explain pages (one per server)
+        self.reasoning, self.markers = self._reasoning_format()
+
+    def _reasoning_format(self) -> tuple[ReasoningFormat | None, tuple[int, int] | None]:
+        """The model's thinking format (--reasoning-parser, or read off its chat template), and its markers' token
+        ids when each is one token (what the budget and the grammar's wait for the answer need)."""
+        if self.settings.reasoning_parser is not None:
+            fmt: ReasoningFormat | None = format_named(self.settings.reasoning_parser)
+        else:
+            fmt = detect_format(self.tokenizer.chat_template_for() if self.tokenizer is not None else None)
+        if fmt is None:
+            return None, None
+        ids = [self.tokenizer.encode(m, add_special_tokens=False) for m in (fmt.start, fmt.end)]
+        return fmt, ((ids[0][0], ids[1][0]) if all(len(i) == 1 for i in ids) else None)
+
+    def _thinking(self, req: Any) -> Thinking | None:
+        """The request's thinking block for the engine (its markers and budget), None without a reasoning format.
+        The budget: thinking_token_budget, else reasoning_effort's, else --reasoning-budget."""
+        if self.reasoning is None:
+            return None
+        budget = req.thinking_token_budget
+        if budget is None and req.reasoning_effort is not None:
+            budget = EFFORT_BUDGETS[req.reasoning_effort]
+        if budget is None:
+            budget = self.settings.reasoning_budget
+        if self.markers is None:
+            if budget is not None:
+                raise bad_request(f"a thinking budget needs {self.reasoning.start!r} and {self.reasoning.end!r} to "
+                                  "be single tokens, and this tokenizer splits them: leave the budget out",
+                                  "thinking_token_budget")
+            return None
+        return Thinking(*self.markers, budget=budget)
 
     def _check_model(self, name: str | None) -> None:
         if name is not None and name != self.settings.model_name:

@@ -65,3 +65,22 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "function-after", "
 def _path(loc: tuple) -> list[str]:
     """A field path without pydantic's union member tags."""
     return [str(p) for p in loc if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
+
+
+# Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
+                   500: "api_error", 503: "overloaded_error"}
+ANTHROPIC_PATHS = ("/v1/messages",)  # the routes that answer in Anthropic's body
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error body: `{"type": "error", "error": {"type", "message"}}`."""
+    return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
+
+
+def error_body_for(path: str, status: int, message: str, type: str, code: str | None = None) -> dict[str, Any]:
+    """The error body in the API's own format: Anthropic's on its routes, OpenAI's elsewhere."""
+    if path.startswith(ANTHROPIC_PATHS):
+        return anthropic_error_body(status, message)
+    return error_body(message, type, None, code)

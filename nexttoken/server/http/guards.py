@@ -10,10 +10,10 @@ import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import error_body
+from .errors import error_body_for
 from .shutdown import MESSAGE as SHUTTING_DOWN, Drain
 
-_PROTECTED = ("/v1/", "/tokenize", "/detokenize")  # /health and /metrics stay open for probes and scrapers
+_PROTECTED = ("/v1/", "/tokenize", "/detokenize", "/infill", "/responses")  # /health and /metrics stay open for probes and scrapers
 
 
 async def _send_error(send: Send, status: int, body: dict) -> None:
@@ -47,7 +47,8 @@ class InternalErrors:
             logging.getLogger("nexttoken.server").exception("internal error on %s %s", scope["method"], scope["path"])
             if started:
                 raise  # half a response is out: only closing the connection can say it failed
-            body = error_body("internal error: the server could not complete this request", "internal_server_error")
+            body = error_body_for(scope["path"], 500, "internal error: the server could not complete this request",
+                                  "internal_server_error")
             await _send_error(send, 500, body)
 
 
@@ -67,7 +68,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._too_large(send)
+            return await self._too_large(scope, send)
         chunks, size = [], 0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
@@ -80,17 +81,19 @@ class BodyLimit:
                 if not receiving.done():
                     receiving.cancel()
                     if stopping is not None and stopping.done():
-                        body = error_body(SHUTTING_DOWN, "service_unavailable_error", None, "server_shutting_down")
+                        body = error_body_for(scope["path"], 503, SHUTTING_DOWN, "service_unavailable_error",
+                                              "server_shutting_down")
                         return await _send_error(send, 503, body)
                     message = f"the request body did not arrive within {self.timeout_s:g} s"
-                    return await _send_error(send, 408, error_body(message, "invalid_request_error", None, "timeout"))
+                    body = error_body_for(scope["path"], 408, message, "invalid_request_error", "timeout")
+                    return await _send_error(send, 408, body)
                 message = receiving.result()
                 if message["type"] == "http.disconnect":
                     return
                 chunks.append(message.get("body", b""))
                 size += len(chunks[-1])
                 if size > self.max_bytes:
-                    return await self._too_large(send)
+                    return await self._too_large(scope, send)
                 if not message.get("more_body", False):
                     break
         finally:
@@ -107,24 +110,28 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _too_large(self, send: Send) -> None:
+    async def _too_large(self, scope: Scope, send: Send) -> None:
         message = f"the request body is larger than this server's limit of {self.max_bytes} bytes"
-        await _send_error(send, 413, error_body(message, "invalid_request_error", None, "request_too_large"))
+        await _send_error(send, 413, error_body_for(scope["path"], 413, message, "invalid_request_error",
+                                                    "request_too_large"))
 
 
 class ApiKeyGuard:
-    """With an API key set, API paths need `Authorization: Bearer <key>`."""
+    """With an API key set, API paths need `Authorization: Bearer <key>` or `x-api-key: <key>` (Anthropic's
+    header, which its SDK and Claude Code send)."""
 
     def __init__(self, app: ASGIApp, api_key: str | None) -> None:
         self.app, self.api_key = app, api_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.api_key and scope["type"] == "http" and scope["path"].startswith(_PROTECTED):
-            auth = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+            headers = dict(scope.get("headers") or [])
+            auth = headers.get(b"authorization", b"").decode("latin-1")
             scheme, _, key = auth.strip().partition(" ")
-            # The scheme is case-insensitive (RFC 7235); the key is compared in constant time.
-            if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key.encode()):
-                body = error_body("invalid or missing API key: send Authorization: Bearer <key>",
-                                  "invalid_request_error", None, "invalid_api_key")
+            if scheme.lower() != "bearer":  # the scheme is case-insensitive (RFC 7235)
+                key = headers.get(b"x-api-key", b"").decode("latin-1")
+            if not hmac.compare_digest(key.strip().encode(), self.api_key.encode()):  # in constant time
+                body = error_body_for(scope["path"], 401, "invalid or missing API key: send Authorization: Bearer "
+                                      "<key> (or x-api-key: <key>)", "invalid_request_error", "invalid_api_key")
                 return await _send_error(send, 401, body)
         await self.app(scope, receive, send)

@@ -9,7 +9,7 @@ from ...chat_template import RenderLimits
 from ...errors import NextTokenError
 from ..http.errors import bad_request
 from ...tools import template_messages
-from .protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, TokenizeRequest
+from .protocol import ChatCompletionRequest, ChatMessage, TokenizeRequest
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -27,20 +27,20 @@ def check_ids(ids: list[int], vocab: int, param: str) -> None:
         raise bad_request(f"{param} contains token ids {bad[:5]} outside the vocabulary [0, {vocab})", param)
 
 
-def completion_prompts(req: CompletionRequest, tokenizer: Any, vocab: int) -> list[list[int]]:
-    """The request's prompts as token ids (a string, a list of strings, ids, or a list of id lists)."""
-    p = req.prompt
+def completion_prompts(p: Any, tokenizer: Any, vocab: int, param: str = "prompt") -> list[list[int]]:
+    """A request's prompts (`prompt`, or embeddings' `input`) as token ids: a string, a list of strings, ids, or a
+    list of id lists."""
     if isinstance(p, str) or (p and isinstance(p[0], str)):
         texts = [p] if isinstance(p, str) else p
         if tokenizer is None:
-            raise bad_request("this model has no tokenizer: send the prompt as token ids", "prompt")
+            raise bad_request(f"this model has no tokenizer: send the {param} as token ids", param)
         prompts = [tokenizer.encode(t) for t in texts]
     else:
         prompts = [p] if isinstance(p[0], int) else p  # type: ignore[list-item]
     for ids in prompts:
         if not ids:
-            raise bad_request("the prompt is empty (it encodes to no tokens)", "prompt")
-        check_ids(ids, vocab, "prompt")
+            raise bad_request(f"the {param} is empty (it encodes to no tokens)", param)
+        check_ids(ids, vocab, param)
     return prompts
 
 
@@ -49,8 +49,32 @@ def completion_prompts(req: CompletionRequest, tokenizer: Any, vocab: int) -> li
 TEMPLATE_LIMITS = RenderLimits(seconds=2.0, characters=2_000_000)
 
 
-def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tokenizer: Any, tools: list | None = None) -> list[int]:
-    """The conversation rendered by the model's chat template (with `tools`, as sent), as token ids."""
+# apply_chat_template's own arguments: a request's chat_template_kwargs may not set them.
+_RESERVED = {"messages", "tools", "documents", "add_generation_prompt", "tokenize", "chat_template",
+             "continue_final_message", "limits"}
+
+
+def template_kwargs(defaults: dict[str, Any], req: ChatCompletionRequest | TokenizeRequest) -> dict[str, Any]:
+    """The template's variables: the server's defaults (--default-chat-template-kwargs), the request's over them."""
+    given = req.chat_template_kwargs or {}
+    reserved = sorted(set(given) & _RESERVED)
+    if reserved:
+        raise bad_request(f"chat_template_kwargs may not set {reserved}: they are the request's own fields",
+                          "chat_template_kwargs")
+    return {**defaults, **given}
+
+
+def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tokenizer: Any, tools: list | None = None,
+                variables: dict[str, Any] | None = None) -> list[int]:
+    """The conversation rendered by the model's chat template (with `tools`, as sent, and the template
+    `variables`, e.g. enable_thinking), as token ids."""
+    text = chat_text(req, tokenizer, tools, variables)
+    return tokenizer.encode(text, add_special_tokens=False)  # the template writes BOS itself
+
+
+def chat_text(req: ChatCompletionRequest | TokenizeRequest, tokenizer: Any, tools: list | None = None,
+              variables: dict[str, Any] | None = None) -> str:
+    """The conversation rendered by the model's chat template, as text."""
     if tokenizer is None:
         raise bad_request("this model has no tokenizer, so chat is not available", "messages")
     try:
@@ -59,10 +83,10 @@ def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tokenizer: Any, to
         raise bad_request(str(e), "messages") from e
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
-                                             tools=tools, limits=TEMPLATE_LIMITS)
+                                             tools=tools, limits=TEMPLATE_LIMITS, **(variables or {}))
     except NextTokenError as e:
         raise bad_request(str(e), "messages") from e
-    return tokenizer.encode(text, add_special_tokens=False)  # the template writes BOS itself
+    return text
 
 
 def _message(m: ChatMessage) -> dict[str, Any]:

@@ -40,6 +40,12 @@ LIBRARY_OPTIONS = (
     "trace", "trace_top_n",  # nexttoken's: the response's choices carry their trace's explain page URL
 )
 
+# The chat fields that other chat-shaped APIs (Responses, Anthropic Messages) accept under the same names (a
+# client's `extra_body`), passed on to the chat request: one request means the same on every endpoint.
+PASSED_THROUGH = ("seed", "stop", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                  "min_tokens", "ignore_eos", "stop_token_ids", "logit_bias", "skip_special_tokens",
+                  "include_stop_str_in_output", "chat_template_kwargs", "thinking_token_budget", *LIBRARY_OPTIONS)
+
 
 class JsonSchemaFormat(_Strict):
     """OpenAI's response_format.json_schema. `strict` is accepted either way: the schema is always enforced, and
@@ -163,16 +169,18 @@ class CompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)  # OpenAI allows 5; vLLM 20
     best_of: int | None = Field(None, ge=1)  # OpenAI's; only best_of == n (or absent) is offered
-    suffix: str | None = None  # OpenAI's insertion; refused unless empty
+    suffix: str | None = None  # OpenAI's insertion: fill in the middle with the tokenizer's FIM tokens (infill.py)
 
     @model_validator(mode="after")
     def _not_offered(self) -> "CompletionRequest":
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError(f"best_of={self.best_of} (ranking more samples than n={self.n} are returned) is not "
                              "offered: leave it out, or set it to n")
-        if self.suffix:
-            raise ValueError("suffix (insertion between a prompt and a suffix) is not offered by this server: "
-                             "leave it out")
+        if self.suffix and not (isinstance(self.prompt, str) or isinstance(self.prompt[0], str)):
+            raise ValueError("suffix (fill in the middle) needs the prompt as text: the prefix and the suffix are "
+                             "laid out with the model's FIM tokens")
+        if self.suffix and self.echo:
+            raise ValueError("echo with suffix is not offered: the prompt sent is the model's FIM layout")
         return self
 
     @field_validator("prompt")
@@ -245,9 +253,13 @@ class ChatCompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
     tools: list[dict[str, Any]] | None = None
     tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
     parallel_tool_calls: bool | None = None
+    # Variables for the chat template (vLLM's), e.g. {"enable_thinking": false}, over the server's defaults.
+    chat_template_kwargs: dict[str, Any] | None = None
+    # A reasoning model's thinking budget in tokens (vLLM's thinking_token_budget); reasoning_effort sets one too.
+    thinking_token_budget: int | None = Field(None, ge=0)
     # OpenAI's other fields. Accepted with no effect on a local model (docs/serving.md says so): metadata, store
-    # (nothing is stored), service_tier, prompt_cache_key, safety_identifier, reasoning_effort and verbosity (no
-    # reasoning model here), prediction (a latency hint; the output is the same), modalities ["text"]. The rest
+    # (nothing is stored), service_tier, prompt_cache_key, safety_identifier, verbosity (a hint for OpenAI's own
+    # models), prediction (a latency hint; the output is the same), modalities ["text"]. The rest
     # (the legacy functions / function_call, audio) is refused by value in _not_offered.
     functions: list[dict[str, Any]] | None = None
     function_call: Union[Literal["none", "auto"], dict[str, Any], None] = None
@@ -287,11 +299,37 @@ class ChatCompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
         return self
 
 
+class EmbeddingRequest(_Strict):
+    """OpenAI's embeddings body (and vLLM's `normalize`)."""
+
+    model: str | None = None
+    input: Union[str, list[str], list[int], list[list[int]]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+    normalize: bool = True  # vLLM's: false returns the pooled states as they are
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+    @field_validator("input")
+    @classmethod
+    def _input(cls, v: str | list) -> str | list:
+        if isinstance(v, list) and (not v or any(isinstance(p, (str, list)) and not p for p in v)):
+            raise ValueError("input must not be empty, nor hold an empty string or list")
+        if isinstance(v, str) and not v:
+            raise ValueError("input must not be empty")
+        return v
+
+
 class TokenizeRequest(_Strict):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     tools: list[dict[str, Any]] | None = None  # with messages: rendered by the chat template
+    chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 

@@ -1,0 +1,46 @@
+"""POST /v1/embeddings: OpenAI's Embeddings API over the engine's prefill (engine/embedding.py): each input's final
+hidden states pooled (the model folder's pooling, else --pooling), normalized, cut to `dimensions`, as float lists
+or base64 (little-endian float32, what the `openai` client decodes)."""
+
+from __future__ import annotations
+
+import base64
+
+import torch
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from ...engine.async_engine import EngineClosedError, EngineDeadError
+from ...engine.embedding import EmbeddingError
+from ..http.errors import bad_request
+from ..openai.prompts import completion_prompts
+from ..openai.protocol import EmbeddingRequest
+from .serving import Serving, parse_body, unavailable
+
+
+class Embeddings(Serving):
+    async def create(self, request: Request) -> Response:
+        req: EmbeddingRequest = parse_body(EmbeddingRequest, await request.body())
+        self._check_model(req.model)
+        prompts = completion_prompts(req.input, self.tokenizer, self.limits.vocab_size, "input")
+        longest = max(len(p) for p in prompts)
+        if longest > self.limits.max_model_len:
+            raise bad_request(f"an input has {longest} tokens, over this model's maximum context length of "
+                              f"{self.limits.max_model_len}: shorten it", "input")
+        try:
+            vectors = await self.engine.embed(prompts, self.settings.pooling, req.normalize, req.dimensions)
+        except EmbeddingError as e:
+            raise bad_request(str(e), "dimensions" if "dimensions" in str(e) else "input") from e
+        except (EngineClosedError, EngineDeadError) as e:
+            raise unavailable(e) from e
+        data = [{"object": "embedding", "index": i, "embedding": _encoded(v, req.encoding_format)}
+                for i, v in enumerate(vectors)]
+        tokens = sum(len(p) for p in prompts)
+        return JSONResponse({"object": "list", "data": data, "model": self.settings.model_name,
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+def _encoded(vector: torch.Tensor, encoding: str) -> list[float] | str:
+    if encoding == "base64":
+        return base64.b64encode(vector.to(torch.float32).numpy().astype("<f4").tobytes()).decode()
+    return vector.tolist()

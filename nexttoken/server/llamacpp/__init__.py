@@ -1,0 +1,1 @@
+"""llama.cpp's server wire format, for the endpoints clients of llama.cpp call (/infill)."""

@@ -1,0 +1,218 @@
+"""OpenAI's Responses API request (`POST /v1/responses`), and its translation into a Chat Completions request.
+
+The Responses API is a chat API with other names: `input` items are messages, `function_call` items are an
+assistant's `tool_calls`, `function_call_output` items are `tool` messages, `instructions` is the system message,
+`text.format` is `response_format`, the tools are flat. `chat_body` writes the request as the chat body the one
+request path takes (server/api/chat.py), so every option means what it means there, checked there.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
+
+from ..http.errors import APIError, bad_request
+from .protocol import PASSED_THROUGH
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class TextFormat(_Strict):
+    """text.format: "text", "json_object", or "json_schema" with the schema inline (flat, unlike chat's)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema(self) -> "TextFormat":
+        if self.type == "json_schema" and (self.schema_ is None or not self.name):
+            raise ValueError('a "json_schema" format needs its name and schema')
+        return self
+
+
+class TextConfig(_Strict):
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None  # a hint for OpenAI's models: no effect here
+
+
+class ReasoningConfig(_Strict):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None  # no summarizer here: the thinking is sent whole
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class _ResponsesFields(_Strict):
+    model: str | None = None
+    input: Union[str, list[dict[str, Any]]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None  # include_obfuscation: no padding is added here
+    store: bool | None = None  # stateless unless true: then kept (bounded) for previous_response_id and GET
+    previous_response_id: str | None = None
+    include: list[str] | None = None
+    # OpenAI's fields with no effect on a local model: accepted so that clients sending them work.
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    service_tier: str | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    max_tool_calls: int | None = Field(None, ge=1)
+    # Refused when used (in _not_offered): server-side state and modalities this server does not have.
+    background: bool | None = None
+    conversation: Union[str, dict[str, Any], None] = None
+    prompt: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+    @field_validator("input")
+    @classmethod
+    def _input(cls, v: str | list) -> str | list:
+        if isinstance(v, list) and not v:
+            raise ValueError("input must not be empty: send a string or a list of items")
+        return v
+
+    @field_validator("background", "conversation", "prompt")
+    @classmethod
+    def _not_offered(cls, v: Any, info: ValidationInfo) -> Any:
+        if v not in (None, False):
+            raise ValueError(f"{info.field_name} (OpenAI's stored state and background runs) is not offered by this "
+                             "server: send the input items themselves, or previous_response_id")
+        return v
+
+
+ResponsesRequest = create_model(
+    "ResponsesRequest", __base__=_ResponsesFields, **{name: (Any, None) for name in PASSED_THROUGH}  # type: ignore[call-overload]
+)
+
+
+def chat_body(req: Any, conversation: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Chat Completions body that asks for the same thing; `conversation`: the messages (a stored earlier
+    conversation, then `input_messages(req.input)`), under the request's own instructions."""
+    system = [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
+    body: dict[str, Any] = {"messages": system + conversation}
+    for name in ("model", "temperature", "top_p", "parallel_tool_calls", "stream"):
+        if getattr(req, name) is not None:
+            body[name] = getattr(req, name)
+    for name in PASSED_THROUGH:
+        if name in req.model_fields_set:
+            body[name] = getattr(req, name)
+    if req.max_output_tokens is not None:
+        body["max_completion_tokens"] = req.max_output_tokens
+    if req.reasoning is not None and req.reasoning.effort is not None:
+        body["reasoning_effort"] = req.reasoning.effort  # a thinking budget (tools/reasoning.py EFFORT_BUDGETS)
+    if req.top_logprobs or "message.output_text.logprobs" in (req.include or []):
+        body["logprobs"], body["top_logprobs"] = True, req.top_logprobs or 0
+    if req.tools:
+        body["tools"] = [_tool(t, i) for i, t in enumerate(req.tools)]
+    if req.tool_choice is not None:
+        body["tool_choice"] = _tool_choice(req.tool_choice)
+    fmt = req.text.format if req.text is not None else None
+    if fmt is not None and fmt.type != "text":
+        body["response_format"] = {"type": fmt.type} if fmt.type == "json_object" else {
+            "type": "json_schema", "json_schema": {"name": fmt.name, "schema": fmt.schema_, "strict": fmt.strict,
+                                                   **({"description": fmt.description} if fmt.description else {})}}
+    return body
+
+
+def input_messages(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`input` as chat messages: a string is one user message; items become messages, a run of function_call
+    items one assistant message with those tool_calls (after the assistant's text, when it came first)."""
+    if isinstance(given, str):
+        return [{"role": "user", "content": given}]
+    messages: list[dict[str, Any]] = []
+    for i, item in enumerate(given):
+        kind = item.get("type", "message" if "role" in item else None)
+        where = f"input[{i}]"
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise bad_request(f"{where}.role must be user, system, developer or assistant, got {role!r}",
+                                  f"{where}.role")
+            messages.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
+        elif kind == "function_call":
+            call = {"id": _string(item, "call_id", where), "type": "function",
+                    "function": {"name": _string(item, "name", where), "arguments": _string(item, "arguments", where)}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":  # the same turn: its text, then its calls
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", where),
+                             "content": output if isinstance(output, str) else _text(output, f"{where}.output")})
+        elif kind == "reasoning":
+            continue  # past thinking: chat templates drop it from earlier turns; nothing of it is prompted
+        else:
+            raise bad_request(f"{where}: input items of type {kind!r} are not offered by this server; send message, "
+                              "function_call, function_call_output or reasoning items", f"{where}.type")
+    return messages
+
+
+def _string(item: dict[str, Any], key: str, where: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise bad_request(f"{where}.{key} must be a string, got {value!r}", f"{where}.{key}")
+    return value
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content (a string, or text parts) as its text; other parts (images, files) are refused."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(f"{where} must be a string or a list of text parts, got {content!r}", where)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind != "refusal":
+            raise bad_request(f"{where}[{j}]: content parts of type {kind!r} are not supported: this model reads "
+                              "text only; send input_text parts", f"{where}[{j}].type")
+    return "".join(texts)
+
+
+def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
+    """A flat Responses function tool as a chat tool: {"type": "function", "function": {...}}."""
+    if tool.get("type") != "function":
+        raise bad_request(f"tools[{i}]: tools of type {tool.get('type')!r} are not offered by this server (it runs "
+                          "no hosted tools); send function tools", f"tools[{i}].type")
+    unknown = set(tool) - {"type", "name", "description", "parameters", "strict"}
+    if unknown:
+        raise bad_request(f"tools[{i}]: unknown field(s) {sorted(unknown)}: a function tool is {{type, name, "
+                          "description, parameters, strict}}", f"tools[{i}]")
+    # OpenAI's key order: templates render the tool as JSON, so the order is part of the prompt
+    function = {k: tool.get(k) for k in ("name", "description", "parameters", "strict")}
+    return {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
+
+
+def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    if isinstance(choice, str):
+        return choice
+    if choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise APIError(400, f"tool_choice {choice!r} is not offered: send \"none\", \"auto\", \"required\" or "
+                        "{\"type\": \"function\", \"name\": ...}", "tool_choice")

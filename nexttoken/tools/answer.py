@@ -1,0 +1,66 @@
+"""An answer's text, split into what each API reports separately: the thinking (`Thinking`), the content (str) and
+the tool calls (`ToolCallDelta`), as it streams. The thinking comes first and is read by the reasoning parser;
+what follows it is content, read by the tool-call parser when the request has tools."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .parser import ToolCallParser
+from .reasoning import ReasoningParser
+
+
+@dataclass(frozen=True)
+class Thinking:
+    text: str
+
+
+class AnswerParser:
+    """Text in (`feed`, then `finish`), pieces out: Thinking, str (content), ToolCallDelta (calls)."""
+
+    def __init__(self, reasoning: ReasoningParser | None = None, calls: ToolCallParser | None = None) -> None:
+        self.reasoning_parser, self.call_parser = reasoning, calls
+
+    def feed(self, text: str) -> list[Any]:
+        if self.reasoning_parser is None:
+            return self._content(text)
+        return self._split(self.reasoning_parser.feed(text))
+
+    def finish(self) -> list[Any]:
+        pieces = self._split(self.reasoning_parser.finish()) if self.reasoning_parser is not None else []
+        if self.call_parser is not None:
+            pieces += self.call_parser.finish()
+        return _merged(pieces)
+
+    def parse(self, text: str) -> list[Any]:
+        """A whole answer's pieces."""
+        return _merged(self.feed(text) + self.finish())
+
+    @property
+    def calls(self) -> list:
+        return self.call_parser.calls if self.call_parser is not None else []
+
+    def _split(self, parts: list[tuple[bool, str]]) -> list[Any]:
+        out: list[Any] = []
+        for thinking, text in parts:
+            out += [Thinking(text)] if thinking else self._content(text)
+        return out
+
+    def _content(self, text: str) -> list[Any]:
+        if self.call_parser is None:
+            return [text] if text else []
+        return self.call_parser.feed(text)
+
+
+def _merged(pieces: list[Any]) -> list[Any]:
+    """Neighbouring pieces of one kind joined (content with content, thinking with thinking)."""
+    out: list[Any] = []
+    for p in pieces:
+        if out and isinstance(p, str) and isinstance(out[-1], str):
+            out[-1] += p
+        elif out and isinstance(p, Thinking) and isinstance(out[-1], Thinking):
+            out[-1] = Thinking(out[-1].text + p.text)
+        else:
+            out.append(p)
+    return out
