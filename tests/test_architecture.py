@@ -115,7 +115,8 @@ ROOMS: dict[str, dict[str, set[str]]] = {
                        "speculation"},
         "async_engine": {"llm_engine", "sequence"},
     },
-    "tools": {"parser": set(), "formats": {"parser"}, "request": {"formats", "parser"}},
+    "tools": {"parser": set(), "messages": set(), "formats": {"parser"}, "preamble": {"formats", "messages"},
+              "request": {"formats", "parser"}},
     "server": {
         "settings": set(),
         "metrics": set(),

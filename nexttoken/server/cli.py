@@ -37,6 +37,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tool-call-parser", choices=sorted(FORMATS),
                    help="the format the model writes tool calls in (vLLM's names; default: read off the chat "
                         "template)")
+    p.add_argument("--structured-whitespace", choices=("compact", "flexible"), default="flexible",
+                   help="JSON's whitespace under response_format / a JSON schema: flexible (the newlines and "
+                        "indentation models write, bounded per gap) or compact (json.dumps' layout only); a request "
+                        "sets its own with structured_outputs.whitespace")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="accepted for vLLM's command lines: tool_choice \"auto\" is always on when the call "
                         "format is known")
@@ -86,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     )
     name = args.served_model_name or Path(loaded.path).name
     settings = ServerSettings(name, args.api_key, args.max_n, args.max_seqs_per_request, args.max_body_bytes,
-                              args.body_timeout, args.shutdown_timeout, args.tool_call_parser)
+                              args.body_timeout, args.shutdown_timeout, args.tool_call_parser,
+                              args.structured_whitespace)
     speculative = None
     if args.num_speculative_tokens < 1:
         print("nexttoken serve: --num-speculative-tokens must be >= 1", file=sys.stderr)

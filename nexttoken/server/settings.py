@@ -15,3 +15,4 @@ class ServerSettings:
     body_timeout_s: float = 30.0  # a request body not fully sent by then gets 408
     shutdown_timeout_s: float = 10.0  # on SIGTERM / SIGINT: what is still running after this is aborted (503)
     tool_call_parser: str | None = None  # vLLM's --tool-call-parser name; None: read off the chat template
+    structured_whitespace: str = "flexible"  # JSON's layout under a JSON constraint, unless a request sets its own

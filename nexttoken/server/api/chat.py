@@ -19,7 +19,7 @@ from ...tools import ToolCallParser, ToolUse
 from ..http.errors import bad_request
 from ..http.streams import Job, SSEResponse, run_jobs, sse
 from ..openai.outputs import usage
-from ..openai.prompts import chat_prompt, check_ids
+from ..openai.prompts import PREAMBLE_HEADER, chat_prompt, check_ids
 from ..openai.protocol import ChatCompletionRequest
 from .serving import Serving, collect_choices, engine_failure, parse_body, unavailable
 
@@ -30,8 +30,9 @@ class Chat(Serving):
         req: ChatCompletionRequest = parse_body(ChatCompletionRequest, await request.body())
         self._check_model(req.model)
         use = self._tool_use(req.tools, req.tool_choice, req.parallel_tool_calls)
-        tools = list(use.tools) if use is not None else None
-        ids = await asyncio.to_thread(chat_prompt, req, self.tokenizer, tools)  # untrusted template work: off the loop
+        # untrusted template work: off the loop
+        ids, preamble = await asyncio.to_thread(chat_prompt, req, self.tokenizer, use, self.template_support)
+        headers = {PREAMBLE_HEADER: preamble} if preamble else None
         check_ids(ids, self.limits.vocab_size, "messages")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         cfg = self._options(req, [ids], max_tokens, "messages", top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
@@ -44,7 +45,7 @@ class Chat(Serving):
         events = run_jobs(self.engine, jobs, self.metrics, arrival)
         parsing = use if use is not None and use.calls else None
         if req.stream:
-            return SSEResponse(self._chat_stream(req, jobs, head, events, parsing))
+            return SSEResponse(self._chat_stream(req, jobs, head, events, parsing), headers=headers)
         choices = await collect_choices(request, len(jobs), events)
         if choices is None:
             return Response(status_code=499)  # the client left; its requests were cancelled
@@ -52,7 +53,7 @@ class Chat(Serving):
         for i, c in enumerate(choices):
             message, finish_reason = {"role": "assistant", "content": c.text}, c.finish_reason
             if parsing is not None:
-                content, calls = parsing.parser().parse(c.text)  # type: ignore[union-attr]
+                content, calls = parsing.parser().parse(c.text, cut=c.finish_reason == "length")  # type: ignore[union-attr]
                 message["content"] = content
                 if calls:
                     message["tool_calls"] = [call.to_openai() for call in calls]
@@ -67,7 +68,7 @@ class Chat(Serving):
             })
         total = sum(len(c.token_ids) for c in choices)
         return JSONResponse({**head, "object": "chat.completion", "choices": body,
-                             "usage": usage(len(ids), total, [c.speculated for c in choices])})
+                             "usage": usage(len(ids), total, [c.speculated for c in choices])}, headers=headers)
 
     async def _chat_stream(self, req: ChatCompletionRequest, jobs: list[Job], head: dict,
                            events: AsyncIterator, use: ToolUse | None) -> AsyncIterator[str]:
@@ -109,7 +110,7 @@ def _chat_deltas(index: int, event: Any, lp: dict | None, parser: ToolCallParser
     if parser is None:
         deltas: list[dict] = [{"content": event.text}] if event.text else []
     else:
-        pieces = parser.feed(event.text) + (parser.finish() if event.finished else [])
+        pieces = parser.feed(event.text) + (parser.finish(cut=finish_reason == "length") if event.finished else [])
         deltas = [{"content": p} if isinstance(p, str) else {"tool_calls": [p.to_openai()]} for p in pieces]
         if finish_reason == "stop" and parser.calls:
             finish_reason = "tool_calls"

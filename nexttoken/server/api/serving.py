@@ -16,7 +16,7 @@ from ...engine import LLMEngine
 from ...engine.async_engine import AsyncEngine, EngineClosedError, EngineDeadError
 from ...errors import NextTokenError
 from ...generation.processors.structured import CONSTRAINTS, compile_for, constraint_of
-from ...tools import ToolsError, ToolUse
+from ...tools import TemplateSupport, ToolsError, ToolUse, format_named, template_support
 from ...tools.request import tool_options
 from ..http.errors import APIError, bad_request, from_validation_error
 from ..http.shutdown import MESSAGE as SHUTTING_DOWN
@@ -45,10 +45,16 @@ class Serving:
                  traces: TraceStore | None = None) -> None:
         self.tokenizer, self.engine, self.metrics, self.settings = core.tokenizer, engine, metrics, settings
         self.limits = Limits(core.max_model_len, core.model.config.vocab_size, settings.max_n)
-        self.base = server_defaults(core.generation_config)
+        self.base = server_defaults(core.generation_config, settings.structured_whitespace)
         self.logprobs = LogprobFormatter(core.tokenizer)
         self.created = int(time.time())
         self.traces = traces or TraceStore(settings.model_name)  # traced requests' explain pages (one per server)
+        # What the chat template renders of tool use, probed once: a template without a tools section gets the
+        # tools preamble of the call format (tools/preamble.py), said in each response's header and here.
+        self.template_support: TemplateSupport | None = template_support(core.tokenizer) if core.tokenizer else None
+        if settings.tool_call_parser and self.template_support is not None and not self.template_support.tools:
+            log.info("the chat template renders no tools: requests with tools get the %s tools preamble in the "
+                     "system message (docs/tool_calls.md)", format_named(settings.tool_call_parser).name)
 
     def _check_model(self, name: str | None) -> None:
         if name is not None and name != self.settings.model_name:
