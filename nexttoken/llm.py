@@ -238,6 +238,9 @@ class LLM:
         if seq.params.echo and self.tokenizer is not None:
             prompt_text = self.tokenizer.decode(seq.prompt_ids, skip_special_tokens=seq.params.skip_special_tokens)
         completion = seq.out.completion(seq.prompt_ids, seq.prompt_logprobs, prompt_text)
+        if seq.spec is not None:  # speculative decoding: the drafts verified for this sequence
+            completion = dataclasses.replace(completion, accepted_draft_tokens=seq.spec.accepted,
+                                             rejected_draft_tokens=seq.spec.drafted - seq.spec.accepted)
         if seq.trace is None:
             return completion
         return dataclasses.replace(completion, trace={**traced(seq), "model": str(self.path)})
