@@ -6,7 +6,9 @@ server answers this by writing the tools into the system message for such templa
 with the text of the call format given by `--tool-call-parser` (`ToolFormat.preamble`: Hermes' `<tools>` block,
 Llama 3.1's JSON instructions, Mistral's `[AVAILABLE_TOOLS]`). What the template leaves out of a conversation is
 filled in the same way: past calls become the assistant turn's text in the format's markup, and tool results,
-where a template drops the `tool` role, a user turn in the format's wrapper. A template that renders tools itself
+where a template drops the `tool` role, a user turn in the format's wrapper (Hermes' `<tool_response>`). (A
+template that renders the `tool` role, as ChatML does, shows results as they are: wrapping them was tried with
+SmolLM2, which then echoed the wrapper instead of answering.) A template that renders tools itself
 is left alone. What a template renders is found once per template by rendering probes (`template_support`).
 """
 
@@ -67,6 +69,6 @@ def with_preamble(messages: Sequence[dict[str, Any]], tools: Sequence[Any], form
             written = format.write_calls([(c["function"]["name"], arguments_text(c["function"].get("arguments", {})))
                                           for c in m["tool_calls"]])
             out[i] = {**m, "content": f"{m['content']}\n{written}" if m["content"] else written}
-        elif m.get("role") == "tool" and not support.results:
+        elif m.get("role") == "tool" and not support.results:  # a user turn in the format's wrapper
             out[i] = {"role": "user", "content": format.write_result(m["content"])}
     return out
