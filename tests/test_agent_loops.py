@@ -9,6 +9,7 @@ each run deterministic; where a 135M model's free choice would decide the first 
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import httpx
@@ -40,9 +41,13 @@ HISTORY = [*QUESTION,
 
 @pytest.fixture(scope="module")
 def served(smollm2_dir):
-    proc, url = start_server(smollm2_dir, "--tool-call-parser", "hermes", "--max-body-bytes", "200000")
+    # A 135M model loads in seconds; the long start-up allowance is for a machine shared with other test runs.
+    proc, url = start_server(smollm2_dir, "--tool-call-parser", "hermes", "--max-body-bytes", "200000",
+                             startup_s=600)
+    os.set_blocking(proc.stdout.fileno(), False)
+    startup_log = (proc.stdout.read() or b"").decode()  # what it printed before it answered /health
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
-    yield url, client, client.models.list().data[0].id
+    yield url, client, client.models.list().data[0].id, startup_log
     stop_server(proc)
 
 
@@ -63,11 +68,12 @@ def _valid_call(name: str, arguments: str | dict) -> dict:
 # ---- the openai SDK: the manual loop; the preamble; "auto" --------------------------------------------------------
 
 def test_the_openai_sdk_manual_tool_loop_runs_to_the_end(served) -> None:
-    url, client, model = served
+    url, client, model, _ = served
     messages: list = list(QUESTION)
     first = client.chat.completions.with_raw_response.create(model=model, messages=messages, tools=[WEATHER],
                                                              **ONE_CALL, **GREEDY)
     assert first.headers["x-nexttoken-tools-preamble"] == "hermes"  # SmolLM2's template renders no tools
+    assert "the chat template renders no tools: requests with tools get the hermes tools preamble" in served[3]
     choice = first.parse().choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     [call] = choice.message.tool_calls
@@ -84,7 +90,7 @@ def test_the_openai_sdk_manual_tool_loop_runs_to_the_end(served) -> None:
 def test_auto_calls_a_tool_on_a_template_without_tools(served) -> None:
     """tool_choice "auto" (the default): without the preamble the prompt is the same with or without tools, and
     the model cannot know of them; with it, the model calls the tool by itself, and the call is parsed."""
-    url, client, model = served
+    url, client, model, _ = served
     assert _prompt(url, HISTORY, [WEATHER]) != _prompt(url, HISTORY)
     r = client.chat.completions.create(model=model, messages=HISTORY, tools=[WEATHER], **GREEDY).choices[0]
     assert r.finish_reason == "tool_calls", r
@@ -93,7 +99,7 @@ def test_auto_calls_a_tool_on_a_template_without_tools(served) -> None:
 
 
 def test_a_call_cut_by_max_tokens_is_not_emitted_and_comes_back_without_a_400(served) -> None:
-    url, client, model = served
+    url, client, model, _ = served
     whole = client.chat.completions.create(model=model, messages=QUESTION, tools=[WEATHER], **ONE_CALL, **GREEDY)
     text_len = len(whole.choices[0].message.tool_calls[0].function.arguments)
     for max_tokens in (3, 8, 12):  # inside the marker, inside the name, inside the arguments
@@ -121,7 +127,7 @@ def test_a_call_cut_by_max_tokens_is_not_emitted_and_comes_back_without_a_400(se
 def test_the_openai_agents_sdk_runs_a_function_tool_to_a_final_answer(served) -> None:
     from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 
-    url, _, model = served
+    url, _, model, _ = served
     set_tracing_disabled(True)  # no export to OpenAI's servers
     calls: list[str] = []
 
@@ -151,7 +157,7 @@ def test_langchain_bind_tools_and_a_tool_message_turn(served) -> None:
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
 
-    url, _, model = served
+    url, _, model, _ = served
 
     @tool
     def get_weather(city: str) -> str:
@@ -177,7 +183,7 @@ def test_pydantic_ai_with_a_tool_and_message_history(served) -> None:
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
 
-    url, _, model = served
+    url, _, model, _ = served
     calls: list[str] = []
     agent = Agent(OpenAIChatModel(model, provider=OpenAIProvider(base_url=url + "/v1", api_key="unused")),
                   model_settings={"temperature": 0, "max_tokens": 48, "parallel_tool_calls": False})
@@ -221,7 +227,7 @@ def test_instructor_extracts_a_model_in_each_mode(served, mode) -> None:
     free text; TOOLS: a forced call of the model's schema."""
     import instructor
 
-    url, client, model = served
+    url, client, model, _ = served
     patched = instructor.from_openai(client, mode=getattr(instructor.Mode, mode))
     got = patched.chat.completions.create(model=model, response_model=Weather, max_retries=0, temperature=0,
                                           max_tokens=64, messages=EXAMPLE)
@@ -232,7 +238,7 @@ def test_json_mode_lets_the_model_write_the_whitespace_it_prefers(served) -> Non
     """SmolLM2 writes a newline and indentation after "{": the compact layout forbids it (the mask then forces
     a token the model gives log-prob -9, and small models go off the rails); the flexible layout (the server's
     default) allows it, bounded; a request may ask for either."""
-    url, client, model = served
+    url, client, model, _ = served
     ask = dict(model=model, messages=[{"role": "user", "content": "Give a JSON object with the city Paris."}],
                response_format={"type": "json_object"}, temperature=0, max_tokens=80, logprobs=True)
     flexible = client.chat.completions.create(**ask).choices[0]

@@ -204,14 +204,27 @@ def test_tool_call_parser_setting_gives_a_model_a_format(model_dir) -> None:  # 
         assert r.choices[0].finish_reason == "tool_calls"
         _validate(r.choices[0].message.tool_calls)
         # "auto": the text is free until "<tool_call>" is written, so a greedy answer without one is the
-        # unconstrained answer, token for token.
+        # unconstrained answer, token for token (tool_choice "none": the same prompt, with the hermes tools
+        # preamble this template needs, neither constrained nor parsed).
         story = [{"role": "user", "content": "Tell me a story"}]
-        auto = client.chat.completions.create(model=model, messages=story, tools=TOOLS, max_tokens=40,
-                                              temperature=0, logprobs=True)
-        plain = client.chat.completions.create(model=model, messages=story, max_tokens=40, temperature=0,
-                                               logprobs=True)
+        auto = client.chat.completions.with_raw_response.create(model=model, messages=story, tools=TOOLS,
+                                                                max_tokens=40, temperature=0, logprobs=True)
+        assert auto.headers["x-nexttoken-tools-preamble"] == "hermes"
+        auto = auto.parse()
+        plain = client.chat.completions.create(model=model, messages=story, tools=TOOLS, tool_choice="none",
+                                               max_tokens=40, temperature=0, logprobs=True)
         assert auto.choices[0].message.content == plain.choices[0].message.content
         assert [t.token for t in auto.choices[0].logprobs.content] == [t.token for t in plain.choices[0].logprobs.content]
         assert auto.choices[0].message.tool_calls is None
     finally:
         stop_server(proc)
+
+
+def test_a_template_that_renders_tools_gets_no_preamble(served) -> None:
+    """Qwen2.5's and Llama 3.2's templates render tools themselves: left alone, and no preamble header."""
+    url, client, model, folder = served
+    r = client.chat.completions.with_raw_response.create(model=model, messages=QUESTION, tools=TOOLS,
+                                                         tool_choice=NAMED, max_tokens=60, seed=0,
+                                                         logit_bias=_ending(folder))
+    assert "x-nexttoken-tools-preamble" not in r.headers
+    assert r.parse().choices[0].message.tool_calls

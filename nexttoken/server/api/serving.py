@@ -53,7 +53,7 @@ class Serving:
         # tools preamble of the call format (tools/preamble.py), said in each response's header and here.
         self.template_support: TemplateSupport | None = template_support(core.tokenizer) if core.tokenizer else None
         if settings.tool_call_parser and self.template_support is not None and not self.template_support.tools:
-            log.info("the chat template renders no tools: requests with tools get the %s tools preamble in the "
+            log.warning("the chat template renders no tools: requests with tools get the %s tools preamble in the "
                      "system message (docs/tool_calls.md)", format_named(settings.tool_call_parser).name)
 
     def _check_model(self, name: str | None) -> None:
