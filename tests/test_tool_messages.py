@@ -92,3 +92,27 @@ def test_a_system_message_keeps_its_text_before_the_preamble(smollm2_dir) -> Non
                              use.tools, use.format, template_support(tok))
     assert messages[0]["content"].startswith("Be brief.\n\nGiven the following functions")
     assert len(messages) == 2
+
+
+def test_the_library_chat_uses_the_preamble_and_drops_a_cut_call(smollm2_dir) -> None:
+    """LLM.chat takes the same path as the server: the preamble for SmolLM2, and a call cut by max_new_tokens is
+    neither a call nor content."""
+    import torch
+
+    import nexttoken
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        llm = nexttoken.load(smollm2_dir, tool_call_parser="hermes")
+        use = llm.tool_use([WEATHER], "required")
+        prompt = llm.tokenizer.decode(llm.tools_prompt(SECOND_TURN, use), skip_special_tokens=False)
+        assert "<tools>" in prompt and '{"name": "get_weather", "arguments": {"city": "Paris"}}' in prompt
+        whole = llm.chat(SECOND_TURN[:1], tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
+                         max_new_tokens=40)
+        assert whole.finish_reason == "tool_calls" and json.loads(whole.tool_calls[0].arguments)
+        cut = llm.chat(SECOND_TURN[:1], tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
+                       max_new_tokens=len(whole.token_ids) // 2)  # inside the call
+        assert cut.finish_reason == "length" and cut.tool_calls is None and cut.text == ""
+    finally:
+        torch.set_num_threads(before)
