@@ -24,6 +24,14 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 _GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 _MOE = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+# model_type -> architecture, for a config.json without `architectures` (transformers' AutoModelForCausalLM maps
+# the model_type the same way: its MODEL_FOR_CAUSAL_LM_MAPPING_NAMES).
+ARCHITECTURE_OF_MODEL_TYPE = {
+    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "granite": "GraniteForCausalLM",
+    "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "phi3": "Phi3ForCausalLM",
+}
 
 
 @dataclass(frozen=True)
@@ -126,10 +134,13 @@ class ModelConfig:
     def from_dict(cls, raw: dict[str, Any], source: str = "config") -> "ModelConfig":
         archs = raw.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None and not archs:  # no `architectures`: the model_type names it, as transformers reads it
+            arch = ARCHITECTURE_OF_MODEL_TYPE.get(raw.get("model_type"))  # type: ignore[arg-type]
         if arch is None:
+            what = f"architecture {archs!r}" if archs else f"model_type {raw.get('model_type')!r} (no architectures)"
             raise ModelLoadError(
-                f"{source}: unsupported architecture {archs or raw.get('model_type')!r}; "
-                f"nexttoken supports {', '.join(SUPPORTED_ARCHITECTURES)}"
+                f"{source}: unsupported {what}; nexttoken supports {', '.join(SUPPORTED_ARCHITECTURES)} (model "
+                f"types {', '.join(ARCHITECTURE_OF_MODEL_TYPE)})"
             )
 
         def need(key: str) -> Any:

@@ -28,7 +28,7 @@ from .generation.output_pipeline import Completion
 from .model import Transformer
 from .pretrained import DEFAULT_MODEL_DIR, Pretrained, default_model_path, load_pretrained
 from .tokenizer import Tokenizer
-from .tools import ToolUse, format_named, template_messages
+from .tools import TemplateSupport, ToolUse, format_named, template_messages, template_support, with_preamble
 from .tools.request import tool_options
 
 Prompt = Union[str, Sequence[int]]
@@ -76,6 +76,7 @@ class LLM:
         model.generation_config = generation_config  # low-level generate(model, ...) uses the same defaults
         self._driver: _Driver | None = None
         self.tool_call_parser: str | None = None  # vLLM's --tool-call-parser name; None: read off the template
+        self._template_support: TemplateSupport | None = None  # what the chat template renders of tools (probed once)
 
     @classmethod
     def from_pretrained(cls, loaded: Pretrained) -> "LLM":
@@ -144,16 +145,26 @@ class LLM:
         if use is None:
             return self._complete([self.chat_prompt(template_messages(messages))], self._request(options))[0]
         request = self._request(tool_options(use, self._need_tokenizer(), options))
-        prompt = self.chat_prompt(template_messages(messages), tools=list(use.tools))
-        completion = self._complete([prompt], request)[0]
+        completion = self._complete([self.tools_prompt(messages, use)], request)[0]
         parser = use.parser()
         if parser is None:
             return completion
-        content, calls = parser.parse(completion.text)
+        content, calls = parser.parse(completion.text, cut=completion.finish_reason == "length")
         if not calls:
             return dataclasses.replace(completion, text=content or "")
         reason = "tool_calls" if completion.finish_reason == "stop" else completion.finish_reason
         return dataclasses.replace(completion, text=content or "", tool_calls=calls, finish_reason=reason)
+
+    def tools_prompt(self, messages: Sequence[Message], use: ToolUse) -> list[int]:
+        """The conversation with `use`'s tools, as token ids: rendered by the chat template, or, when the template
+        renders no tools, with the call format's tools preamble in the system message (docs/tool_calls.md)."""
+        tok = self._need_tokenizer()
+        if self._template_support is None:
+            self._template_support = template_support(tok)
+        chat = template_messages(messages)
+        if use.format is not None and not self._template_support.tools:
+            return self.chat_prompt(with_preamble(chat, use.tools, use.format, self._template_support))
+        return self.chat_prompt(chat, tools=list(use.tools))
 
     def tool_use(self, tools: Sequence[Any] | None, tool_choice: Any = None,
                  parallel_tool_calls: bool | None = None) -> ToolUse | None:
@@ -239,6 +250,9 @@ class LLM:
         if seq.params.echo and self.tokenizer is not None:
             prompt_text = self.tokenizer.decode(seq.prompt_ids, skip_special_tokens=seq.params.skip_special_tokens)
         completion = seq.out.completion(seq.prompt_ids, seq.prompt_logprobs, prompt_text)
+        if seq.spec is not None:  # speculative decoding: the drafts verified for this sequence
+            completion = dataclasses.replace(completion, accepted_draft_tokens=seq.spec.accepted,
+                                             rejected_draft_tokens=seq.spec.drafted - seq.spec.accepted)
         if seq.trace is None:
             return completion
         return dataclasses.replace(completion, trace={**traced(seq), "model": str(self.path)})

@@ -117,8 +117,8 @@ ROOMS: dict[str, dict[str, set[str]]] = {
                        "sequence", "speculation"},
         "async_engine": {"llm_engine", "sequence"},
     },
-    "tools": {"parser": set(), "reasoning": set(), "formats": {"parser"}, "request": {"formats", "parser"},
-              "answer": {"parser", "reasoning"}},
+    "tools": {"parser": set(), "reasoning": set(), "messages": set(), "formats": {"parser"},
+              "preamble": {"formats", "messages"}, "request": {"formats", "parser"}, "answer": {"parser", "reasoning"}},
     "server": {
         "settings": set(),
         "metrics": set(),

@@ -50,13 +50,13 @@ def model_dir(shared_dir, tmp_path_factory) -> Path:
     return folder
 
 
-def start_server(model_dir: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+def start_server(model_dir: Path, *extra: str, startup_s: float = 120) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     cmd = [sys.executable, "-m", "nexttoken.cli", "serve", "--model", str(model_dir), "--port", str(port),
            "--threads", "1", "--chunk-size", "16", "--max-n", str(MAX_N), "--max-body-bytes", "20000", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ})
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + startup_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {proc.stdout.read().decode()}")
@@ -66,7 +66,7 @@ def start_server(model_dir: Path, *extra: str) -> tuple[subprocess.Popen, str]:
         except httpx.HTTPError:
             time.sleep(0.2)
     proc.kill()
-    raise RuntimeError("server did not start in 120 s")
+    raise RuntimeError(f"server did not start in {startup_s:.0f} s")
 
 
 def stop_server(proc: subprocess.Popen) -> None:

@@ -14,7 +14,7 @@ import jsonschema
 import openai
 import pytest
 from conftest import requires_shared
-from test_server import model_dir, start_server, stop_server  # noqa: F401 - fixtures
+from test_server import CHAT_TEMPLATE, model_dir, start_server, stop_server  # noqa: F401 - fixtures
 from test_server_contract import _error
 from test_tools import QUESTION, SCHEMAS, TIME, TOOLS, WEATHER
 from tiny_models import build_chat_model
@@ -192,26 +192,46 @@ def test_tool_requests_that_cannot_work_are_400s(served) -> None:
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["tool_calls"]
 
 
-def test_tool_call_parser_setting_gives_a_model_a_format(model_dir) -> None:  # noqa: F811
+def test_tool_call_parser_setting_gives_a_model_a_format(model_dir, tmp_path) -> None:  # noqa: F811
     """stories260k's template shows no tool format; --tool-call-parser hermes gives it one (its tokenizer has
-    no <tool_call> token, so the markers are plain text and "auto" uses the grammar engine's lazy trigger)."""
-    proc, url = start_server(model_dir, "--tool-call-parser", "hermes", "--enable-auto-tool-choice")
+    no <tool_call> token, so the markers are plain text and "auto" uses the grammar engine's lazy trigger).
+    Its template here renders the tools (as JSON, no call format): the hermes preamble a template without tools
+    gets would not fit stories260k's 512 positions (tests/test_agent_loops.py covers the preamble)."""
+    for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json"):
+        (tmp_path / name).symlink_to(model_dir / name)
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% if tools %}Tools: {{ tools | tojson }}\n{% endif %}" + CHAT_TEMPLATE
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    proc, url = start_server(tmp_path, "--tool-call-parser", "hermes", "--enable-auto-tool-choice")
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
         model = client.models.list().data[0].id
         r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Tell me the time"}],
-                                           tools=TOOLS, tool_choice=NAMED, max_tokens=200, temperature=0)
+                                           tools=[TIME], tool_choice=NAMED, max_tokens=150, temperature=0)
         assert r.choices[0].finish_reason == "tool_calls"
         _validate(r.choices[0].message.tool_calls)
         # "auto": the text is free until "<tool_call>" is written, so a greedy answer without one is the
-        # unconstrained answer, token for token.
+        # unconstrained answer, token for token (tool_choice "none": the same prompt, neither constrained nor
+        # parsed).
         story = [{"role": "user", "content": "Tell me a story"}]
-        auto = client.chat.completions.create(model=model, messages=story, tools=TOOLS, max_tokens=40,
-                                              temperature=0, logprobs=True)
-        plain = client.chat.completions.create(model=model, messages=story, max_tokens=40, temperature=0,
-                                               logprobs=True)
+        auto = client.chat.completions.with_raw_response.create(model=model, messages=story, tools=[TIME],
+                                                                max_tokens=40, temperature=0, logprobs=True)
+        assert "x-nexttoken-tools-preamble" not in auto.headers  # the template renders the tools itself
+        auto = auto.parse()
+        plain = client.chat.completions.create(model=model, messages=story, tools=[TIME], tool_choice="none",
+                                               max_tokens=40, temperature=0, logprobs=True)
         assert auto.choices[0].message.content == plain.choices[0].message.content
         assert [t.token for t in auto.choices[0].logprobs.content] == [t.token for t in plain.choices[0].logprobs.content]
         assert auto.choices[0].message.tool_calls is None
     finally:
         stop_server(proc)
+
+
+def test_a_template_that_renders_tools_gets_no_preamble(served) -> None:
+    """Qwen2.5's and Llama 3.2's templates render tools themselves: left alone, and no preamble header."""
+    url, client, model, folder = served
+    r = client.chat.completions.with_raw_response.create(model=model, messages=QUESTION, tools=TOOLS,
+                                                         tool_choice=NAMED, max_tokens=60, seed=0,
+                                                         logit_bias=_ending(folder))
+    assert "x-nexttoken-tools-preamble" not in r.headers
+    assert r.parse().choices[0].message.tool_calls

@@ -412,3 +412,19 @@ def test_bench_tail_scale_sweeps_acceptance(tmp_path, capsys) -> None:
     assert rows[1]["variant"] == "draft (1 blocks, int8), tail x0, k=4" and rows[1]["identical"]
     assert main([*base, "--target-tail-scale", "0,1"]) != 0
     assert "--target-tail-scale needs factors (e.g. 0,0.3,1) and --draft-layers N" in capsys.readouterr().err
+
+
+def test_completions_carry_token_counts_and_draft_counts_as_the_usage_does(shared_dir) -> None:
+    """Completion.prompt_tokens / completion_tokens, and accepted / rejected draft tokens per completion, which
+    add up to the engine's own totals (the numbers the server's usage and /metrics report)."""
+    llm = nexttoken.load(shared_dir / "models" / "stories260k")  # its own engine: totals of this call alone
+    spec = llm.generate(STORY_PROMPTS, max_new_tokens=32, prompt_lookup_num_tokens=4)
+    stats = llm._driver.engine.stats()
+    for prompt, c in zip(STORY_PROMPTS, spec):
+        assert c.prompt_tokens == len(c.prompt_token_ids) == len(llm.encode(prompt))
+        assert c.completion_tokens == len(c.token_ids) > 0
+    assert sum(c.accepted_draft_tokens for c in spec) == stats.spec_accepted_tokens_total > 0
+    assert sum(c.rejected_draft_tokens for c in spec) == stats.spec_draft_tokens_total - stats.spec_accepted_tokens_total > 0
+    plain = llm.generate(STORY_PROMPTS[0], max_new_tokens=8, echo=True)
+    assert (plain.prompt_tokens, plain.completion_tokens) == (len(llm.encode(STORY_PROMPTS[0])), 8)
+    assert plain.accepted_draft_tokens == plain.rejected_draft_tokens == 0

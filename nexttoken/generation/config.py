@@ -123,6 +123,10 @@ class GenerationConfig:
     choice: list[str] | None = None  # the output is one of these strings
     grammar: str | None = None  # a Lark grammar (llguidance's dialect), or GBNF (llama.cpp's) when it has '::='
     structured_best_effort: bool = False  # enforce what the grammar engine can and let unimplemented keywords pass
+    # JSON's whitespace (json_schema, json_object): "flexible" lets the model write the blanks it writes by habit
+    # (a newline and indentation after "{", a space after ":"), bounded per gap as llama.cpp bounds it, so it
+    # cannot loop on blanks; "compact" allows exactly json.dumps' layout ('{"a": 1, "b": 2}').
+    structured_whitespace: str = "flexible"
     # Traces (generation/trace/recorder.py, docs/tracing.md): per step, the top trace_top_n candidates before and after
     # each processor, the draw, the stop decisions and timings. Recorded by the engine (greedy and sampling).
     trace: bool = False
@@ -472,6 +476,7 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "choice": _choice,
     "grammar": _text,
     "structured_best_effort": _boolean,
+    "structured_whitespace": _one_of("compact", "flexible"),
     "trace": _boolean,
     "trace_top_n": _trace_top_n,
     "thinking": _thinking,

@@ -46,6 +46,13 @@ class Completion:
     tool_calls: list[Any] | None = None
     # With trace=True: why each token came out (generation/trace/recorder.py; nexttoken.generation.trace.page renders it).
     trace: dict[str, Any] | None = None
+    # What the server's `usage` reports: tokens in the prompt and generated (echo leaves these counts alone), and,
+    # under speculative decoding, the draft tokens the model kept and threw away (OpenAI's accepted / rejected
+    # prediction tokens).
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    rejected_draft_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -145,6 +152,8 @@ class OutputPipeline:
             top_logprobs=[dict(t) for t in self.top_logprobs] if top_n else None,
             prompt_logprobs=[None if e is None else e[0] for e in prompt_logprobs] if prompt_logprobs else None,
             stop_reason=self.stop_reason,
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(self.token_ids),
         )
         if not self.cfg.echo:
             return c

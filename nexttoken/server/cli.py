@@ -51,6 +51,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pooling", choices=["last", "mean", "cls"], default="last",
                    help="/v1/embeddings pooling for a model folder that declares none (sentence-transformers' "
                         "Pooling config wins where there is one)")
+    p.add_argument("--structured-whitespace", choices=("compact", "flexible"), default="flexible",
+                   help="JSON's whitespace under response_format / a JSON schema: flexible (the newlines and "
+                        "indentation models write, bounded per gap) or compact (json.dumps' layout only); a request "
+                        "sets its own with structured_outputs.whitespace")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="accepted for vLLM's command lines: tool_choice \"auto\" is always on when the call "
                         "format is known")
@@ -110,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
                               args.body_timeout, args.shutdown_timeout, args.tool_call_parser,
                               reasoning_parser=args.reasoning_parser, reasoning_budget=args.reasoning_budget,
                               default_chat_template_kwargs=args.default_chat_template_kwargs,
-                              pooling=model_pooling(loaded.path) or args.pooling, webui=args.webui)
+                              pooling=model_pooling(loaded.path) or args.pooling, webui=args.webui,
+                              structured_whitespace=args.structured_whitespace)
     speculative = None
     if args.num_speculative_tokens < 1:
         print("nexttoken serve: --num-speculative-tokens must be >= 1", file=sys.stderr)

@@ -20,3 +20,4 @@ class ServerSettings:
     reasoning_budget: int | None = None  # thinking tokens at most, unless a request says otherwise (None: no limit)
     default_chat_template_kwargs: dict = field(default_factory=dict)  # under each request's chat_template_kwargs
     pooling: str = "last"  # embeddings' pooling: the model folder's own (sentence-transformers) where it has one
+    structured_whitespace: str = "flexible"  # JSON's layout under a JSON constraint, unless a request sets its own

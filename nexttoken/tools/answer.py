@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .parser import ToolCallParser
+from .parser import ToolCallDelta, ToolCallParser
 from .reasoning import ReasoningParser
 
 
@@ -27,19 +27,24 @@ class AnswerParser:
             return self._content(text)
         return self._split(self.reasoning_parser.feed(text))
 
-    def finish(self) -> list[Any]:
+    def finish(self, cut: bool = False) -> list[Any]:
+        """The end of the answer; `cut`: it was cut off by max_tokens (an unfinished marker is markup, dropped)."""
         pieces = self._split(self.reasoning_parser.finish()) if self.reasoning_parser is not None else []
         if self.call_parser is not None:
-            pieces += self.call_parser.finish()
+            pieces += self.call_parser.finish(cut)
         return _merged(pieces)
 
-    def parse(self, text: str) -> list[Any]:
-        """A whole answer's pieces."""
-        return _merged(self.feed(text) + self.finish())
+    def parse(self, text: str, cut: bool = False) -> list[Any]:
+        """A whole answer's pieces; with `cut`, a call that had not ended is left out (its pieces too)."""
+        pieces = _merged(self.feed(text) + self.finish(cut))
+        kept = {id(c) for c in self.calls}
+        dropped = [i for i, c in enumerate(self.call_parser.calls) if id(c) not in kept] if self.call_parser else []
+        return [p for p in pieces if not (isinstance(p, ToolCallDelta) and p.index in dropped)]
 
     @property
     def calls(self) -> list:
-        return self.call_parser.calls if self.call_parser is not None else []
+        """The calls read so far; after a `cut` finish, without the one that had not ended."""
+        return self.call_parser.result()[1] if self.call_parser is not None else []
 
     def _split(self, parts: list[tuple[bool, str]]) -> list[Any]:
         out: list[Any] = []

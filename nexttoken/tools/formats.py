@@ -59,6 +59,20 @@ class ToolFormat:
     def parser(self) -> ToolCallParser:
         raise NotImplementedError
 
+    # ---- for chat templates that do not render tools (preamble.py): the format in words and past calls as text
+    def preamble(self, tools: Sequence[Any]) -> str:
+        """The system message's text that shows `tools` (OpenAI's dicts) and how to call them, as the format's own
+        models were shown them."""
+        raise NotImplementedError
+
+    def write_calls(self, calls: Sequence[tuple[str, str]]) -> str:
+        """Past calls, (name, arguments JSON text) each, written as the model writes them."""
+        raise NotImplementedError
+
+    def write_result(self, content: str) -> str:
+        """A tool's result, for a template that renders no tool messages: a user turn's text."""
+        return content
+
     @staticmethod
     def detect(template: str) -> bool:
         raise NotImplementedError
@@ -113,6 +127,21 @@ class Hermes(ToolFormat):
     def parser(self) -> ToolCallParser:
         return _HermesParser()
 
+    def preamble(self, tools: Sequence[Any]) -> str:  # Hermes 2 Pro's, as Qwen2.5's template words it
+        listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
+                f"with function signatures within <tools></tools> XML tags:\n<tools>\n{listed}\n</tools>\n\n"
+                "For each function call, return a json object with function name and arguments within "
+                "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+                "<args-json-object>}\n</tool_call>")
+
+    def write_calls(self, calls: Sequence[tuple[str, str]]) -> str:
+        return "\n".join(f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": {args}}}\n</tool_call>'
+                         for name, args in calls)
+
+    def write_result(self, content: str) -> str:
+        return f"<tool_response>\n{content}\n</tool_response>"
+
     def _after_opening(self, use: "ToolUse", token_of: TokenOf) -> str:
         opening, closing = (self._marker(m, token_of) for m in self.markers)
         rest = f'"\\n" call "\\n" {closing}'
@@ -147,6 +176,15 @@ class Llama3Json(ToolFormat):
 
     def parser(self) -> ToolCallParser:
         return _Llama3Parser()
+
+    def preamble(self, tools: Sequence[Any]) -> str:  # Llama 3.1's JSON tool calling, as its template words it
+        listed = "\n\n".join(json.dumps(t, indent=4, ensure_ascii=False) for t in tools)
+        return ("Given the following functions, please respond with a JSON for a function call with its proper "
+                "arguments that best answers the given prompt.\n\nRespond in the format {\"name\": function name, "
+                "\"parameters\": dictionary of argument name and its value}. Do not use variables.\n\n" + listed)
+
+    def write_calls(self, calls: Sequence[tuple[str, str]]) -> str:
+        return "; ".join(f'{{"name": {json.dumps(name)}, "parameters": {args}}}' for name, args in calls)
 
     def _start(self, use: "ToolUse", token_of: TokenOf) -> str:
         calls = 'call ("; " call)*' if use.parallel else "call"
@@ -194,6 +232,18 @@ class Mistral(ToolFormat):
     def parser(self) -> ToolCallParser:
         return _MistralParser(mistral_call_id)
 
+    def preamble(self, tools: Sequence[Any]) -> str:  # Mistral's [AVAILABLE_TOOLS] block, and the call layout
+        return (f"[AVAILABLE_TOOLS] {json.dumps(list(tools), ensure_ascii=False)}[/AVAILABLE_TOOLS]\n\nTo call "
+                "functions, answer with [TOOL_CALLS] and a JSON list of calls: [TOOL_CALLS] [{\"name\": "
+                "<function-name>, \"arguments\": <args-json-object>}]")
+
+    def write_calls(self, calls: Sequence[tuple[str, str]]) -> str:
+        return "[TOOL_CALLS] [" + ", ".join(f'{{"name": {json.dumps(name)}, "arguments": {args}}}'
+                                             for name, args in calls) + "]"
+
+    def write_result(self, content: str) -> str:
+        return f"[TOOL_RESULTS] {content}[/TOOL_RESULTS]"
+
     def _after_opening(self, use: "ToolUse", token_of: TokenOf) -> str:
         return '" [" call (", " call)* "]"' if use.parallel else '" [" call "]"'
 
@@ -224,12 +274,13 @@ class _MistralParser(ToolCallParser):
                 if marker == "[CALL_ID]":
                     _, marker = yield from self._until(("[ARGS]",))
                 if marker is None:
-                    self._text("[TOOL_CALLS]" + first + name)
+                    if not self._cut:  # a cut call's start is markup, not content
+                        self._text("[TOOL_CALLS]" + first + name)
                     continue
                 self._start_call((first + name).strip())
                 value = yield from self._skip_space()
-                if value is not None:
-                    yield from self._json_value(value, self._arguments)
+                if value is not None and (yield from self._json_value(value, self._arguments)):
+                    self._open = False
 
 
 def mistral_call_id() -> str:

@@ -7,6 +7,11 @@ a stream cut at any point yields the same content and calls as the whole text re
 final: content that may still turn out to be the start of a call marker is held back until it is decided, a
 call's name is emitted whole, and its arguments are the exact characters the model wrote for the arguments
 value, emitted as they arrive (so the streamed fragments concatenate to the non-streamed `arguments`).
+
+A text cut off (by max_tokens: `finish(cut=True)`) may end inside a call or a marker. Then the call that had not
+ended is not in `result()` (its arguments would not parse), and what was held back as a possible marker, or read
+as a call object that never got its name, is dropped: markup never becomes content. A stream has already sent the
+cut call's name and argument text; its finish reason ("length") says the call is incomplete.
 """
 
 from __future__ import annotations
@@ -71,6 +76,8 @@ class ToolCallParser:
         self._back: list[str] = []  # characters pushed back (read again next), last first
         self._eof = False
         self._record: list[str] | None = None  # the characters of the call object being read
+        self._open = False  # the last call has started and not ended
+        self._cut = False  # the text was cut off (known at finish)
         self._reader = self._read()
         next(self._reader)
 
@@ -80,19 +87,23 @@ class ToolCallParser:
             self._send(ch)
         return self._drain()
 
-    def finish(self) -> list[Any]:
-        """The end of the text: what was held back is decided (an unfinished marker is content after all)."""
+    def finish(self, cut: bool = False) -> list[Any]:
+        """The end of the text: what was held back is decided (an unfinished marker is content after all, unless
+        the text was `cut` off: then it is the start of markup, and dropped)."""
+        self._cut = cut
         self._send(None)
         return self._drain()
 
-    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """A whole text -> (content, calls). Content is None when there are calls and nothing else (OpenAI's)."""
+    def parse(self, text: str, cut: bool = False) -> tuple[str | None, list[ToolCall]]:
+        """A whole text -> (content, calls). Content is None when there are calls and nothing else (OpenAI's).
+        With `cut` (the text ended at max_tokens), a call that had not ended is left out."""
         self.feed(text)
-        self.finish()
+        self.finish(cut)
         return self.result()
 
     def result(self) -> tuple[str | None, list[ToolCall]]:
-        return (self.content or None) if self.calls else self.content, list(self.calls)
+        calls = self.calls[:-1] if self._cut and self._open else list(self.calls)
+        return (self.content or None) if calls else self.content, calls
 
     def _send(self, ch: str | None) -> None:
         if self._eof:
@@ -128,6 +139,7 @@ class ToolCallParser:
     def _start_call(self, name: str) -> None:
         call = ToolCall(self.new_id(), name, "")
         self.calls.append(call)
+        self._open = True
         self._out.append(ToolCallDelta(len(self.calls) - 1, call.id, name, ""))
 
     def _arguments(self, text: str) -> None:
@@ -171,6 +183,8 @@ class ToolCallParser:
         while True:
             ch = yield from self._getc()
             if ch is None:
+                if self._cut:  # a marker's start at the cut is markup, not content
+                    held = held[: len(held) - _marker_start(held, markers)]
                 self._text(held.rstrip() if self.calls else held)
                 return None
             if strip_leading and ch.isspace():
@@ -210,6 +224,8 @@ class ToolCallParser:
             seen += ch
         if seen == literal:
             return True
+        if self._cut and seen and self._ended() and literal.startswith(seen):
+            return True  # the text was cut inside the literal (a closing marker): it is layout, not content
         self._unget(seen)
         return False
 
@@ -222,9 +238,12 @@ class ToolCallParser:
         treat as content) if no call had started, or None (the call ends where the text broke off)."""
         self._record = ["{"]
         try:
-            return (yield from self._call_members(name_keys, argument_keys))
+            left = yield from self._call_members(name_keys, argument_keys)
         finally:
             self._record = None
+        if left == "":
+            self._open = False
+        return left
 
     def _call_members(self, name_keys: Sequence[str], argument_keys: Sequence[str]) -> Reader:
         held, name, wrote_arguments = "", None, False
@@ -280,8 +299,15 @@ class ToolCallParser:
 
     def _broken(self, name: str | None) -> str | None:
         """What a call object that is not one gives back: its text if no call started (it is content after
-        all), else None (the started call ends here)."""
-        return "".join(self._record or ()) if name is None else None
+        all, unless the text was cut off inside it: then it is a call's start, dropped), else None (the started
+        call ends here)."""
+        if name is None and not (self._cut and self._ended()):
+            return "".join(self._record or ())
+        return None
+
+    def _ended(self) -> bool:
+        """Whether the whole text has been read."""
+        return self._eof and not self._back
 
     def _json_string(self) -> Reader:
         """A JSON string whose opening quote was read: its whole text, quotes included (cut short at the end)."""

@@ -9,7 +9,6 @@ exactly as given, so the prompt is the one transformers' `apply_chat_template(to
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from dataclasses import dataclass
@@ -158,31 +157,6 @@ def _choice(choice: Any, names: list[str]) -> str:
         return name
     raise ToolsError(f"tool_choice must be one of {list(CHOICES)} or {{\"type\": \"function\", \"function\": "
                      f"{{\"name\": ...}}}}, got {choice!r}", "tool_choice")
-
-
-def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as chat templates expect them: OpenAI sends a past call's arguments as a JSON string, templates
-    render them with `tojson` and so want the object (vLLM converts the same way). Other fields pass as given."""
-    out = []
-    for i, message in enumerate(messages):
-        message = dict(message)
-        calls = message.get("tool_calls")
-        if calls:
-            message["tool_calls"] = [_template_call(call, i, j) for j, call in enumerate(calls)]
-        out.append(message)
-    return out
-
-
-def _template_call(call: Any, i: int, j: int) -> Any:
-    call = copy.deepcopy(dict(call)) if isinstance(call, Mapping) else call
-    fn = call.get("function") if isinstance(call, dict) else None
-    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
-        try:
-            fn["arguments"] = json.loads(fn["arguments"])
-        except json.JSONDecodeError as e:
-            raise ToolsError(f"messages[{i}].tool_calls[{j}].function.arguments is not valid JSON ({e}): send "
-                             "the arguments object as JSON text", "messages") from None
-    return call
 
 
 def tool_options(use: ToolUse, tokenizer: Any, options: Mapping[str, Any]) -> dict[str, Any]:

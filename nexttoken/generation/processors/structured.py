@@ -25,9 +25,17 @@ import torch
 
 from ..values import CONSTRAINTS, StructuredOutputError, Thinking, check_choice, check_combination, json_schema_value  # noqa: F401 (re-exported)
 
-# JSON is written compactly with one space after ',' and ':' (as json.dumps does): flexible whitespace lets a
-# weak model emit blank lines until max_tokens, a failure the peers' users report.
-_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# JSON's layout, by `structured_whitespace`. "compact" is json.dumps' ('{"a": 1, "b": [2, 3]}'). "flexible" is
+# JSON's own whitespace where JSON allows it, as OpenAI, vLLM (xgrammar's any_whitespace) and llama.cpp accept it,
+# but bounded per gap between two tokens of JSON, so a model cannot loop on blanks until max_tokens: one space, or
+# one or two newlines and up to 20 spaces or tabs of indentation (llama.cpp's json-schema-to-grammar SPACE_RULE,
+# `| " " | "\n"{1,2} [ \t]{0,20}`). Small models write a newline and indentation after "{" by habit (SmolLM2:
+# 79% of its probability); the compact layout forces them off it (docs/structured_output.md has the figures).
+JSON_LAYOUTS = {
+    "compact": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
+    "flexible": {"whitespace_flexible": True, "item_separator": ",", "key_separator": ":",
+                 "whitespace_pattern": r"(\x20|\n{1,2}[\x20\x09]{0,20})?"},
+}
 CACHE_SIZE = 256  # compiled grammars kept (per process), least recently used dropped first
 
 
@@ -40,17 +48,18 @@ class Constraint:
     kind: str  # one of CONSTRAINTS
     spec: Any  # dict (json_schema), str (regex, grammar), tuple of str (choice), None (json_object)
     best_effort: bool = False
+    whitespace: str = "flexible"  # JSON's layout: a key of JSON_LAYOUTS
 
     @property
     def key(self) -> str:
-        return json.dumps([self.kind, self.spec, self.best_effort], sort_keys=True, default=list)
+        return json.dumps([self.kind, self.spec, self.best_effort, self.whitespace], sort_keys=True, default=list)
 
     def grammar(self) -> str:
         """The llguidance grammar (its JSON form) for this constraint."""
         import llguidance
 
         M = llguidance.LLMatcher
-        layout = dict(_JSON_LAYOUT, lenient=self.best_effort)
+        layout = dict(JSON_LAYOUTS[self.whitespace], lenient=self.best_effort)
         if self.kind == "json_schema":
             return M.grammar_from_json_schema(self.spec, overrides=layout)
         if self.kind == "json_object":
@@ -72,9 +81,9 @@ class Constraint:
 def constraint_of(cfg: Any) -> Constraint | None:
     """The constraint a GenerationConfig sets, or None."""
     if cfg.json_schema is not None:
-        return Constraint("json_schema", cfg.json_schema, cfg.structured_best_effort)
+        return Constraint("json_schema", cfg.json_schema, cfg.structured_best_effort, cfg.structured_whitespace)
     if cfg.json_object:
-        return Constraint("json_object", None, cfg.structured_best_effort)
+        return Constraint("json_object", None, cfg.structured_best_effort, cfg.structured_whitespace)
     if cfg.regex is not None:
         return Constraint("regex", cfg.regex, cfg.structured_best_effort)
     if cfg.choice is not None:

@@ -22,7 +22,7 @@ from ...tools.reasoning import ReasoningFormat
 from ..http.errors import bad_request
 from ..http.streams import Job, SSEResponse, run_jobs, sse
 from ..openai.outputs import usage
-from ..openai.prompts import chat_text, check_ids, template_kwargs
+from ..openai.prompts import PREAMBLE_HEADER, chat_text, check_ids, template_kwargs
 from ..openai.protocol import ChatCompletionRequest
 from .serving import Serving, collect_choices, engine_failure, parse_body, unavailable
 
@@ -39,6 +39,7 @@ class ChatRun:
     use: ToolUse | None  # the tools whose calls are read out of the text; None: plain text
     reasoning: ReasoningFormat | None = None  # where the model writes its thinking; None: no thinking
     opened: bool = False  # the prompt left a thinking block open (the answer starts inside it)
+    preamble: str | None = None  # the call format whose tools preamble the prompt holds (a response header says so)
 
     def answer(self) -> AnswerParser:
         """A parser for one choice's text: thinking, content, calls."""
@@ -47,22 +48,22 @@ class ChatRun:
 
 
 class Chat(Serving):
-    async def render(self, req: ChatCompletionRequest) -> tuple[ToolUse | None, list[int], str]:
-        """The request's tools, checked, and its prompt: the conversation through the chat template (ids, text)."""
+    async def render(self, req: ChatCompletionRequest) -> tuple[ToolUse | None, list[int], str, str | None]:
+        """The request's tools, checked, and its prompt: the conversation through the chat template (ids, text),
+        and the call format of the tools preamble it holds (None: the template renders the tools itself)."""
         self._check_model(req.model)
         use = self._tool_use(req.tools, req.tool_choice, req.parallel_tool_calls)
-        tools = list(use.tools) if use is not None else None
         variables = template_kwargs(self.settings.default_chat_template_kwargs, req)
         # untrusted template work: off the event loop
-        text = await asyncio.to_thread(chat_text, req, self.tokenizer, tools, variables)
+        text, preamble = await asyncio.to_thread(chat_text, req, self.tokenizer, use, self.template_support, variables)
         ids = self.tokenizer.encode(text, add_special_tokens=False)  # the template writes BOS itself
         check_ids(ids, self.limits.vocab_size, "messages")
-        return use, ids, text
+        return use, ids, text, preamble
 
     async def start_chat(self, req: ChatCompletionRequest, arrival: float, prefix: str = "chatcmpl") -> ChatRun:
         """The one chat request path: tools checked, the template rendered, the options translated and the
         grammar compiled, then the jobs queued on the engine."""
-        use, ids, text = await self.render(req)
+        use, ids, text, preamble = await self.render(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         cfg = self._options(req, [ids], max_tokens, "messages", top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
         thinking = self._thinking(req)
@@ -75,7 +76,8 @@ class Chat(Serving):
         jobs = [Job(j, f"{rid}-{j}", p, c, rid) for j, (p, c) in enumerate(expand([ids], cfg))]
         events = run_jobs(self.engine, jobs, self.metrics, arrival)
         opened = self.reasoning is not None and self.reasoning.opened_in(text)
-        return ChatRun(rid, ids, jobs, events, use if use is not None and use.calls else None, self.reasoning, opened)
+        return ChatRun(rid, ids, jobs, events, use if use is not None and use.calls else None, self.reasoning, opened,
+                       preamble)
 
     async def chat_completions(self, request: Request) -> Response:
         arrival = time.monotonic()
@@ -83,14 +85,15 @@ class Chat(Serving):
         run = await self.start_chat(req, arrival)
         ids, jobs, events = run.prompt_ids, run.jobs, run.events
         head = {"id": run.id, "created": int(time.time()), "model": self.settings.model_name}
+        headers = {PREAMBLE_HEADER: run.preamble} if run.preamble else None
         if req.stream:
-            return SSEResponse(self._chat_stream(req, run, head))
+            return SSEResponse(self._chat_stream(req, run, head), headers=headers)
         choices = await collect_choices(request, len(jobs), events)
         if choices is None:
             return Response(status_code=499)  # the client left; its requests were cancelled
         body = []
         for i, c in enumerate(choices):
-            message, finish_reason = _message(run, c.text), c.finish_reason
+            message, finish_reason = _message(run, c.text, cut=c.finish_reason == "length"), c.finish_reason
             trace = c.trace
             if trace is not None and run.reasoning is not None:  # the trace keeps the answer's split too
                 trace = {**trace, "reasoning": message["reasoning_content"], "content": message["content"]}
@@ -106,7 +109,7 @@ class Chat(Serving):
             })
         total = sum(len(c.token_ids) for c in choices)
         return JSONResponse({**head, "object": "chat.completion", "choices": body,
-                             "usage": usage(len(ids), total, [c.speculated for c in choices])})
+                             "usage": usage(len(ids), total, [c.speculated for c in choices])}, headers=headers)
 
     async def _chat_stream(self, req: ChatCompletionRequest, run: ChatRun, head: dict) -> AsyncIterator[str]:
         jobs, events = run.jobs, run.events
@@ -140,11 +143,12 @@ class Chat(Serving):
         yield sse("[DONE]")
 
 
-def _message(run: ChatRun, text: str) -> dict[str, Any]:
+def _message(run: ChatRun, text: str, cut: bool = False) -> dict[str, Any]:
     """A whole answer as the assistant message: its content, its calls, and (with a reasoning format) its thinking
-    as reasoning_content and reasoning (both names, as vLLM sends them)."""
+    as reasoning_content and reasoning (both names, as vLLM sends them). A call `cut` off by max_tokens is left
+    out (the finish reason, "length", says so)."""
     answer = run.answer()
-    pieces = answer.parse(text)
+    pieces = answer.parse(text, cut=cut)
     content = "".join(p for p in pieces if isinstance(p, str))
     calls = answer.calls
     message: dict[str, Any] = {"role": "assistant", "content": (content or None) if calls else content}
@@ -162,7 +166,7 @@ def _chat_deltas(index: int, event: Any, lp: dict | None, answer: AnswerParser) 
     delta.tool_calls, as OpenAI sends them). Log-probs go with the first chunk, the finish with the last; an event
     with nothing to say sends none."""
     finish_reason = event.finish_reason
-    pieces = answer.feed(event.text) + (answer.finish() if event.finished else [])
+    pieces = answer.feed(event.text) + (answer.finish(cut=finish_reason == "length") if event.finished else [])
     deltas = [{"content": p} if isinstance(p, str) else
               {"reasoning_content": p.text, "reasoning": p.text} if isinstance(p, Thinking) else
               {"tool_calls": [p.to_openai()]} for p in pieces]

@@ -39,7 +39,7 @@ class Messages(Chat):
             return Response(status_code=499)
         c = choices[0]
         blocks = ContentBlocks()
-        _add(blocks, run.answer().parse(c.text))
+        _add(blocks, run.answer().parse(c.text, cut=c.finish_reason == "length"))
         blocks.close()
         stop = stop_reason(c.finish_reason, c.stop_reason, blocks.calls)
         return JSONResponse(message_object(mid, self.settings.model_name, blocks.blocks, stop, len(run.prompt_ids),
@@ -47,7 +47,7 @@ class Messages(Chat):
 
     async def count_tokens(self, request: Request) -> Response:
         req = parse_body(CountTokensRequest, await request.body())
-        _, ids, _ = await self.render(_chat_request(chat_body(req)))
+        _, ids, _, _ = await self.render(_chat_request(chat_body(req)))
         return JSONResponse({"input_tokens": len(ids)})
 
     async def _stream(self, mid: str, run: ChatRun) -> AsyncIterator[str]:
@@ -62,7 +62,7 @@ class Messages(Chat):
                     yield _error(engine_failure(event))
                     return
                 tokens += len(event.token_ids)
-                _add(blocks, answer.feed(event.text) + (answer.finish() if event.finished else []))
+                _add(blocks, answer.feed(event.text) + (answer.finish(cut=event.finish_reason == "length") if event.finished else []))
                 for e in blocks.drain():
                     yield sse_event(e)
                 finish = (event.finish_reason, event.stop_reason)

@@ -78,7 +78,7 @@ class Responses(Chat):
         c = choices[0]
         items = OutputItems()
         lp = self.logprobs.chat(c.token_ids, c.logprobs, c.top_logprobs)["content"] if chat.logprobs else None
-        _add(items, run.answer().parse(c.text), lp)
+        _add(items, run.answer().parse(c.text, cut=c.finish_reason == "length"), lp)
         items.close()
         body = self._body(run, req, items, c.finish_reason, len(c.token_ids))
         self._keep(req, body, conversation)
@@ -123,7 +123,7 @@ class Responses(Chat):
                 tokens += len(event.token_ids)
                 lp = self.logprobs.chat(event.token_ids, event.logprobs, event.top_logprobs)["content"] \
                     if chat.logprobs else None
-                _add(items, answer.feed(event.text) + (answer.finish() if event.finished else []), lp)
+                _add(items, answer.feed(event.text) + (answer.finish(cut=event.finish_reason == "length") if event.finished else []), lp)
                 for e in items.drain():
                     yield numbered(e)
                 finish_reason = event.finish_reason

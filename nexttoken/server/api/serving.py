@@ -17,8 +17,9 @@ from ...engine.async_engine import AsyncEngine, EngineClosedError, EngineDeadErr
 from ...errors import NextTokenError
 from ...generation.processors.structured import CONSTRAINTS, compile_for, constraint_of
 from ...generation.values import Thinking
-from ...tools import ToolsError, ToolUse
-from ...tools.reasoning import EFFORT_BUDGETS, ReasoningFormat, detect_format, format_named
+from ...tools import TemplateSupport, ToolsError, ToolUse, format_named, template_support
+from ...tools.reasoning import EFFORT_BUDGETS, ReasoningFormat, detect_format
+from ...tools.reasoning import format_named as reasoning_format_named
 from ...tools.request import tool_options
 from ..http.errors import APIError, bad_request, from_validation_error
 from ..http.shutdown import MESSAGE as SHUTTING_DOWN
@@ -47,17 +48,23 @@ class Serving:
                  traces: TraceStore | None = None) -> None:
         self.tokenizer, self.engine, self.metrics, self.settings = core.tokenizer, engine, metrics, settings
         self.limits = Limits(core.max_model_len, core.model.config.vocab_size, settings.max_n)
-        self.base = server_defaults(core.generation_config)
+        self.base = server_defaults(core.generation_config, settings.structured_whitespace)
         self.logprobs = LogprobFormatter(core.tokenizer)
         self.created = int(time.time())
         self.traces = traces or TraceStore(settings.model_name)  # traced requests' explain pages (one per server)
+        # What the chat template renders of tool use, probed once: a template without a tools section gets the
+        # tools preamble of the call format (tools/preamble.py), said in each response's header and here.
+        self.template_support: TemplateSupport | None = template_support(core.tokenizer) if core.tokenizer else None
+        if settings.tool_call_parser and self.template_support is not None and not self.template_support.tools:
+            log.warning("the chat template renders no tools: requests with tools get the %s tools preamble in the "
+                     "system message (docs/tool_calls.md)", format_named(settings.tool_call_parser).name)
         self.reasoning, self.markers = self._reasoning_format()
 
     def _reasoning_format(self) -> tuple[ReasoningFormat | None, tuple[int, int] | None]:
         """The model's thinking format (--reasoning-parser, or read off its chat template), and its markers' token
         ids when each is one token (what the budget and the grammar's wait for the answer need)."""
         if self.settings.reasoning_parser is not None:
-            fmt: ReasoningFormat | None = format_named(self.settings.reasoning_parser)
+            fmt: ReasoningFormat | None = reasoning_format_named(self.settings.reasoning_parser)
         else:
             fmt = detect_format(self.tokenizer.chat_template_for() if self.tokenizer is not None else None)
         if fmt is None:

@@ -96,8 +96,9 @@ class SSEResponse(StreamingResponse):
     """Server-sent events that stop (and close their source, cancelling the request) when the client leaves,
     whatever ASGI version the server speaks."""
 
-    def __init__(self, content: AsyncIterator[str], **kwargs: Any) -> None:
-        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}, **kwargs)
+    def __init__(self, content: AsyncIterator[str], headers: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache", **(headers or {})},
+                         **kwargs)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         streaming = asyncio.create_task(self.stream_response(send))

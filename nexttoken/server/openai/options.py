@@ -32,20 +32,22 @@ SAME_NAME = (
 )
 
 
-def server_defaults(model_defaults: GenerationConfig) -> GenerationConfig:
+def server_defaults(model_defaults: GenerationConfig, structured_whitespace: str = "flexible") -> GenerationConfig:
     """The model's special tokens with OpenAI's sampling defaults: sampling at temperature 1, no top-k (the
-    library's defaults are transformers': greedy, top_k=50)."""
+    library's defaults are transformers': greedy, top_k=50); JSON's layout as --structured-whitespace sets it."""
     return GenerationConfig(
         bos_token_id=model_defaults.bos_token_id,
         eos_token_id=model_defaults.eos_token_id,
         pad_token_id=model_defaults.pad_token_id,
         do_sample=True,
         top_k=None,
+        structured_whitespace=structured_whitespace,
     )
 
 
 def _constraints(req: SamplingFields) -> dict[str, tuple[str, Any]]:
-    """Structured output, from whichever of OpenAI's, vLLM's or llama.cpp's fields carries it (one at most)."""
+    """Structured output, from whichever of OpenAI's, vLLM's or llama.cpp's fields carries it (one at most), and
+    the request's JSON layout (structured_outputs.whitespace)."""
     found: list[tuple[str, str, Any]] = []  # (request field, GenerationConfig field, value)
     rf = req.response_format
     if rf is not None and rf.type == "json_object":
@@ -67,7 +69,10 @@ def _constraints(req: SamplingFields) -> dict[str, tuple[str, Any]]:
     if len(found) > 1:
         raise bad_request(f"structured output is given twice ({', '.join(f for f, _, _ in found)}): send one",
                           found[1][0])
-    return {name: (field, value) for field, name, value in found}
+    out = {name: (field, value) for field, name, value in found}
+    if so is not None and so.layout() is not None:  # JSON's layout for this request, over --structured-whitespace
+        out["structured_whitespace"] = ("structured_outputs", so.layout())
+    return out
 
 
 def request_options(req: SamplingFields, base: GenerationConfig, **extra: Any) -> GenerationConfig:

@@ -8,8 +8,12 @@ from typing import Any
 from ...chat_template import RenderLimits
 from ...errors import NextTokenError
 from ..http.errors import bad_request
-from ...tools import template_messages
+from ...tools import TemplateSupport, ToolUse, template_messages, with_preamble
 from .protocol import ChatCompletionRequest, ChatMessage, TokenizeRequest
+
+# The response header that says a request's tools reached the model through the tools preamble (the chat template
+# renders no tools): its value is the call format whose words were used (docs/tool_calls.md).
+PREAMBLE_HEADER = "x-nexttoken-tools-preamble"
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -64,42 +68,39 @@ def template_kwargs(defaults: dict[str, Any], req: ChatCompletionRequest | Token
     return {**defaults, **given}
 
 
-def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tokenizer: Any, tools: list | None = None,
-                variables: dict[str, Any] | None = None) -> list[int]:
-    """The conversation rendered by the model's chat template (with `tools`, as sent, and the template
-    `variables`, e.g. enable_thinking), as token ids."""
-    text = chat_text(req, tokenizer, tools, variables)
-    return tokenizer.encode(text, add_special_tokens=False)  # the template writes BOS itself
+def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tokenizer: Any, use: ToolUse | None = None,
+                support: TemplateSupport | None = None, variables: dict[str, Any] | None = None
+                ) -> tuple[list[int], str | None]:
+    """`chat_text`'s rendering as token ids, and the call format whose tools preamble it holds (or None)."""
+    text, preamble = chat_text(req, tokenizer, use, support, variables)
+    return tokenizer.encode(text, add_special_tokens=False), preamble  # the template writes BOS itself
 
 
-def chat_text(req: ChatCompletionRequest | TokenizeRequest, tokenizer: Any, tools: list | None = None,
-              variables: dict[str, Any] | None = None) -> str:
-    """The conversation rendered by the model's chat template, as text."""
+def chat_text(req: ChatCompletionRequest | TokenizeRequest, tokenizer: Any, use: ToolUse | None = None,
+              support: TemplateSupport | None = None, variables: dict[str, Any] | None = None
+              ) -> tuple[str, str | None]:
+    """The conversation rendered by the model's chat template (with the request's tools, as sent, and the template
+    `variables`, e.g. enable_thinking), as text; and the call format whose tools preamble went into the system
+    message, or None. The preamble is written when the template renders no tools (`support`, found once per
+    server) and the tools have a format."""
     if tokenizer is None:
         raise bad_request("this model has no tokenizer, so chat is not available", "messages")
-    try:
-        messages = template_messages([_message(m) for m in req.messages or []])
-    except NextTokenError as e:
-        raise bad_request(str(e), "messages") from e
+    messages = template_messages([_message(m) for m in req.messages or []])
+    tools = list(use.tools) if use is not None else None
+    preamble = None
+    if use is not None and use.format is not None and support is not None and not support.tools:
+        messages, tools, preamble = with_preamble(messages, use.tools, use.format, support), None, use.format.name
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
                                              tools=tools, limits=TEMPLATE_LIMITS, **(variables or {}))
     except NextTokenError as e:
         raise bad_request(str(e), "messages") from e
-    return text
+    return text, preamble
 
 
 def _message(m: ChatMessage) -> dict[str, Any]:
-    """A message as templates read it: text content; an assistant's calls and a tool result's call id kept."""
-    message: dict[str, Any] = {"role": m.role, "content": m.text() if m.content is not None or not m.tool_calls
-                               else None}
-    if m.name:
-        message["name"] = m.name
-    if m.tool_calls:
-        message["tool_calls"] = [call.model_dump() for call in m.tool_calls]
-    if m.tool_call_id is not None:
-        message["tool_call_id"] = m.tool_call_id
-    return message
+    """A message as OpenAI sent it (its refusal kept out of the prompt), for `template_messages`."""
+    return m.model_dump(exclude_none=True, exclude={"refusal", "function_call", "audio"})
 
 
 def new_tokens(prompts: list[list[int]], max_tokens: int | None, n: int, limits: Limits, param: str) -> int:

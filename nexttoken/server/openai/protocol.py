@@ -78,17 +78,31 @@ class StructuredOutputs(_Strict):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
-    disable_any_whitespace: bool | None = None  # JSON is always written without free whitespace here
+    # JSON's layout for this request (the server's --structured-whitespace otherwise): "compact" or "flexible";
+    # vLLM's disable_any_whitespace=true is "compact". Either may come alone, beside a response_format.
+    whitespace: Literal["compact", "flexible"] | None = None
+    disable_any_whitespace: bool | None = None
     disable_fallback: bool | None = None  # there is one grammar engine: no fallback to disable
 
     @model_validator(mode="after")
     def _one(self) -> "StructuredOutputs":
         given = [n for n in ("json", "regex", "choice", "grammar", "json_object")
                  if getattr(self, "json_" if n == "json" else n) not in (None, False)]
-        if len(given) != 1:
-            raise ValueError(f"structured_outputs takes exactly one of json, regex, choice, grammar, json_object; "
-                             f"got {given or 'none'}")
+        if len(given) > 1 or (not given and self.layout() is None):
+            raise ValueError(f"structured_outputs takes exactly one of json, regex, choice, grammar, json_object "
+                             f"(or only whitespace / disable_any_whitespace, beside a response_format); got "
+                             f"{given or 'none'}")
+        if self.whitespace == "flexible" and self.disable_any_whitespace:
+            raise ValueError('structured_outputs: whitespace "flexible" contradicts disable_any_whitespace=true')
         return self
+
+    def layout(self) -> str | None:
+        """The JSON layout this request asks for, or None (the server's)."""
+        if self.whitespace is not None:
+            return self.whitespace
+        if self.disable_any_whitespace is not None:
+            return "compact" if self.disable_any_whitespace else "flexible"
+        return None
 
 
 class _OpenAIFields(_Strict):
