@@ -21,7 +21,7 @@ from ..http.streams import Job, SSEResponse, run_jobs, sse
 from ..openai.outputs import usage
 from ..openai.prompts import chat_prompt, check_ids
 from ..openai.protocol import ChatCompletionRequest
-from .serving import Serving, collect_choices, engine_failure, parse_body, unavailable
+from .serving import Serving, collect_choices, engine_failure, log, parse_body, tool_parse_failure, unavailable
 
 
 class Chat(Serving):
@@ -52,7 +52,11 @@ class Chat(Serving):
         for i, c in enumerate(choices):
             message, finish_reason = {"role": "assistant", "content": c.text}, c.finish_reason
             if parsing is not None:
-                content, calls = parsing.parser().parse(c.text)  # type: ignore[union-attr]
+                try:
+                    content, calls = parsing.parser().parse(c.text)  # type: ignore[union-attr]
+                except Exception as e:  # noqa: BLE001 - this request alone fails, in the API's body
+                    log.exception("parsing a choice's tool calls failed")
+                    raise tool_parse_failure() from e
                 message["content"] = content
                 if calls:
                     message["tool_calls"] = [call.to_openai() for call in calls]
@@ -86,7 +90,12 @@ class Chat(Serving):
                 completion_tokens += len(event.token_ids)
                 speculated[index] = (event.spec_draft_tokens, event.spec_accepted_tokens)
                 lp = self.logprobs.chat(event.token_ids, event.logprobs, event.top_logprobs) if req.logprobs else None
-                choices = _chat_deltas(index, event, lp, parsers.get(index))
+                try:
+                    choices = _chat_deltas(index, event, lp, parsers.get(index))
+                except Exception:  # noqa: BLE001 - this request's tool-call parsing failed: it ends alone, in the API's body
+                    log.exception("parsing a streamed choice's tool calls failed")
+                    yield sse(json.dumps(tool_parse_failure().body()))
+                    break
                 if choices:
                     choices[-1].update(self._trace_field(event.trace))
                 for choice in choices:

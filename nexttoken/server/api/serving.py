@@ -135,3 +135,10 @@ def engine_failure(event: Any) -> APIError:
     log.error("a request failed inside the engine: %s", event.stop_reason)
     return APIError(500, "generation failed inside the engine for this request (other requests are not "
                          "affected); the server log has the details", type="internal_server_error")
+
+
+def tool_parse_failure() -> APIError:
+    """The model's text could not be parsed into tool calls by this server's parser: a 500 for this request alone
+    (what failed is in the log)."""
+    return APIError(500, "parsing the model's tool calls failed for this request (other requests are not "
+                         "affected); the server log has the details", type="internal_server_error")
