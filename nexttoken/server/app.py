@@ -8,6 +8,7 @@ from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import LLMEngine
@@ -16,8 +17,9 @@ from .api.chat import Chat
 from .api.completions import Completions
 from .api.models import Models
 from .api.traces import TraceStore
+from .http.connections import AcceptErrors
 from .http.errors import APIError, error_body
-from .http.guards import ApiKeyGuard, BodyLimit, InternalErrors
+from .http.guards import ApiKeyGuard, BodyLimit, HostCheck, InternalErrors, JsonOnly
 from .http.shutdown import MESSAGE as SHUTTING_DOWN, Drain
 from .metrics import ServerMetrics
 from .settings import ServerSettings
@@ -36,15 +38,22 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        asyncio.get_running_loop().set_exception_handler(AcceptErrors())  # out of descriptors: logged once a minute
         async_engine.start()
         drain.attach(asyncio.get_running_loop(), lambda: async_engine.close(SHUTTING_DOWN))
         yield
         async_engine.shutdown()
 
     app = FastAPI(title="nexttoken", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.add_middleware(ApiKeyGuard, api_key=settings.api_key)
+    # Starlette runs the last added first: errors, Host, CORS, the key, the media type, then the body is read.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s,
                        drain=drain)
+    app.add_middleware(JsonOnly)
+    app.add_middleware(ApiKeyGuard, api_key=settings.api_key)
+    # CORS: only the origins named by --allowed-origins may call from a browser (none by default: preflights fail)
+    app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["*"],
+                       allow_headers=["*"])
+    app.add_middleware(HostCheck, bound=settings.host, allowed=settings.allowed_hosts)
     app.add_middleware(InternalErrors)  # outermost of ours: whatever goes wrong below is a 500 in OpenAI's body
 
     @app.exception_handler(APIError)

@@ -15,3 +15,7 @@ class ServerSettings:
     body_timeout_s: float = 30.0  # a request body not fully sent by then gets 408
     shutdown_timeout_s: float = 10.0  # on SIGTERM / SIGINT: what is still running after this is aborted (503)
     tool_call_parser: str | None = None  # vLLM's --tool-call-parser name; None: read off the chat template
+    host: str = "127.0.0.1"  # the address it is bound to: a Host header naming it is this server
+    allowed_hosts: tuple[str, ...] = ()  # more names the Host header may carry ("*": any)
+    allowed_origins: tuple[str, ...] = ()  # web origins allowed to call it from a browser (CORS; "*": any)
+    max_waiting_seqs: int = 1024  # sequences queued for a slot; a request that would queue more gets 429

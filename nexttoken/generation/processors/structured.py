@@ -64,7 +64,7 @@ class Constraint:
         try:  # GBNF (llama.cpp's) is translated to Lark, llguidance's own syntax
             gbnf = "::=" in self.spec and not self.spec.lstrip().startswith("%llguidance")
             lark = gbnf_to_lark(self.spec) if gbnf else self.spec
-        except GbnfToLarkError as e:
+        except (GbnfToLarkError, Exception) as e:  # noqa: BLE001 - the converter raises bare Exception too
             raise StructuredOutputError(f"grammar is not valid GBNF: {e}") from e
         return M.grammar_from_lark(lark)
 

@@ -31,7 +31,7 @@ class Chat(Serving):
         self._check_model(req.model)
         use = self._tool_use(req.tools, req.tool_choice, req.parallel_tool_calls)
         tools = list(use.tools) if use is not None else None
-        ids = await asyncio.to_thread(chat_prompt, req, self.tokenizer, tools)  # untrusted template work: off the loop
+        ids = await asyncio.to_thread(chat_prompt, req, self.tokenizer, tools, self.limits)  # untrusted work: off the loop
         check_ids(ids, self.limits.vocab_size, "messages")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         cfg = self._options(req, [ids], max_tokens, "messages", top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
@@ -40,8 +40,9 @@ class Chat(Serving):
         await self._compile(req, cfg, "tools" if use is not None and use.calls else None)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         jobs = [Job(j, f"{rid}-{j}", p, c, rid) for j, (p, c) in enumerate(expand([ids], cfg))]
+        self._admit(len(jobs))
         head = {"id": rid, "created": int(time.time()), "model": self.settings.model_name}
-        events = run_jobs(self.engine, jobs, self.metrics, arrival)
+        events = run_jobs(self.engine, jobs, self.metrics, arrival, reserved=True)
         parsing = use if use is not None and use.calls else None
         if req.stream:
             return SSEResponse(self._chat_stream(req, jobs, head, events, parsing))

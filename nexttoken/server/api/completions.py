@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 import time
 import uuid
@@ -26,15 +28,16 @@ class Completions(Serving):
         arrival = time.monotonic()
         req: CompletionRequest = parse_body(CompletionRequest, await request.body())
         self._check_model(req.model)
-        prompts = completion_prompts(req, self.tokenizer, self.limits.vocab_size)
+        prompts = await asyncio.to_thread(completion_prompts, req, self.tokenizer, self.limits)  # off the loop
         max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
         cfg = self._options(req, prompts, max_tokens, "prompt", top_logprobs=req.logprobs or 0,
                             prompt_logprobs=req.echo and req.logprobs is not None)
         await self._compile(req, cfg)
         rid = f"cmpl-{uuid.uuid4().hex}"
         jobs = [Job(i, f"{rid}-{i}", ids, c, rid) for i, (ids, c) in enumerate(expand(prompts, cfg))]
+        self._admit(len(jobs))
         head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.settings.model_name}
-        events = run_jobs(self.engine, jobs, self.metrics, arrival)
+        events = run_jobs(self.engine, jobs, self.metrics, arrival, reserved=True)
         if req.stream:
             return SSEResponse(self._completion_stream(req, jobs, head, events))
         return await self._completion_full(request, req, jobs, head, events)

@@ -34,8 +34,8 @@ class Models(Serving):
         if req.messages is not None:
             use = self._tool_use(req.tools, "none", None)
             ids = await asyncio.to_thread(chat_prompt, req, self.tokenizer, list(use.tools) if use else None)
-        else:
-            ids = self.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        else:  # off the event loop: a long text takes the tokenizer a while
+            ids = await asyncio.to_thread(self.tokenizer.encode, req.prompt, add_special_tokens=req.add_special_tokens)
         return {"count": len(ids), "max_model_len": self.limits.max_model_len, "tokens": ids}
 
     async def detokenize(self, request: Request) -> dict:
@@ -44,7 +44,7 @@ class Models(Serving):
         if self.tokenizer is None:
             raise bad_request("this model has no tokenizer", "tokens")
         check_ids(req.tokens, self.limits.vocab_size, "tokens")
-        return {"prompt": self.tokenizer.decode(req.tokens)}
+        return {"prompt": await asyncio.to_thread(self.tokenizer.decode, req.tokens)}
 
     async def health(self) -> Response:
         if self.engine.error is not None:  # what stopped it is in the server's log, not for clients

@@ -19,6 +19,28 @@ class Limits:
     max_model_len: int
     vocab_size: int
     max_n: int
+    max_token_bytes: int = 0  # the most UTF-8 bytes one token stands for (0: no tokenizer, no text check)
+
+
+def longest_token_bytes(tokenizer: Any) -> int:
+    """An upper bound on the bytes of text one token covers: the longest vocabulary string in UTF-8 (a byte-level
+    BPE writes each byte as one character of 1-2 bytes, SentencePiece's "▁" is 3 bytes for one space, a byte
+    fallback "<0x41>" 6 for one byte: the string is never shorter than the text)."""
+    if tokenizer is None:
+        return 0
+    return max(len(t.encode("utf-8")) for t in tokenizer.backend.get_vocab(with_added_tokens=True))
+
+
+def check_text_length(text: str, limits: Limits, param: str) -> None:
+    """A text too long to fit the context whatever its tokens (bytes > max_model_len x max_token_bytes) is a 400
+    before tokenizing it: a megabyte prompt costs no tokenizer time."""
+    if not limits.max_token_bytes or len(text) * 4 <= limits.max_model_len * limits.max_token_bytes:
+        return  # (at most 4 bytes a character: no need to encode a short text to count them)
+    size = len(text.encode("utf-8"))
+    if size > limits.max_model_len * limits.max_token_bytes:
+        raise bad_request(
+            f"the {param} is {size} bytes, more than the {limits.max_model_len} tokens of this model's context can "
+            f"hold (at most {limits.max_token_bytes} bytes a token): shorten it", param)
 
 
 def check_ids(ids: list[int], vocab: int, param: str) -> None:
@@ -27,13 +49,16 @@ def check_ids(ids: list[int], vocab: int, param: str) -> None:
         raise bad_request(f"{param} contains token ids {bad[:5]} outside the vocabulary [0, {vocab})", param)
 
 
-def completion_prompts(req: CompletionRequest, tokenizer: Any, vocab: int) -> list[list[int]]:
-    """The request's prompts as token ids (a string, a list of strings, ids, or a list of id lists)."""
-    p = req.prompt
+def completion_prompts(req: CompletionRequest, tokenizer: Any, limits: Limits) -> list[list[int]]:
+    """The request's prompts as token ids (a string, a list of strings, ids, or a list of id lists). Tokenizing
+    takes time: the server calls this off the event loop."""
+    p, vocab = req.prompt, limits.vocab_size
     if isinstance(p, str) or (p and isinstance(p[0], str)):
         texts = [p] if isinstance(p, str) else p
         if tokenizer is None:
             raise bad_request("this model has no tokenizer: send the prompt as token ids", "prompt")
+        for text in texts:
+            check_text_length(text, limits, "prompt")
         prompts = [tokenizer.encode(t) for t in texts]
     else:
         prompts = [p] if isinstance(p[0], int) else p  # type: ignore[list-item]
@@ -49,8 +74,10 @@ def completion_prompts(req: CompletionRequest, tokenizer: Any, vocab: int) -> li
 TEMPLATE_LIMITS = RenderLimits(seconds=2.0, characters=2_000_000)
 
 
-def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tokenizer: Any, tools: list | None = None) -> list[int]:
-    """The conversation rendered by the model's chat template (with `tools`, as sent), as token ids."""
+def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tokenizer: Any, tools: list | None = None,
+                limits: Limits | None = None) -> list[int]:
+    """The conversation rendered by the model's chat template (with `tools`, as sent), as token ids; with `limits`,
+    a rendering too long for the context is a 400 before it is tokenized."""
     if tokenizer is None:
         raise bad_request("this model has no tokenizer, so chat is not available", "messages")
     try:
@@ -62,6 +89,8 @@ def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tokenizer: Any, to
                                              tools=tools, limits=TEMPLATE_LIMITS)
     except NextTokenError as e:
         raise bad_request(str(e), "messages") from e
+    if limits is not None:
+        check_text_length(text, limits, "messages")
     return tokenizer.encode(text, add_special_tokens=False)  # the template writes BOS itself
 
 
