@@ -215,7 +215,7 @@ def test_an_unexpected_error_is_a_500_without_its_text_and_the_connection_lives(
 def _half_sent(url: str) -> socket.socket:
     host = urlparse(url)
     s = socket.create_connection((host.hostname, host.port))
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: 100\r\n\r\n{\"prompt\": ")
     return s
 
