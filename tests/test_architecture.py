@@ -122,7 +122,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "http": {"metrics"},  # error bodies, guards, shutdown, the SSE bridge to the engine
         "openai": {"http"},  # OpenAI's wire format: request bodies, prompts, options, outputs
         "api": {"http", "metrics", "openai", "settings"},  # one module per API
-        "app": {"api", "http", "metrics", "settings"},
+        "app": {"api", "http", "metrics", "openai", "settings"},  # openai: the request schemas for /openapi.json
         "cli": {"app", "http", "settings"},
     },
 }

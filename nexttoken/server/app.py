@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -22,6 +23,7 @@ from .http.errors import APIError, error_body
 from .http.guards import ApiKeyGuard, BodyLimit, HostCheck, InternalErrors, JsonOnly
 from .http.shutdown import MESSAGE as SHUTTING_DOWN, Drain
 from .metrics import ServerMetrics
+from .openai.schema import ROUTES, components
 from .settings import ServerSettings
 
 __all__ = ["ServerSettings", "build_app"]
@@ -68,14 +70,25 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
         kind, message = kinds.get(exc.status_code, ("invalid_request_error", str(exc.detail)))
         return JSONResponse(error_body(message, kind), status_code=exc.status_code, headers=exc.headers)
 
-    app.post("/v1/completions")(completions.completions)
-    app.post("/v1/chat/completions")(chat.chat_completions)
-    app.get("/v1/models")(models.models)
-    app.get("/v1/models/{model_id:path}")(models.model)
-    app.post("/tokenize")(models.tokenize)
-    app.post("/detokenize")(models.detokenize)
-    app.api_route("/health", methods=["GET", "HEAD"])(models.health)
-    app.get("/metrics")(models.prometheus)
-    app.get("/v1/traces/{trace_id}")(traces.get)
+    app.post("/v1/completions", **ROUTES["completions"])(completions.completions)
+    app.post("/v1/chat/completions", **ROUTES["chat"])(chat.chat_completions)
+    app.get("/v1/models", **ROUTES["models"])(models.models)
+    app.get("/v1/models/{model_id:path}", **ROUTES["model"])(models.model)
+    app.post("/tokenize", **ROUTES["tokenize"])(models.tokenize)
+    app.post("/detokenize", **ROUTES["detokenize"])(models.detokenize)
+    app.get("/health", **ROUTES["health"])(models.health)
+    app.head("/health", include_in_schema=False)(models.health)
+    app.get("/metrics", **ROUTES["metrics"])(models.prometheus)
+    app.get("/v1/traces/{trace_id}", **ROUTES["trace"])(traces.get)
+
+    def openapi() -> dict:
+        """FastAPI's document with the request models' schemas the routes' bodies refer to."""
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(components())
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     app.state.engine, app.state.drain = async_engine, drain
     return app
