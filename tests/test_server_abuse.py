@@ -291,3 +291,46 @@ def test_a_prompt_too_long_for_the_context_is_refused_before_tokenizing(model_di
         assert _error(r, 400)["param"] == "messages"
     finally:
         stop_server(proc)
+
+
+# ---- special tokens in content ---------------------------------------------------------------------------------------
+
+def test_special_tokens_in_content_are_special_by_default_and_text_when_asked(model_dir, server) -> None:  # noqa: F811
+    """A user message with "</s>" (EOS) in it: by default it is the special token, as transformers encodes a rendered
+    chat (the documented default); with --no-special-tokens-in-content it is plain text (transformers'
+    split_special_tokens), while the template's own BOS stays the special token, and the ids read back as the
+    message's text."""
+    messages = [{"role": "user", "content": "Hi </s> there"}]
+    by_default = httpx.post(server + "/tokenize", json={"messages": messages}).json()["tokens"]
+    assert by_default[0] == 1 and 2 in by_default  # BOS from the template, EOS from the content
+    proc, url = start_server(model_dir, "--no-special-tokens-in-content")
+    try:
+        ids = httpx.post(url + "/tokenize", json={"messages": messages}).json()["tokens"]
+        assert ids[0] == 1 and 2 not in ids
+        assert "Hi </s> there" in httpx.post(url + "/detokenize", json={"tokens": ids}).json()["prompt"]
+        plain = [{"role": "user", "content": "Hi there"}]  # without special text: the same ids either way
+        assert httpx.post(url + "/tokenize", json={"messages": plain}).json()["tokens"] == \
+            httpx.post(server + "/tokenize", json={"messages": plain}).json()["tokens"]
+    finally:
+        stop_server(proc)
+
+
+@pytest.mark.parametrize("name", ["llama-2-chat", "llama-3.2-instruct", "phi-3-mini-instruct", "qwen2.5-instruct"])
+def test_content_as_text_changes_nothing_else(shared_dir, name) -> None:
+    """--no-special-tokens-in-content on real chat templates: a conversation without special text gets exactly the
+    usual ids; one with a special token's text in a message gets it as plain text (tokenizers' own
+    encode_special_tokens on that stretch), the template's special tokens kept."""
+    from nexttoken.server.openai.prompts import chat_prompt
+    from nexttoken.server.openai.protocol import TokenizeRequest
+    from nexttoken.tokenizer import Tokenizer
+
+    tk = Tokenizer.from_dir(shared_dir / "tokenizers" / name)
+    plain = TokenizeRequest(messages=[{"role": "system", "content": "Be brief."},
+                                      {"role": "user", "content": "Hi there,  how are you?\n ok"}])
+    assert chat_prompt(plain, tk, special_in_content=False) == chat_prompt(plain, tk)
+    special = sorted(t.content for t in tk.backend.get_added_tokens_decoder().values() if t.special)[-1]
+    req = TokenizeRequest(messages=[{"role": "user", "content": f"say {special} now"}])
+    usual, as_text = chat_prompt(req, tk), chat_prompt(req, tk, special_in_content=False)
+    special_id = tk.backend.token_to_id(special)
+    assert as_text.count(special_id) == usual.count(special_id) - 1
+    assert f"say {special} now" in tk.decode(as_text)

@@ -46,6 +46,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allowed-origins", nargs="*", default=[],
                    help="web origins (https://app.example) that may call the API from a browser (CORS); none by "
                         "default, '*' allows any")
+    p.add_argument("--no-special-tokens-in-content", dest="special_tokens_in_content", action="store_false",
+                   help="encode a special token's text inside a chat message (\"<|im_start|>\") as plain text, not "
+                        "as the special token (transformers' split_special_tokens); by default it is the special "
+                        "token, as transformers and vLLM encode a rendered chat")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="on SIGTERM/SIGINT: seconds in-flight requests get to finish; then they are aborted (503) "
                         "and the process exits")
@@ -110,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
     settings = ServerSettings(name, args.api_key, args.max_n, args.max_seqs_per_request, args.max_body_bytes,
                               args.body_timeout, args.shutdown_timeout, args.tool_call_parser, host=args.host,
                               allowed_hosts=tuple(args.allowed_hosts), allowed_origins=tuple(args.allowed_origins),
-                              max_waiting_seqs=args.max_waiting_seqs)
+                              max_waiting_seqs=args.max_waiting_seqs,
+                              special_tokens_in_content=args.special_tokens_in_content)
     speculative = None
     if args.num_speculative_tokens < 1:
         print("nexttoken serve: --num-speculative-tokens must be >= 1", file=sys.stderr)

@@ -31,7 +31,8 @@ class Chat(Serving):
         self._check_model(req.model)
         use = self._tool_use(req.tools, req.tool_choice, req.parallel_tool_calls)
         tools = list(use.tools) if use is not None else None
-        ids = await asyncio.to_thread(chat_prompt, req, self.tokenizer, tools, self.limits)  # untrusted work: off the loop
+        ids = await asyncio.to_thread(chat_prompt, req, self.tokenizer, tools, self.limits,  # untrusted: off the loop
+                                      self.settings.special_tokens_in_content)
         check_ids(ids, self.limits.vocab_size, "messages")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         cfg = self._options(req, [ids], max_tokens, "messages", top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)

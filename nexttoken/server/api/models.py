@@ -33,7 +33,8 @@ class Models(Serving):
             raise bad_request("this model has no tokenizer", "prompt")
         if req.messages is not None:
             use = self._tool_use(req.tools, "none", None)
-            ids = await asyncio.to_thread(chat_prompt, req, self.tokenizer, list(use.tools) if use else None)
+            ids = await asyncio.to_thread(chat_prompt, req, self.tokenizer, list(use.tools) if use else None,
+                                          self.limits, self.settings.special_tokens_in_content)
         else:  # off the event loop: a long text takes the tokenizer a while
             ids = await asyncio.to_thread(self.tokenizer.encode, req.prompt, add_special_tokens=req.add_special_tokens)
         return {"count": len(ids), "max_model_len": self.limits.max_model_len, "tokens": ids}

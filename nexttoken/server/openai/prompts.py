@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
+import weakref
 from typing import Any
 
 from ...chat_template import RenderLimits
@@ -75,23 +77,104 @@ TEMPLATE_LIMITS = RenderLimits(seconds=2.0, characters=2_000_000)
 
 
 def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tokenizer: Any, tools: list | None = None,
-                limits: Limits | None = None) -> list[int]:
+                limits: Limits | None = None, special_in_content: bool = True) -> list[int]:
     """The conversation rendered by the model's chat template (with `tools`, as sent), as token ids; with `limits`,
-    a rendering too long for the context is a 400 before it is tokenized."""
+    a rendering too long for the context is a 400 before it is tokenized. `special_in_content=False`
+    (--no-special-tokens-in-content): a special token's text inside a message's content ("<|im_start|>") is
+    encoded as plain text, as transformers' split_special_tokens does, while the template's own stay special."""
     if tokenizer is None:
         raise bad_request("this model has no tokenizer, so chat is not available", "messages")
     try:
         messages = template_messages([_message(m) for m in req.messages or []])
     except NextTokenError as e:
         raise bad_request(str(e), "messages") from e
-    try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
-                                             tools=tools, limits=TEMPLATE_LIMITS)
-    except NextTokenError as e:
-        raise bad_request(str(e), "messages") from e
+    text = _render(tokenizer, messages, req.add_generation_prompt, tools)
     if limits is not None:
         check_text_length(text, limits, "messages")
+    if not special_in_content:
+        specials = _special_texts(tokenizer)
+        if any(isinstance(m.get("content"), str) and any(t in m["content"] for t in specials) for m in messages):
+            return _encode_content_as_text(tokenizer, messages, req.add_generation_prompt, tools, text)
     return tokenizer.encode(text, add_special_tokens=False)  # the template writes BOS itself
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool, tools: list | None) -> str:
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                             limits=TEMPLATE_LIMITS)
+    except NextTokenError as e:
+        raise bad_request(str(e), "messages") from e
+
+
+def _special_texts(tokenizer: Any) -> list[str]:
+    return [t.content for t in tokenizer.backend.get_added_tokens_decoder().values() if t.special and t.content]
+
+
+_SPLITTING: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_SPLITTING_LOCK = threading.Lock()
+
+
+def _splitting(tokenizer: Any, first: bool) -> Any:
+    """A copy of the tokenizer's backend that encodes special tokens' text as plain text (tokenizers'
+    encode_special_tokens; a copy, since requests encode on several threads at once). `first`: for the text's
+    first piece; a Metaspace that prepends "▁" to the first piece only gets a copy that never does, for the rest."""
+    with _SPLITTING_LOCK:
+        if tokenizer not in _SPLITTING:
+            copies = []
+            for scheme in ("first", "never"):
+                copy = type(tokenizer.backend).from_str(tokenizer.backend.to_str())
+                copy.encode_special_tokens = True
+                if scheme == "never" and getattr(copy.pre_tokenizer, "prepend_scheme", None) == "first":
+                    copy.pre_tokenizer.prepend_scheme = "never"
+                copies.append(copy)
+            _SPLITTING[tokenizer] = copies
+        return _SPLITTING[tokenizer][0 if first else 1]
+
+
+def _encode_split(tokenizer: Any, text: str, spans: list[tuple[int, int]]) -> list[int]:
+    specials = {i for i, t in tokenizer.backend.get_added_tokens_decoder().items() if t.special}
+    normal = tokenizer.backend.encode(text, add_special_tokens=False)
+    inside = lambda a, b: any(s <= a and b <= e for s, e in spans)  # noqa: E731
+    cuts = [(i, a, b) for i, (a, b) in zip(normal.ids, normal.offsets) if i in specials and not inside(a, b)]
+    ids, start, first = [], 0, True
+    for token, a, b in [*cuts, (None, len(text), len(text))]:
+        if a > start:
+            ids += _splitting(tokenizer, first).encode(text[start:a], add_special_tokens=False).ids
+        first = False
+        if token is not None:
+            ids.append(token)
+        start = b
+    return ids
+
+
+_MARK = "\ue000{}\ue001"  # private-use characters around a message's number: where its content goes
+
+
+def _encode_content_as_text(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                            tools: list | None, text: str) -> list[int]:
+    """`text` (the rendering) as the tokenizer encodes it, except that special tokens inside a message's content are
+    not matched: where the contents lie comes from a rendering with a marker in place of each (a template that
+    rewrites content cannot be split this way: a 400); the special tokens outside them (the template's) split the
+    text as the tokenizer itself splits it, and each piece between them is encoded with special tokens read as
+    plain text. A text whose contents hold no special token gets exactly the usual ids."""
+    marked = [dict(m, content=_MARK.format(i)) if isinstance(m.get("content"), str) else m
+              for i, m in enumerate(messages)]
+    rest, at, spans = _render(tokenizer, marked, add_generation_prompt, tools), 0, []  # content (start, end)
+    for i, m in enumerate(messages):
+        if not isinstance(m.get("content"), str):
+            continue
+        before, found, rest = rest.partition(_MARK.format(i))
+        if not found or _MARK.format(i) in rest:
+            break
+        at += len(before)
+        spans.append((at, at + len(m["content"])))
+        at += len(m["content"])
+    else:
+        if at + len(rest) == len(text) and all(text[s:e] == m for (s, e), m in zip(spans, (
+                m["content"] for m in messages if isinstance(m.get("content"), str)))):
+            return _encode_split(tokenizer, text, spans)
+    raise bad_request("this model's chat template rewrites message content, so special tokens in it cannot be "
+                      "kept as text (--no-special-tokens-in-content): remove them from the messages", "messages")
 
 
 def _message(m: ChatMessage) -> dict[str, Any]:
