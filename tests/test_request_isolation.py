@@ -173,3 +173,64 @@ def test_grammars_past_the_engines_limits_are_a_400_and_the_server_goes_on(serve
     assert httpx.get(server + "/health", timeout=10).status_code == 200
     after = httpx.post(server + "/v1/completions", json=probe, timeout=60).json()["choices"][0]["text"]
     assert after == before
+
+
+def test_a_tool_call_parser_failure_ends_its_request_alone(model_dir, monkeypatch) -> None:  # noqa: F811
+    """The tool-call parser fails (injected) on a chat request with tools, streamed and not, while a plain request
+    runs beside it (an in-process server on loopback, as the parser lives in the server): the tools request ends in
+    OpenAI's error body, the plain one equals its solo output, and the server goes on."""
+    import asyncio
+    import json
+    import threading
+    import time
+
+    import uvicorn
+
+    from nexttoken.engine import EngineConfig
+    from nexttoken.pretrained import load_pretrained
+    from nexttoken.server import ServerSettings, build_app
+    from nexttoken.tools.parser import ToolCallParser
+    from test_server import _free_port
+
+    loaded = load_pretrained(model_dir)
+    engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(max_num_seqs=4), loaded.generation_config)
+    app = build_app(engine, ServerSettings("m", tool_call_parser="hermes"))
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    plain = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}
+    tools = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12, "temperature": 0,
+             "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}
+    try:
+        deadline = time.monotonic() + 60
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        solo = httpx.post(url + "/v1/completions", json=plain, timeout=60).json()["choices"][0]["text"]
+
+        def boom(self, *args):  # noqa: ANN001, ANN002, ANN202
+            raise Injected("injected failure in the tool-call parser")
+
+        for name in ("feed", "parse"):
+            monkeypatch.setattr(ToolCallParser, name, boom)
+
+        async def together() -> tuple:
+            async with httpx.AsyncClient(timeout=60) as c:
+                return await asyncio.gather(
+                    c.post(url + "/v1/chat/completions", json={**tools, "stream": True}),
+                    c.post(url + "/v1/chat/completions", json=tools),
+                    c.post(url + "/v1/completions", json=plain))
+
+        streamed, whole, healthy = asyncio.run(together())
+        assert healthy.status_code == 200 and healthy.json()["choices"][0]["text"] == solo
+        assert whole.status_code == 500 and whole.json()["error"]["type"] == "internal_server_error"
+        assert "injected" not in whole.text  # the details go to the log
+        events = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["type"] == "internal_server_error"
+        assert httpx.get(url + "/health").status_code == 200
+        again = httpx.post(url + "/v1/completions", json=plain, timeout=60).json()["choices"][0]["text"]
+        assert again == solo
+    finally:
+        server.should_exit = True
+        thread.join(30)
