@@ -334,3 +334,14 @@ def test_content_as_text_changes_nothing_else(shared_dir, name) -> None:
     special_id = tk.backend.token_to_id(special)
     assert as_text.count(special_id) == usual.count(special_id) - 1
     assert f"say {special} now" in tk.decode(as_text)
+
+
+def test_a_cache_larger_than_memory_is_refused_before_allocating(model_dir) -> None:  # noqa: F811
+    """`--max-num-seqs` far past the machine's memory: a message naming the bytes and the flags that lower them,
+    and exit code 2, instead of a raw allocation traceback (or the machine swapping)."""
+    cmd = [sys.executable, "-m", "nexttoken.cli", "serve", "--model", str(model_dir), "--port", str(_free_port()),
+           "--max-num-seqs", "1000000", "--prefix-cache-blocks", "0"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "the KV cache needs" in done.stderr and "GiB" in done.stderr and "--max-num-seqs" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]

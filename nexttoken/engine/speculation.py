@@ -28,7 +28,7 @@ import torch
 from ..generation.speculative import accept_or_resample, prompt_lookup
 from ..model import ForwardBatch, Transformer, fused, kernels
 from ..model.kernels import MAX_ROWS
-from .model_runner import ModelRunner, SlotView
+from .model_runner import ModelRunner, SlotView, check_cache_memory
 from .postprocess import advance, advance_greedy, fail, plain_greedy, push_chosen
 from .sequence import Sequence, TokenEvent
 
@@ -69,6 +69,7 @@ class Drafter:
 
     def __init__(self, model: Transformer, num_slots: int, max_len: int) -> None:
         self.model = model
+        check_cache_memory(model, num_slots, max_len)
         self.cache = model.new_cache(num_slots, max_len)  # (L, slots, Hkv, max_len, D)
 
     @torch.inference_mode()
