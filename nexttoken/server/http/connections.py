@@ -92,7 +92,10 @@ class AcceptErrors:
         self.count, self.last = 0, -self.PERIOD_S
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        if "accept" not in str(context.get("message", "")):
+        message = str(context.get("message", ""))
+        # asyncio's accept loop: "socket.accept() out of system resource", and its retries (_start_serving, once
+        # per backlog slot) failing on a listening socket that shutdown closed meanwhile
+        if "accept" not in message and "_start_serving" not in message:
             return loop.default_exception_handler(context)
         self.count += 1
         now = time.monotonic()
