@@ -215,7 +215,7 @@ def test_an_unexpected_error_is_a_500_without_its_text_and_the_connection_lives(
 def _half_sent(url: str) -> socket.socket:
     host = urlparse(url)
     s = socket.create_connection((host.hostname, host.port))
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: 100\r\n\r\n{\"prompt\": ")
     return s
 
@@ -448,7 +448,8 @@ def _rss_kib(pid: int) -> int:
 
 
 def test_soak_mixed_traffic_keeps_the_contract(model_dir) -> None:  # noqa: F811
-    """~330 requests at concurrency 32: plain, streamed, chat, ~10% bad, some clients leaving mid-stream. Every
+    """~330 requests at concurrency 32: plain, streamed, chat, ~10% bad (issue 28's abuse cases among them: grammars
+    past the grammar engine's limits, a web page's body and Host), some clients leaving mid-stream. Every
     good request completes, every bad one is a 4xx in OpenAI's body, no 5xx, a greedy probe answers the same
     throughout, and the server's memory after the run is within a few MB of where it was after a warm-up."""
     import asyncio
@@ -464,6 +465,16 @@ def test_soak_mixed_traffic_keeps_the_contract(model_dir) -> None:  # noqa: F811
         (json.dumps(_body(bad_words_ids=[[999999]])).encode(), "bad_words_ids"),
         (json.dumps(_body(n=None, stream=None, temperature=1e-300, repetition_penalty=1e-300)).encode(),
          "repetition_penalty"),
+        # the abuse cases of issue 28: grammars past the grammar engine's limits (they stopped the engine for
+        # good), a GBNF grammar the converter rejects, a fractional integer, a web page's body and Host
+        (json.dumps(_body(temperature=0, guided_choice=[f"x{i}" for i in range(2001)])).encode(), "guided_choice"),
+        (json.dumps(_body(n=2, response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": {
+            "$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}, "required": ["c"]}},
+            "$ref": "#/$defs/n"}}})).encode(), "response_format"),
+        (json.dumps(_body(grammar="root ::= foo")).encode(), "grammar"),
+        (json.dumps(_body(max_tokens=4.5)).encode(), "max_tokens"),
+        (json.dumps(_body()).encode(), None, {"Content-Type": "text/plain"}),
+        (json.dumps(_body()).encode(), None, {"Content-Type": "application/json", "Host": "evil.example"}),
     ]
     rng = random.Random(0)
     tally = {"good": 0, "bad": 0, "left": 0, "probe": 0}
@@ -475,8 +486,9 @@ def test_soak_mixed_traffic_keeps_the_contract(model_dir) -> None:  # noqa: F811
             assert r.status_code == 200 and r.json()["choices"][0]["text"] == expected_probe
             tally["probe"] += 1
         elif kind < 0.10:
-            body, param = bad[i % len(bad)]
-            r = await h.post(url + "/v1/completions", content=body, headers={"Content-Type": "application/json"})
+            body, param, *headers = bad[i % len(bad)]
+            r = await h.post(url + "/v1/completions", content=body,
+                             headers=headers[0] if headers else {"Content-Type": "application/json"})
             assert 400 <= r.status_code < 500, r.text
             error = r.json()["error"]
             assert set(error) == {"message", "type", "param", "code"} and (param is None or error["param"] == param)
@@ -514,11 +526,27 @@ def test_soak_mixed_traffic_keeps_the_contract(model_dir) -> None:  # noqa: F811
                     await one(h, i, expected_probe)
             await asyncio.gather(*(bounded(i) for i in range(count)))
 
+    async def warm_bad() -> None:
+        """Every bad request, 8 at once, 4 rounds: the grammar engine's tokenizer is built once, and each of the
+        threads that compile grammars off the event loop grows its allocator arena once."""
+        async with httpx.AsyncClient(timeout=120) as h:
+            for _ in range(4):
+                await asyncio.gather(*(h.post(url + "/v1/completions", content=body, headers=headers[0] if headers
+                                              else {"Content-Type": "application/json"})
+                                       for body, _, *headers in bad for _ in range(2)))
+
     try:
         expected = httpx.post(url + "/v1/completions", json=probe, timeout=60).json()["choices"][0]["text"]
         asyncio.run(run(60, expected))  # warm-up: every kind of request once at least, allocator pools filled
+        asyncio.run(warm_bad())
         start = _rss_kib(proc.pid)
+        host = urlparse(url)
+        slow = [socket.create_connection((host.hostname, host.port)) for _ in range(20)]  # half-sent headers
+        for s in slow:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHo")
         asyncio.run(run(270, expected))
+        for s in slow:
+            s.close()
         assert tally["bad"] >= 20 and tally["left"] >= 15 and tally["good"] >= 200 and tally["probe"] >= 12, tally
         metrics = httpx.get(url + "/metrics").text
         assert 'finish_reason="error"' not in metrics

@@ -39,6 +39,8 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="nexttoken-engine", daemon=True)
         self._stopping = False
         self._closed: str | None = None  # why new requests are refused (close())
+        self._inbox_adds = 0  # sequences put in the inbox that the engine thread has not added yet
+        self._adds_lock = threading.Lock()  # the loop's thread adds to it, the engine's subtracts
         self.error: BaseException | None = None
 
     def start(self) -> None:
@@ -60,17 +62,46 @@ class AsyncEngine:
         """The engine's numbers as of its last step (a snapshot, safe to read from any thread)."""
         return self._stats
 
+    @property
+    def num_waiting(self) -> int:
+        """Sequences waiting for a cache slot: the engine's queue as of its last step, and those on their way to
+        it (the admission bound reads this)."""
+        return self._stats.num_waiting + self._inbox_adds
+
+    def reserve(self, count: int, limit: int) -> bool:
+        """Count `count` sequences as waiting now, before their streams start, if the waiting queue stays within
+        `limit` (a queue with nothing waiting takes any count); False: refused, nothing counted. Each reserved
+        sequence's stream is then started with reserved=True, or handed back with `release`."""
+        with self._adds_lock:
+            waiting = self._stats.num_waiting + self._inbox_adds
+            free = max(0, self._stats.num_slots - self._stats.num_running - waiting)  # taken at once, no wait
+            if waiting and waiting + count - free > limit:
+                return False
+            self._inbox_adds += count
+            return True
+
+    def release(self, count: int) -> None:
+        """Hand back reserved sequences whose streams never started."""
+        with self._adds_lock:
+            self._inbox_adds -= count
+
     async def stream(
         self, request_id: str, prompt_ids: list[int], params: GenerationConfig, arrival_time: float | None = None,
-        group: str | None = None,
+        group: str | None = None, reserved: bool = False,
     ) -> AsyncIterator[TokenEvent]:
-        """Events of one request until it finishes. Closing the iterator early cancels the request."""
-        if self.error is not None:
-            raise EngineDeadError(f"the engine stopped: {self.error!r}")
-        if self._closed is not None:
+        """Events of one request until it finishes. Closing the iterator early cancels the request. `reserved`:
+        `reserve` counted it already."""
+        if self.error is not None or self._closed is not None:
+            if reserved:
+                self.release(1)
+            if self.error is not None:
+                raise EngineDeadError(f"the engine stopped: {self.error!r}")
             raise EngineClosedError(self._closed)
         events: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), events)
+        if not reserved:
+            with self._adds_lock:
+                self._inbox_adds += 1
         self._inbox.put(("add", (request_id, prompt_ids, params, arrival_time, group)))
         finished = False
         try:
@@ -123,6 +154,8 @@ class AsyncEngine:
                 return
             block = False
             if kind == "add":
+                with self._adds_lock:
+                    self._inbox_adds -= 1
                 request_id, prompt_ids, params, arrival, group = item
                 try:
                     self.engine.add_request(prompt_ids, params, request_id, arrival_time=arrival, group=group)

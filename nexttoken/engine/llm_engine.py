@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import secrets
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,7 +23,7 @@ from typing import Sequence as Seq
 import torch
 
 from ..detokenizer import IncrementalDetokenizer
-from ..errors import GenerationConfigError, PromptTooLongError
+from ..errors import GenerationConfigError, PromptTooLongError, TensorParallelError
 from ..generation.config import GenerationConfig
 from ..generation.decode import StepHook
 from ..generation.generate import length_budget, model_generation_config
@@ -38,11 +39,14 @@ from ..generation.trace.recorder import TraceRecorder, options_of
 from ..model import Transformer
 from .distributed import DistributedRunner
 from .model_runner import ModelRunner
-from .postprocess import advance, advance_greedy, plain_greedy, snapshot
+from .postprocess import advance, advance_greedy, fail, guarded, plain_greedy, snapshot
 from .prefix_cache import PrefixCache
-from .scheduler import Scheduler
+from .scheduler import Scheduler, StepPlan
 from .sequence import Sequence, Speculation, TokenEvent
 from .speculation import DEFAULT_NGRAM, Drafter, SpeculativeConfig, Speculator
+
+log = logging.getLogger("nexttoken.engine")
+
 
 def _prefetch(seqs: list[Sequence]) -> None:
     for seq in seqs:
@@ -235,15 +239,28 @@ class LLMEngine:
 
     # ---- the step ----------------------------------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
-        """One forward round: admit, prefill chunks and decode one token per running request, free finished."""
+        """One forward round: admit, prefill chunks and decode one token per running request, free finished.
+
+        Whatever one request's own work raises (its hooks' inputs, grammar mask, processors, sampler, detokenizer,
+        speculation) ends that request alone with finish_reason "error" and the step goes on for the others; an
+        error in the shared forward pass ends the requests of this step, and the engine keeps serving."""
         plan = self.scheduler.schedule()
+        events: list[TokenEvent] = []
+        stepped = self._check_hooks(plan, events)
         speculative = [s for s in plan.decode if s.spec is not None]
         if speculative:
             plan.decode = [s for s in plan.decode if s.spec is None]
         masks = self._prefetch_masks()
-        events, stepped = [], []
         start = time.perf_counter()
-        groups = self.runner.run(plan)
+        try:
+            groups = self.runner.run(plan)
+        except TensorParallelError:
+            raise  # a rank died: the sharded model cannot answer anything (the server exits)
+        except Exception as e:  # noqa: BLE001 - no row to blame: this step's requests end, the engine goes on
+            log.exception("a forward pass failed; its %d requests end with an error", len(plan.seqs()))
+            groups, speculative = [], []
+            events += [fail(seq, e) for seq in plan.seqs()]
+            stepped += plan.seqs()
         forward_s = time.perf_counter() - start
         for seqs, logits in groups:  # (rows, V) per group computed together
             for seq in seqs:
@@ -256,11 +273,20 @@ class LLMEngine:
             if greedy:  # all-greedy rows: one argmax, one log-softmax
                 rows = logits if len(greedy) == len(seqs) else logits[greedy]
                 events += advance_greedy([seqs[i] for i in greedy], rows)
-            events += [self._advance(seq, logits[i : i + 1]) for i, seq in enumerate(seqs) if not plain_greedy(seq)]
+            events += [guarded(seq, lambda: advance(seq, logits[i : i + 1]))  # noqa: B023 - called at once
+                       for i, seq in enumerate(seqs) if not plain_greedy(seq)]
             stepped += seqs
         if speculative:
-            events += self.speculator.step(speculative)
+            try:
+                events += self.speculator.step(speculative)
+            except TensorParallelError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the verification's shared forward: these requests end
+                log.exception("a verification pass failed; its %d requests end with an error", len(speculative))
+                events += [fail(seq, e) for seq in speculative if seq.finish_reason is None]
             stepped += speculative
+        if masks is not None:
+            masks.result()  # the worker holds no matcher past the step (the mask prefetch never raises)
         for seq in [s for s in stepped if s.finish_reason is not None]:
             self.scheduler.release(seq)
             self.requests.pop(seq.request_id, None)
@@ -269,6 +295,21 @@ class LLMEngine:
         self._steps += 1
         self._generated_tokens += sum(len(e.token_ids) for e in events)
         return events
+
+    def _check_hooks(self, plan: StepPlan, events: list[TokenEvent]) -> list[Sequence]:
+        """Ask each hooked request of the plan for its extra model inputs before the forward: one whose hook
+        raises leaves the plan and ends alone (the runner would raise inside a forward shared with others)."""
+        failed = []
+        for seq in [s for s in plan.seqs() if s.hooks]:
+            try:
+                seq.hook_inputs()
+            except Exception as e:  # noqa: BLE001 - this request ends; the step goes on without it
+                events.append(fail(seq, e))
+                failed.append(seq)
+        if failed:
+            plan.decode = [s for s in plan.decode if s not in failed]
+            plan.prefill = [c for c in plan.prefill if c.seq not in failed]
+        return failed
 
     def generate(self, prompts: list[list[int]], params: GenerationConfig) -> list[Sequence]:
         """Run a request's prompts to completion (batched by the scheduler); finished Sequences, prompt-major."""
@@ -420,10 +461,3 @@ class LLMEngine:
             return None
         return IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens, prompt_ids=prompt_ids)
 
-    def _advance(self, seq: Sequence, logits: torch.Tensor) -> TokenEvent:
-        try:
-            return advance(seq, logits)
-        except Exception as e:  # noqa: BLE001 - a request whose options fail at run time ends alone; the rest go on
-            delta = seq.out.finish("error")
-            seq.out.stop_reason = f"{type(e).__name__}: {e}"
-            return snapshot(seq, dataclasses.replace(delta, stop_reason=seq.out.stop_reason), time.monotonic())

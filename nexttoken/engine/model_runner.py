@@ -25,6 +25,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from ..errors import GenerationConfigError
 from ..model import ForwardBatch, KVCache, Transformer
 from ..model import fused
 from ..model.kernels import MAX_ROWS
@@ -73,6 +74,36 @@ class RowsView:
         return out[0], out[1]
 
 
+def _available_bytes() -> int | None:
+    """Memory the system can still give (Linux's MemAvailable); None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_cache_memory(model: Transformer, num_slots: int, max_len: int) -> None:
+    """Before allocating the slot cache (every slot at full length, zero-filled): on CPU, refuse a cache larger
+    than the memory available, naming the bytes and the flags that lower them, instead of dying in the allocation
+    (or swapping the machine). (The paged KV pool replaces this with memory sized from what is free.)"""
+    if model.device.type != "cpu":
+        return
+    cfg = model.config
+    need = 2 * cfg.num_hidden_layers * num_slots * cfg.num_key_value_heads * max_len * cfg.head_dim \
+        * torch.empty((), dtype=model.dtype).element_size()  # K and V
+    free = _available_bytes()
+    if free is not None and need > free:
+        per_slot = need // num_slots
+        raise GenerationConfigError(
+            f"the KV cache needs {need / 2**30:.2f} GiB ({num_slots} slots x {max_len} tokens, {per_slot / 2**20:.1f} "
+            f"MiB a slot) but {free / 2**30:.2f} GiB of memory is available: lower --max-num-seqs (max_num_seqs) to "
+            f"at most {max(0, free // per_slot)} or --max-model-len (max_model_len), or use a smaller --dtype")
+
+
 def _bucket(num_tokens: int, limit: int) -> int:
     """Key columns a decode row attends over: a power of two >= its length (fixed by the row alone)."""
     return min(limit, max(MIN_BUCKET, 1 << (num_tokens - 1).bit_length()))
@@ -81,6 +112,7 @@ def _bucket(num_tokens: int, limit: int) -> int:
 class ModelRunner:
     def __init__(self, model: Transformer, num_slots: int, max_len: int, prefix_cache: PrefixCache) -> None:
         self.model, self.num_slots, self.max_len, self.prefix_cache = model, num_slots, max_len, prefix_cache
+        check_cache_memory(model, num_slots, max_len)
         self.cache = model.new_cache(num_slots, max_len)  # (L, slots, Hkv, max_len, D)
         self.window = model.config.sliding_window
 

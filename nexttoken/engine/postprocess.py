@@ -32,22 +32,51 @@ def plain_greedy(seq: Sequence) -> bool:
 def advance_greedy(seqs: list[Sequence], logits: torch.Tensor) -> list[TokenEvent]:
     """Plain greedy rows, (rows, V) float32 logits: one argmax and one log-softmax for them all. Each row's numbers
     are its own (both reduce within a row), so this gives what `advance` gives row by row. Rows under a grammar
-    take their argmax over the tokens it allows; their log-probs stay the model's (logprobs_mode "raw")."""
-    masked = [i for i, seq in enumerate(seqs) if seq.grammar is not None]
+    take their argmax over the tokens it allows; their log-probs stay the model's (logprobs_mode "raw").
+
+    A row whose own work raises (its grammar's mask, its detokenizer) ends with finish_reason "error" (`fail`);
+    the others go on: each row's numbers are its own, so they are what they would have been without it."""
+    events: dict[int, TokenEvent] = {}
+    masks: dict[int, torch.Tensor] = {}
+    for i, seq in enumerate(seqs):
+        if seq.grammar is not None:
+            try:
+                masks[i] = seq.grammar.mask_for(seq.out.token_ids)
+            except Exception as e:  # noqa: BLE001 - this request ends; its batch-mates go on
+                events[i] = fail(seq, e)
     scores = logits
-    if masked:
-        masks = torch.stack([seqs[i].grammar.mask_for(seqs[i].out.token_ids) for i in masked])  # type: ignore[union-attr]
-        forbidden = ~allowed_tokens(masks, logits.shape[1])  # (len(masked), V)
-        if len(masked) == len(seqs):
-            scores = logits.masked_fill(forbidden, -torch.inf)
-        else:
-            scores = logits.clone()
-            scores[masked] = logits[masked].masked_fill(forbidden, -torch.inf)
+    if masks:
+        rows = list(masks)
+        forbidden = ~allowed_tokens(torch.stack([masks[i] for i in rows]), logits.shape[1])  # (len(rows), V)
+        scores = logits.clone()
+        scores[rows] = logits[rows].masked_fill(forbidden, -torch.inf)
     tokens = kernels.argmax(scores).tolist()
     logp = torch.log_softmax(logits, dim=-1)  # (rows, V): the raw distribution
     chosen = logp.gather(1, torch.tensor(tokens)[:, None]).squeeze(1).tolist()
     now = time.monotonic()
-    return [push_chosen(seq, token, chosen[i], logp[i], now) for i, (seq, token) in enumerate(zip(seqs, tokens))]
+    for i, (seq, token) in enumerate(zip(seqs, tokens)):
+        if i not in events:
+            events[i] = guarded(seq, lambda: push_chosen(seq, token, chosen[i], logp[i], now))
+    return [events[i] for i in range(len(seqs))]
+
+
+def guarded(seq: Sequence, work: Callable[[], TokenEvent]) -> TokenEvent:
+    """`work`'s event, or, when it raises, seq ended alone with finish_reason "error" (`fail`)."""
+    try:
+        return work()
+    except Exception as e:  # noqa: BLE001 - a request whose work fails at run time ends alone; the rest go on
+        return fail(seq, e)
+
+
+def fail(seq: Sequence, error: BaseException) -> TokenEvent:
+    """End seq because its own work raised (its options at run time: a grammar past its limits, a processor, a
+    sampler, its detokenizer, a hook, its speculation): finish_reason "error", the error as stop_reason (first
+    line; the server logs it and answers that request alone with a 500). The engine frees its slot after the step."""
+    text = str(error).strip()
+    reason = f"{type(error).__name__}: {text.splitlines()[0][:500] if text else ''}"
+    out = seq.out
+    out.finish_reason, out.stop_reason = "error", reason  # no flush: the detokenizer may be what failed
+    return snapshot(seq, Delta([], "", [], [], "error", reason), time.monotonic())
 
 
 def push_chosen(seq: Sequence, token: int, logprob: float, logp: torch.Tensor, now: float) -> TokenEvent:

@@ -43,6 +43,10 @@ class StepPlan:
     def empty(self) -> bool:
         return not (self.prefill or self.decode)
 
+    def seqs(self) -> list[Sequence]:
+        """The requests this step computes (prefill chunks' and decode rows')."""
+        return [c.seq for c in self.prefill] + self.decode
+
 
 class Scheduler:
     def __init__(self, num_slots: int, chunk_size: int, token_budget: int, prefix_cache: PrefixCache) -> None:

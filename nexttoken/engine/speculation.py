@@ -21,14 +21,15 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 from ..generation.speculative import accept_or_resample, prompt_lookup
 from ..model import ForwardBatch, Transformer, fused, kernels
 from ..model.kernels import MAX_ROWS
-from .model_runner import ModelRunner, SlotView
-from .postprocess import advance, advance_greedy, plain_greedy, push_chosen
+from .model_runner import ModelRunner, SlotView, check_cache_memory
+from .postprocess import advance, advance_greedy, fail, plain_greedy, push_chosen
 from .sequence import Sequence, TokenEvent
 
 DEFAULT_NGRAM = 2  # transformers' max_matching_ngram_size default
@@ -68,10 +69,14 @@ class Drafter:
 
     def __init__(self, model: Transformer, num_slots: int, max_len: int) -> None:
         self.model = model
+        check_cache_memory(model, num_slots, max_len)
         self.cache = model.new_cache(num_slots, max_len)  # (L, slots, Hkv, max_len, D)
 
     @torch.inference_mode()
-    def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[Sequence, Proposal]:
+    def propose(self, wanted: list[tuple[Sequence, int]],
+                drop: Callable[[Sequence, Exception], None]) -> dict[Sequence, Proposal]:
+        """Each request's drafts; one whose processors raise on a draft position is handed to `drop` (it ends)
+        and drafts no further."""
         out = {seq: Proposal(probs=None if seq.params.greedy else []) for seq, _ in wanted}
         # Catch-up: columns draft_cached .. n - 1; the last row's logits give the first draft.
         feeds = [(seq, seq.token_ids[seq.spec.draft_cached :], seq.spec.draft_cached) for seq, _ in wanted]
@@ -79,7 +84,12 @@ class Drafter:
             logits = self._forward(feeds)
             for (seq, tokens, start), row in zip(feeds, logits):
                 seq.spec.draft_cached = start + len(tokens)
-                self._choose(seq, row, out[seq])
+                try:
+                    self._choose(seq, row, out[seq])
+                except Exception as e:  # noqa: BLE001 - this request ends; the others go on drafting
+                    drop(seq, e)
+                    out.pop(seq)
+            wanted = [(seq, k) for seq, k in wanted if seq in out]
             feeds = [(seq, out[seq].tokens[-1:], seq.num_tokens + step) for seq, k in wanted if k > step + 1]
             if not feeds:
                 break
@@ -133,22 +143,39 @@ class Speculator:
         self.runner = runner
 
     def step(self, seqs: list[Sequence]) -> list[TokenEvent]:
+        """Each request's events. One whose own work raises (its processors or sampler on a draft or a verified
+        position, its detokenizer) ends alone with finish_reason "error"; the others go on."""
+        events: list[TokenEvent] = []
+        failed: set[Sequence] = set()
+
+        def drop(seq: Sequence, e: Exception) -> None:
+            events.append(fail(seq, e))
+            failed.add(seq)
+
         room = {seq: self._room(seq) for seq in seqs}
-        proposals = {seq: Proposal(prompt_lookup(seq.token_ids, room[seq], seq.spec.ngram))
-                     for seq in seqs if seq.spec.drafter is None and room[seq]}
+        proposals: dict[Sequence, Proposal] = {}
         by_drafter: dict[int, list[tuple[Sequence, int]]] = {}
         for seq in seqs:
             if seq.spec.drafter is not None and room[seq]:
                 by_drafter.setdefault(id(seq.spec.drafter), []).append((seq, room[seq]))
+            elif room[seq]:
+                try:
+                    proposals[seq] = Proposal(prompt_lookup(seq.token_ids, room[seq], seq.spec.ngram))
+                except Exception as e:  # noqa: BLE001 - this request ends; the others go on
+                    drop(seq, e)
         for wanted in by_drafter.values():
-            proposals.update(wanted[0][0].spec.drafter.propose(wanted))
+            proposals.update(wanted[0][0].spec.drafter.propose(wanted, drop))
+        seqs = [seq for seq in seqs if seq not in failed]
         rows = {seq: [VerifyRow(seq.slot, t, seq.num_tokens + i)
                       for i, t in enumerate([seq.last_token] + proposals.get(seq, Proposal()).tokens)] for seq in seqs}
         logits = self.runner.verify([r for seq in seqs for r in rows[seq]])  # (rows, V)
-        events, first = [], 0
+        first = 0
         for seq in seqs:
             n = len(rows[seq])
-            events += self._accept(seq, logits[first : first + n], proposals.get(seq, Proposal()))
+            try:
+                events += self._accept(seq, logits[first : first + n], proposals.get(seq, Proposal()))
+            except Exception as e:  # noqa: BLE001 - this request ends (its tokens so far stand); the others go on
+                drop(seq, e)
             first += n
         return events
 

@@ -7,7 +7,9 @@ from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from starlette.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import LLMEngine
@@ -20,10 +22,12 @@ from .api.messages import Messages
 from .api.models import Models
 from .api.responses import Responses
 from .api.traces import TraceStore
+from .http.connections import AcceptErrors
 from .http.errors import ANTHROPIC_PATHS, APIError, anthropic_error_body, error_body
-from .http.guards import ApiKeyGuard, BodyLimit, InternalErrors
+from .http.guards import ApiKeyGuard, BodyLimit, HostCheck, InternalErrors, JsonOnly
 from .http.shutdown import MESSAGE as SHUTTING_DOWN, Drain
 from .metrics import ServerMetrics
+from .openai.schema import ROUTES, components
 from .settings import ServerSettings
 from .webui import add_webui
 
@@ -43,15 +47,22 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        asyncio.get_running_loop().set_exception_handler(AcceptErrors())  # out of descriptors: logged once a minute
         async_engine.start()
         drain.attach(asyncio.get_running_loop(), lambda: async_engine.close(SHUTTING_DOWN))
         yield
         async_engine.shutdown()
 
     app = FastAPI(title="nexttoken", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.add_middleware(ApiKeyGuard, api_key=settings.api_key)
+    # Starlette runs the last added first: errors, Host, CORS, the key, the media type, then the body is read.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s,
                        drain=drain)
+    app.add_middleware(JsonOnly)
+    app.add_middleware(ApiKeyGuard, api_key=settings.api_key)
+    # CORS: only the origins named by --allowed-origins may call from a browser (none by default: preflights fail)
+    app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["*"],
+                       allow_headers=["*"])
+    app.add_middleware(HostCheck, bound=settings.host, allowed=settings.allowed_hosts)
     app.add_middleware(InternalErrors)  # outermost of ours: whatever goes wrong below is a 500 in OpenAI's body
 
     @app.exception_handler(APIError)
@@ -70,24 +81,35 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
                 else error_body(message, kind))
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
-    app.post("/v1/completions")(completions.completions)
-    app.post("/v1/chat/completions")(chat.chat_completions)
+    app.post("/v1/completions", **ROUTES["completions"])(completions.completions)
+    app.post("/v1/chat/completions", **ROUTES["chat"])(chat.chat_completions)
     for prefix in ("/v1", ""):  # clients with a base URL without /v1 (OpenAI's Responses examples) too
-        app.post(f"{prefix}/responses")(responses.create)
-        app.get(f"{prefix}/responses/{{response_id}}")(responses.get)
-        app.delete(f"{prefix}/responses/{{response_id}}")(responses.delete)
-    app.post("/v1/embeddings")(embeddings.create)
-    app.post("/infill")(infill.infill)
-    app.post("/v1/messages")(messages.create)
-    app.post("/v1/messages/count_tokens")(messages.count_tokens)
-    app.get("/v1/models")(models.models)
-    app.get("/v1/models/{model_id:path}")(models.model)
-    app.post("/tokenize")(models.tokenize)
-    app.post("/detokenize")(models.detokenize)
-    app.api_route("/health", methods=["GET", "HEAD"])(models.health)
-    app.get("/metrics")(models.prometheus)
-    app.get("/v1/traces/{trace_id}")(traces.get)
+        app.post(f"{prefix}/responses", **ROUTES["responses"])(responses.create)
+        app.get(f"{prefix}/responses/{{response_id}}", **ROUTES["response"])(responses.get)
+        app.delete(f"{prefix}/responses/{{response_id}}", **ROUTES["response"])(responses.delete)
+    app.post("/v1/embeddings", **ROUTES["embeddings"])(embeddings.create)
+    app.post("/infill", **ROUTES["infill"])(infill.infill)
+    app.post("/v1/messages", **ROUTES["messages"])(messages.create)
+    app.post("/v1/messages/count_tokens", **ROUTES["count_tokens"])(messages.count_tokens)
+    app.get("/v1/models", **ROUTES["models"])(models.models)
+    app.get("/v1/models/{model_id:path}", **ROUTES["model"])(models.model)
+    app.post("/tokenize", **ROUTES["tokenize"])(models.tokenize)
+    app.post("/detokenize", **ROUTES["detokenize"])(models.detokenize)
+    app.get("/health", **ROUTES["health"])(models.health)
+    app.head("/health", include_in_schema=False)(models.health)
+    app.get("/metrics", **ROUTES["metrics"])(models.prometheus)
+    app.get("/v1/traces/{trace_id}", **ROUTES["trace"])(traces.get)
     if settings.webui:
         add_webui(app)
+
+    def openapi() -> dict:
+        """FastAPI's document with the request models' schemas the routes' bodies refer to."""
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(components())
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     app.state.engine, app.state.drain = async_engine, drain
     return app

@@ -33,6 +33,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="most sequences (prompts x n) one request may create; more is a 400")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
     p.add_argument("--body-timeout", type=float, default=30.0, help="seconds to send a request body; later: 408")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a connection gets to send a request's headers (from connecting, or from the end "
+                        "of the previous response); later it is closed (slow-header clients cannot hold it)")
+    p.add_argument("--max-connections", type=int, default=512,
+                   help="open connections served at once; more are closed as they arrive, and past it requests "
+                        "get 503 (uvicorn's limit_concurrency)")
+    p.add_argument("--max-waiting-seqs", type=int, default=1024,
+                   help="sequences queued for a cache slot (on top of --max-num-seqs running); a request that "
+                        "would queue more gets 429 with Retry-After")
+    p.add_argument("--allowed-hosts", nargs="*", default=[],
+                   help="host names the Host header may carry besides IP addresses, localhost and --host "
+                        "(DNS rebinding guard); '*' allows any")
+    p.add_argument("--allowed-origins", nargs="*", default=[],
+                   help="web origins (https://app.example) that may call the API from a browser (CORS); none by "
+                        "default, '*' allows any")
+    p.add_argument("--no-special-tokens-in-content", dest="special_tokens_in_content", action="store_false",
+                   help="encode a special token's text inside a chat message (\"<|im_start|>\") as plain text, not "
+                        "as the special token (transformers' split_special_tokens); by default it is the special "
+                        "token, as transformers and vLLM encode a rendered chat")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="on SIGTERM/SIGINT: seconds in-flight requests get to finish; then they are aborted (503) "
                         "and the process exits")
@@ -85,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     from ..pretrained import default_model_path, load_pretrained
     from .app import build_app
     from .settings import ServerSettings
+    from .http.connections import protocol
     from .http.shutdown import BACKSTOP_S
 
     if args.threads:
@@ -110,12 +130,21 @@ def run(args: argparse.Namespace) -> int:
               "'{\"enable_thinking\": false}'", file=sys.stderr)
         return 2
     name = args.served_model_name or Path(loaded.path).name
+    for flag, value in (("--header-timeout", args.header_timeout), ("--max-connections", args.max_connections),
+                        ("--max-waiting-seqs", args.max_waiting_seqs + 1)):
+        if value <= 0:
+            print(f"nexttoken serve: {flag} must be > 0{' (or 0 for the waiting queue)' if 'waiting' in flag else ''}",
+                  file=sys.stderr)
+            return 2
     settings = ServerSettings(name, args.api_key, args.max_n, args.max_seqs_per_request, args.max_body_bytes,
                               args.body_timeout, args.shutdown_timeout, args.tool_call_parser,
                               reasoning_parser=args.reasoning_parser, reasoning_budget=args.reasoning_budget,
                               default_chat_template_kwargs=args.default_chat_template_kwargs,
                               pooling=model_pooling(loaded.path) or args.pooling, webui=args.webui,
-                              structured_whitespace=args.structured_whitespace)
+                              structured_whitespace=args.structured_whitespace, host=args.host,
+                              allowed_hosts=tuple(args.allowed_hosts), allowed_origins=tuple(args.allowed_origins),
+                              max_waiting_seqs=args.max_waiting_seqs,
+                              special_tokens_in_content=args.special_tokens_in_content)
     speculative = None
     if args.num_speculative_tokens < 1:
         print("nexttoken serve: --num-speculative-tokens must be >= 1", file=sys.stderr)
@@ -143,11 +172,32 @@ def run(args: argparse.Namespace) -> int:
             drain.begin()  # in-flight requests get --shutdown-timeout seconds, then the rest is aborted (503)
             super().handle_exit(sig, frame)
 
+    # h11 with a header timeout and a connection limit (http/connections.py); past the limit uvicorn answers 503.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=args.shutdown_timeout + BACKSTOP_S)
+                            timeout_graceful_shutdown=args.shutdown_timeout + BACKSTOP_S,
+                            http=protocol(args.header_timeout, args.max_connections),
+                            limit_concurrency=args.max_connections + 1)
+    _raise_open_files_limit(args.max_connections)
     server = Server(config)
     server.run()
     return 0 if server.started else 1
+
+
+def _raise_open_files_limit(max_connections: int) -> None:
+    """Let the soft open-files limit cover --max-connections (with room for the model's files and the engine),
+    up to the hard limit; warn when it cannot."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max_connections + 256
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        if new < want:
+            print(f"nexttoken serve: WARNING: the open-files limit ({hard}) is below --max-connections "
+                  f"{max_connections} + 256: lower --max-connections or raise ulimit -n", file=sys.stderr, flush=True)
 
 
 def _stop_now(message: str) -> None:

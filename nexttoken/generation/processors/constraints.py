@@ -144,10 +144,16 @@ class ExponentialDecayLengthPenalty:
             return scores
         eos = self.eos.to(scores.device)
         eos_scores = scores[:, eos]
-        penalty = (eos_scores.abs() * (self.factor ** (cur - self.start) - 1)).masked_fill(~eos_scores.isfinite(), 0.0)
-        add = torch.zeros_like(scores)
-        add[:, eos] = penalty
-        return scores + add
+        try:
+            growth = self.factor ** (cur - self.start) - 1
+        except OverflowError:  # a factor > 1 over many tokens: past float's range, EOS as high as a score goes
+            growth = math.inf
+        penalty = (eos_scores.abs() * growth).masked_fill(~eos_scores.isfinite(), 0.0).nan_to_num(nan=0.0)
+        # Saturate at the dtype's largest finite value: an inf score would make the distribution nan.
+        top = torch.finfo(scores.dtype).max
+        out = scores.clone()
+        out[:, eos] = (eos_scores + penalty).clamp(max=top)
+        return out
 
 
 class SuppressTokens:

@@ -73,7 +73,7 @@ class Constraint:
         try:  # GBNF (llama.cpp's) is translated to Lark, llguidance's own syntax
             gbnf = "::=" in self.spec and not self.spec.lstrip().startswith("%llguidance")
             lark = gbnf_to_lark(self.spec) if gbnf else self.spec
-        except GbnfToLarkError as e:
+        except (GbnfToLarkError, Exception) as e:  # noqa: BLE001 - the converter raises bare Exception too
             raise StructuredOutputError(f"grammar is not valid GBNF: {e}") from e
         return M.grammar_from_lark(lark)
 
@@ -161,6 +161,7 @@ class GrammarCache:
         template = llguidance.LLMatcher(lltokenizer, grammar, log_level=0)
         if template.is_error():
             raise StructuredOutputError(_explain(constraint, [template.get_error()]))
+        _trial(constraint, template, frozenset(lltokenizer.eos_tokens), lltokenizer.vocab_size)
         seconds = time.perf_counter() - start
         with self._lock:
             self._entries[key] = template
@@ -171,6 +172,39 @@ class GrammarCache:
             self.stats.seconds_total += seconds
             self.stats.durations.append(seconds)
         return Compiled(template, frozenset(lltokenizer.eos_tokens), seconds, False)
+
+
+TRIAL_STEPS = 8  # tokens a compiled grammar is walked before it is accepted (each: one mask, one token)
+
+
+def _trial(constraint: Constraint, template: Any, ends: frozenset[int], vocab_size: int) -> None:
+    """Walk a copy of the matcher TRIAL_STEPS tokens (each time the lowest-id token its mask allows that does not
+    end the output) so that a grammar past the engine's limits (too many alternatives in one rule, a required
+    recursion: llguidance stops with "too many items") fails here, as a StructuredOutputError for the request that
+    sent it, not at its first token inside the engine."""
+    m = template.deep_copy()
+    words = (vocab_size + 31) // 32
+    bitmask = torch.zeros(1, words, dtype=torch.int32)
+    for _ in range(TRIAL_STEPS):
+        m.unsafe_compute_mask_ptr(bitmask.data_ptr(), words * 4)
+        if m.is_error():
+            break
+        allowed = allowed_tokens(bitmask, vocab_size)[0]
+        if ends:
+            allowed[[e for e in ends if e < vocab_size]] = False
+        if not bool(allowed.any()):
+            return  # only the end is left (or nothing: the mask check at run time names that)
+        if not m.consume_token(int(allowed.nonzero()[0, 0])):
+            break
+    if m.is_error():
+        raise StructuredOutputError(
+            f"{constraint.kind} exceeds the grammar engine's limits: {first_line(m.get_error())}; simplify it "
+            "(fewer alternatives in one rule, no recursion that is required at every level)")
+
+
+def first_line(message: str) -> str:
+    """llguidance's error messages carry the parser state and the whole grammar after the first line."""
+    return message.strip().split("\n", 1)[0][:500]
 
 
 def _explain(constraint: Constraint, messages: list[str]) -> str:
@@ -273,7 +307,7 @@ class GrammarMask:
                 if self.mask_seen[row] == self.seen[row] and self._allowed(row, token):
                     # the grammar engine refused a token its own mask allowed: never let that pass
                     raise StructuredOutputError(f"{self.kind}: the grammar engine refused token {token}, which "
-                                                f"its mask allowed ({m.get_error()})")
+                                                f"its mask allowed ({first_line(m.get_error())})")
                 self.done[row] = True  # padding after the row finished: the mask never allowed it
                 return
             self.seen[row] += 1

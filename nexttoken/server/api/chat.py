@@ -22,9 +22,9 @@ from ...tools.reasoning import ReasoningFormat
 from ..http.errors import bad_request
 from ..http.streams import Job, SSEResponse, run_jobs, sse
 from ..openai.outputs import usage
-from ..openai.prompts import PREAMBLE_HEADER, chat_text, check_ids, template_kwargs
+from ..openai.prompts import PREAMBLE_HEADER, chat_prompt, check_ids, template_kwargs
 from ..openai.protocol import ChatCompletionRequest
-from .serving import Serving, collect_choices, engine_failure, parse_body, unavailable
+from .serving import Serving, collect_choices, engine_failure, log, parse_body, tool_parse_failure, unavailable
 
 
 @dataclass
@@ -54,9 +54,9 @@ class Chat(Serving):
         self._check_model(req.model)
         use = self._tool_use(req.tools, req.tool_choice, req.parallel_tool_calls)
         variables = template_kwargs(self.settings.default_chat_template_kwargs, req)
-        # untrusted template work: off the event loop
-        text, preamble = await asyncio.to_thread(chat_text, req, self.tokenizer, use, self.template_support, variables)
-        ids = self.tokenizer.encode(text, add_special_tokens=False)  # the template writes BOS itself
+        ids, text, preamble = await asyncio.to_thread(  # untrusted template work: off the event loop
+            chat_prompt, req, self.tokenizer, use, self.template_support, variables, self.limits,
+            self.settings.special_tokens_in_content)
         check_ids(ids, self.limits.vocab_size, "messages")
         return use, ids, text, preamble
 
@@ -74,7 +74,8 @@ class Chat(Serving):
         await self._compile(req, cfg, "tools" if use is not None and use.calls else None)
         rid = f"{prefix}-{uuid.uuid4().hex}" if prefix == "chatcmpl" else f"{prefix}_{uuid.uuid4().hex}"
         jobs = [Job(j, f"{rid}-{j}", p, c, rid) for j, (p, c) in enumerate(expand([ids], cfg))]
-        events = run_jobs(self.engine, jobs, self.metrics, arrival)
+        self._admit(len(jobs))
+        events = run_jobs(self.engine, jobs, self.metrics, arrival, reserved=True)
         opened = self.reasoning is not None and self.reasoning.opened_in(text)
         return ChatRun(rid, ids, jobs, events, use if use is not None and use.calls else None, self.reasoning, opened,
                        preamble)
@@ -93,7 +94,12 @@ class Chat(Serving):
             return Response(status_code=499)  # the client left; its requests were cancelled
         body = []
         for i, c in enumerate(choices):
-            message, finish_reason = _message(run, c.text, cut=c.finish_reason == "length"), c.finish_reason
+            try:
+                message = _message(run, c.text, cut=c.finish_reason == "length")
+            except Exception as e:  # noqa: BLE001 - this request alone fails, in the API's body
+                log.exception("parsing a choice's answer (thinking, tool calls) failed")
+                raise tool_parse_failure() from e
+            finish_reason = c.finish_reason
             trace = c.trace
             if trace is not None and run.reasoning is not None:  # the trace keeps the answer's split too
                 trace = {**trace, "reasoning": message["reasoning_content"], "content": message["content"]}
@@ -128,7 +134,12 @@ class Chat(Serving):
                 completion_tokens += len(event.token_ids)
                 speculated[index] = (event.spec_draft_tokens, event.spec_accepted_tokens)
                 lp = self.logprobs.chat(event.token_ids, event.logprobs, event.top_logprobs) if req.logprobs else None
-                choices = _chat_deltas(index, event, lp, parsers[index])
+                try:
+                    choices = _chat_deltas(index, event, lp, parsers[index])
+                except Exception:  # noqa: BLE001 - this request's answer parsing failed: it ends alone, in the API's body
+                    log.exception("parsing a streamed choice's answer (thinking, tool calls) failed")
+                    yield sse(json.dumps(tool_parse_failure().body()))
+                    break
                 if choices:
                     choices[-1].update(self._trace_field(event.trace))
                 for choice in choices:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 import time
 import uuid
@@ -31,16 +33,17 @@ class Completions(Serving):
         if req.suffix:  # OpenAI's insertion: the prompt is the prefix, the model writes what comes before suffix
             texts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
             prompts = [self._fim(text, req.suffix) for text in texts]
-        else:
-            prompts = completion_prompts(req.prompt, self.tokenizer, self.limits.vocab_size)
+        else:  # tokenizing takes time: off the event loop
+            prompts = await asyncio.to_thread(completion_prompts, req.prompt, self.tokenizer, self.limits)
         max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
         cfg = self._options(req, prompts, max_tokens, "prompt", top_logprobs=req.logprobs or 0,
                             prompt_logprobs=req.echo and req.logprobs is not None)
         await self._compile(req, cfg)
         rid = f"cmpl-{uuid.uuid4().hex}"
         jobs = [Job(i, f"{rid}-{i}", ids, c, rid) for i, (ids, c) in enumerate(expand(prompts, cfg))]
+        self._admit(len(jobs))
         head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.settings.model_name}
-        events = run_jobs(self.engine, jobs, self.metrics, arrival)
+        events = run_jobs(self.engine, jobs, self.metrics, arrival, reserved=True)
         if req.stream:
             return SSEResponse(self._completion_stream(req, jobs, head, events))
         return await self._completion_full(request, req, jobs, head, events)

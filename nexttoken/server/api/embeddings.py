@@ -22,7 +22,7 @@ class Embeddings(Serving):
     async def create(self, request: Request) -> Response:
         req: EmbeddingRequest = parse_body(EmbeddingRequest, await request.body())
         self._check_model(req.model)
-        prompts = completion_prompts(req.input, self.tokenizer, self.limits.vocab_size, "input")
+        prompts = completion_prompts(req.input, self.tokenizer, self.limits, "input")
         longest = max(len(p) for p in prompts)
         if longest > self.limits.max_model_len:
             raise bad_request(f"an input has {longest} tokens, over this model's maximum context length of "

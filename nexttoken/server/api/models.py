@@ -33,10 +33,12 @@ class Models(Serving):
             raise bad_request("this model has no tokenizer", "prompt")
         if req.messages is not None:
             use = self._tool_use(req.tools, "none", None)
-            ids, _ = await asyncio.to_thread(chat_prompt, req, self.tokenizer, use, self.template_support,
-                                             template_kwargs(self.settings.default_chat_template_kwargs, req))
-        else:
-            ids = self.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            ids, _, _ = await asyncio.to_thread(
+                chat_prompt, req, self.tokenizer, use, self.template_support,
+                template_kwargs(self.settings.default_chat_template_kwargs, req), self.limits,
+                self.settings.special_tokens_in_content)
+        else:  # off the event loop: a long text takes the tokenizer a while
+            ids = await asyncio.to_thread(self.tokenizer.encode, req.prompt, add_special_tokens=req.add_special_tokens)
         return {"count": len(ids), "max_model_len": self.limits.max_model_len, "tokens": ids}
 
     async def detokenize(self, request: Request) -> dict:
@@ -45,7 +47,7 @@ class Models(Serving):
         if self.tokenizer is None:
             raise bad_request("this model has no tokenizer", "tokens")
         check_ids(req.tokens, self.limits.vocab_size, "tokens")
-        return {"prompt": self.tokenizer.decode(req.tokens)}
+        return {"prompt": await asyncio.to_thread(self.tokenizer.decode, req.tokens)}
 
     async def health(self) -> Response:
         if self.engine.error is not None:  # what stopped it is in the server's log, not for clients

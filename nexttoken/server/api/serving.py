@@ -27,11 +27,12 @@ from ..http.streams import ClientGone, collect
 from ..metrics import ServerMetrics
 from ..openai.options import constraint_field, request_options, server_defaults
 from ..openai.outputs import Choice, LogprobFormatter
-from ..openai.prompts import Limits, new_tokens
+from ..openai.prompts import Limits, longest_token_bytes, new_tokens
 from ..settings import ServerSettings
 from .traces import TraceStore
 
 log = logging.getLogger("nexttoken.server")
+RETRY_AFTER_S = 1  # a full queue drains as sequences finish: a client retries after this many seconds
 
 
 def parse_body(model: type[BaseModel], body: bytes) -> Any:
@@ -47,7 +48,8 @@ class Serving:
     def __init__(self, core: LLMEngine, engine: AsyncEngine, metrics: ServerMetrics, settings: ServerSettings,
                  traces: TraceStore | None = None) -> None:
         self.tokenizer, self.engine, self.metrics, self.settings = core.tokenizer, engine, metrics, settings
-        self.limits = Limits(core.max_model_len, core.model.config.vocab_size, settings.max_n)
+        self.limits = Limits(core.max_model_len, core.model.config.vocab_size, settings.max_n,
+                             longest_token_bytes(core.tokenizer))
         self.base = server_defaults(core.generation_config, settings.structured_whitespace)
         self.logprobs = LogprobFormatter(core.tokenizer)
         self.created = int(time.time())
@@ -110,6 +112,19 @@ class Serving:
             raise bad_request(f"{name} contains token ids {ids[:5]} outside the vocabulary [0, "
                               f"{self.limits.vocab_size})", name)
         return cfg
+
+    def _admit(self, count: int) -> None:
+        """Refuse (429, with Retry-After) a request whose `count` sequences would queue more than
+        --max-waiting-seqs behind the running ones: the queue, and the memory it holds, stays bounded (by the
+        limit plus one request's sequences: a request is admitted to an empty queue whatever its size, which
+        --max-seqs-per-request bounds)."""
+        limit = self.settings.max_waiting_seqs
+        if not self.engine.reserve(count, limit):
+            self.metrics.finished.labels("rejected").inc()
+            raise APIError(
+                429, f"the server is busy: {self.engine.num_waiting} sequences are waiting for a slot and this "
+                     f"request adds {count}, over the limit of {limit} (--max-waiting-seqs); retry later", None,
+                "rate_limit_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
 
     async def _compile(self, req: Any, cfg: Any, field: str | None = None) -> None:
         """Compile the request's grammar off the event loop (the engine then finds it cached); a constraint that
@@ -174,4 +189,11 @@ def engine_failure(event: Any) -> APIError:
     OpenAI's body for it alone. What failed is logged here, not sent."""
     log.error("a request failed inside the engine: %s", event.stop_reason)
     return APIError(500, "generation failed inside the engine for this request (other requests are not "
+                         "affected); the server log has the details", type="internal_server_error")
+
+
+def tool_parse_failure() -> APIError:
+    """The model's text could not be parsed into tool calls by this server's parser: a 500 for this request alone
+    (what failed is in the log)."""
+    return APIError(500, "parsing the model's tool calls failed for this request (other requests are not "
                          "affected); the server log has the details", type="internal_server_error")

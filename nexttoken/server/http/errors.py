@@ -13,16 +13,17 @@ class APIError(Exception):
 
     def __init__(
         self, status: int, message: str, param: str | None = None, type: str = "invalid_request_error",
-        code: str | None = None,
+        code: str | None = None, headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | int | None = None) -> dict[str, Any]:

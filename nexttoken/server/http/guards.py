@@ -1,10 +1,12 @@
-"""ASGI guards in front of the app: unexpected errors as OpenAI's 500 body, a request-body size and time limit (413,
-408, 503 at shutdown) and the optional API key (401)."""
+"""ASGI guards in front of the app: unexpected errors as OpenAI's 500 body, the optional API key (401, checked before
+the body is read), the Host header (421: DNS rebinding), JSON bodies only (415: a web page's form or text/plain
+post), and a request-body size and time limit (413, 408, 503 at shutdown)."""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import logging
 
@@ -13,7 +15,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .errors import error_body_for
 from .shutdown import MESSAGE as SHUTTING_DOWN, Drain
 
-_PROTECTED = ("/v1/", "/tokenize", "/detokenize", "/infill", "/responses")  # /health and /metrics stay open for probes and scrapers
+# The API's paths: what the key guards (with the API's description) and what must be sent as JSON; /health and
+# /metrics stay open for probes and scrapers.
+API_PATHS = ("/v1/", "/tokenize", "/detokenize", "/infill", "/responses")
+_PROTECTED = (*API_PATHS, "/openapi.json")
 
 
 async def _send_error(send: Send, status: int, body: dict) -> None:
@@ -134,4 +139,64 @@ class ApiKeyGuard:
                 body = error_body_for(scope["path"], 401, "invalid or missing API key: send Authorization: Bearer "
                                       "<key> (or x-api-key: <key>)", "invalid_request_error", "invalid_api_key")
                 return await _send_error(send, 401, body)
+        await self.app(scope, receive, send)
+
+
+class JsonOnly:
+    """POSTs to the API must say `Content-Type: application/json` (415 otherwise, in OpenAI's body). A web page can
+    send text/plain, form and multipart bodies to any address without asking (no CORS preflight): refusing them
+    keeps pages from starting generations on a server without a key."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith(API_PATHS):
+            declared = dict(scope.get("headers") or []).get(b"content-type", b"").decode("latin-1")
+            media = declared.split(";", 1)[0].strip().lower()
+            if media != "application/json":
+                message = (f"the request body must be JSON, sent with Content-Type: application/json (got "
+                           f"{declared[:100]!r})")
+                body = error_body_for(scope["path"], 415, message, "invalid_request_error", "unsupported_media_type")
+                return await _send_error(send, 415, body)
+        await self.app(scope, receive, send)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return True
+    except ValueError:
+        return False
+
+
+class HostCheck:
+    """The Host header must name this server: an IP address (DNS rebinding always goes through a name), localhost,
+    the address it is bound to, or one of `allowed` (`--allowed-hosts`; "*" turns the check off). A page on
+    attacker.example whose name is re-pointed at 127.0.0.1 sends Host: attacker.example and gets 421."""
+
+    LOCAL = ("localhost", "localhost.")
+
+    def __init__(self, app: ASGIApp, bound: str, allowed: tuple[str, ...] = ()) -> None:
+        self.app = app
+        self.any = "*" in allowed
+        self.allowed = {h.lower().rstrip(".") for h in (*allowed, *self.LOCAL, bound) if h != "*"}
+
+    def permits(self, host_header: str) -> bool:
+        host = host_header.strip().lower()
+        if host.startswith("["):  # [v6]:port
+            host = host[: host.find("]") + 1]
+        elif host.count(":") == 1:
+            host = host.split(":", 1)[0]
+        host = host.rstrip(".")
+        return self.any or _is_ip(host) or host in self.allowed or host.endswith(".localhost")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self.any:
+            host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+            if not self.permits(host):
+                message = (f"this server does not answer to the host {host[:100]!r}: add it with --allowed-hosts "
+                           "(a web page whose name was re-pointed at this server sends its own name here)")
+                return await _send_error(send, 421, error_body_for(scope["path"], 421, message, "invalid_request_error",
+                                                                   "misdirected_request"))
         await self.app(scope, receive, send)

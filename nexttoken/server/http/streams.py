@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -29,16 +29,21 @@ class Job:
     group: str = ""  # the client request: its sequences share turns for free slots with other requests
 
 
-async def run_jobs(
-    engine: AsyncEngine, jobs: list[Job], metrics: ServerMetrics, arrival: float
+def run_jobs(
+    engine: AsyncEngine, jobs: list[Job], metrics: ServerMetrics, arrival: float, reserved: bool = False
 ) -> AsyncIterator[tuple[int, TokenEvent]]:
-    """(choice index, event) from all jobs as they come; closing this iterator cancels the unfinished ones."""
+    """(choice index, event) from all jobs as they come; closing this iterator cancels the unfinished ones. The
+    jobs start now (their streams on the next turn of the loop); `reserved`: engine.reserve counted them, and a
+    job whose stream never starts (cancelled first) is handed back."""
     merged: asyncio.Queue = asyncio.Queue()
+    started = [False] * len(jobs)
 
-    async def pump(job: Job) -> None:
+    async def pump(k: int, job: Job) -> None:
         previous, finished = None, False
+        started[k] = True
         try:
-            async for event in engine.stream(job.request_id, job.prompt_ids, job.params, arrival, job.group or None):
+            async for event in engine.stream(job.request_id, job.prompt_ids, job.params, arrival, job.group or None,
+                                             reserved=reserved):
                 metrics.observe(event, previous)
                 previous, finished = (event.time if event.token_ids else previous), event.finished
                 await merged.put((job.index, event))
@@ -49,7 +54,17 @@ async def run_jobs(
         except Exception as e:  # noqa: BLE001 - handed to the consumer, who decides the response
             await merged.put((job.index, e))
 
-    tasks = [asyncio.create_task(pump(job)) for job in jobs]
+    def never_started(k: int) -> Callable[[asyncio.Task], None]:
+        return lambda task: engine.release(1) if reserved and not started[k] else None
+
+    tasks = []
+    for k, job in enumerate(jobs):
+        tasks.append(asyncio.create_task(pump(k, job)))
+        tasks[-1].add_done_callback(never_started(k))
+    return _merge(tasks, merged)
+
+
+async def _merge(tasks: list[asyncio.Task], merged: asyncio.Queue) -> AsyncIterator[tuple[int, TokenEvent]]:
     try:
         remaining = len(tasks)
         while remaining:

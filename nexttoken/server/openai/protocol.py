@@ -9,12 +9,21 @@ counts such as `n` and `stop`); the values of sampling options are checked once,
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model, field_validator, model_validator
 
 MAX_STOP_STRINGS = 4
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")
+
+
+def _integral(v: Any) -> Any:
+    """4.0 is the integer 4 (JSON Schema's "integer" takes any number with no fractional part); 4.5 and "4" stay
+    themselves, for strict validation to refuse."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+Int = Annotated[int, BeforeValidator(_integral)]  # an integer field: ints, and floats with no fractional part
 
 
 class _Strict(BaseModel):
@@ -107,12 +116,12 @@ class StructuredOutputs(_Strict):
 
 class _OpenAIFields(_Strict):
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: Int | None = Field(None, ge=1)
     temperature: float | None = None
     top_p: float | None = None
-    n: int = Field(1, ge=1)
+    n: Int = Field(1, ge=1)
     stop: Union[str, list[str], None] = None
-    seed: int | None = None
+    seed: Int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
@@ -120,16 +129,16 @@ class _OpenAIFields(_Strict):
     stream_options: StreamOptions | None = None
     user: str | None = None
     # vLLM's extras
-    top_k: int | None = None  # -1 or 0: off
+    top_k: Int | None = None  # -1 or 0: off
     min_p: float | None = None
     repetition_penalty: float | None = None
-    min_tokens: int | None = None
+    min_tokens: Int | None = None
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     # llama.cpp's mirostat mode: 0 off, 2 mirostat v2 (with mirostat_tau, default 5.0); v1 is not offered
-    mirostat: int | None = None
+    mirostat: Int | None = None
     # Structured output (options.py turns these into GenerationConfig's constraint): OpenAI's response_format,
     # vLLM's structured_outputs and its older guided_* fields.
     response_format: ResponseFormat | None = None
@@ -179,10 +188,10 @@ SamplingFields = create_model(
 
 
 class CompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
-    prompt: Union[str, list[str], list[int], list[list[int]]]
+    prompt: Union[str, list[str], list[Int], list[list[Int]]]
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=20)  # OpenAI allows 5; vLLM 20
-    best_of: int | None = Field(None, ge=1)  # OpenAI's; only best_of == n (or absent) is offered
+    logprobs: Int | None = Field(None, ge=0, le=20)  # OpenAI allows 5; vLLM 20
+    best_of: Int | None = Field(None, ge=1)  # OpenAI's; only best_of == n (or absent) is offered
     suffix: str | None = None  # OpenAI's insertion: fill in the middle with the tokenizer's FIM tokens (infill.py)
 
     @model_validator(mode="after")
@@ -259,9 +268,9 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: Int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: Int | None = Field(None, ge=0, le=20)
     add_generation_prompt: bool = True
     # Tools: OpenAI's function definitions, passed to the chat template as sent (nexttoken.tools checks them).
     tools: list[dict[str, Any]] | None = None
@@ -356,4 +365,4 @@ class TokenizeRequest(_Strict):
 
 class DetokenizeRequest(_Strict):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[Int]
