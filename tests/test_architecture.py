@@ -128,7 +128,8 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "llamacpp": set(),  # llama.cpp's wire format: the /infill body
         "api": {"anthropic", "http", "llamacpp", "metrics", "openai", "settings"},  # one module per API
         "webui": set(),  # the chat page (package data) and its routes
-        "app": {"api", "http", "metrics", "openai", "settings", "webui"},  # openai: the request schemas for /openapi.json
+        "app": {"anthropic", "api", "http", "llamacpp", "metrics", "openai", "settings", "webui"},  # the request
+        # schemas for /openapi.json
         "cli": {"app", "http", "settings"},
     },
 }

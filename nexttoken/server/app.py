@@ -27,7 +27,20 @@ from .http.errors import ANTHROPIC_PATHS, APIError, anthropic_error_body, error_
 from .http.guards import ApiKeyGuard, BodyLimit, HostCheck, InternalErrors, JsonOnly
 from .http.shutdown import MESSAGE as SHUTTING_DOWN, Drain
 from .metrics import ServerMetrics
-from .openai.schema import ROUTES, components
+from .anthropic.protocol import CountTokensRequest, MessagesRequest
+from .llamacpp.protocol import InfillRequest
+from .openai.responses import ResponsesRequest
+from .openai.schema import (API_ERRORS, COMPLETION, COUNT, MESSAGE, RESPONSE, ROUTES, anthropic_operation, components,
+                            operation)
+
+# The other APIs' routes in /openapi.json: their request bodies and answers (Messages' errors in Anthropic's body).
+MORE_BODIES = (ResponsesRequest, InfillRequest, MessagesRequest, CountTokensRequest)
+MORE_ROUTES = {
+    "responses": operation(ResponsesRequest, RESPONSE, *API_ERRORS, stream=True),
+    "infill": operation(InfillRequest, COMPLETION, *API_ERRORS, stream=True),
+    "messages": anthropic_operation(MessagesRequest, MESSAGE, stream=True),
+    "count_tokens": anthropic_operation(CountTokensRequest, COUNT),
+}
 from .settings import ServerSettings
 from .webui import add_webui
 
@@ -84,13 +97,13 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     app.post("/v1/completions", **ROUTES["completions"])(completions.completions)
     app.post("/v1/chat/completions", **ROUTES["chat"])(chat.chat_completions)
     for prefix in ("/v1", ""):  # clients with a base URL without /v1 (OpenAI's Responses examples) too
-        app.post(f"{prefix}/responses", **ROUTES["responses"])(responses.create)
+        app.post(f"{prefix}/responses", **MORE_ROUTES["responses"])(responses.create)
         app.get(f"{prefix}/responses/{{response_id}}", **ROUTES["response"])(responses.get)
         app.delete(f"{prefix}/responses/{{response_id}}", **ROUTES["response"])(responses.delete)
     app.post("/v1/embeddings", **ROUTES["embeddings"])(embeddings.create)
-    app.post("/infill", **ROUTES["infill"])(infill.infill)
-    app.post("/v1/messages", **ROUTES["messages"])(messages.create)
-    app.post("/v1/messages/count_tokens", **ROUTES["count_tokens"])(messages.count_tokens)
+    app.post("/infill", **MORE_ROUTES["infill"])(infill.infill)
+    app.post("/v1/messages", **MORE_ROUTES["messages"])(messages.create)
+    app.post("/v1/messages/count_tokens", **MORE_ROUTES["count_tokens"])(messages.count_tokens)
     app.get("/v1/models", **ROUTES["models"])(models.models)
     app.get("/v1/models/{model_id:path}", **ROUTES["model"])(models.model)
     app.post("/tokenize", **ROUTES["tokenize"])(models.tokenize)
@@ -106,7 +119,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
         """FastAPI's document with the request models' schemas the routes' bodies refer to."""
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-            schema.setdefault("components", {}).setdefault("schemas", {}).update(components())
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(components(*MORE_BODIES))
             app.openapi_schema = schema
         return app.openapi_schema
 

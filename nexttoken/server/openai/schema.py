@@ -115,12 +115,7 @@ ROUTES: dict[str, dict[str, Any]] = {
     "trace": operation(None, {}, *GET_ERRORS, ok_type="text/html"),
     "embeddings": operation(EmbeddingRequest, {"type": "object", "required": ["object", "data", "model", "usage"]},
                             *API_ERRORS),
-    # The Responses API's and /infill's bodies are checked by their own models (openai/responses.py,
-    # llamacpp/protocol.py); documented here by their answers.
-    "responses": operation(None, {"type": "object", "required": ["id", "object", "output"]}, *API_ERRORS,
-                           stream=True),
     "response": operation(None, {"type": "object", "required": ["id", "object"]}, *GET_ERRORS),
-    "infill": operation(None, COMPLETION, *API_ERRORS, stream=True),
 }
 # Anthropic's error body, on /v1/messages and /v1/messages/count_tokens (anthropic/events.py writes it).
 ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"], "properties": {
@@ -128,22 +123,25 @@ ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"], "properties"
         "type": {"type": "string"}, "message": {"type": "string"}}}}}
 
 
-def anthropic_operation(ok: dict[str, Any], stream: bool = False) -> dict[str, Any]:
+def anthropic_operation(model: type[BaseModel] | None, ok: dict[str, Any], stream: bool = False) -> dict[str, Any]:
     """A Messages route's `responses`: its 200 body and each error status in Anthropic's error body."""
-    op = operation(None, ok, stream=stream)
+    op = operation(model, ok, stream=stream)
     op["responses"].update({s: {"description": ERRORS[s], "content": {"application/json": {"schema": ANTHROPIC_ERROR}}}
                             for s in API_ERRORS})
     return op
 
 
-ROUTES["messages"] = anthropic_operation({"type": "object", "required": ["id", "type", "content"]}, stream=True)
-ROUTES["count_tokens"] = anthropic_operation({"type": "object", "required": ["input_tokens"]})
+MESSAGE = {"type": "object", "required": ["id", "type", "content"]}
+COUNT = {"type": "object", "required": ["input_tokens"]}
+RESPONSE = {"type": "object", "required": ["id", "object", "output"]}
 
 
-def components() -> dict[str, Any]:
-    """The request models' JSON Schemas (and the models they use), for the document's components.schemas."""
+def components(*more: type[BaseModel]) -> dict[str, Any]:
+    """The request models' JSON Schemas (and the models they use), for the document's components.schemas; `more`:
+    the other APIs' request models (app.py passes the Responses, Messages and /infill bodies)."""
     out: dict[str, Any] = {}
-    for model in (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest, EmbeddingRequest):
+    for model in (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest, EmbeddingRequest,
+                  *more):
         schema = model.model_json_schema(ref_template=REF, by_alias=True)
         out.update(schema.pop("$defs", {}))
         out[model.__name__] = schema
