@@ -12,6 +12,7 @@ Loud, not silent: a schema keyword or grammar feature llguidance does not enforc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import threading
@@ -161,7 +162,13 @@ class GrammarCache:
         template = llguidance.LLMatcher(lltokenizer, grammar, log_level=0)
         if template.is_error():
             raise StructuredOutputError(_explain(constraint, [template.get_error()]))
-        _trial(constraint, template, frozenset(lltokenizer.eos_tokens), lltokenizer.vocab_size)
+        # The trial walks the compact layout: JSON's free whitespace would let the walk spend its tokens on blanks
+        # before it reaches what is past the limits (the same constraint, one space per gap at most).
+        trial = template
+        if constraint.whitespace != "compact" and constraint.kind in ("json_schema", "json_object"):
+            trial = llguidance.LLMatcher(lltokenizer, dataclasses.replace(constraint, whitespace="compact").grammar(),
+                                         log_level=0)
+        _trial(constraint, trial, frozenset(lltokenizer.eos_tokens), lltokenizer.vocab_size)
         seconds = time.perf_counter() - start
         with self._lock:
             self._entries[key] = template

@@ -22,7 +22,7 @@ from ...tools.reasoning import ReasoningFormat
 from ..http.errors import bad_request
 from ..http.streams import Job, SSEResponse, run_jobs, sse
 from ..openai.outputs import usage
-from ..openai.prompts import PREAMBLE_HEADER, chat_prompt, check_ids, template_kwargs
+from ..openai.prompts import PREAMBLE_HEADER, check_ids, render_chat, template_kwargs
 from ..openai.protocol import ChatCompletionRequest
 from .serving import Serving, collect_choices, engine_failure, log, parse_body, tool_parse_failure, unavailable
 
@@ -55,7 +55,7 @@ class Chat(Serving):
         use = self._tool_use(req.tools, req.tool_choice, req.parallel_tool_calls)
         variables = template_kwargs(self.settings.default_chat_template_kwargs, req)
         ids, text, preamble = await asyncio.to_thread(  # untrusted template work: off the event loop
-            chat_prompt, req, self.tokenizer, use, self.template_support, variables, self.limits,
+            render_chat, req, self.tokenizer, use, self.template_support, variables, self.limits,
             self.settings.special_tokens_in_content)
         check_ids(ids, self.limits.vocab_size, "messages")
         return use, ids, text, preamble

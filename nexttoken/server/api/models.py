@@ -33,7 +33,7 @@ class Models(Serving):
             raise bad_request("this model has no tokenizer", "prompt")
         if req.messages is not None:
             use = self._tool_use(req.tools, "none", None)
-            ids, _, _ = await asyncio.to_thread(
+            ids = await asyncio.to_thread(
                 chat_prompt, req, self.tokenizer, use, self.template_support,
                 template_kwargs(self.settings.default_chat_template_kwargs, req), self.limits,
                 self.settings.special_tokens_in_content)

@@ -70,8 +70,8 @@ def completion_prompts(p: Any, tokenizer: Any, limits: Limits, param: str = "pro
         prompts = [p] if isinstance(p[0], int) else p  # type: ignore[list-item]
     for ids in prompts:
         if not ids:
-            raise bad_request("the prompt is empty (it encodes to no tokens)", "prompt")
-        check_ids(ids, vocab, "prompt")
+            raise bad_request(f"the {param} is empty (it encodes to no tokens)", param)
+        check_ids(ids, vocab, param)
     return prompts
 
 
@@ -96,6 +96,13 @@ def template_kwargs(defaults: dict[str, Any], req: ChatCompletionRequest | Token
 
 
 def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tokenizer: Any, use: ToolUse | None = None,
+                support: TemplateSupport | None = None, variables: dict[str, Any] | None = None,
+                limits: Limits | None = None, special_in_content: bool = True) -> list[int]:
+    """`render_chat`'s token ids."""
+    return render_chat(req, tokenizer, use, support, variables, limits, special_in_content)[0]
+
+
+def render_chat(req: ChatCompletionRequest | TokenizeRequest, tokenizer: Any, use: ToolUse | None = None,
                 support: TemplateSupport | None = None, variables: dict[str, Any] | None = None,
                 limits: Limits | None = None, special_in_content: bool = True) -> tuple[list[int], str, str | None]:
     """The conversation rendered by the model's chat template, as (token ids, text, preamble).
