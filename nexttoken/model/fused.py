@@ -239,7 +239,7 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardB
     B = x.shape[0]
     if _sharded(model):
         slots = torch.arange(B, dtype=torch.int64)
-        return _rank_step(plan, model, x, positions, slots, torch.full((B,), batch.kv_len, dtype=torch.int64))
+        return _rank_step(plan, model, x, positions, (slots, 1), torch.full((B,), batch.kv_len, dtype=torch.int64))
     logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
     rc = kernels.library().nt_decode_step(
         ctypes.byref(plan.model), x.data_ptr(), B, positions.data_ptr(), batch.write_start, batch.kv_len,
@@ -288,34 +288,37 @@ def rows_plan(model: torch.nn.Module, cache: KVCache) -> RowsPlan | None:
 
 
 def decode_rows(plan: RowsPlan, model: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
-                slots: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor | None:
-    """(B, V) float32 logits for B rows that each own a cache row: row b's new token (input_ids (B, 1)) at
-    rotary position positions[b] writes its K/V at column kv_lens[b] - 1 of cache row slots[b] and attends over
-    its first kv_lens[b] columns. `plan` comes from rows_plan for this step. None when the native step fails."""
+                tables: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor | None:
+    """(B, V) float32 logits for B rows that each own cache blocks: row b's new token (input_ids (B, 1)) at
+    rotary position positions[b] writes its K/V at column kv_lens[b] - 1 and attends over its first kv_lens[b]
+    columns. `tables` (B, W): row b's column s lives in cache block tables[b, s // block_size] (a paged pool,
+    model/cache.py's PagedKVCache); or (B,): row b owns slot tables[b] of a slot cache. `plan` comes from rows_plan
+    for this step. None when the native step fails."""
     if input_ids.shape[0] > kernels.MAX_ROWS:
         return None
     x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
     B = x.shape[0]
-    positions, slots, kv_lens = (t.reshape(-1).to(torch.int64).contiguous() for t in (positions, slots, kv_lens))
+    stride = tables.shape[1] if tables.dim() == 2 else 1
+    positions, tables, kv_lens = (t.reshape(-1).to(torch.int64).contiguous() for t in (positions, tables, kv_lens))
     if _sharded(model):
-        return _rank_step(plan, model, x, positions, slots, kv_lens)
+        return _rank_step(plan, model, x, positions, (tables, stride), kv_lens)
     logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
     rc = kernels.library().nt_decode_rows(
-        ctypes.byref(plan.model), x.data_ptr(), B, positions.data_ptr(), slots.data_ptr(), kv_lens.data_ptr(),
-        logits.data_ptr(),
+        ctypes.byref(plan.model), x.data_ptr(), B, positions.data_ptr(), tables.data_ptr(), stride,
+        kv_lens.data_ptr(), logits.data_ptr(),
     )
     return logits if rc == 0 else None
 
 
-def _rank_step(plan: _Plan, model: torch.nn.Module, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-               kv_lens: torch.Tensor) -> torch.Tensor:
+def _rank_step(plan: _Plan, model: torch.nn.Module, x: torch.Tensor, positions: torch.Tensor,
+               tables: tuple[torch.Tensor, int], kv_lens: torch.Tensor) -> torch.Tensor:
     """(B, V) logits of a tensor-parallel rank's step, rows as in decode_rows: x (B, C) is the all-reduced
     embedding. Every rank calls this in the same step, so each part's all-reduce meets the other ranks' (the same
     collectives, in the same order, as the modules' step). A refused part raises: every rank has the same rows and
     shapes, so every rank raises at the same part."""
     lib, ranks = kernels.library(), model.parallel.ranks
     B = x.shape[0]
-    ptrs = (positions.data_ptr(), slots.data_ptr(), kv_lens.data_ptr())
+    ptrs = (positions.data_ptr(), tables[0].data_ptr(), tables[1], kv_lens.data_ptr())
     part = torch.empty_like(x)  # (B, C) this rank's partial sum of one o or down projection
     for layer, biases in enumerate(plan.biases):
         for half, bias in enumerate(biases):
