@@ -1,10 +1,12 @@
-"""The KV cache: allocated once for the whole generation and written in place."""
+"""The KV caches: a slot cache allocated once for a whole generation (generate()), and the engine's paged pool; both
+written in place."""
 
 from __future__ import annotations
 
 import torch
 
 from .batch import ForwardBatch
+from .memory import lazy_zeros
 
 
 class KVCache:
@@ -67,3 +69,56 @@ class KVCache:
         bigger.k[:, :, :, :S] = self.k
         bigger.v[:, :, :, :S] = self.v
         return bigger
+
+
+class PagedKVCache:
+    """The engine's KV pool: keys and values of every layer in fixed-size blocks, (L, N, Hkv, bs, D) each.
+
+    A sequence's columns live in the blocks its block table names (column s in block table[s // bs], offset
+    s % bs), so memory goes to the tokens that exist, not to a slot as long as the longest request. Block 0 is the
+    null block: never handed out, all zeros, where the unused entries of a padded block table point (attention
+    masks those columns, and a zero is finite, so masking them leaves the sums exactly as they are).
+
+    The pool is one anonymous mapping (model/memory.py's `lazy_zeros`): its pages are committed as blocks are first
+    written, so a large pool costs the memory of the tokens actually held.
+    """
+
+    def __init__(self, n_layers: int, n_blocks: int, n_kv_heads: int, block_size: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        shape = (n_layers, n_blocks, n_kv_heads, block_size, head_dim)  # (L, N, Hkv, bs, D)
+        self.k = lazy_zeros(shape, dtype, device)
+        self.v = lazy_zeros(shape, dtype, device)
+
+    @property
+    def block_size(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    @staticmethod
+    def bytes_per_block(n_layers: int, n_kv_heads: int, block_size: int, head_dim: int, dtype: torch.dtype) -> int:
+        """Memory of one block's keys and values across all layers."""
+        return 2 * n_layers * n_kv_heads * block_size * head_dim * dtype.itemsize
+
+    def write(self, layer: int, cols: torch.Tensor, table: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store one sequence's k, v (Hkv, T, D) at its columns cols (T,), through its block table (>= blocks,)."""
+        bs = self.block_size
+        blocks, offsets = table[cols // bs], cols % bs  # (T,) each
+        self.k[layer][blocks, :, offsets] = k.transpose(0, 1)  # indexed view is (T, Hkv, D)
+        self.v[layer][blocks, :, offsets] = v.transpose(0, 1)
+
+    def gather(self, layer: int, tables: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first `span` columns of each row's blocks, tables (B, >= span / bs) -> k, v (B, Hkv, span, D) copies."""
+        n = -(-span // self.block_size)
+        out = []
+        for store in (self.k[layer], self.v[layer]):
+            rows = store[tables[:, :n]]  # (B, n, Hkv, bs, D)
+            B, _, H, bs, D = rows.shape
+            out.append(rows.transpose(1, 2).reshape(B, H, n * bs, D)[:, :, :span])
+        return out[0], out[1]

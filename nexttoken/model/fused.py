@@ -185,6 +185,7 @@ def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch
     """Whether this forward is a plain float32 CPU decode step the native function computes as the modules do."""
     return (
         _ENABLED
+        and isinstance(cache, KVCache)  # a view of the engine's pool (a one-token prefill chunk) runs the modules
         and input_ids.shape[1] == 1
         and input_ids.shape[0] <= kernels.MAX_ROWS
         and batch.last_only
