@@ -201,3 +201,31 @@ def test_smollm2_default_flags_start_in_bounded_memory(smollm2_dir) -> None:
     seq = engine.generate([llm.encode("Hello")], GREEDY.updated(max_new_tokens=4, eos_token_id=None))[0]
     assert len(seq.output_ids) == 4
     assert _rss_bytes() - before < 256 * 2**20
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "int8"])
+def test_compact_kv_dtypes_keep_batch_invariance_and_shrink_the_pool(stories, dtype) -> None:
+    """bf16 halves and int8 (with a float32 scale per token and head) nearly quarters a block; preempted and
+    batched requests still give each request's bits alone; the first tokens agree with the float32 pool."""
+    prompts = _prompts(stories, 4)
+    params = GREEDY.updated(max_new_tokens=30, ignore_eos=True)
+    compact = _engine(stories, num_kv_blocks=10, kv_cache_dtype=dtype)
+    together = _outputs(_run(compact, prompts, params))
+    assert compact.stats().preemptions_total > 0
+    alone = [_outputs(_run(_engine(stories, kv_cache_dtype=dtype), [p], params))[0] for p in prompts]
+    assert together == alone
+    full = _engine(stories, num_kv_blocks=10)
+    ratio = compact.stats().kv_cache_bytes / full.stats().kv_cache_bytes
+    assert ratio == (0.5 if dtype == "bf16" else (8 + 4) / 32)  # head_dim 8: one scale per 8 int8 values
+    reference = _alone(stories, prompts, params)
+    assert all(a[0][:10] == b[0][:10] for a, b in zip(together, reference))
+
+
+def test_cli_names_agree_with_the_engine() -> None:
+    from nexttoken.engine import llm_engine, scheduler
+    from nexttoken.server import cli
+
+    assert set(cli.KV_CACHE_DTYPES) == set(llm_engine.KV_CACHE_DTYPES)
+    assert cli.POLICIES == scheduler.POLICIES
+    assert cli.DEFAULT_MEMORY_PERCENT == round(DEFAULT_MEMORY_FRACTION * 100)
+    assert cli._bytes("2GiB") == 2 * 2**30 and cli._bytes("512M") == 512 * 10**6 and cli._bytes("1000") == 1000

@@ -62,7 +62,7 @@ class AsyncEngine:
 
     async def stream(
         self, request_id: str, prompt_ids: list[int], params: GenerationConfig, arrival_time: float | None = None,
-        group: str | None = None,
+        group: str | None = None, priority: int = 0,
     ) -> AsyncIterator[TokenEvent]:
         """Events of one request until it finishes. Closing the iterator early cancels the request."""
         if self.error is not None:
@@ -71,7 +71,7 @@ class AsyncEngine:
             raise EngineClosedError(self._closed)
         events: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), events)
-        self._inbox.put(("add", (request_id, prompt_ids, params, arrival_time, group)))
+        self._inbox.put(("add", (request_id, prompt_ids, params, arrival_time, group, priority)))
         finished = False
         try:
             while True:
@@ -111,9 +111,10 @@ class AsyncEngine:
                 return
             block = False
             if kind == "add":
-                request_id, prompt_ids, params, arrival, group = item
+                request_id, prompt_ids, params, arrival, group, priority = item
                 try:
-                    self.engine.add_request(prompt_ids, params, request_id, arrival_time=arrival, group=group)
+                    self.engine.add_request(prompt_ids, params, request_id, arrival_time=arrival, group=group,
+                                            priority=priority)
                 except Exception as e:  # noqa: BLE001 - a bad request fails alone
                     self._send(request_id, e)
             elif kind == "abort":

@@ -68,7 +68,7 @@ class SeqView:
         assert batch.write_start is not None, "a prefill chunk writes contiguous columns"
         cols = torch.arange(batch.write_start, batch.write_start + k.shape[2], device=k.device)
         self.pool.write(layer, cols, self.table, k[0], v[0])
-        return self.pool.gather(layer, self.table[None], batch.kv_len)  # (1, Hkv, kv_len, D) each
+        return self.pool.gather(layer, self.table[None], batch.kv_len, k.dtype)  # (1, Hkv, kv_len, D) each
 
 
 class RowsView:
@@ -85,11 +85,11 @@ class RowsView:
         assert k.shape[2] == 1, "decode writes one column per row"
         col, n, bs = batch.write_index[:, 0], self.n_real, self.pool.block_size  # (B,)
         blocks = self.tables[self._batch, col // bs]  # (B,) the block each row's new column lives in
+        new_k, new_v = k[:, :, 0], v[:, :, 0]  # (B, Hkv, D)
+        self.pool.put(layer, blocks[:n], col[:n] % bs, new_k[:n], new_v[:n])
         out = []
-        for store, new in ((self.pool.k[layer], k[:, :, 0]), (self.pool.v[layer], v[:, :, 0])):  # new: (B, Hkv, D)
-            store[blocks[:n], :, col[:n] % bs] = new[:n]
-        for span, new in zip(self.pool.gather(layer, self.tables, self.span), (k[:, :, 0], v[:, :, 0])):
-            span[self._batch, :, col] = new  # padding rows see their own new column too (a gathered copy)
+        for span, new in zip(self.pool.gather(layer, self.tables, self.span, k.dtype), (new_k, new_v)):
+            span[self._batch, :, col] = self.pool.stored(new)  # padding rows see their own new column too, as stored
             out.append(span)
         return out[0], out[1]
 

@@ -39,7 +39,7 @@ class Chat(Serving):
             cfg = self._with_tools(cfg, use)
         await self._compile(req, cfg, "tools" if use is not None and use.calls else None)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        jobs = [Job(j, f"{rid}-{j}", p, c, rid) for j, (p, c) in enumerate(expand([ids], cfg))]
+        jobs = [Job(j, f"{rid}-{j}", p, c, rid, req.priority) for j, (p, c) in enumerate(expand([ids], cfg))]
         head = {"id": rid, "created": int(time.time()), "model": self.settings.model_name}
         events = run_jobs(self.engine, jobs, self.metrics, arrival)
         parsing = use if use is not None and use.calls else None

@@ -26,7 +26,8 @@ class Job:
     request_id: str
     prompt_ids: list[int]
     params: GenerationConfig  # one sequence's options
-    group: str = ""  # the client request: its sequences share turns for free slots with other requests
+    group: str = ""  # the client request: its sequences share turns for free places with other requests
+    priority: int = 0  # lower runs first under --scheduling-policy priority
 
 
 async def run_jobs(
@@ -38,7 +39,8 @@ async def run_jobs(
     async def pump(job: Job) -> None:
         previous, finished = None, False
         try:
-            async for event in engine.stream(job.request_id, job.prompt_ids, job.params, arrival, job.group or None):
+            async for event in engine.stream(job.request_id, job.prompt_ids, job.params, arrival, job.group or None,
+                                           job.priority):
                 metrics.observe(event, previous)
                 previous, finished = (event.time if event.token_ids else previous), event.finished
                 await merged.put((job.index, event))
