@@ -229,3 +229,20 @@ def test_cli_names_agree_with_the_engine() -> None:
     assert cli.POLICIES == scheduler.POLICIES
     assert cli.DEFAULT_MEMORY_PERCENT == round(DEFAULT_MEMORY_FRACTION * 100)
     assert cli._bytes("2GiB") == 2 * 2**30 and cli._bytes("512M") == 512 * 10**6 and cli._bytes("1000") == 1000
+
+
+def test_native_step_reads_the_int8_pool_as_the_modules_do(stories, monkeypatch) -> None:
+    """The fused native step quantizes new K/V and reads int8 blocks with their scales itself: the same tokens as the
+    modules over the same pool (log-probs within float32 rounding), with preemptions on the way."""
+    calls: list[int] = []
+    real = fused.decode_rows
+    monkeypatch.setattr(fused, "decode_rows", lambda *a: calls.append(1) or real(*a))
+    prompts = _prompts(stories, 4)
+    params = GREEDY.updated(max_new_tokens=30, ignore_eos=True)
+    native = _run(_engine(stories, kv_cache_dtype="int8", num_kv_blocks=10), prompts, params)
+    assert calls
+    with fused.disabled():
+        modules = _run(_engine(stories, kv_cache_dtype="int8"), prompts, params)
+    for a, b in zip(native, modules):
+        assert a.output_ids == b.output_ids
+        assert a.out.logprobs == pytest.approx(b.out.logprobs, abs=1e-4)

@@ -38,8 +38,10 @@ struct NtLayer {
   NtLinear o;              // (C, H*D)
   NtLinear w13;            // (2*I, C): gate then up
   NtLinear w2;             // (C, I)
-  float* k_cache;          // this layer's (N, Hkv, bs, D) keys: N blocks of bs columns (a slot cache: bs = S)
-  float* v_cache;          // and values
+  void* k_cache;           // this layer's (N, Hkv, bs, D) keys: N blocks of bs columns (a slot cache: bs = S)
+  void* v_cache;           // and values; float32, or int8 (NtModel.kv_kind 2) with the scales below
+  float* k_scale;          // int8: (N, Hkv, bs) one scale per token and head (absmax / 127); else NULL
+  float* v_scale;
 };
 
 struct NtModel {
@@ -52,6 +54,7 @@ struct NtModel {
   const float* final_norm;  // (C,)
   NtLinear lm_head;         // (V, C)
   const NtLayer* layers;
+  int64_t kv_kind;  // the cache's elements: 0 float32, 2 int8 with per token and head scales
 };
 
 namespace {
@@ -107,16 +110,25 @@ struct Pages {
 // One query head against cache columns [0, kv_len): softmax(q.k / sqrt(D)) @ v. Dot products in 16-lane
 // vectors (a head is 48-128 wide), the weighted sum of values likewise; columns in order, block by block, so
 // the sums are the same whatever the block size.
-TARGET void attend(const float* q, const float* keys, const float* values, const Pages& pages, int64_t kv_len,
-                   int64_t D, float* scores, float* out) {
+// 16 (masked) cache values of the column at `at`, from element d: float32 loaded, or int8 widened and times the
+// column's scale (`scale`: NULL for float32) — the value the modules read back, q * scale rounded once.
+TARGET inline __m512 load_kv(const void* data, int64_t at, const float* scale, int64_t d, __mmask16 m) {
+  if (!scale) return _mm512_maskz_loadu_ps(m, (const float*)data + at + d);
+  const __m128i q = _mm_maskz_loadu_epi8(m, (const int8_t*)data + at + d);
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(*scale));
+}
+
+TARGET void attend(const float* q, const void* keys, const void* values, const float* k_scale,
+                   const float* v_scale, const Pages& pages, int64_t kv_len, int64_t D, float* scores, float* out) {
   const float scale = 1.f / sqrtf((float)D);
   float mx = -INFINITY;
   for (int64_t s = 0; s < kv_len; ++s) {
-    const float* k = keys + pages.at(s, D);
+    const int64_t at = pages.at(s, D);
+    const float* ks = k_scale ? k_scale + at / D : nullptr;  // this column's scale (int8)
     __m512 acc = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; d += 16) {
       const __mmask16 m = D - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - d)) - 1u);
-      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), _mm512_maskz_loadu_ps(m, k + d), acc);
+      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), load_kv(keys, at, ks, d, m), acc);
     }
     scores[s] = _mm512_reduce_add_ps(acc) * scale;
     mx = scores[s] > mx ? scores[s] : mx;
@@ -127,19 +139,35 @@ TARGET void attend(const float* q, const float* keys, const float* values, const
   for (int64_t d = 0; d < D; d += 16) {
     const __mmask16 m = D - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - d)) - 1u);
     __m512 acc = _mm512_setzero_ps();
-    for (int64_t s = 0; s < kv_len; ++s)
-      acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[s] * inv), _mm512_maskz_loadu_ps(m, values + pages.at(s, D) + d),
-                            acc);
+    for (int64_t s = 0; s < kv_len; ++s) {
+      const int64_t at = pages.at(s, D);
+      const float* vs = v_scale ? v_scale + at / D : nullptr;
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[s] * inv), load_kv(values, at, vs, d, m), acc);
+    }
     _mm512_mask_storeu_ps(out + d, m, acc);
   }
 }
 
+
+// One head's new key or value as the int8 cache stores it: scale = absmax / 127, q = round-half-even(x / scale)
+// (model/cache.py's _quantize, the modules' writes).
+void quantize_row(const float* x, int64_t D, int8_t* q, float* scale) {
+  float amax = 0.f;
+  for (int64_t d = 0; d < D; ++d) amax = fabsf(x[d]) > amax ? fabsf(x[d]) : amax;
+  const float s = amax / 127.f, div = s > 0.f ? s : 1.f;
+  for (int64_t d = 0; d < D; ++d) {
+    float r = nearbyintf(x[d] / div);
+    q[d] = (int8_t)(r > 127.f ? 127.f : (r < -127.f ? -127.f : r));
+  }
+  *scale = s;
+}
 
 // Rows are valid when each has 1..(its table's blocks * bs) cache columns; their total sizes the decision to fan
 // attention out.
 int check_rows(const NtModel* m, int64_t B, const int64_t* kv_lens, int64_t table_stride, int64_t* total_kv) {
   const int64_t D = m->head_dim;
   if (D > 512 || D % 2 || m->n_heads % m->n_kv_heads || table_stride < 1) return 1;
+  if (m->kv_kind != 0 && m->kv_kind != 2) return 1;
   *total_kv = 0;
   for (int64_t b = 0; b < B; ++b) {
     if (kv_lens[b] < 1 || kv_lens[b] > table_stride * (m->cache_head_stride / D)) return 1;
@@ -181,8 +209,13 @@ int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B
     const Pages pages{tables + b * table_stride, m->cache_head_stride / D, m->cache_row_stride, 0};
     for (int64_t kh = 0; kh < Hkv; ++kh) {
       const int64_t at = pages.at(kv_lens[b] - 1, D) + kh * m->cache_head_stride;
-      memcpy(L.k_cache + at, row + HD + kh * D, D * sizeof(float));
-      memcpy(L.v_cache + at, row + HD + KVD + kh * D, D * sizeof(float));
+      if (m->kv_kind == 2) {
+        quantize_row(row + HD + kh * D, D, (int8_t*)L.k_cache + at, L.k_scale + at / D);
+        quantize_row(row + HD + KVD + kh * D, D, (int8_t*)L.v_cache + at, L.v_scale + at / D);
+      } else {
+        memcpy((float*)L.k_cache + at, row + HD + kh * D, D * sizeof(float));
+        memcpy((float*)L.v_cache + at, row + HD + KVD + kh * D, D * sizeof(float));
+      }
     }
   }
 #pragma omp parallel for schedule(static) if (parallel_attention)
@@ -191,8 +224,8 @@ int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B
     const Pages pages{tables + b * table_stride, m->cache_head_stride / D, m->cache_row_stride,
                       (head / group) * m->cache_head_stride};
     Scratch::grow(scores, kv_lens[b]);  // this thread's own buffer
-    attend(qkv + b * NQKV + head * D, L.k_cache, L.v_cache, pages, kv_lens[b], D, scores.data(),
-           att + b * HD + head * D);
+    attend(qkv + b * NQKV + head * D, L.k_cache, L.v_cache, m->kv_kind == 2 ? L.k_scale : nullptr,
+           m->kv_kind == 2 ? L.v_scale : nullptr, pages, kv_lens[b], D, scores.data(), att + b * HD + head * D);
   }
   return linear(L.o, att, B, C, HD, out);
 }

@@ -55,7 +55,8 @@ class _Linear(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("qkv", _Linear), ("o", _Linear),
-                ("w13", _Linear), ("w2", _Linear), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
+                ("w13", _Linear), ("w2", _Linear), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
+                ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p)]
 
 
 class _Model(ctypes.Structure):
@@ -64,7 +65,7 @@ class _Model(ctypes.Structure):
         (name, ctypes.c_int64) for name in ("cache_row_stride", "cache_head_stride")] + [
         ("eps", ctypes.c_double), ("inv_freq", ctypes.c_void_p),
                                  ("final_norm", ctypes.c_void_p), ("lm_head", _Linear),
-                                 ("layers", ctypes.POINTER(_Layer))]
+                                 ("layers", ctypes.POINTER(_Layer)), ("kv_kind", ctypes.c_int64)]
 
 
 def _linear(module: torch.nn.Module) -> _Linear | None:
@@ -106,7 +107,7 @@ def _key(model: torch.nn.Module, cache: KVCache) -> tuple:
     """What the native description depends on: the cache (shape too: a new cache of another length can be
     allocated where a freed one was) and every module and weight the step reads. Checked every step, so it reads
     the modules' own dicts (nn.Module attribute lookups and model.parameters() would cost ~0.1 ms a step)."""
-    key = [cache.k.shape, cache.k.data_ptr(), cache.v.data_ptr(), model.inv_freq.data_ptr()]
+    key = [cache.k.shape, cache.k.dtype, cache.k.data_ptr(), cache.v.data_ptr(), model.inv_freq.data_ptr()]
     embed = model._modules["embed"]
     key += (id(embed), _table(embed).data_ptr())
     for m in (model._modules["norm"], model._modules["lm_head"]):
@@ -161,8 +162,9 @@ class _Plan:
                                                     block.mlp.w2)]
             if any(lin is None for lin in linears):
                 return
+            scales = _scales(cache, i)
             layers.append(_Layer(block.attention_norm.weight.data_ptr(), block.ffn_norm.weight.data_ptr(), *linears,
-                                 cache.k[i].data_ptr(), cache.v[i].data_ptr()))
+                                 cache.k[i].data_ptr(), cache.v[i].data_ptr(), *scales))
             # a rank's row-parallel o / down add their bias once, after the all-reduce (None in one process)
             self.biases.append((block.attention.wo.bias, block.mlp.w2.bias) if sharded else (None, None))
         head = _linear(_local(model.lm_head))
@@ -177,8 +179,21 @@ class _Plan:
             cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
             cfg.intermediate_size, vocab, embed or _Linear(None, 0, None, None), Hkv * S * D, S * D,
             cfg.rms_norm_eps, model.inv_freq.data_ptr(), model.norm.weight.data_ptr(), head, self.layers,
+            _KIND[cache.k.dtype],
         )
         self.ok = True
+
+
+def _scales(cache: KVCache, layer: int) -> tuple[int | None, int | None]:
+    """An int8 pool's per token and head scales of one layer (model/cache.py's PagedKVCache), else (None, None)."""
+    k_scale = getattr(cache, "k_scale", None)
+    return (None, None) if k_scale is None else (k_scale[layer].data_ptr(), cache.v_scale[layer].data_ptr())
+
+
+def _cache_ok(cache: KVCache) -> bool:
+    """A float32 cache, or an int8 pool with its scales (the native step reads both)."""
+    return cache.k.device.type == "cpu" and (
+        cache.k.dtype == torch.float32 or (cache.k.dtype == torch.int8 and getattr(cache, "k_scale", None) is not None))
 
 
 def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> bool:
@@ -280,8 +295,7 @@ def rows_plan(model: torch.nn.Module, cache: KVCache) -> RowsPlan | None:
     """The native description when the engine's decode rows of this model and slot cache take the native step,
     else None. A property of the model and the cache alone (never of which requests share a step), so a request's
     numbers do not depend on its batch-mates. Checked once per step (the weights may have been replaced)."""
-    if not (_ENABLED and getattr(model, "native_step", False) and cache.k.dtype == torch.float32
-            and cache.k.device.type == "cpu" and model.dtype == torch.float32 and not torch.is_grad_enabled()
+    if not (_ENABLED and getattr(model, "native_step", False) and _cache_ok(cache) and model.dtype == torch.float32 and not torch.is_grad_enabled()
             and not _observed(model) and kernels.library() is not None):
         return None
     plan = _plan(model, cache)
