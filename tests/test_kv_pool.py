@@ -246,3 +246,28 @@ def test_native_step_reads_the_int8_pool_as_the_modules_do(stories, monkeypatch)
     for a, b in zip(native, modules):
         assert a.output_ids == b.output_ids
         assert a.out.logprobs == pytest.approx(b.out.logprobs, abs=1e-4)
+
+
+def test_server_refuses_a_pool_it_cannot_have_and_a_prompt_past_its_pool(shared_dir) -> None:
+    """Start-up with more KV memory than the machine has: exit 2 with the bytes and the flags, no traceback. A
+    server with a 64-token pool answers a longer prompt with OpenAI's 400, names the pool, and keeps serving."""
+    import subprocess
+    import sys
+
+    import httpx
+    from test_server import start_server, stop_server
+
+    model = shared_dir / "models" / "stories260k"
+    done = subprocess.run([sys.executable, "-m", "nexttoken.cli", "serve", "--model", str(model), "--port", "1",
+                           "--kv-cache-memory", "1000TiB"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "needs" in done.stderr and "--kv-cache-memory" in done.stderr and "Traceback" not in done.stderr
+    proc, url = start_server(model, "--num-kv-blocks", "4")
+    try:
+        long = httpx.post(url + "/v1/completions", json={"prompt": "the cat " * 60, "max_tokens": 4}, timeout=60)
+        assert long.status_code == 400 and "KV pool holds 64 tokens" in long.json()["error"]["message"]
+        ok = httpx.post(url + "/v1/completions", json={"prompt": "the cat", "max_tokens": 4, "priority": 3},
+                        timeout=60)
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+    finally:
+        stop_server(proc)

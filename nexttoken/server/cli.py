@@ -13,7 +13,7 @@ from ..tools.formats import FORMATS
 KV_CACHE_DTYPES = ("auto", "bf16", "float32", "int8")
 POLICIES = ("fcfs", "priority")
 DEFAULT_MEMORY_PERCENT = 25
-_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "KI": 2**10, "MI": 2**20, "GI": 2**30}
+_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
 
 
 def _bytes(text: str) -> int:
@@ -49,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="share the KV blocks of common prompt prefixes between requests (default on)")
     pool = p.add_mutually_exclusive_group()
     pool.add_argument("--kv-cache-memory", type=_bytes, metavar="BYTES",
-                      help="KV pool size in bytes (suffixes K, M, G, Ki, Mi, Gi; default: "
+                      help="KV pool size in bytes (suffixes K, M, G, T, Ki, Mi, Gi, Ti; default: "
                            f"{DEFAULT_MEMORY_PERCENT}%% of the memory available at start-up, at most "
                            "what --max-num-seqs full-length requests need)")
     pool.add_argument("--num-kv-blocks", type=int, help="KV pool size in blocks instead of bytes")
