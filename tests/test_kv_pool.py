@@ -164,6 +164,8 @@ def test_prompt_longer_than_the_pool_is_refused(stories) -> None:
         engine.add_request(list(range(3, 80)), GREEDY)
     seq = engine.generate([[1, 5, 9]], GREEDY.updated(max_new_tokens=500, ignore_eos=True))[0]
     assert len(seq.output_ids) == 64 - 3  # the length budget is what one request can hold
+    whole = _engine(stories, chunk_size=64, num_kv_blocks=4)  # a first chunk as large as the pool still starts
+    assert len(whole.generate([list(range(3, 63))], GREEDY.updated(max_new_tokens=9))[0].output_ids) == 4
 
 
 def test_bad_pool_options_raise(stories) -> None:

@@ -119,9 +119,10 @@ class Scheduler:
 
     def _admit(self, plan: StepPlan) -> None:
         computing = {k for s in self.running if (k := self.blocks.pending_key(s)) is not None}
-        deferred = {id(s) for s in plan.preempted}  # not back in the same step
+        deferred: set[int] = set()
         while self.waiting:
-            seq = next((s for s in self._candidates() if id(s) not in deferred), None)
+            skip = deferred | {id(s) for s in plan.preempted}  # preempted this step: not back in the same step
+            seq = next((s for s in self._candidates() if id(s) not in skip), None)
             if seq is None:
                 return
             if not self.free_slots and not self._preempt_for(seq, plan):
@@ -151,9 +152,11 @@ class Scheduler:
                 computing.add(key)
 
     def _fits(self, seq: Sequence, num_tokens: int) -> bool:
-        """Whether seq's table covers num_tokens with the watermark left free (grown when it does)."""
+        """Whether seq's table covers num_tokens with the watermark left free (grown when it does). With nothing
+        running there is nobody to keep room for: a request as large as the pool must still start."""
         need = self.blocks.blocks_for(num_tokens) - len(seq.block_table)
-        return self.blocks.num_free - max(need, 0) >= self._watermark and self.blocks.grow(seq, num_tokens)
+        reserve = self._watermark if self.running else 0
+        return self.blocks.num_free - max(need, 0) >= reserve and self.blocks.grow(seq, num_tokens)
 
     def _candidates(self) -> Iterator[Sequence]:
         """Waiting sequences in the order they get a place."""
