@@ -269,7 +269,7 @@ class LLM:
             if current is not None:
                 length = max(length, current.engine.max_model_len)
                 slots = max(slots, current.engine.scheduler.num_slots)
-            config = EngineConfig(max_num_seqs=slots, max_model_len=length, prefix_cache_blocks=0,
+            config = EngineConfig(max_num_seqs=slots, max_model_len=length, enable_prefix_caching=False,
                                   max_num_batched_tokens=512)
             self._driver = _Driver(LLMEngine(self.model, self.tokenizer, config, self.generation_config))
         return self._driver

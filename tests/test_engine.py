@@ -101,13 +101,13 @@ def test_prefix_cache_hits_and_changes_nothing(stories) -> None:
     assert len(shared) > 48
     params = GREEDY.updated(max_new_tokens=20)
     first = engine.generate([shared + [400]], params)[0]
-    hits_before = engine.prefix_cache.hit_tokens
+    hits_before = engine.blocks.hit_tokens
     second = engine.generate([shared + [401]], params)[0]
-    assert engine.prefix_cache.hit_tokens - hits_before == (len(shared) // 16) * 16 > 0
+    assert engine.blocks.hit_tokens - hits_before == (len(shared) // 16) * 16 > 0
     assert second.prefix_hit_tokens > 0
-    no_cache = _engine(stories, prefix_cache_blocks=0).generate([shared + [401]], params)[0]
+    no_cache = _engine(stories, enable_prefix_caching=False).generate([shared + [401]], params)[0]
     assert second.output_ids == no_cache.output_ids
-    assert first.output_ids == _engine(stories, prefix_cache_blocks=0).generate([shared + [400]], params)[0].output_ids
+    assert first.output_ids == _engine(stories, enable_prefix_caching=False).generate([shared + [400]], params)[0].output_ids
 
 
 def test_slots_bound_the_batch_and_waiting_requests_run_later(stories) -> None:

@@ -152,7 +152,7 @@ def _engine_run(model, prompts: list[list[int]], steps: int) -> list:
     from nexttoken.generation.config import GenerationConfig
 
     engine = LLMEngine(model, None, EngineConfig(max_num_seqs=len(prompts), max_model_len=128, chunk_size=8,
-                                                 prefix_cache_blocks=0))
+                                                 enable_prefix_caching=False))
     options = GenerationConfig(max_new_tokens=steps, eos_token_id=None, top_k=None)
     seqs = [engine.add_request(p, options) for p in prompts]
     while engine.has_unfinished():

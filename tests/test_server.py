@@ -121,7 +121,8 @@ def test_metrics_names(server, client) -> None:
     text = httpx.get(server + "/metrics").text
     for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "request_queue_time_seconds",
                  "num_requests_running", "num_requests_waiting", "kv_cache_usage_ratio",
-                 "generation_tokens_per_second", "prefix_cache_hit_rate"):
+                 "generation_tokens_per_second", "prefix_cache_hit_rate", "kv_blocks_total", "kv_blocks_free",
+                 "kv_blocks_cached", "kv_cache_bytes", "num_preemptions_total", "process_resident_memory_bytes"):
         assert f"nexttoken_{name}" in text, name
     assert _metric(text, "nexttoken_time_to_first_token_seconds_count") >= 1
 

@@ -337,11 +337,12 @@ def test_content_as_text_changes_nothing_else(shared_dir, name) -> None:
 
 
 def test_a_cache_larger_than_memory_is_refused_before_allocating(model_dir) -> None:  # noqa: F811
-    """`--max-num-seqs` far past the machine's memory: a message naming the bytes and the flags that lower them,
-    and exit code 2, instead of a raw allocation traceback (or the machine swapping)."""
+    """A KV pool far past the machine's memory: a message naming the bytes and the flags that lower them, and exit
+    code 2, instead of a raw allocation traceback (or the machine swapping). (`--max-num-seqs` no longer reserves
+    memory: the paged pool is sized by --kv-cache-memory, tests/test_kv_pool.py.)"""
     cmd = [sys.executable, "-m", "nexttoken.cli", "serve", "--model", str(model_dir), "--port", str(_free_port()),
-           "--max-num-seqs", "1000000", "--prefix-cache-blocks", "0"]
+           "--max-num-seqs", "1000000", "--kv-cache-memory", "1000TiB"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0
-    assert "the KV cache needs" in done.stderr and "GiB" in done.stderr and "--max-num-seqs" in done.stderr
+    assert done.returncode == 2
+    assert "the KV pool needs" in done.stderr and "GiB" in done.stderr and "--kv-cache-memory" in done.stderr
     assert "Traceback" not in done.stderr, done.stderr[-2000:]

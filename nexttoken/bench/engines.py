@@ -63,7 +63,7 @@ class NextTokenServingEngine:
 
         B, P = ids.shape
         length = max(128, 1 << (P + new_tokens - 1).bit_length())
-        engine = LLMEngine(self.model, None, EngineConfig(max_num_seqs=B, max_model_len=length, prefix_cache_blocks=0,
+        engine = LLMEngine(self.model, None, EngineConfig(max_num_seqs=B, max_model_len=length, enable_prefix_caching=False,
                                                           max_num_batched_tokens=512))
         options = GenerationConfig(max_new_tokens=new_tokens, eos_token_id=None, top_k=None)
         seqs = [engine.add_request(row, options) for row in ids.tolist()]

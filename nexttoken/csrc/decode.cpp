@@ -38,20 +38,23 @@ struct NtLayer {
   NtLinear o;              // (C, H*D)
   NtLinear w13;            // (2*I, C): gate then up
   NtLinear w2;             // (C, I)
-  float* k_cache;          // this layer's (B, Hkv, S, D) keys
-  float* v_cache;          // and values
+  void* k_cache;           // this layer's (N, Hkv, bs, D) keys: N blocks of bs columns (a slot cache: bs = S)
+  void* v_cache;           // and values; float32, or int8 (NtModel.kv_kind 2) with the scales below
+  float* k_scale;          // int8: (N, Hkv, bs) one scale per token and head (absmax / 127); else NULL
+  float* v_scale;
 };
 
 struct NtModel {
   int64_t n_layers, hidden, n_heads, n_kv_heads, head_dim, intermediate, vocab;
   NtLinear embed;             // (V, C) token table: float32, bfloat16 or int8 rows (scale set); weight NULL: none
-  int64_t cache_row_stride;   // Hkv * S * D
-  int64_t cache_head_stride;  // S * D
+  int64_t cache_row_stride;   // one cache block: Hkv * bs * D
+  int64_t cache_head_stride;  // one head of a block: bs * D (so bs = cache_head_stride / head_dim)
   double eps;
   const float* inv_freq;    // (D/2,) RoPE inverse frequencies
   const float* final_norm;  // (C,)
   NtLinear lm_head;         // (V, C)
   const NtLayer* layers;
+  int64_t kv_kind;  // the cache's elements: 0 float32, 2 int8 with per token and head scales
 };
 
 namespace {
@@ -96,18 +99,36 @@ TARGET void rope(float* x, const float* cos, const float* ssin, int64_t D) {
   for (int64_t i = 0; i < D; ++i) x[i] = tmp[i] * cos[i] + tmp[(i + half) % D] * ssin[i];
 }
 
+// Where a row's cache columns live: column s is at offset s % bs of block table[s / bs]; `head` is one kv head's
+// offset inside a block. A slot cache is the case of one block per row (table = {slot}, bs = S).
+struct Pages {
+  const int64_t* table;
+  int64_t bs, block_stride, head;
+  int64_t at(int64_t s, int64_t D) const { return table[s / bs] * block_stride + head + (s % bs) * D; }
+};
+
 // One query head against cache columns [0, kv_len): softmax(q.k / sqrt(D)) @ v. Dot products in 16-lane
-// vectors (a head is 48-128 wide), the weighted sum of values likewise.
-TARGET void attend(const float* q, const float* keys, const float* values, int64_t kv_len, int64_t D, float* scores,
-                   float* out) {
+// vectors (a head is 48-128 wide), the weighted sum of values likewise; columns in order, block by block, so
+// the sums are the same whatever the block size.
+// 16 (masked) cache values of the column at `at`, from element d: float32 loaded, or int8 widened and times the
+// column's scale (`scale`: NULL for float32) — the value the modules read back, q * scale rounded once.
+TARGET inline __m512 load_kv(const void* data, int64_t at, const float* scale, int64_t d, __mmask16 m) {
+  if (!scale) return _mm512_maskz_loadu_ps(m, (const float*)data + at + d);
+  const __m128i q = _mm_maskz_loadu_epi8(m, (const int8_t*)data + at + d);
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(*scale));
+}
+
+TARGET void attend(const float* q, const void* keys, const void* values, const float* k_scale,
+                   const float* v_scale, const Pages& pages, int64_t kv_len, int64_t D, float* scores, float* out) {
   const float scale = 1.f / sqrtf((float)D);
   float mx = -INFINITY;
   for (int64_t s = 0; s < kv_len; ++s) {
-    const float* k = keys + s * D;
+    const int64_t at = pages.at(s, D);
+    const float* ks = k_scale ? k_scale + at / D : nullptr;  // this column's scale (int8)
     __m512 acc = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; d += 16) {
       const __mmask16 m = D - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - d)) - 1u);
-      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), _mm512_maskz_loadu_ps(m, k + d), acc);
+      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), load_kv(keys, at, ks, d, m), acc);
     }
     scores[s] = _mm512_reduce_add_ps(acc) * scale;
     mx = scores[s] > mx ? scores[s] : mx;
@@ -118,20 +139,38 @@ TARGET void attend(const float* q, const float* keys, const float* values, int64
   for (int64_t d = 0; d < D; d += 16) {
     const __mmask16 m = D - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - d)) - 1u);
     __m512 acc = _mm512_setzero_ps();
-    for (int64_t s = 0; s < kv_len; ++s)
-      acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[s] * inv), _mm512_maskz_loadu_ps(m, values + s * D + d), acc);
+    for (int64_t s = 0; s < kv_len; ++s) {
+      const int64_t at = pages.at(s, D);
+      const float* vs = v_scale ? v_scale + at / D : nullptr;
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[s] * inv), load_kv(values, at, vs, d, m), acc);
+    }
     _mm512_mask_storeu_ps(out + d, m, acc);
   }
 }
 
 
-// Rows are valid when each has 1..S cache columns; their total sizes the decision to fan attention out.
-int check_rows(const NtModel* m, int64_t B, const int64_t* kv_lens, int64_t* total_kv) {
+// One head's new key or value as the int8 cache stores it: scale = absmax / 127, q = round-half-even(x / scale)
+// (model/cache.py's _quantize, the modules' writes).
+void quantize_row(const float* x, int64_t D, int8_t* q, float* scale) {
+  float amax = 0.f;
+  for (int64_t d = 0; d < D; ++d) amax = fabsf(x[d]) > amax ? fabsf(x[d]) : amax;
+  const float s = amax / 127.f, div = s > 0.f ? s : 1.f;
+  for (int64_t d = 0; d < D; ++d) {
+    float r = nearbyintf(x[d] / div);
+    q[d] = (int8_t)(r > 127.f ? 127.f : (r < -127.f ? -127.f : r));
+  }
+  *scale = s;
+}
+
+// Rows are valid when each has 1..(its table's blocks * bs) cache columns; their total sizes the decision to fan
+// attention out.
+int check_rows(const NtModel* m, int64_t B, const int64_t* kv_lens, int64_t table_stride, int64_t* total_kv) {
   const int64_t D = m->head_dim;
-  if (D > 512 || D % 2 || m->n_heads % m->n_kv_heads) return 1;
+  if (D > 512 || D % 2 || m->n_heads % m->n_kv_heads || table_stride < 1) return 1;
+  if (m->kv_kind != 0 && m->kv_kind != 2) return 1;
   *total_kv = 0;
   for (int64_t b = 0; b < B; ++b) {
-    if (kv_lens[b] < 1 || kv_lens[b] > m->cache_head_stride / D) return 1;
+    if (kv_lens[b] < 1 || kv_lens[b] > table_stride * (m->cache_head_stride / D)) return 1;
     *total_kv += kv_lens[b];
   }
   return 0;
@@ -153,11 +192,11 @@ void rope_tables(const NtModel* m, int64_t B, const int64_t* positions, float* c
 }
 
 // A layer's attention half without the residual add: out (B, C) = o(attention(rope(qkv(norm(x))))), writing the
-// new K/V of row b at column kv_lens[b] - 1 of cache row slots[b]. On a tensor-parallel rank these are this rank's
-// heads and out is its partial sum of the o-projection.
-int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B, const int64_t* slots,
-                   const int64_t* kv_lens, const float* cos_t, const float* sin_t, bool parallel_attention,
-                   float* out) {
+// new K/V of row b at column kv_lens[b] - 1 of its blocks (tables[b * table_stride ...], column s in block s / bs).
+// On a tensor-parallel rank these are this rank's heads and out is its partial sum of the o-projection.
+int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B, const int64_t* tables,
+                   int64_t table_stride, const int64_t* kv_lens, const float* cos_t, const float* sin_t,
+                   bool parallel_attention, float* out) {
   const int64_t C = m->hidden, H = m->n_heads, Hkv = m->n_kv_heads, D = m->head_dim;
   const int64_t HD = H * D, KVD = Hkv * D, NQKV = HD + 2 * KVD, group = H / Hkv;
   Scratch& s = scratch;
@@ -167,19 +206,26 @@ int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B
   for (int64_t b = 0; b < B; ++b) {
     float* row = qkv + b * NQKV;
     for (int64_t head = 0; head < H + Hkv; ++head) rope(row + head * D, cos_t + b * D, sin_t + b * D, D);
+    const Pages pages{tables + b * table_stride, m->cache_head_stride / D, m->cache_row_stride, 0};
     for (int64_t kh = 0; kh < Hkv; ++kh) {
-      const int64_t at = slots[b] * m->cache_row_stride + kh * m->cache_head_stride + (kv_lens[b] - 1) * D;
-      memcpy(L.k_cache + at, row + HD + kh * D, D * sizeof(float));
-      memcpy(L.v_cache + at, row + HD + KVD + kh * D, D * sizeof(float));
+      const int64_t at = pages.at(kv_lens[b] - 1, D) + kh * m->cache_head_stride;
+      if (m->kv_kind == 2) {
+        quantize_row(row + HD + kh * D, D, (int8_t*)L.k_cache + at, L.k_scale + at / D);
+        quantize_row(row + HD + KVD + kh * D, D, (int8_t*)L.v_cache + at, L.v_scale + at / D);
+      } else {
+        memcpy((float*)L.k_cache + at, row + HD + kh * D, D * sizeof(float));
+        memcpy((float*)L.v_cache + at, row + HD + KVD + kh * D, D * sizeof(float));
+      }
     }
   }
 #pragma omp parallel for schedule(static) if (parallel_attention)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, head = bh % H;
-    const int64_t base = slots[b] * m->cache_row_stride + (head / group) * m->cache_head_stride;
+    const Pages pages{tables + b * table_stride, m->cache_head_stride / D, m->cache_row_stride,
+                      (head / group) * m->cache_head_stride};
     Scratch::grow(scores, kv_lens[b]);  // this thread's own buffer
-    attend(qkv + b * NQKV + head * D, L.k_cache + base, L.v_cache + base, kv_lens[b], D, scores.data(),
-           att + b * HD + head * D);
+    attend(qkv + b * NQKV + head * D, L.k_cache, L.v_cache, m->kv_kind == 2 ? L.k_scale : nullptr,
+           m->kv_kind == 2 ? L.v_scale : nullptr, pages, kv_lens[b], D, scores.data(), att + b * HD + head * D);
   }
   return linear(L.o, att, B, C, HD, out);
 }
@@ -199,15 +245,16 @@ int mlp_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B, floa
   return linear(L.w2, act, B, C, I, out);
 }
 
-// The step for B rows that each have their own cache row and length: row b writes its new K/V at column
-// kv_lens[b] - 1 of cache row slots[b] and attends over columns [0, kv_lens[b]). Every number of row b depends on
-// row b alone (the products accumulate each row in the same order whatever the other rows, attention is per row),
-// so a row gives the same logits in any batch: the engine's batch invariance.
-int decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positions, const int64_t* slots,
-                const int64_t* kv_lens, float* logits) {
+// The step for B rows that each have their own cache blocks and length: row b writes its new K/V at column
+// kv_lens[b] - 1 and attends over columns [0, kv_lens[b]), column s living in block tables[b * table_stride + s / bs]
+// (a slot cache: one block per row, table_stride 1). Every number of row b depends on row b alone (the products
+// accumulate each row in the same order whatever the other rows, attention is per row and reads the columns in
+// order), so a row gives the same logits in any batch, and in any blocks: the engine's batch invariance.
+int decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positions, const int64_t* tables,
+                int64_t table_stride, const int64_t* kv_lens, float* logits) {
   const int64_t C = m->hidden, H = m->n_heads, D = m->head_dim;
   int64_t total_kv;
-  if (check_rows(m, B, kv_lens, &total_kv)) return 1;
+  if (check_rows(m, B, kv_lens, table_stride, &total_kv)) return 1;
   Scratch& s = scratch;
   s.fit(*m, B, 0);
   float *tmp = s.tmp.data(), *cos_t = s.cos.data(), *sin_t = s.sin.data();
@@ -217,7 +264,7 @@ int decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positions,
 
   for (int64_t l = 0; l < m->n_layers; ++l) {
     const NtLayer& L = m->layers[l];
-    if (attention_half(m, L, x, B, slots, kv_lens, cos_t, sin_t, parallel_attention, tmp)) return 1;
+    if (attention_half(m, L, x, B, tables, table_stride, kv_lens, cos_t, sin_t, parallel_attention, tmp)) return 1;
     for (int64_t i = 0; i < B * C; ++i) x[i] = x[i] + tmp[i];
     if (mlp_half(m, L, x, B, tmp)) return 1;
     for (int64_t i = 0; i < B * C; ++i) x[i] = x[i] + tmp[i];
@@ -264,7 +311,7 @@ int nt_decode_step(const NtModel* m, float* x, int64_t B, const int64_t* positio
   if (col != kv_len - 1) return 1;
   std::vector<int64_t> slots(B), kv_lens(B, kv_len);
   for (int64_t b = 0; b < B; ++b) slots[b] = b;
-  return decode_rows(m, x, B, positions, slots.data(), kv_lens.data(), logits);
+  return decode_rows(m, x, B, positions, slots.data(), 1, kv_lens.data(), logits);
 }
 
 // nt_decode_step from token ids (B,) instead of embeddings: the model's table (m->embed) is read here, so a step
@@ -297,10 +344,11 @@ int nt_decode_greedy(const NtModel* m, int64_t token, int64_t position, int64_t 
   return n;
 }
 
-// The engine's step: row b's K/V live in cache row slots[b], kv_lens[b] columns long after this token.
-int nt_decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positions, const int64_t* slots,
-                   const int64_t* kv_lens, float* logits) {
-  return decode_rows(m, x, B, positions, slots, kv_lens, logits);
+// The engine's step: row b's K/V live in the blocks tables[b * table_stride ...] (B, table_stride) of the paged pool
+// (or a slot cache's rows: table_stride 1, tables the slots), kv_lens[b] columns long after this token.
+int nt_decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positions, const int64_t* tables,
+                   int64_t table_stride, const int64_t* kv_lens, float* logits) {
+  return decode_rows(m, x, B, positions, tables, table_stride, kv_lens, logits);
 }
 
 // One part of a step, for tensor-parallel ranks (model/fused.py), whose caller all-reduces the partial sums and
@@ -308,16 +356,18 @@ int nt_decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positio
 // partial sums, x unchanged), part 2 the final norm and this rank's rows of the LM head (out: (B, vocab)). Rows as
 // in nt_decode_rows. Returns 0, or 1 for unsupported shapes.
 int nt_decode_part(const NtModel* m, int64_t layer, int64_t part, const float* x, int64_t B,
-                   const int64_t* positions, const int64_t* slots, const int64_t* kv_lens, float* out) {
+                   const int64_t* positions, const int64_t* tables, int64_t table_stride, const int64_t* kv_lens,
+                   float* out) {
   int64_t total_kv;
-  if (check_rows(m, B, kv_lens, &total_kv) || layer < 0 || layer >= m->n_layers) return 1;
+  if (check_rows(m, B, kv_lens, table_stride, &total_kv) || layer < 0 || layer >= m->n_layers) return 1;
   Scratch& s = scratch;
   s.fit(*m, B, 0);
   const NtLayer& L = m->layers[layer];
   if (part == 0) {
     rope_tables(m, B, positions, s.cos.data(), s.sin.data());
     const bool parallel_attention = total_kv * m->n_heads * m->head_dim >= (1 << 16);
-    return attention_half(m, L, x, B, slots, kv_lens, s.cos.data(), s.sin.data(), parallel_attention, out);
+    return attention_half(m, L, x, B, tables, table_stride, kv_lens, s.cos.data(), s.sin.data(), parallel_attention,
+                          out);
   }
   if (part == 1) return mlp_half(m, L, x, B, out);
   if (part != 2) return 1;

@@ -87,7 +87,7 @@ class AsyncEngine:
 
     async def stream(
         self, request_id: str, prompt_ids: list[int], params: GenerationConfig, arrival_time: float | None = None,
-        group: str | None = None, reserved: bool = False,
+        group: str | None = None, reserved: bool = False, priority: int = 0,
     ) -> AsyncIterator[TokenEvent]:
         """Events of one request until it finishes. Closing the iterator early cancels the request. `reserved`:
         `reserve` counted it already."""
@@ -102,7 +102,7 @@ class AsyncEngine:
         if not reserved:
             with self._adds_lock:
                 self._inbox_adds += 1
-        self._inbox.put(("add", (request_id, prompt_ids, params, arrival_time, group)))
+        self._inbox.put(("add", (request_id, prompt_ids, params, arrival_time, group, priority)))
         finished = False
         try:
             while True:
@@ -156,9 +156,10 @@ class AsyncEngine:
             if kind == "add":
                 with self._adds_lock:
                     self._inbox_adds -= 1
-                request_id, prompt_ids, params, arrival, group = item
+                request_id, prompt_ids, params, arrival, group, priority = item
                 try:
-                    self.engine.add_request(prompt_ids, params, request_id, arrival_time=arrival, group=group)
+                    self.engine.add_request(prompt_ids, params, request_id, arrival_time=arrival, group=group,
+                                            priority=priority)
                 except Exception as e:  # noqa: BLE001 - a bad request fails alone
                     self._send(request_id, e)
             elif kind == "abort":

@@ -7,9 +7,9 @@
         ModelRunner.run(plan)    <- all-reduces ->      ModelRunner.run(mirror of the plan)
         logits (all-gathered by the vocab-parallel head): sampling, stopping, text: rank 0 only
 
-A `StepMessage` carries what the runner reads of each sequence (slot, tokens, lengths, prompt-logprob wishes)
-plus the prefix-cache blocks the scheduler chose; workers replay the scheduler's prefix-cache lookups, so their
-block pool evolves exactly like rank 0's. Only torch.distributed moves data (gloo on CPU, NCCL on CUDA).
+A `StepMessage` carries what the runner reads of each sequence (tokens, lengths, prompt-logprob wishes) and the
+block table of every row: rank 0's block manager decides every block (prefix-cache hits included), and each rank's
+pool holds its heads of the same blocks. Only torch.distributed moves data (gloo on CPU, NCCL on CUDA).
 
 Failure. Every collective runs under the process group's timeout. Rank 0 pings idle workers (a broadcast and an
 all-reduce) every `timeout / 4` seconds, so a hung or dead rank is noticed while the server idles too, and a
@@ -35,8 +35,7 @@ import torch.distributed as dist
 
 from ..model.parallel import RankGroup, TensorParallelError
 from .model_runner import ModelRunner
-from .prefix_cache import PrefixCache
-from .scheduler import PrefillChunk, StepPlan
+from .scheduler import PrefillChunk, Replay, StepPlan
 
 DEFAULT_TIMEOUT_S = 60.0  # a collective (or an idle worker's wait for the next step) longer than this is a failure
 WATCH_INTERVAL_S = 0.2  # how often rank 0 checks its local workers' processes
@@ -46,20 +45,20 @@ WATCH_INTERVAL_S = 0.2  # how often rank 0 checks its local workers' processes
 @dataclass
 class Admitted:
     request_id: str
-    slot: int
     prompt_ids: list[int]
     wants_prompt_logprobs: bool
     top_logprobs: int
-    blocks: list[int]  # prefix-cache blocks rank 0's scheduler chose (workers check their replay against them)
+    num_cached: int  # prompt tokens found in the prefix cache (their blocks head its table)
 
 
 @dataclass
 class StepMessage:
     kind: str  # "step", "ping" or "stop"
-    engine: tuple = ()  # (serial, num_slots, max_len, prefix blocks, block size): which runner
+    engine: tuple = ()  # (serial, num_blocks, block size, max_len, cache dtype): which runner
     admitted: list[Admitted] = field(default_factory=list)
-    prefill: list[tuple[str, int, int]] = field(default_factory=list)  # (request id, start, end)
-    decode: list[tuple[str, int, int]] = field(default_factory=list)  # (request id, last token, num tokens)
+    prefill: list[tuple[str, int, int, list[int]]] = field(default_factory=list)  # (request id, start, end, table)
+    replay: list[tuple[str, int, int, list[int], list[int]]] = field(default_factory=list)  # + generated ids
+    decode: list[tuple[str, int, int, list[int]]] = field(default_factory=list)  # (id, last token, num tokens, table)
     hook_inputs: dict[str, dict] = field(default_factory=dict)  # request id -> extra model inputs (rank 0's hooks)
     released: list[str] = field(default_factory=list)  # requests that left since the last message
 
@@ -73,15 +72,17 @@ class MirrorSequence:
     """A worker's copy of what the model runner reads and writes of one rank-0 Sequence."""
 
     def __init__(self, a: Admitted) -> None:
-        self.request_id, self.slot, self.prompt_ids = a.request_id, a.slot, a.prompt_ids
+        self.request_id, self.prompt_ids = a.request_id, a.prompt_ids
         self.params = _Params(a.wants_prompt_logprobs, a.top_logprobs)
         self.last_token, self.num_tokens = a.prompt_ids[-1], len(a.prompt_ids)
-        self.num_cached, self.prompt_logprobs = 0, None
+        self.num_cached, self.prompt_logprobs = a.num_cached, None
+        self.block_table: list[int] = []
+        self.output_ids: list[int] = []  # known when rank 0 replays them (a preempted request)
         self.extra: dict = {}
 
     @property
-    def token_ids(self) -> list[int]:  # read by prefill chunks, which cover prompt tokens only
-        return self.prompt_ids
+    def token_ids(self) -> list[int]:  # read by prefill chunks and replays
+        return self.prompt_ids + self.output_ids
 
     def hook_inputs(self) -> dict:
         return self.extra
@@ -208,10 +209,11 @@ def _short(e: BaseException) -> str:
 class DistributedRunner(ModelRunner):
     """Rank 0's ModelRunner: each run broadcasts the step's plan first, then runs it with every rank."""
 
-    def __init__(self, model, num_slots: int, max_len: int, prefix_cache: PrefixCache) -> None:  # noqa: ANN001
-        super().__init__(model, num_slots, max_len, prefix_cache)
+    def __init__(self, model, num_blocks: int, block_size: int, max_len: int,  # noqa: ANN001
+                 cache_dtype: torch.dtype | None = None) -> None:
+        super().__init__(model, num_blocks, block_size, max_len, cache_dtype)
         self.cluster: Cluster = model.cluster
-        self.key = (next(self.cluster.serial), num_slots, max_len, prefix_cache.n_blocks, prefix_cache.block_size)
+        self.key = (next(self.cluster.serial), num_blocks, block_size, max_len, str(self.cache.k.dtype))
         self._sent: dict[str, Any] = {}  # request id -> its Sequence, while the workers hold a mirror of it
 
     def run(self, plan: StepPlan):  # noqa: ANN201
@@ -234,12 +236,14 @@ class DistributedRunner(ModelRunner):
         for rid in released:
             del self._sent[rid]
         msg = StepMessage("step", self.key, released=released)
-        for seq, blocks in plan.admitted:
+        for seq in plan.admitted:
             self._sent[seq.request_id] = seq
-            msg.admitted.append(Admitted(seq.request_id, seq.slot, list(seq.prompt_ids),
-                                         seq.params.wants_prompt_logprobs, seq.params.top_logprobs, list(blocks)))
-        msg.prefill = [(c.seq.request_id, c.start, c.end) for c in plan.prefill]
-        msg.decode = [(s.request_id, s.last_token, s.num_tokens) for s in plan.decode]
+            msg.admitted.append(Admitted(seq.request_id, list(seq.prompt_ids), seq.params.wants_prompt_logprobs,
+                                         seq.params.top_logprobs, seq.num_cached))
+        msg.prefill = [(c.seq.request_id, c.start, c.end, list(c.seq.block_table)) for c in plan.prefill]
+        msg.replay = [(r.seq.request_id, r.start, r.end, list(r.seq.block_table), list(r.seq.output_ids))
+                      for r in plan.replay]
+        msg.decode = [(s.request_id, s.last_token, s.num_tokens, list(s.block_table)) for s in plan.decode]
         for seq in [c.seq for c in plan.prefill] + plan.decode:
             extra = seq.hook_inputs()
             if extra:
@@ -259,28 +263,26 @@ class WorkerState:
 
     def plan(self, msg: StepMessage) -> StepPlan:
         if msg.engine != self.key:
-            _, slots, max_len, n_blocks, block = msg.engine
-            mc = self.model.config
-            prefix = PrefixCache(n_blocks, block, mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim,
-                                 self.model.dtype, self.model.device)
-            self.runner, self.key, self.seqs = None, msg.engine, {}  # the old cache is freed first
-            self.runner = ModelRunner(self.model, slots, max_len, prefix)
+            _, n_blocks, block_size, max_len, dtype = msg.engine
+            self.runner, self.key, self.seqs = None, msg.engine, {}  # the old pool is freed first
+            self.runner = ModelRunner(self.model, n_blocks, block_size, max_len, getattr(torch, dtype.split(".")[-1]))
         for rid in msg.released:
             self.seqs.pop(rid, None)
         plan = StepPlan()
         for a in msg.admitted:
-            seq = self.seqs[a.request_id] = MirrorSequence(a)
-            # The scheduler's lookup, replayed: the pool's recency order then matches rank 0's.
-            blocks = self.runner.prefix_cache.match(a.prompt_ids) if not a.wants_prompt_logprobs else []
-            assert blocks == a.blocks, f"prefix cache out of step with rank 0: {blocks} != {a.blocks}"
-            seq.num_cached = len(blocks) * self.runner.prefix_cache.block_size
-            plan.admitted.append((seq, blocks))
-        for rid, start, end in msg.prefill:
-            assert end <= len(self.seqs[rid].prompt_ids), "prefill chunks cover prompt tokens only"
-            plan.prefill.append(PrefillChunk(self.seqs[rid], start, end))  # type: ignore[arg-type]
-        for rid, last, n in msg.decode:
+            self.seqs[a.request_id] = MirrorSequence(a)
+        for rid, start, end, table in msg.prefill:
             seq = self.seqs[rid]
-            seq.last_token, seq.num_tokens = last, n
+            assert end <= len(seq.prompt_ids), "prefill chunks cover prompt tokens only"
+            seq.block_table = table
+            plan.prefill.append(PrefillChunk(seq, start, end))  # type: ignore[arg-type]
+        for rid, start, end, table, outputs in msg.replay:
+            seq = self.seqs[rid]
+            seq.block_table, seq.output_ids = table, outputs
+            plan.replay.append(Replay(seq, start, end))  # type: ignore[arg-type]
+        for rid, last, n, table in msg.decode:
+            seq = self.seqs[rid]
+            seq.last_token, seq.num_tokens, seq.block_table = last, n, table
             plan.decode.append(seq)  # type: ignore[arg-type]
         for seq in self.seqs.values():
             seq.extra = msg.hook_inputs.get(seq.request_id, {})

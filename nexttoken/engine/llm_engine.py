@@ -1,11 +1,11 @@
-"""LLMEngine: continuous batching over a slot KV cache. Requests join and leave at every step.
+"""LLMEngine: continuous batching over a paged KV pool. Requests join and leave at every step.
 
     engine = LLMEngine(model, tokenizer)
     engine.add_request(prompt_ids, GenerationConfig(...))   # options validated where the request came in
     while engine.has_unfinished():
         for event in engine.step(): ...
 
-`step()` is schedule -> forward -> choose/stop per request -> free finished slots. The engine is synchronous
+`step()` is schedule -> forward -> choose/stop per request -> free finished requests' blocks. The engine is synchronous
 and single-threaded; `AsyncEngine` runs it on a thread for the server.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 import secrets
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,10 +39,10 @@ from .embedding import EmbeddingError, embed
 from ..generation.trace.recorder import TraceRecorder, options_of
 from ..model import Transformer
 from .distributed import DistributedRunner
+from .block_manager import BlockManager, pool_blocks
 from .model_runner import ModelRunner
 from .postprocess import advance, advance_greedy, fail, guarded, plain_greedy, snapshot
-from .prefix_cache import PrefixCache
-from .scheduler import Scheduler, StepPlan
+from .scheduler import POLICIES, Scheduler, StepPlan
 from .sequence import Sequence, Speculation, TokenEvent
 from .speculation import DEFAULT_NGRAM, Drafter, SpeculativeConfig, Speculator
 
@@ -78,32 +79,64 @@ def expand(prompts: list[list[int]], cfg: GenerationConfig) -> list[tuple[list[i
     return out
 
 
+KV_CACHE_DTYPES = {"auto": None, "float32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    max_num_seqs: int = 32  # cache slots = requests decoding at once; the KV memory bound
-    max_model_len: int | None = None  # tokens per slot (prompt + output); default: the model's context
-    chunk_size: int = 64  # prefill chunk, also the prefix-cache block
+    max_num_seqs: int = 32  # sequences running at once (the batch limit; memory is the KV pool's)
+    max_model_len: int | None = None  # tokens per request (prompt + output); default: the model's context
+    chunk_size: int = 64  # prefill chunk; prefix-cache hits are whole chunks
     max_num_batched_tokens: int = 256  # tokens computed per step (decode rows + prefill chunks)
-    prefix_cache_blocks: int = 256  # blocks of chunk_size tokens kept for prefix reuse (0: off)
+    enable_prefix_caching: bool = True  # full prompt blocks shared between requests by reference
+    block_size: int | None = None  # tokens per KV block; default: 16 (or the chunk size's largest divisor <= 16)
+    kv_cache_memory: int | None = None  # bytes of the KV pool; default: a fraction of the memory available
+    num_kv_blocks: int | None = None  # the KV pool in blocks instead of bytes
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype), float32, bf16 or int8 (per token and head scales)
+    scheduling_policy: str = "fcfs"  # fcfs, or priority (a request's `priority`, lower first, as vLLM)
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "chunk_size", "max_num_batched_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise GenerationConfigError(f"{name} must be an integer >= 1, got {value!r}")
-        if not isinstance(self.prefix_cache_blocks, int) or self.prefix_cache_blocks < 0:
-            raise GenerationConfigError(f"prefix_cache_blocks must be an integer >= 0, got {self.prefix_cache_blocks!r}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise GenerationConfigError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
+        for name in ("block_size", "kv_cache_memory", "num_kv_blocks"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise GenerationConfigError(f"{name} must be an integer >= 1 (or unset), got {value!r}")
+        if self.kv_cache_memory is not None and self.num_kv_blocks is not None:
+            raise GenerationConfigError("give kv_cache_memory or num_kv_blocks, not both: each sizes the KV pool")
+        if self.block_size is not None and self.chunk_size % self.block_size:
+            raise GenerationConfigError(
+                f"block_size {self.block_size} must divide chunk_size {self.chunk_size}: a prefill chunk fills whole "
+                "blocks")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise GenerationConfigError(
+                f"kv_cache_dtype must be one of {sorted(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.scheduling_policy not in POLICIES:
+            raise GenerationConfigError(
+                f"scheduling_policy must be one of {list(POLICIES)}, got {self.scheduling_policy!r}")
+
+    @property
+    def tokens_per_block(self) -> int:
+        return self.block_size or math.gcd(16, self.chunk_size)
 
 
 @dataclass(frozen=True)
 class EngineStats:
     num_running: int
     num_waiting: int
-    num_slots: int
-    kv_tokens_used: int  # tokens held in the slots
-    kv_tokens_total: int
+    num_slots: int  # max_num_seqs: the running-batch limit
+    kv_tokens_used: int  # tokens the running sequences hold in the KV pool
+    kv_tokens_total: int  # tokens the pool holds
+    kv_blocks_total: int
+    kv_blocks_free: int  # free, or holding a cached prefix nobody holds (handed out again when needed)
+    kv_blocks_cached: int  # holding a cached prefix block
+    kv_block_size: int
+    kv_cache_bytes: int  # the pool's size
+    preemptions_total: int
     prefix_queried_tokens: int
     prefix_hit_tokens: int
     prompt_tokens_total: int  # prompt tokens of admitted requests
@@ -119,7 +152,9 @@ class EngineStats:
 
     @property
     def kv_usage(self) -> float:
-        return self.kv_tokens_used / self.kv_tokens_total if self.kv_tokens_total else 0.0
+        """Blocks in use / blocks of the pool."""
+        used = self.kv_blocks_total - self.kv_blocks_free
+        return used / self.kv_blocks_total if self.kv_blocks_total else 0.0
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -145,17 +180,19 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         context = model.config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or context, context)
-        mc = model.config
-        self.prefix_cache = PrefixCache(
-            config.prefix_cache_blocks, config.chunk_size, mc.num_hidden_layers, mc.num_key_value_heads,
-            mc.head_dim, model.dtype, model.device,
-        )
-        self.scheduler = Scheduler(
-            config.max_num_seqs, config.chunk_size, config.max_num_batched_tokens, self.prefix_cache
-        )
+        block_size = config.tokens_per_block
+        cache_dtype = KV_CACHE_DTYPES[config.kv_cache_dtype] or model.dtype
+        num_blocks = pool_blocks(model, config.max_num_seqs, self.max_model_len, block_size,
+                                 config.kv_cache_memory, config.num_kv_blocks, cache_dtype)
+        self.blocks = BlockManager(num_blocks, block_size, config.chunk_size, config.enable_prefix_caching)
+        # One request alone may fill the pool, never more: a longer one could not run even with all others preempted.
+        self.max_seq_tokens = min(self.max_model_len, self.blocks.capacity_tokens)
+        self.scheduler = Scheduler(config.max_num_seqs, config.chunk_size, config.max_num_batched_tokens,
+                                   self.blocks, config.scheduling_policy)
         # A tensor-parallel model (engine/launch.py) has ranks to drive: its runner broadcasts each step's plan.
         runner = DistributedRunner if getattr(model, "cluster", None) is not None else ModelRunner
-        self.runner = runner(model, config.max_num_seqs, self.max_model_len, self.prefix_cache)
+        self.runner = runner(model, num_blocks, block_size, self.max_model_len, cache_dtype)
+        self.runner.blocks = self.blocks
         self.requests: dict[str, Sequence] = {}
         self.speculator = Speculator(self.runner)
         self._drafters: dict[int, Drafter] = {}  # id(draft model) -> its slot cache
@@ -181,6 +218,7 @@ class LLMEngine:
         arrival_time: float | None = None,
         *,
         group: str | None = None,
+        priority: int = 0,
         logits_processor: Seq[LogitsProcessor] = (),
         stopping_criteria: Seq[StoppingCriterion] = (),
         hooks: Seq[StepHook] = (),
@@ -188,7 +226,8 @@ class LLMEngine:
     ) -> Sequence:
         """Queue one sequence. `params` is a validated GenerationConfig for one greedy or sampled sequence
         (`expand` turns num_return_sequences into several). Its text continues the prompt's. `group` names the
-        client request it belongs to (default: its own id): waiting requests get free slots in turn.
+        client request it belongs to (default: its own id): waiting requests get free places in turn. `priority`:
+        lower runs first under the engine's `priority` scheduling policy (ignored under fcfs).
         `draft_model` (sharing the vocabulary) drafts tokens for speculative decoding, as
         params.prompt_lookup_num_tokens does from the request's own ids (engine/speculation.py)."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
@@ -199,7 +238,9 @@ class LLMEngine:
         self._check_prompt(prompt_ids)
         if params.stop_string_list and self.tokenizer is None:
             raise GenerationConfigError("stop strings need a tokenizer, and this model folder has none")
-        max_tokens = length_budget(params, len(prompt_ids), self.max_model_len)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise GenerationConfigError(f"priority must be an integer (lower runs first), got {priority!r}")
+        max_tokens = length_budget(params, len(prompt_ids), self.max_seq_tokens)
         if params.trace and params.seed is None and not params.greedy:  # a traced draw names its seed: replayable
             params = dataclasses.replace(params, seed=secrets.randbelow(2**63))
         criteria = list(stopping_criteria)
@@ -218,6 +259,7 @@ class LLMEngine:
             grammar=next((p for p in processors.processors if isinstance(p, GrammarMask)), None),
             trace=self._recorder(prompt_ids, params, max_tokens) if params.trace else None,
             group=group if group is not None else request_id,
+            priority=priority,
             arrival_time=arrival_time if arrival_time is not None else time.monotonic(),
         )
         seq.spec = self._speculation(seq, draft_model)
@@ -227,7 +269,7 @@ class LLMEngine:
         return seq
 
     def abort(self, request_id: str) -> TokenEvent | None:
-        """Cancel a request; its slot is free for the next step. Returns its final event (None if unknown)."""
+        """Cancel a request; its blocks are free for the next step. Returns its final event (None if unknown)."""
         seq = self.requests.pop(request_id, None)
         if seq is None:
             return None
@@ -320,14 +362,21 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         running = list(self.scheduler.running)
+        blocks, pool = self.blocks, self.runner.cache
         return EngineStats(
             num_running=len(running),
             num_waiting=self.scheduler.num_waiting,
             num_slots=self.scheduler.num_slots,
             kv_tokens_used=sum(s.num_cached for s in running),
-            kv_tokens_total=self.scheduler.num_slots * self.max_model_len,
-            prefix_queried_tokens=self.prefix_cache.queried_tokens,
-            prefix_hit_tokens=self.prefix_cache.hit_tokens,
+            kv_tokens_total=blocks.capacity_tokens,
+            kv_blocks_total=blocks.num_blocks - 1,
+            kv_blocks_free=blocks.num_free,
+            kv_blocks_cached=blocks.num_cached,
+            kv_block_size=blocks.block_size,
+            kv_cache_bytes=pool.nbytes,
+            preemptions_total=self.scheduler.num_preemptions,
+            prefix_queried_tokens=blocks.queried_tokens,
+            prefix_hit_tokens=blocks.hit_tokens,
             prompt_tokens_total=self._prompt_tokens,
             generated_tokens_total=self._generated_tokens,
             steps_total=self._steps,
@@ -418,6 +467,12 @@ class LLMEngine:
                 f"the prompt has {len(prompt_ids)} tokens but at most {self.max_model_len - 1} fit "
                 f"(max_model_len {self.max_model_len}, one new token at least): shorten it"
             )
+        if len(prompt_ids) >= self.max_seq_tokens:
+            raise PromptTooLongError(
+                f"the prompt has {len(prompt_ids)} tokens but the KV pool holds {self.blocks.capacity_tokens} "
+                f"({self.blocks.num_blocks - 1} blocks of {self.blocks.block_size}), one new token at least: shorten "
+                "it, or give the server a larger pool (--kv-cache-memory, --num-kv-blocks)"
+            )
 
     def _check_options(self, params: GenerationConfig) -> None:
         mode = generation_mode(params)
@@ -451,7 +506,8 @@ class LLMEngine:
         meta = {"prompt_ids": list(prompt_ids), "options": options_of(params), "max_tokens": max_tokens,
                 "prompt_text": None if tok is None else tok.decode(prompt_ids, skip_special_tokens=False),
                 # what else decides the logits' last bits: a replay elsewhere names the ones that differ
-                "engine": {"chunk_size": self.config.chunk_size, "threads": torch.get_num_threads(),
+                "engine": {"chunk_size": self.config.chunk_size, "kv_cache_dtype": self.config.kv_cache_dtype,
+                           "threads": torch.get_num_threads(),
                            "dtype": str(self.model.dtype), "device": str(self.model.device),
                            "torch": torch.__version__}}
         return TraceRecorder(params.trace_top_n, meta, decode)

@@ -1,4 +1,8 @@
-"""The model runner: turns a StepPlan into forward passes over the slot cache and returns next-token logits.
+"""The model runner: turns a StepPlan into forward passes over the paged KV pool and returns next-token logits.
+
+Every row reads and writes its sequence's K/V through its block table (model/cache.py's PagedKVCache): a prefill
+chunk writes its columns into the sequence's blocks and attends over the blocks' first columns gathered in order;
+decode rows go to the fused native step with their block tables, or through the modules with the same gather.
 
 Batch invariance. CPU matmul and attention kernels pick their blocking from the shapes (a 1-row matmul is a
 gemv, 2-3 rows and >= 4 rows take other paths; SDPA's numbers depend on the key length, and differ between a
@@ -12,8 +16,8 @@ request alone with chunk boundaries at fixed multiples of the chunk size. A requ
 same alone or among others.
 
 The fast path keeps that property by construction: where the model takes the fused native decode step
-(model/fused.py: a float32 model of the stock blocks on CPU), every decode row runs through it with its own cache
-row and its own length, no bucket and no padding. The native step computes each row's numbers from that row alone
+(model/fused.py: a float32 model of the stock blocks on CPU), every decode row runs through it with its own block
+table and its own length, no bucket and no padding. The native step computes each row's numbers from that row alone
 (each product accumulates a row in the same order whatever the other rows; attention is per row), and whether it
 is used depends on the model alone, so a request never changes path with its batch-mates.
 """
@@ -25,11 +29,13 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from dataclasses import dataclass
+
 from ..errors import GenerationConfigError
-from ..model import ForwardBatch, KVCache, Transformer
+from ..model import ForwardBatch, PagedKVCache, Transformer
 from ..model import fused
 from ..model.kernels import MAX_ROWS
-from .prefix_cache import PrefixCache
+from .block_manager import BlockManager
 from .scheduler import PrefillChunk, StepPlan
 from .sequence import Sequence
 
@@ -39,7 +45,7 @@ MIN_BUCKET = 128  # shortest key length a decode group attends over (short rows 
 
 
 class SlotView:
-    """One slot of the cache, shaped like a batch-of-one KVCache (the model only calls `update`)."""
+    """One slot of a slot cache (a draft model's: engine/speculation.py), shaped like a batch-of-one KVCache."""
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k, self.v = k, v  # (L, 1, Hkv, S, D) views into the shared cache
@@ -52,24 +58,39 @@ class SlotView:
         return self.k[layer, :, :, : batch.kv_len], self.v[layer, :, :, : batch.kv_len]
 
 
-class RowsView:
-    """Some slots of the cache for one decode step (T = 1), read over the first `span` columns.
+class SeqView:
+    """One sequence's blocks, shaped like a batch-of-one KVCache for a prefill chunk (the model only calls `update`):
+    the chunk's columns are written into its blocks, and its first kv_len columns are gathered in order."""
 
-    Rows may repeat (padding up to MIN_ROWS); only the first `n_real` rows write into the cache.
+    def __init__(self, pool: PagedKVCache, table: torch.Tensor) -> None:
+        self.pool, self.table = pool, table  # (blocks,) int64
+
+    def update(self, layer: int, batch: ForwardBatch, k: torch.Tensor, v: torch.Tensor):  # noqa: ANN201
+        assert batch.write_start is not None, "a prefill chunk writes contiguous columns"
+        cols = torch.arange(batch.write_start, batch.write_start + k.shape[2], device=k.device)
+        self.pool.write(layer, cols, self.table, k[0], v[0])
+        return self.pool.gather(layer, self.table[None], batch.kv_len, k.dtype)  # (1, Hkv, kv_len, D) each
+
+
+class RowsView:
+    """Some sequences' blocks for one decode step (T = 1), read over the first `span` columns.
+
+    Rows may repeat (padding up to MIN_ROWS); only the first `n_real` rows write into the pool.
     """
 
-    def __init__(self, cache: KVCache, rows: torch.Tensor, n_real: int, span: int) -> None:
-        self.cache, self.rows, self.n_real, self.span = cache, rows, n_real, span
-        self._batch = torch.arange(len(rows), device=rows.device)
+    def __init__(self, pool: PagedKVCache, tables: torch.Tensor, n_real: int, span: int) -> None:
+        self.pool, self.tables, self.n_real, self.span = pool, tables, n_real, span  # tables: (B, W)
+        self._batch = torch.arange(len(tables), device=tables.device)
 
     def update(self, layer: int, batch: ForwardBatch, k: torch.Tensor, v: torch.Tensor):  # noqa: ANN201
         assert k.shape[2] == 1, "decode writes one column per row"
-        col, n = batch.write_index[:, 0], self.n_real  # (B,)
+        col, n, bs = batch.write_index[:, 0], self.n_real, self.pool.block_size  # (B,)
+        blocks = self.tables[self._batch, col // bs]  # (B,) the block each row's new column lives in
+        new_k, new_v = k[:, :, 0], v[:, :, 0]  # (B, Hkv, D)
+        self.pool.put(layer, blocks[:n], col[:n] % bs, new_k[:n], new_v[:n])
         out = []
-        for store, new in ((self.cache.k[layer], k[:, :, 0]), (self.cache.v[layer], v[:, :, 0])):  # new: (B, Hkv, D)
-            store[self.rows[:n], :, col[:n]] = new[:n]
-            span = store[:, :, : self.span].index_select(0, self.rows)  # (B, Hkv, span, D): a gathered copy
-            span[self._batch, :, col] = new
+        for span, new in zip(self.pool.gather(layer, self.tables, self.span, k.dtype), (new_k, new_v)):
+            span[self._batch, :, col] = self.pool.stored(new)  # padding rows see their own new column too, as stored
             out.append(span)
         return out[0], out[1]
 
@@ -104,24 +125,52 @@ def check_cache_memory(model: Transformer, num_slots: int, max_len: int) -> None
             f"at most {max(0, free // per_slot)} or --max-model-len (max_model_len), or use a smaller --dtype")
 
 
+@dataclass(eq=False)
+class DecodeRow:
+    """One decode row that is not a Sequence's next step: a replayed token of a preempted sequence (its column
+    num_tokens - 1 recomputed as its original decode step computed it), shaped as the runner reads a Sequence."""
+
+    block_table: list[int]
+    last_token: int  # the token fed at column num_tokens - 1
+    num_tokens: int
+    num_cached: int = 0
+
+    def hook_inputs(self) -> dict:
+        return {}
+
+
+def _tables(rows: list, width: int | None = None) -> torch.Tensor:
+    """(B, W) int64 block tables of rows, padded with the null block (0)."""
+    W = width or max(len(r.block_table) for r in rows)
+    return torch.tensor([r.block_table[:W] + [0] * (W - min(W, len(r.block_table))) for r in rows],
+                        dtype=torch.int64)
+
+
 def _bucket(num_tokens: int, limit: int) -> int:
     """Key columns a decode row attends over: a power of two >= its length (fixed by the row alone)."""
     return min(limit, max(MIN_BUCKET, 1 << (num_tokens - 1).bit_length()))
 
 
 class ModelRunner:
-    def __init__(self, model: Transformer, num_slots: int, max_len: int, prefix_cache: PrefixCache) -> None:
-        self.model, self.num_slots, self.max_len, self.prefix_cache = model, num_slots, max_len, prefix_cache
-        check_cache_memory(model, num_slots, max_len)
-        self.cache = model.new_cache(num_slots, max_len)  # (L, slots, Hkv, max_len, D)
-        self.window = model.config.sliding_window
+    def __init__(self, model: Transformer, num_blocks: int, block_size: int, max_len: int,
+                 cache_dtype: torch.dtype | None = None) -> None:
+        mc = model.config
+        self.model, self.max_len = model, max_len
+        self.cache = PagedKVCache(mc.num_hidden_layers, num_blocks, mc.num_key_value_heads, block_size, mc.head_dim,
+                                  cache_dtype or model.dtype, model.device)  # (L, N, Hkv, bs, D)
+        self.window = mc.sliding_window
+        self.blocks: BlockManager | None = None  # the engine's: prefill chunks hash their blocks into its cache
 
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> list[tuple[list[Sequence], torch.Tensor]]:
         """(requests, their (rows, V) float32 logits) for every request that chooses a token this step, in the
         groups they were computed in."""
-        for seq, blocks in plan.admitted:
-            self._copy_prefix(seq, blocks)
+        replayed = [DecodeRow(r.seq.block_table, r.seq.token_ids[c], c + 1) for r in plan.replay
+                    for c in range(r.start, r.end)]
+        if replayed:
+            self._decode(replayed)  # the K/V of tokens already chosen: their logits are not needed again
+            for r in plan.replay:
+                r.seq.num_cached = r.end
         out = self._decode(plan.decode) if plan.decode else []
         for chunk in plan.prefill:
             logits = self._prefill(chunk)
@@ -153,8 +202,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def verify(self, rows: list) -> torch.Tensor:
-        """(len(rows), V) float32 logits of decode rows given as objects with a Sequence's slot, last_token,
-        num_tokens (speculation.VerifyRow): several may share a slot, at consecutive columns in order, and each
+        """(len(rows), V) float32 logits of decode rows given as objects with a Sequence's block_table, last_token,
+        num_tokens (speculation.VerifyRow): several may share blocks, at consecutive columns in order, and each
         gets the numbers a single decode step of that row computes (native step, or its bucket and group)."""
         where = {id(row): i for i, row in enumerate(rows)}
         logits = torch.empty(len(rows), self.model.config.vocab_size)
@@ -163,11 +212,10 @@ class ModelRunner:
         return logits
 
     def _decode_native(self, plan: fused.RowsPlan, part: list[Sequence]) -> torch.Tensor:
-        """(rows, V) logits of the fused native step: each row in its own slot, over its own columns."""
+        """(rows, V) logits of the fused native step: each row through its own block table, over its own columns."""
         ids = torch.tensor([[s.last_token] for s in part])  # (rows, 1)
         cols = torch.tensor([s.num_tokens - 1 for s in part])  # (rows,) column = position of the new token
-        slots = torch.tensor([s.slot for s in part])
-        logits = fused.decode_rows(plan, self.model, ids, cols, slots, cols + 1)
+        logits = fused.decode_rows(plan, self.model, ids, cols, _tables(part), cols + 1)
         assert logits is not None, "rows_plan said the native step takes this model and cache"
         for seq in part:
             seq.num_cached = seq.num_tokens
@@ -177,12 +225,12 @@ class ModelRunner:
                       min_rows: int = MIN_ROWS) -> torch.Tensor:
         device, n = self.model.device, len(group)
         pad = [group[0]] * (max(n, min_rows) - n)  # repeats of the first row: computed, never written
-        rows = torch.tensor([s.slot for s in group + pad], device=device)
+        tables = _tables(group + pad, -(-span // self.cache.block_size)).to(device)  # (B, blocks of span)
         ids = torch.tensor([[s.last_token] for s in group + pad], device=device)  # (B, 1)
         cols = torch.tensor([[s.num_tokens - 1] for s in group + pad], device=device)  # (B, 1)
-        valid = torch.ones(len(rows), span, dtype=torch.bool, device=device)
+        valid = torch.ones(len(tables), span, dtype=torch.bool, device=device)
         batch = dataclasses.replace(ForwardBatch.build(cols, cols, valid, span, self.window), rowwise=True)
-        logits = self.model(ids, batch, RowsView(self.cache, rows, n, span), **(extra or {})).float()
+        logits = self.model(ids, batch, RowsView(self.cache, tables, n, span), **(extra or {})).float()
         for seq in group:
             seq.num_cached = seq.num_tokens
         return logits[:n]
@@ -195,30 +243,15 @@ class ModelRunner:
         cols = torch.arange(start, end, device=device)[None]  # (1, T) positions = cache columns
         valid = torch.ones(1, end, dtype=torch.bool, device=device)
         batch = ForwardBatch.build(cols, cols, valid, end, self.window, write_start=start, last_only=not want_prompt)
-        view = SlotView(self.cache.k[:, seq.slot : seq.slot + 1], self.cache.v[:, seq.slot : seq.slot + 1])
+        view = SeqView(self.cache, torch.tensor(seq.block_table, dtype=torch.int64, device=device))
         logits = self.model(ids, batch, view, **seq.hook_inputs()).float()  # (1, V), or (1, T, V) for prompt logprobs
         seq.num_cached = end
-        if end - start == self.prefix_cache.block_size:
-            self._store_prefix(seq, start, end)
+        if self.blocks is not None:
+            self.blocks.cache_chunk(seq, start, end)
         if want_prompt:
             _record_prompt_logprobs(seq, start, end, logits[0])
             logits = logits[:, -1]
         return logits
-
-    def _copy_prefix(self, seq: Sequence, blocks: list[int]) -> None:
-        if not blocks:
-            return
-        pc, n = self.prefix_cache, len(blocks) * self.prefix_cache.block_size
-        index = torch.tensor(blocks, device=pc.k.device)
-        for src, dst in ((pc.k, self.cache.k), (pc.v, self.cache.v)):
-            span = src[:, index].transpose(1, 2).flatten(2, 3)  # (L, n, Hkv, C, D) -> (L, Hkv, n*C, D)
-            dst[:, seq.slot, :, :n] = span
-
-    def _store_prefix(self, seq: Sequence, start: int, end: int) -> None:
-        block = self.prefix_cache.reserve(seq.token_ids, start // self.prefix_cache.block_size)
-        if block is not None:
-            self.prefix_cache.k[:, block] = self.cache.k[:, seq.slot, :, start:end]
-            self.prefix_cache.v[:, block] = self.cache.v[:, seq.slot, :, start:end]
 
 
 def _record_prompt_logprobs(seq: Sequence, start: int, end: int, logits: torch.Tensor) -> None:
@@ -228,7 +261,8 @@ def _record_prompt_logprobs(seq: Sequence, start: int, end: int, logits: torch.T
         seq.prompt_logprobs = [None]  # the first token has no context
     logp = F.log_softmax(logits, dim=-1)  # (T, V)
     top = torch.topk(logp, k, dim=-1) if k else None
-    for i in range(start, min(end, P - 1)):  # logits at column i predict token i + 1
+    # logits at column i predict token i + 1; a preempted request's recomputed chunks add none it has
+    for i in range(max(start, len(seq.prompt_logprobs) - 1), min(end, P - 1)):
         row = i - start
         token = seq.prompt_ids[i + 1]
         alts = list(zip(top.indices[row].tolist(), top.values[row].tolist())) if top is not None else []

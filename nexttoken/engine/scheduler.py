@@ -1,14 +1,26 @@
-"""The scheduler: which requests get a cache slot, and what each running one computes this step.
+"""The scheduler: which requests run, what each computes this step, and which give their KV blocks back.
 
-As in nano-vllm, sequences are `waiting` (no slot yet) or `running` (own a slot). A step runs one decode token for
-every running sequence that has finished its prompt, plus prefill chunks of the others within a token budget, so
-a long prompt is prefilled over several steps while the other streams keep flowing. KV memory is bounded by the
-number of slots: when all are taken, new sequences wait.
+As in nano-vllm, sequences are `waiting` or `running`; the running hold blocks of the paged KV pool
+(block_manager.py). A step runs one decode token for every running sequence that has finished its prompt, plus
+prefill chunks of the others within a token budget, so a long prompt is prefilled over several steps while the
+other streams keep flowing. `max_num_seqs` bounds how many run at once; memory is bounded by the pool alone.
 
-Waiting sequences queue per request (`Sequence.group`: one client request's prompts x n), and each free slot goes
-to the waiting request that holds the fewest slots (ties: round robin, in turn). A request with thousands of
-sequences cannot keep a small one waiting behind all of them: the small one gets the next free slot. (Slots are
-not taken back from a running sequence: there is no preemption, so that next slot is the first one to free.)
+Admission. A waiting sequence is admitted when the blocks of its first chunk exist (after its prompt's cached
+prefix, which it shares by reference) and a place among the running is free. Waiting sequences queue per request
+(`Sequence.group`: one client request's prompts x n); under `fcfs` each free place goes to the waiting request that
+holds the fewest (ties: round robin, in turn), so a request with thousands of sequences cannot keep a small one
+waiting behind all of them. Under `priority` the waiting sequence with the lowest (priority, arrival) goes first.
+A sequence whose next chunk is a whole prompt chunk that a running sequence is computing right now waits a step:
+it then finds that chunk in the prefix cache instead of computing it again (a shared system prompt is prefilled
+once).
+
+Preemption by recompute. When a running sequence's next step needs a block the pool lacks, the least important
+running sequence (fcfs: the latest arrived; priority: the highest priority value, then the latest arrived) gives all
+its blocks back and waits again at the head of its queue. When it runs again its prompt is prefilled in the same
+chunks as before (or found in the prefix cache) and its generated tokens are replayed as decode rows, each computed
+exactly as its original decode step was (the runner's rows do not depend on their batch-mates), so its K/V, and
+therefore its output, greedy or seeded, are the same bits as without the preemption. Under `priority`, a waiting
+sequence also preempts running ones less important than itself to be admitted.
 """
 
 from __future__ import annotations
@@ -16,9 +28,13 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from typing import Iterator
 
-from .prefix_cache import PrefixCache
+from .block_manager import BlockManager
 from .sequence import Sequence, SequenceStatus
+
+POLICIES = ("fcfs", "priority")
+WATERMARK = 0.01  # of the pool's blocks kept free at admission, so running sequences can grow (vLLM's default)
 
 
 @dataclass
@@ -34,14 +50,25 @@ class PrefillChunk:
 
 
 @dataclass
+class Replay:
+    """Generated tokens of a preempted sequence, columns [start, end), recomputed as decode rows (logits unused)."""
+
+    seq: Sequence
+    start: int
+    end: int
+
+
+@dataclass
 class StepPlan:
-    admitted: list[tuple[Sequence, list[int]]] = field(default_factory=list)  # (seq, prefix-cache blocks to copy)
     prefill: list[PrefillChunk] = field(default_factory=list)
+    replay: list[Replay] = field(default_factory=list)
     decode: list[Sequence] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
-        return not (self.prefill or self.decode)
+        return not (self.prefill or self.decode or self.replay)
 
     def seqs(self) -> list[Sequence]:
         """The requests this step computes (prefill chunks' and decode rows')."""
@@ -49,67 +76,168 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, num_slots: int, chunk_size: int, token_budget: int, prefix_cache: PrefixCache) -> None:
-        self.chunk_size, self.token_budget, self.prefix_cache = chunk_size, token_budget, prefix_cache
+    def __init__(self, max_num_seqs: int, chunk_size: int, token_budget: int, blocks: BlockManager,
+                 policy: str = "fcfs") -> None:
+        assert policy in POLICIES, policy
+        self.chunk_size, self.token_budget, self.blocks, self.policy = chunk_size, token_budget, blocks, policy
         self.waiting: OrderedDict[str, deque[Sequence]] = OrderedDict()  # group -> its sequences, FIFO; groups in turn
-        self.running: deque[Sequence] = deque()
-        self.slots_held: dict[str, int] = {}  # group -> running sequences (slots) it holds
-        self.free_slots: deque[int] = deque(range(num_slots))
-        self.num_slots = num_slots
+        self.running: list[Sequence] = []
+        self.slots_held: dict[str, int] = {}  # group -> running sequences it holds
+        self.free_slots: deque[int] = deque(range(max_num_seqs))
+        self.num_slots = max_num_seqs
+        self.num_preemptions = 0
+        self._watermark = max(1, int(blocks.num_blocks * WATERMARK))
 
     def add(self, seq: Sequence) -> None:
         self.waiting.setdefault(seq.group, deque()).append(seq)
 
-    def _next_waiting(self) -> Sequence:
-        """The first sequence of the waiting request that holds the fewest slots (the first such in line); that
-        request then goes to the back of the line."""
-        group = min(self.waiting, key=lambda g: self.slots_held.get(g, 0))
-        queue = self.waiting.pop(group)
-        seq = queue.popleft()
-        if queue:
-            self.waiting[group] = queue
-        self.slots_held[group] = self.slots_held.get(group, 0) + 1
-        return seq
+    def rank(self, seq: Sequence) -> tuple:
+        """Importance, most important smallest."""
+        return (seq.priority, seq.arrival_time) if self.policy == "priority" else (seq.arrival_time,)
 
+    # ---- the step ----------------------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         plan = StepPlan()
-        while self.waiting and self.free_slots:
-            seq = self._next_waiting()
-            seq.slot, seq.status = self.free_slots.popleft(), SequenceStatus.RUNNING
-            seq.scheduled_time = seq.scheduled_time or time.monotonic()
-            # Prompt logprobs need the logits of every prompt position, so such a request computes them all.
-            blocks = self.prefix_cache.match(seq.token_ids) if not seq.params.wants_prompt_logprobs else []
-            seq.num_cached = seq.prefix_hit_tokens = len(blocks) * self.chunk_size
-            plan.admitted.append((seq, blocks))
-            self.running.append(seq)
+        for seq in sorted(self.running, key=self.rank):  # the decode rows: a column each, most important first
+            if seq.status is SequenceStatus.RUNNING and seq.num_uncached == 1:
+                self._make_room(seq, seq.num_tokens, plan, preempt_self=True)
         plan.decode = [s for s in self.running if s.num_uncached == 1]
+        self._admit(plan)
         budget = self.token_budget - len(plan.decode)
-        for seq in self.running:
-            if seq.num_uncached <= 1:
+        order = self.running if self.policy == "fcfs" else sorted(self.running, key=self.rank)
+        for seq in list(order):
+            if seq.status is not SequenceStatus.RUNNING or seq.num_uncached <= 1:
                 continue
-            if budget < self.chunk_size and plan.prefill:  # one chunk per step at least, so prefill progresses
+            if budget < self.chunk_size and (plan.prefill or plan.replay):  # one chunk per step at least
                 break
-            start = seq.num_cached
-            end = min(start + self.chunk_size, seq.num_tokens)
-            plan.prefill.append(PrefillChunk(seq, start, end))
+            start, prompt = seq.num_cached, len(seq.prompt_ids)
+            end = min(start + self.chunk_size, prompt if start < prompt else seq.num_tokens - 1)
+            if not self._make_room(seq, end, plan, preempt_self=False):
+                continue
+            if start < prompt:
+                plan.prefill.append(PrefillChunk(seq, start, end))
+            else:
+                plan.replay.append(Replay(seq, start, end))
             budget -= end - start
         return plan
 
+    def _admit(self, plan: StepPlan) -> None:
+        computing = {k for s in self.running if (k := self.blocks.pending_key(s)) is not None}
+        deferred: set[int] = set()
+        while self.waiting:
+            skip = deferred | {id(s) for s in plan.preempted}  # preempted this step: not back in the same step
+            seq = next((s for s in self._candidates() if id(s) not in skip), None)
+            if seq is None:
+                return
+            if not self.free_slots and not self._preempt_for(seq, plan):
+                return
+            hit = self.blocks.match(seq)
+            seq.num_cached = hit
+            key = self.blocks.pending_key(seq)
+            if key is not None and key in computing:  # another sequence is computing that chunk: take it next step
+                self.blocks.free(seq)
+                seq.num_cached = 0
+                deferred.add(id(seq))
+                continue
+            first = min(hit + self.chunk_size, len(seq.prompt_ids))
+            while not self._fits(seq, first):
+                if not self._preempt_for(seq, plan):
+                    self.blocks.free(seq)
+                    seq.num_cached = 0
+                    return
+            self.blocks.record_lookup(len(seq.prompt_ids), hit)
+            self._take_waiting(seq)
+            seq.prefix_hit_tokens = max(seq.prefix_hit_tokens, hit) if seq.num_preemptions else hit
+            seq.slot, seq.status = self.free_slots.popleft(), SequenceStatus.RUNNING
+            seq.scheduled_time = seq.scheduled_time or time.monotonic()
+            self.running.append(seq)
+            plan.admitted.append(seq)
+            if key is not None:
+                computing.add(key)
+
+    def _fits(self, seq: Sequence, num_tokens: int) -> bool:
+        """Whether seq's table covers num_tokens with the watermark left free (grown when it does). With nothing
+        running there is nobody to keep room for: a request as large as the pool must still start."""
+        need = self.blocks.blocks_for(num_tokens) - len(seq.block_table)
+        reserve = self._watermark if self.running else 0
+        return self.blocks.num_free - max(need, 0) >= reserve and self.blocks.grow(seq, num_tokens)
+
+    def _candidates(self) -> Iterator[Sequence]:
+        """Waiting sequences in the order they get a place."""
+        if self.policy == "priority":
+            yield from sorted((s for q in self.waiting.values() for s in q), key=self.rank)
+            return
+        groups = sorted(self.waiting, key=lambda g: self.slots_held.get(g, 0))  # stable: the line's order on ties
+        for group in groups:
+            yield self.waiting[group][0]
+
+    def _take_waiting(self, seq: Sequence) -> None:
+        queue = self.waiting.pop(seq.group)
+        queue.remove(seq)
+        if queue:
+            self.waiting[seq.group] = queue  # the request goes to the back of the line
+        self.slots_held[seq.group] = self.slots_held.get(seq.group, 0) + 1
+
+    # ---- preemption --------------------------------------------------------------------------------------------
+    def _make_room(self, seq: Sequence, num_tokens: int, plan: StepPlan, preempt_self: bool) -> bool:
+        """Grow seq's table to num_tokens, preempting less important running sequences while the pool lacks blocks;
+        when none is left, seq itself when `preempt_self`. Whether seq got them."""
+        while not self.blocks.grow(seq, num_tokens):
+            others = [s for s in self.running if s is not seq]
+            victim = max(others, key=self.rank, default=None)
+            if victim is None or self.rank(victim) < self.rank(seq):
+                if preempt_self:
+                    self._preempt(seq, plan)
+                return False
+            self._preempt(victim, plan)
+        return True
+
+    def _preempt_for(self, seq: Sequence, plan: StepPlan) -> bool:
+        """Under `priority`, preempt the least important running sequence when it is less important than the
+        waiting seq (whether one was)."""
+        if self.policy != "priority" or not self.running:
+            return False
+        victim = max(self.running, key=self.rank)
+        if self.rank(victim) <= self.rank(seq):
+            return False
+        self._preempt(victim, plan)
+        return True
+
+    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
+        """Free all of seq's blocks; it waits again at the head of its request's queue and is recomputed."""
+        self._leave_running(seq)
+        seq.status, seq.num_cached = SequenceStatus.WAITING, 0
+        if seq.spec is not None:
+            seq.spec.draft_cached = 0  # its draft model's cache row goes with its place
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.setdefault(seq.group, deque()).appendleft(seq)
+        self.waiting.move_to_end(seq.group, last=False)
+        if seq in plan.decode:
+            plan.decode.remove(seq)
+        plan.prefill = [c for c in plan.prefill if c.seq is not seq]
+        plan.replay = [r for r in plan.replay if r.seq is not seq]
+        plan.preempted.append(seq)
+
+    def _leave_running(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        held = self.slots_held.pop(seq.group, 0) - 1
+        if held > 0:
+            self.slots_held[seq.group] = held
+        self.blocks.free(seq)
+        if seq.slot is not None:
+            self.free_slots.append(seq.slot)
+            seq.slot = None
+
     def release(self, seq: Sequence) -> None:
-        """Give a finished or aborted request's slot back; it is free for the next step."""
+        """Give a finished or aborted request's blocks and place back; they are free for the next step."""
         if seq in self.running:
-            self.running.remove(seq)
-            held = self.slots_held.pop(seq.group, 0) - 1
-            if held > 0:
-                self.slots_held[seq.group] = held
+            self._leave_running(seq)
         queue = self.waiting.get(seq.group)
         if queue is not None and seq in queue:
             queue.remove(seq)
             if not queue:
                 del self.waiting[seq.group]
-        if seq.slot is not None:
-            self.free_slots.append(seq.slot)
-            seq.slot = None
         seq.status = SequenceStatus.FINISHED
 
     @property

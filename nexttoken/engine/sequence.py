@@ -32,14 +32,15 @@ class Speculation:
 
 
 class SequenceStatus(enum.Enum):
-    WAITING = "waiting"  # queued for a cache slot
-    RUNNING = "running"  # owns a slot: prefilling its prompt in chunks, or decoding one token per step
+    WAITING = "waiting"  # queued (new, or preempted: its blocks freed, its tokens recomputed when it runs again)
+    RUNNING = "running"  # holds KV blocks: prefilling its prompt in chunks, or decoding one token per step
     FINISHED = "finished"
 
 
 @dataclass(eq=False)
 class Sequence:
-    """One request. Its K/V live in cache slot `slot`, columns [0, num_cached); column = position."""
+    """One request. Its K/V live in the KV pool's blocks `block_table`, columns [0, num_cached); column = position
+    (column s in block block_table[s // block_size])."""
 
     request_id: str
     prompt_ids: list[int]
@@ -52,14 +53,17 @@ class Sequence:
     grammar: GrammarMask | None = None  # structured output's mask, in `processors`: its next mask is prefetched
     trace: TraceRecorder | None = None  # GenerationConfig.trace: each step recorded (None: nothing extra runs)
     spec: Speculation | None = None  # its draft source and counts when it decodes speculatively
-    group: str = ""  # the client request it belongs to: free slots go to the requests in turn
+    group: str = ""  # the client request it belongs to: free places go to the requests in turn
+    priority: int = 0  # lower runs first (--scheduling-policy priority), as vLLM's
     arrival_time: float = 0.0
     status: SequenceStatus = SequenceStatus.WAITING
-    slot: int | None = None
-    num_cached: int = 0  # tokens whose K/V are in the slot
+    slot: int | None = None  # its place among the running (0 .. max_num_seqs - 1): a draft model's cache row
+    block_table: list[int] = field(default_factory=list)  # its KV pool blocks, in column order
+    num_preemptions: int = 0
+    num_cached: int = 0  # tokens whose K/V are in its blocks
     prefix_hit_tokens: int = 0  # of them, copied from the prefix cache
     prompt_logprobs: PromptLogprobs | None = None  # position 0 has none
-    scheduled_time: float | None = None  # first admitted to a slot
+    scheduled_time: float | None = None  # first admitted
     first_token_time: float | None = None
     last_token_time: float | None = None
 

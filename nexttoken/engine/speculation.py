@@ -48,7 +48,7 @@ class SpeculativeConfig:
 class VerifyRow:
     """One position of a verification, shaped as the runner's decode rows read a Sequence."""
 
-    slot: int
+    block_table: list[int]  # the request's KV blocks
     last_token: int  # the token fed at column num_tokens - 1
     num_tokens: int
     num_cached: int = 0
@@ -166,7 +166,7 @@ class Speculator:
         for wanted in by_drafter.values():
             proposals.update(wanted[0][0].spec.drafter.propose(wanted, drop))
         seqs = [seq for seq in seqs if seq not in failed]
-        rows = {seq: [VerifyRow(seq.slot, t, seq.num_tokens + i)
+        rows = {seq: [VerifyRow(seq.block_table, t, seq.num_tokens + i)
                       for i, t in enumerate([seq.last_token] + proposals.get(seq, Proposal()).tokens)] for seq in seqs}
         logits = self.runner.verify([r for seq in seqs for r in rows[seq]])  # (rows, V)
         first = 0
@@ -180,10 +180,11 @@ class Speculator:
         return events
 
     def _room(self, seq: Sequence) -> int:
-        """Draft tokens worth verifying: the schedule's, within the output budget (one token is the target's own)
-        and the slot's columns."""
+        """Draft tokens worth verifying: the schedule's, within the output budget (one token is the target's own),
+        the request's columns and the KV blocks the pool can give it now (never preempting for drafts)."""
         left = seq.max_tokens - len(seq.output_ids) - 1
-        return max(0, min(seq.spec.length.num_tokens, left, self.runner.max_len - seq.num_tokens))
+        k = max(0, min(seq.spec.length.num_tokens, left, self.runner.max_len - seq.num_tokens))
+        return min(k, self.runner.blocks.grow_up_to(seq, seq.num_tokens + k) - seq.num_tokens)
 
     def _accept(self, seq: Sequence, logits: torch.Tensor, proposal: Proposal) -> list[TokenEvent]:
         """Push the target's tokens for positions 0..k in order until one differs from the draft (greedy) or is

@@ -1,10 +1,12 @@
-"""The KV cache: allocated once for the whole generation and written in place."""
+"""The KV caches: a slot cache allocated once for a whole generation (generate()), and the engine's paged pool; both
+written in place."""
 
 from __future__ import annotations
 
 import torch
 
 from .batch import ForwardBatch
+from .memory import lazy_zeros
 
 
 class KVCache:
@@ -67,3 +69,99 @@ class KVCache:
         bigger.k[:, :, :, :S] = self.k
         bigger.v[:, :, :, :S] = self.v
         return bigger
+
+
+class PagedKVCache:
+    """The engine's KV pool: keys and values of every layer in fixed-size blocks, (L, N, Hkv, bs, D) each.
+
+    A sequence's columns live in the blocks its block table names (column s in block table[s // bs], offset
+    s % bs), so memory goes to the tokens that exist, not to a slot as long as the longest request. Block 0 is the
+    null block: never handed out, all zeros, where the unused entries of a padded block table point (attention
+    masks those columns, and a zero is finite, so masking them leaves the sums exactly as they are).
+
+    The element type is the model's, bfloat16 (half of float32's memory) or int8 (a quarter): int8 keys and values
+    carry one float32 scale per token and head (`k_scale`, `v_scale` (L, N, Hkv, bs): absmax / 127 over the head's
+    D values), so a token's error never depends on other tokens. Reads give back the values as stored (`stored`),
+    and every reader sees those, the new token's own column included.
+
+    The pool is one anonymous mapping (model/memory.py's `lazy_zeros`): its pages are committed as blocks are first
+    written, so a large pool costs the memory of the tokens actually held.
+    """
+
+    def __init__(self, n_layers: int, n_blocks: int, n_kv_heads: int, block_size: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        shape = (n_layers, n_blocks, n_kv_heads, block_size, head_dim)  # (L, N, Hkv, bs, D)
+        self.k = lazy_zeros(shape, dtype, device)
+        self.v = lazy_zeros(shape, dtype, device)
+        self.k_scale = self.v_scale = None
+        if dtype == torch.int8:
+            self.k_scale = lazy_zeros(shape[:-1], torch.float32, device)  # (L, N, Hkv, bs)
+            self.v_scale = lazy_zeros(shape[:-1], torch.float32, device)
+
+    @property
+    def block_size(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        scales = 0 if self.k_scale is None else self.k_scale.nbytes + self.v_scale.nbytes
+        return self.k.nbytes + self.v.nbytes + scales
+
+    @staticmethod
+    def bytes_per_block(n_layers: int, n_kv_heads: int, block_size: int, head_dim: int, dtype: torch.dtype) -> int:
+        """Memory of one block's keys and values (and int8 scales) across all layers."""
+        per_value = head_dim * dtype.itemsize + (4 if dtype == torch.int8 else 0)
+        return 2 * n_layers * n_kv_heads * block_size * per_value
+
+    def stored(self, x: torch.Tensor) -> torch.Tensor:
+        """What storing x (..., D) and reading it back gives, in x's dtype."""
+        if self.k.dtype == x.dtype:
+            return x
+        if self.k_scale is None:
+            return x.to(self.k.dtype).to(x.dtype)
+        q, scale = _quantize(x)
+        return (q.float() * scale[..., None]).to(x.dtype)
+
+    def write(self, layer: int, cols: torch.Tensor, table: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store one sequence's k, v (Hkv, T, D) at its columns cols (T,), through its block table (>= blocks,)."""
+        bs = self.block_size
+        blocks, offsets = table[cols // bs], cols % bs  # (T,) each
+        self.put(layer, blocks, offsets, k.transpose(0, 1), v.transpose(0, 1))
+
+    def put(self, layer: int, blocks: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v (T, Hkv, D) at (blocks[t], offsets[t]) of this layer."""
+        for store, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
+            if scales is None:
+                store[layer][blocks, :, offsets] = x.to(store.dtype)  # indexed view is (T, Hkv, D)
+            else:
+                q, scale = _quantize(x)
+                store[layer][blocks, :, offsets] = q
+                scales[layer][blocks, :, offsets] = scale
+
+    def gather(self, layer: int, tables: torch.Tensor, span: int,
+               dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first `span` columns of each row's blocks, tables (B, >= span / bs) -> k, v (B, Hkv, span, D) copies
+        in `dtype` (default: the pool's)."""
+        n = -(-span // self.block_size)
+        out = []
+        for store, scales in ((self.k[layer], self.k_scale), (self.v[layer], self.v_scale)):
+            rows = store[tables[:, :n]]  # (B, n, Hkv, bs, D)
+            if scales is not None:
+                rows = rows.float() * scales[layer][tables[:, :n]][..., None]
+            if dtype is not None:
+                rows = rows.to(dtype)
+            B, _, H, bs, D = rows.shape
+            out.append(rows.transpose(1, 2).reshape(B, H, n * bs, D)[:, :, :span])
+        return out[0], out[1]
+
+
+def _quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (..., D) -> int8 values (..., D) and float32 scales (...,): symmetric, absmax / 127 per vector."""
+    x = x.float()
+    scale = x.abs().amax(-1) / 127.0
+    q = torch.round(x / torch.where(scale > 0, scale, 1.0)[..., None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale

@@ -55,7 +55,8 @@ class _Linear(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("qkv", _Linear), ("o", _Linear),
-                ("w13", _Linear), ("w2", _Linear), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
+                ("w13", _Linear), ("w2", _Linear), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
+                ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p)]
 
 
 class _Model(ctypes.Structure):
@@ -64,7 +65,7 @@ class _Model(ctypes.Structure):
         (name, ctypes.c_int64) for name in ("cache_row_stride", "cache_head_stride")] + [
         ("eps", ctypes.c_double), ("inv_freq", ctypes.c_void_p),
                                  ("final_norm", ctypes.c_void_p), ("lm_head", _Linear),
-                                 ("layers", ctypes.POINTER(_Layer))]
+                                 ("layers", ctypes.POINTER(_Layer)), ("kv_kind", ctypes.c_int64)]
 
 
 def _linear(module: torch.nn.Module) -> _Linear | None:
@@ -106,7 +107,7 @@ def _key(model: torch.nn.Module, cache: KVCache) -> tuple:
     """What the native description depends on: the cache (shape too: a new cache of another length can be
     allocated where a freed one was) and every module and weight the step reads. Checked every step, so it reads
     the modules' own dicts (nn.Module attribute lookups and model.parameters() would cost ~0.1 ms a step)."""
-    key = [cache.k.shape, cache.k.data_ptr(), cache.v.data_ptr(), model.inv_freq.data_ptr()]
+    key = [cache.k.shape, cache.k.dtype, cache.k.data_ptr(), cache.v.data_ptr(), model.inv_freq.data_ptr()]
     embed = model._modules["embed"]
     key += (id(embed), _table(embed).data_ptr())
     for m in (model._modules["norm"], model._modules["lm_head"]):
@@ -161,8 +162,9 @@ class _Plan:
                                                     block.mlp.w2)]
             if any(lin is None for lin in linears):
                 return
+            scales = _scales(cache, i)
             layers.append(_Layer(block.attention_norm.weight.data_ptr(), block.ffn_norm.weight.data_ptr(), *linears,
-                                 cache.k[i].data_ptr(), cache.v[i].data_ptr()))
+                                 cache.k[i].data_ptr(), cache.v[i].data_ptr(), *scales))
             # a rank's row-parallel o / down add their bias once, after the all-reduce (None in one process)
             self.biases.append((block.attention.wo.bias, block.mlp.w2.bias) if sharded else (None, None))
         head = _linear(_local(model.lm_head))
@@ -177,14 +179,28 @@ class _Plan:
             cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
             cfg.intermediate_size, vocab, embed or _Linear(None, 0, None, None), Hkv * S * D, S * D,
             cfg.rms_norm_eps, model.inv_freq.data_ptr(), model.norm.weight.data_ptr(), head, self.layers,
+            _KIND[cache.k.dtype],
         )
         self.ok = True
+
+
+def _scales(cache: KVCache, layer: int) -> tuple[int | None, int | None]:
+    """An int8 pool's per token and head scales of one layer (model/cache.py's PagedKVCache), else (None, None)."""
+    k_scale = getattr(cache, "k_scale", None)
+    return (None, None) if k_scale is None else (k_scale[layer].data_ptr(), cache.v_scale[layer].data_ptr())
+
+
+def _cache_ok(cache: KVCache) -> bool:
+    """A float32 cache, or an int8 pool with its scales (the native step reads both)."""
+    return cache.k.device.type == "cpu" and (
+        cache.k.dtype == torch.float32 or (cache.k.dtype == torch.int8 and getattr(cache, "k_scale", None) is not None))
 
 
 def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> bool:
     """Whether this forward is a plain float32 CPU decode step the native function computes as the modules do."""
     return (
         _ENABLED
+        and isinstance(cache, KVCache)  # a view of the engine's pool (a one-token prefill chunk) runs the modules
         and input_ids.shape[1] == 1
         and input_ids.shape[0] <= kernels.MAX_ROWS
         and batch.last_only
@@ -239,7 +255,7 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardB
     B = x.shape[0]
     if _sharded(model):
         slots = torch.arange(B, dtype=torch.int64)
-        return _rank_step(plan, model, x, positions, slots, torch.full((B,), batch.kv_len, dtype=torch.int64))
+        return _rank_step(plan, model, x, positions, (slots, 1), torch.full((B,), batch.kv_len, dtype=torch.int64))
     logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
     rc = kernels.library().nt_decode_step(
         ctypes.byref(plan.model), x.data_ptr(), B, positions.data_ptr(), batch.write_start, batch.kv_len,
@@ -279,8 +295,7 @@ def rows_plan(model: torch.nn.Module, cache: KVCache) -> RowsPlan | None:
     """The native description when the engine's decode rows of this model and slot cache take the native step,
     else None. A property of the model and the cache alone (never of which requests share a step), so a request's
     numbers do not depend on its batch-mates. Checked once per step (the weights may have been replaced)."""
-    if not (_ENABLED and getattr(model, "native_step", False) and cache.k.dtype == torch.float32
-            and cache.k.device.type == "cpu" and model.dtype == torch.float32 and not torch.is_grad_enabled()
+    if not (_ENABLED and getattr(model, "native_step", False) and _cache_ok(cache) and model.dtype == torch.float32 and not torch.is_grad_enabled()
             and not _observed(model) and kernels.library() is not None):
         return None
     plan = _plan(model, cache)
@@ -288,34 +303,37 @@ def rows_plan(model: torch.nn.Module, cache: KVCache) -> RowsPlan | None:
 
 
 def decode_rows(plan: RowsPlan, model: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
-                slots: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor | None:
-    """(B, V) float32 logits for B rows that each own a cache row: row b's new token (input_ids (B, 1)) at
-    rotary position positions[b] writes its K/V at column kv_lens[b] - 1 of cache row slots[b] and attends over
-    its first kv_lens[b] columns. `plan` comes from rows_plan for this step. None when the native step fails."""
+                tables: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor | None:
+    """(B, V) float32 logits for B rows that each own cache blocks: row b's new token (input_ids (B, 1)) at
+    rotary position positions[b] writes its K/V at column kv_lens[b] - 1 and attends over its first kv_lens[b]
+    columns. `tables` (B, W): row b's column s lives in cache block tables[b, s // block_size] (a paged pool,
+    model/cache.py's PagedKVCache); or (B,): row b owns slot tables[b] of a slot cache. `plan` comes from rows_plan
+    for this step. None when the native step fails."""
     if input_ids.shape[0] > kernels.MAX_ROWS:
         return None
     x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
     B = x.shape[0]
-    positions, slots, kv_lens = (t.reshape(-1).to(torch.int64).contiguous() for t in (positions, slots, kv_lens))
+    stride = tables.shape[1] if tables.dim() == 2 else 1
+    positions, tables, kv_lens = (t.reshape(-1).to(torch.int64).contiguous() for t in (positions, tables, kv_lens))
     if _sharded(model):
-        return _rank_step(plan, model, x, positions, slots, kv_lens)
+        return _rank_step(plan, model, x, positions, (tables, stride), kv_lens)
     logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
     rc = kernels.library().nt_decode_rows(
-        ctypes.byref(plan.model), x.data_ptr(), B, positions.data_ptr(), slots.data_ptr(), kv_lens.data_ptr(),
-        logits.data_ptr(),
+        ctypes.byref(plan.model), x.data_ptr(), B, positions.data_ptr(), tables.data_ptr(), stride,
+        kv_lens.data_ptr(), logits.data_ptr(),
     )
     return logits if rc == 0 else None
 
 
-def _rank_step(plan: _Plan, model: torch.nn.Module, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-               kv_lens: torch.Tensor) -> torch.Tensor:
+def _rank_step(plan: _Plan, model: torch.nn.Module, x: torch.Tensor, positions: torch.Tensor,
+               tables: tuple[torch.Tensor, int], kv_lens: torch.Tensor) -> torch.Tensor:
     """(B, V) logits of a tensor-parallel rank's step, rows as in decode_rows: x (B, C) is the all-reduced
     embedding. Every rank calls this in the same step, so each part's all-reduce meets the other ranks' (the same
     collectives, in the same order, as the modules' step). A refused part raises: every rank has the same rows and
     shapes, so every rank raises at the same part."""
     lib, ranks = kernels.library(), model.parallel.ranks
     B = x.shape[0]
-    ptrs = (positions.data_ptr(), slots.data_ptr(), kv_lens.data_ptr())
+    ptrs = (positions.data_ptr(), tables[0].data_ptr(), tables[1], kv_lens.data_ptr())
     part = torch.empty_like(x)  # (B, C) this rank's partial sum of one o or down projection
     for layer, biases in enumerate(plan.biases):
         for half, bias in enumerate(biases):

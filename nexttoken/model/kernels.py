@@ -111,9 +111,9 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.nt_decode_step_ids.restype = i
     lib.nt_decode_greedy.argtypes = [p, i64, i64, i64, i64, p, i64, p, p]
     lib.nt_decode_greedy.restype = i64
-    lib.nt_decode_rows.argtypes = [p, p, i64, p, p, p, p]
+    lib.nt_decode_rows.argtypes = [p, p, i64, p, p, i64, p, p]
     lib.nt_decode_rows.restype = i
-    lib.nt_decode_part.argtypes = [p, i64, i64, p, i64, p, p, p, p]
+    lib.nt_decode_part.argtypes = [p, i64, i64, p, i64, p, p, i64, p, p]
     lib.nt_decode_part.restype = i
     lib.nt_int4_supported.restype = i
     lib.nt_linear_i4.argtypes = [p, p, p, p, i64, i64, i64, p, i]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 
 import torch
 from torch import nn
@@ -90,3 +91,49 @@ def release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do
         pass
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A zeroed tensor whose CPU memory is committed page by page as it is first written (an anonymous mapping:
+    the kernel hands out zero pages on first touch), so a large KV pool holds only the memory of the tokens written
+    into it. torch.zeros would write every page at once. Other devices: torch.zeros."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = max(1, dtype.itemsize * int(torch.Size(shape).numel()))
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(mapping, dtype=torch.uint8).view(dtype).view(shape)  # keeps `mapping` alive
+
+
+def available_memory(device: torch.device | str) -> int:
+    """Bytes this process can still allocate on `device` without swapping or failing: the kernel's MemAvailable
+    on CPU (cgroup limits included when they are lower), the free memory of a CUDA device."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    available = _meminfo_available()
+    limit = _cgroup_room()
+    return min(available, limit) if limit is not None else available
+
+
+def _meminfo_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _cgroup_room() -> int | None:
+    """What a cgroup v2 memory limit leaves (limit - current), or None without one."""
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit == "max":
+            return None
+        with open("/sys/fs/cgroup/memory.current") as f:
+            return max(0, int(limit) - int(f.read().strip()))
+    except (OSError, ValueError):
+        return None

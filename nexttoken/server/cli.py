@@ -10,6 +10,26 @@ from pathlib import Path
 from ..tools.formats import FORMATS
 from ..tools.reasoning import FORMATS as REASONING_FORMATS
 
+# engine/llm_engine.py's KV_CACHE_DTYPES and POLICIES, engine/block_manager.py's DEFAULT_MEMORY_FRACTION (named here
+# so that the parser does not import torch; tests/test_kv_pool.py checks they agree)
+KV_CACHE_DTYPES = ("auto", "bf16", "float32", "int8")
+POLICIES = ("fcfs", "priority")
+DEFAULT_MEMORY_PERCENT = 25
+_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+
+
+def _bytes(text: str) -> int:
+    """'2GiB', '512M', '1000000' -> bytes (argparse type)."""
+    s = text.strip().upper().removesuffix("B")
+    unit = next((u for u in sorted(_UNITS, key=len, reverse=True) if u and s.endswith(u)), "")
+    try:
+        value = float(s[: len(s) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes (e.g. 2GiB, 512M, 1000000)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: the KV pool needs at least one byte")
+    return int(value)
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
@@ -23,11 +43,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", help="the model name clients send (default: the folder's name)")
     p.add_argument("--api-key", help="require Authorization: Bearer <key> on the API paths")
-    p.add_argument("--max-num-seqs", type=int, default=32, help="KV cache slots: requests decoded at once")
+    p.add_argument("--max-num-seqs", type=int, default=32, help="sequences running at once (the batch limit)")
     p.add_argument("--max-model-len", type=int, help="tokens per request, prompt + output (default: the model's)")
-    p.add_argument("--chunk-size", type=int, default=64, help="prefill chunk and prefix-cache block, in tokens")
+    p.add_argument("--chunk-size", type=int, default=64, help="prefill chunk in tokens; prefix-cache hits are whole chunks")
     p.add_argument("--max-num-batched-tokens", type=int, default=256, help="tokens computed per engine step")
-    p.add_argument("--prefix-cache-blocks", type=int, default=256, help="prefix-cache capacity in blocks (0: off)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="share the KV blocks of common prompt prefixes between requests (default on)")
+    pool = p.add_mutually_exclusive_group()
+    pool.add_argument("--kv-cache-memory", type=_bytes, metavar="BYTES",
+                      help="KV pool size in bytes (suffixes K, M, G, T, Ki, Mi, Gi, Ti; default: "
+                           f"{DEFAULT_MEMORY_PERCENT}%% of the memory available at start-up, at most "
+                           "what --max-num-seqs full-length requests need)")
+    pool.add_argument("--num-kv-blocks", type=int, help="KV pool size in blocks instead of bytes")
+    p.add_argument("--block-size", type=int, help="tokens per KV block (default 16; divides --chunk-size)")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="KV pool element type: auto (the model's), float32, bf16 (half the memory of float32) or "
+                        "int8 (a quarter, with per token and head scales)")
+    p.add_argument("--scheduling-policy", choices=list(POLICIES), default="fcfs",
+                   help="fcfs, or priority: a request's `priority` field (lower first) orders admission and "
+                        "preemption")
     p.add_argument("--max-n", type=int, default=8, help="largest n (choices) a request may ask for")
     p.add_argument("--max-seqs-per-request", type=int, default=256,
                    help="most sequences (prompts x n) one request may create; more is a 400")
@@ -101,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..engine import EngineConfig, LLMEngine, SpeculativeConfig
     from ..engine.embedding import model_pooling
+    from ..errors import GenerationConfigError
     from ..pretrained import default_model_path, load_pretrained
     from .app import build_app
     from .settings import ServerSettings
@@ -118,13 +153,22 @@ def run(args: argparse.Namespace) -> int:
                              args.device, args.quantize, args.tensor_parallel_timeout, on_failure=_stop_now,
                              threads=args.threads)
     loaded = load_pretrained(args.model, dtype=args.dtype, device=args.device, quantize=args.quantize, model=model)
-    config = EngineConfig(
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len,
-        chunk_size=args.chunk_size,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        prefix_cache_blocks=args.prefix_cache_blocks,
-    )
+    try:
+        config = EngineConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=args.max_model_len,
+            chunk_size=args.chunk_size,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            enable_prefix_caching=args.enable_prefix_caching,
+            kv_cache_memory=args.kv_cache_memory,
+            num_kv_blocks=args.num_kv_blocks,
+            block_size=args.block_size,
+            kv_cache_dtype=args.kv_cache_dtype,
+            scheduling_policy=args.scheduling_policy,
+        )
+    except GenerationConfigError as e:
+        print(f"nexttoken serve: {e}", file=sys.stderr)
+        return 2
     if not isinstance(args.default_chat_template_kwargs, dict):
         print("nexttoken serve: --default-chat-template-kwargs must be a JSON object, e.g. "
               "'{\"enable_thinking\": false}'", file=sys.stderr)
@@ -158,7 +202,11 @@ def run(args: argparse.Namespace) -> int:
                   f"the model: a draft model must share it", file=sys.stderr)
             return 2
         speculative = SpeculativeConfig(args.num_speculative_tokens, draft.model)
-    engine = LLMEngine(loaded.model, loaded.tokenizer, config, loaded.generation_config, speculative)
+    try:
+        engine = LLMEngine(loaded.model, loaded.tokenizer, config, loaded.generation_config, speculative)
+    except GenerationConfigError as e:  # a KV pool that cannot be had: the bytes and the flags, no traceback
+        print(f"nexttoken serve: {e}", file=sys.stderr)
+        return 2
     app = build_app(engine, settings)
     print(f"serving {name!r} on http://{args.host}:{args.port}"
           + (f" (chat page: http://{args.host}:{args.port}/)" if args.webui else ""), file=sys.stderr, flush=True)

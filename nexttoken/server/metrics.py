@@ -7,7 +7,7 @@ import time
 from collections import deque
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..engine.llm_engine import EngineStats
@@ -35,6 +35,7 @@ class ServerMetrics:
         self._samples: deque[tuple[float, int]] = deque()  # (time, generated tokens) from the engine thread
         self._lock = threading.Lock()
         r.register(_EngineCollector(self))
+        ProcessCollector(namespace="nexttoken", registry=r)  # resident memory: the KV pool's pages as they fill
 
     def on_step(self, stats: EngineStats) -> None:
         """Called on the engine thread after every step: sample the token counter for the rate gauge."""
@@ -84,11 +85,16 @@ class _EngineCollector:
 
     def collect(self):  # noqa: ANN201
         s = self.metrics.stats()
-        yield _gauge("nexttoken_num_requests_running", "Requests holding a KV slot", s.num_running)
-        yield _gauge("nexttoken_num_requests_waiting", "Requests waiting for a KV slot", s.num_waiting)
-        yield _gauge("nexttoken_kv_slots_used", "KV cache slots in use", s.num_running)
-        yield _gauge("nexttoken_kv_slots_total", "KV cache slots", s.num_slots)
-        yield _gauge("nexttoken_kv_cache_usage_ratio", "Fraction of KV cache token capacity in use", s.kv_usage)
+        yield _gauge("nexttoken_num_requests_running", "Sequences running (holding KV blocks)", s.num_running)
+        yield _gauge("nexttoken_num_requests_waiting", "Sequences waiting (new, or preempted)", s.num_waiting)
+        yield _gauge("nexttoken_max_num_seqs", "Sequences that may run at once (--max-num-seqs)", s.num_slots)
+        yield _gauge("nexttoken_kv_cache_usage_ratio", "KV pool blocks in use / blocks of the pool", s.kv_usage)
+        yield _gauge("nexttoken_kv_blocks_total", "KV pool blocks", s.kv_blocks_total)
+        yield _gauge("nexttoken_kv_blocks_free", "KV pool blocks free (or holding a cached prefix nobody holds)", s.kv_blocks_free)
+        yield _gauge("nexttoken_kv_blocks_cached", "KV pool blocks holding a cached prefix block", s.kv_blocks_cached)
+        yield _gauge("nexttoken_kv_block_size_tokens", "Tokens per KV block", s.kv_block_size)
+        yield _gauge("nexttoken_kv_cache_bytes", "KV pool size in bytes (reserved; pages are committed as used)", s.kv_cache_bytes)
+        yield _counter("nexttoken_num_preemptions", "Sequences preempted (blocks freed, recomputed later)", s.preemptions_total)
         yield _gauge("nexttoken_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / looked up", s.prefix_hit_rate)
         yield _gauge("nexttoken_generation_tokens_per_second", "Generated tokens/s over the last 10 s", self.metrics.tokens_per_second())
         yield _counter("nexttoken_prompt_tokens", "Prompt tokens received", s.prompt_tokens_total)

@@ -73,7 +73,7 @@ class Chat(Serving):
             cfg = self._with_tools(cfg, use)
         await self._compile(req, cfg, "tools" if use is not None and use.calls else None)
         rid = f"{prefix}-{uuid.uuid4().hex}" if prefix == "chatcmpl" else f"{prefix}_{uuid.uuid4().hex}"
-        jobs = [Job(j, f"{rid}-{j}", p, c, rid) for j, (p, c) in enumerate(expand([ids], cfg))]
+        jobs = [Job(j, f"{rid}-{j}", p, c, rid, req.priority) for j, (p, c) in enumerate(expand([ids], cfg))]
         self._admit(len(jobs))
         events = run_jobs(self.engine, jobs, self.metrics, arrival, reserved=True)
         opened = self.reasoning is not None and self.reasoning.opened_in(text)

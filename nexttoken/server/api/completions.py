@@ -40,7 +40,7 @@ class Completions(Serving):
                             prompt_logprobs=req.echo and req.logprobs is not None)
         await self._compile(req, cfg)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        jobs = [Job(i, f"{rid}-{i}", ids, c, rid) for i, (ids, c) in enumerate(expand(prompts, cfg))]
+        jobs = [Job(i, f"{rid}-{i}", ids, c, rid, req.priority) for i, (ids, c) in enumerate(expand(prompts, cfg))]
         self._admit(len(jobs))
         head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.settings.model_name}
         events = run_jobs(self.engine, jobs, self.metrics, arrival, reserved=True)

@@ -48,8 +48,8 @@ class Serving:
     def __init__(self, core: LLMEngine, engine: AsyncEngine, metrics: ServerMetrics, settings: ServerSettings,
                  traces: TraceStore | None = None) -> None:
         self.tokenizer, self.engine, self.metrics, self.settings = core.tokenizer, engine, metrics, settings
-        self.limits = Limits(core.max_model_len, core.model.config.vocab_size, settings.max_n,
-                             longest_token_bytes(core.tokenizer))
+        self.limits = Limits(core.max_seq_tokens, core.model.config.vocab_size, settings.max_n,
+                             longest_token_bytes(core.tokenizer), core.max_seq_tokens < core.max_model_len)
         self.base = server_defaults(core.generation_config, settings.structured_whitespace)
         self.logprobs = LogprobFormatter(core.tokenizer)
         self.created = int(time.time())

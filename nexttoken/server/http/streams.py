@@ -26,7 +26,8 @@ class Job:
     request_id: str
     prompt_ids: list[int]
     params: GenerationConfig  # one sequence's options
-    group: str = ""  # the client request: its sequences share turns for free slots with other requests
+    group: str = ""  # the client request: its sequences share turns for free places with other requests
+    priority: int = 0  # lower runs first under --scheduling-policy priority
 
 
 def run_jobs(
@@ -43,7 +44,7 @@ def run_jobs(
         started[k] = True
         try:
             async for event in engine.stream(job.request_id, job.prompt_ids, job.params, arrival, job.group or None,
-                                             reserved=reserved):
+                                           job.priority, reserved=reserved):
                 metrics.observe(event, previous)
                 previous, finished = (event.time if event.token_ids else previous), event.finished
                 await merged.put((job.index, event))

@@ -22,10 +22,16 @@ DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    max_model_len: int
+    max_model_len: int  # tokens per request: the context, or less when the KV pool holds fewer
     vocab_size: int
     max_n: int
     max_token_bytes: int = 0  # the most UTF-8 bytes one token stands for (0: no tokenizer, no text check)
+    pool_bound: bool = False  # max_model_len is the KV pool's capacity, not the model's context
+
+    @property
+    def what(self) -> str:
+        return ("this server's KV pool holds" if self.pool_bound else "this model's maximum context length is")
+
 
 
 def longest_token_bytes(tokenizer: Any) -> int:
@@ -228,13 +234,12 @@ def new_tokens(prompts: list[list[int]], max_tokens: int | None, n: int, limits:
     room = limits.max_model_len - longest
     if room < 1:
         raise bad_request(
-            f"this model's maximum context length is {limits.max_model_len} tokens, but the prompt has "
-            f"{longest}: shorten it", param
+            f"{limits.what} {limits.max_model_len} tokens, but the prompt has {longest}: shorten it", param
         )
     wanted = max_tokens if max_tokens is not None else room
     if wanted > room:
         raise bad_request(
-            f"this model's maximum context length is {limits.max_model_len} tokens, but {longest} prompt "
+            f"{limits.what} {limits.max_model_len} tokens, but {longest} prompt "
             f"tokens + max_tokens {wanted} = {longest + wanted}: lower max_tokens or shorten the prompt", "max_tokens"
         )
     return wanted

@@ -134,6 +134,7 @@ class _OpenAIFields(_Strict):
     repetition_penalty: float | None = None
     min_tokens: Int | None = None
     ignore_eos: bool = False
+    priority: Int = 0  # lower runs first under --scheduling-policy priority (vLLM's field)
     stop_token_ids: list[Int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
