@@ -44,7 +44,7 @@ def run_jobs(
         started[k] = True
         try:
             async for event in engine.stream(job.request_id, job.prompt_ids, job.params, arrival, job.group or None,
-                                           job.priority, reserved=reserved):
+                                           priority=job.priority, reserved=reserved):
                 metrics.observe(event, previous)
                 previous, finished = (event.time if event.token_ids else previous), event.finished
                 await merged.put((job.index, event))
