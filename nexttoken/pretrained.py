@@ -74,7 +74,9 @@ def load_pretrained(
             raise ModelLoadError(f"{source.path}: GGUF files load on one rank; tensor parallelism needs a folder")
         network, g = load_gguf_model(source.path, dtype=dtype, device=device)
         model = apply_quantization(network, quantize)
-        tok = None if tokenizer is not None else tokenizer_from_gguf(g.metadata, str(source.path))
+        tok = None  # a file without tokenizer.ggml.* is used with token ids, like a folder without tokenizer.json
+        if tokenizer is None and "tokenizer.ggml.model" in g.metadata:
+            tok = tokenizer_from_gguf(g.metadata, str(source.path))
         mc = model.config
         # llama.cpp ends generation at every end-of-generation token (EOS, EOT, <|im_end|>, ...), not EOS alone.
         eos = end_of_generation_ids(g.metadata) or mc.eos_token_id

@@ -92,7 +92,14 @@ def _snapshot(repo: str, revision: str | None, download_dir: str | Path | None, 
     fetch = (f"hf download {repo}" + (f" --revision {revision}" if revision else "")
              + (f" --cache-dir {cache}" if download_dir is not None else ""))
     try:
+        from huggingface_hub.errors import IncompleteSnapshotError
+    except ImportError:  # older huggingface_hub: no tree listing to check a cached snapshot against
+        IncompleteSnapshotError = LocalEntryNotFoundError  # noqa: N806
+    try:
         return Path(snapshot_download(repo, revision=revision, cache_dir=str(cache), allow_patterns=patterns))
+    except IncompleteSnapshotError as e:
+        raise MissingFileError(f"model {repo}{at} is only partly in the Hugging Face cache {cache} ({e}); finish the "
+                               f"download with `{fetch}`") from e
     except LocalEntryNotFoundError as e:
         offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
         why = "HF_HUB_OFFLINE=1 forbids downloading it" if offline else "it cannot be downloaded (no network?)"
