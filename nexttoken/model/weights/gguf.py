@@ -82,6 +82,10 @@ def open_gguf(path: str | Path) -> GGUFFile:
             metadata[key] = field.contents()
     except (ValueError, IndexError, UnicodeDecodeError) as e:
         raise ModelLoadError(f"{path}: the metadata of this GGUF file cannot be read ({e}); download it again") from e
+    if int(metadata.get("split.count", 1) or 1) > 1:
+        raise ModelLoadError(f"{path} is part {int(metadata.get('split.no', 0)) + 1} of a GGUF split into "
+                             f"{metadata['split.count']} files; merge them first with llama.cpp's "
+                             "`llama-gguf-split --merge FIRST.gguf OUT.gguf`")
     return GGUFFile(path, metadata, {t.name: t for t in reader.tensors})
 
 
