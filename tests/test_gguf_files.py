@@ -131,6 +131,8 @@ EXTRA = {
                               sliding_window_pattern=6, rope_parameters={
                                   "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
                                   "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0}})),
+    # llama.cpp's llama architecture has no sliding window (nor have Mixtral's released configs)
+    "mixtral-moe": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None)),
     "qwen2-moe": ("qwen2_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
                                     shared_expert_intermediate_size=80, norm_topk_prob=False)),
 }
