@@ -97,6 +97,9 @@ def load_pretrained(
             raise ModelLoadError(f"--tokenizer {tokenizer}: a tokenizer comes from a folder or Hub id with a "
                                  "tokenizer.json, not a file")
         tok = Tokenizer.from_dir(folder)
+        if tok.vocab_size > model.config.vocab_size:
+            raise ModelLoadError(f"--tokenizer {tokenizer}: its {tok.vocab_size} ids do not fit the model's "
+                                 f"vocabulary of {model.config.vocab_size}; pass the model's own tokenizer")
     model.generation_config = gen  # the low-level generate(model, ...) uses the same defaults
     return Pretrained(model, tok, gen, source.path, source.name)
 

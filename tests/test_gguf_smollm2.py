@@ -161,3 +161,23 @@ def test_serve_a_gguf_file_to_the_openai_client(served, llm, expected) -> None:
         response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": True}})
     jsonschema.validate(json.loads(r.choices[0].message.content), schema)
     assert httpx.get(url + "/health").status_code == 200
+
+
+def test_a_tool_loop_on_the_real_model(llm) -> None:
+    """SmolLM2's ChatML template has no tool syntax, so the calls are read in Hermes' format (the one ChatML models
+    are served with): the call is decoded under its schema, its result goes back as a `tool` turn, and the model
+    answers in text."""
+    from test_tools import QUESTION, SCHEMAS, TOOLS
+
+    llm.tool_call_parser = "hermes"
+    try:
+        c = llm.chat(QUESTION, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_new_tokens=60)
+        assert c.finish_reason == "tool_calls" and len(c.tool_calls) == 1
+        call = c.tool_calls[0]
+        jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+        history = QUESTION + [{"role": "assistant", "content": None, "tool_calls": [call.to_openai()]},
+                              {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"result": 21})}]
+        answer = llm.chat(history, tools=TOOLS, tool_choice="none", max_new_tokens=12)
+        assert answer.tool_calls is None and answer.text
+    finally:
+        llm.tool_call_parser = None

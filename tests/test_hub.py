@@ -70,7 +70,7 @@ def offline(monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
-def test_hub_ids_resolve_from_the_cache(cache: Path, offline) -> None:  # noqa: ARG001
+def test_hub_ids_resolve_from_the_cache(cache: Path, offline) -> None:
     src = resolve_model("tiny-org/tiny-llama", download_dir=cache)
     assert src.path.name == COMMIT and src.name == "tiny-org/tiny-llama"
     assert resolve_model("tiny-org/tiny-llama", revision="v0", download_dir=cache).path.name == OLD
@@ -87,7 +87,7 @@ def test_hub_ids_resolve_from_the_cache(cache: Path, offline) -> None:  # noqa: 
     assert by_file.generate(ids, max_new_tokens=6, ignore_eos=True).token_ids == want
 
 
-def test_a_missing_model_names_the_repo_the_cache_and_the_fix(cache: Path, offline) -> None:  # noqa: ARG001
+def test_a_missing_model_names_the_repo_the_cache_and_the_fix(cache: Path, offline) -> None:
     with pytest.raises(MissingFileError) as e:
         nexttoken.load("tiny-org/not-there", download_dir=cache)
     text = str(e.value)
@@ -126,3 +126,18 @@ def test_transformers5_template_files(tmp_path: Path) -> None:
     tok = Tokenizer.from_dir(folder)
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "hi?"
     assert tok.chat_templates["tool_use"] == "tools"
+
+
+def test_tokenizer_override(cache: Path, tmp_path: Path, offline) -> None:
+    from test_gguf_files import _write_model
+
+    from nexttoken.errors import ModelLoadError
+    from nexttoken.pretrained import DEFAULT_MODEL_DIR
+    from nexttoken.tokenizer import Tokenizer
+
+    with pytest.raises(ModelLoadError, match="its 2048 ids do not fit the model's vocabulary of 96"):
+        nexttoken.load("tiny-org/tiny-llama-GGUF:Q8_0", download_dir=cache, tokenizer=DEFAULT_MODEL_DIR)
+    _write_model(tmp_path / "g" / "wide.gguf", "llama", build_hf_model("llama", vocab_size=2048))
+    llm = nexttoken.load(tmp_path / "g" / "wide.gguf", tokenizer=DEFAULT_MODEL_DIR)
+    assert llm.tokenizer.encode("Once upon a time") == Tokenizer.from_dir(DEFAULT_MODEL_DIR).encode("Once upon a time")
+    assert llm.generate("Once upon a time", max_new_tokens=3, ignore_eos=True).token_ids

@@ -52,7 +52,7 @@ def resolve_model(model: str | Path, revision: str | None = None, download_dir: 
         return ModelSource(local, local.stem if local.is_file() else local.resolve().name)
     text = str(model)
     repo, _, tag = text.partition(":")
-    if text.lower().endswith(".gguf") and not _REPO_ID.match(repo):
+    if text.lower().endswith(".gguf"):  # a file path (Hub repositories are not named *.gguf)
         raise MissingFileError(f"GGUF file {local} does not exist")
     if not _REPO_ID.match(repo) or text.startswith((".", "/", "~")):
         raise MissingFileError(f"model folder {local} does not exist (and {text!r} is not a Hugging Face Hub id "
