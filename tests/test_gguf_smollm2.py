@@ -175,8 +175,12 @@ def test_a_tool_loop_on_the_real_model(llm) -> None:
         assert c.finish_reason == "tool_calls" and len(c.tool_calls) == 1
         call = c.tool_calls[0]
         jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
-        history = QUESTION + [{"role": "assistant", "content": None, "tool_calls": [call.to_openai()]},
+        # the template renders neither tool_calls nor a None content: the turn carries the call as Hermes text
+        said = f'<tool_call>\n{{"name": "{call.name}", "arguments": {call.arguments}}}\n</tool_call>'
+        history = QUESTION + [{"role": "assistant", "content": said, "tool_calls": [call.to_openai()]},
                               {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"result": 21})}]
+        prompt = llm.tokenizer.decode(llm.chat_prompt(history))
+        assert said in prompt and '<|im_start|>tool\n{"result": 21}<|im_end|>' in prompt
         answer = llm.chat(history, tools=TOOLS, tool_choice="none", max_new_tokens=12)
         assert answer.tool_calls is None and answer.text
     finally:
