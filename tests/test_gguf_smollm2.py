@@ -126,8 +126,7 @@ def test_structured_output_on_the_real_model(llm) -> None:
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
               "additionalProperties": False}
     got = llm.chat([{"role": "user", "content": "What is the capital of France? Answer in JSON."}],
-                   response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
-                   max_new_tokens=40)
+                   json_schema=schema, max_new_tokens=40)
     jsonschema.validate(json.loads(got.text), schema)
 
 
