@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from .errors import NextTokenError
 from .generation.config import GenerationConfig
+from .pretrained import add_source_args, source_options
 
 # The one table from flags to options: every scalar or id-list option of GenerationConfig is a flag of the same
 # name (`top_p` -> --top-p); the values are checked by GenerationConfig, once, like every other caller's options.
@@ -51,7 +52,7 @@ def _option_flags() -> list[tuple[str, dict[str, Any]]]:
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="Hugging Face model folder (default: the model packaged with nexttoken)")
+    add_source_args(p)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default float32 on CPU)")
     p.add_argument("--device", help="cpu (default) or cuda")
     p.add_argument("--quantize", choices=["int8", "int4", "bf16"],
@@ -79,7 +80,7 @@ def _load(args: argparse.Namespace):  # noqa: ANN202
 
     print(f"loading {args.model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
     return load(args.model, dtype=args.dtype, device=args.device, quantize=args.quantize,
-                tensor_parallel_size=args.tensor_parallel_size)
+                tensor_parallel_size=args.tensor_parallel_size, **source_options(args))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -111,7 +112,7 @@ def _generate_traced(llm: Any, prompt: str, options: dict[str, Any], page: str) 
     html = Path(page)
     html.parent.mkdir(parents=True, exist_ok=True)
     data = html.with_suffix(".json") if html.suffix != ".json" else html.with_suffix(".trace.json")
-    html.write_text(render_page(result.trace, f"nexttoken trace: {Path(str(llm.path)).name}"), encoding="utf-8")
+    html.write_text(render_page(result.trace, f"nexttoken trace: {llm.name}"), encoding="utf-8")
     data.write_text(to_json(result.trace, indent=1), encoding="utf-8")
     print(prompt + result.text)
     print(f"trace: {html} (explain page), {data} (for nexttoken replay)", file=sys.stderr)
@@ -143,7 +144,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             overrides[name] = value  # a bare string
     model = args.model or trace.get("model")
     print(f"loading {model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
-    llm = load(model, dtype=args.dtype, device=args.device, quantize=args.quantize)
+    llm = load(model, dtype=args.dtype, device=args.device, quantize=args.quantize, **source_options(args))
     report, _ = replay(trace, llm, overrides)
     print(report.summary())
     return 0 if report.identical else 1

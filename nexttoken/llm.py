@@ -19,14 +19,14 @@ from .engine.embedding import embed, model_pooling
 from .engine import EngineConfig, LLMEngine, TokenEvent, expand
 from .engine.postprocess import traced
 from .engine.sequence import Sequence as EngineSequence
-from .errors import GenerationConfigError, TokenizerError
+from .errors import GenerationConfigError, ModelLoadError, TokenizerError
 from .generation.completions import searched_completions
 from .generation.config import GenerationConfig
 from .generation.generate import length_budget, resolve_config
 from .generation.modes import GenerationMode, generation_mode
 from .generation.output_pipeline import Completion
 from .model import Transformer
-from .pretrained import DEFAULT_MODEL_DIR, Pretrained, default_model_path, load_pretrained
+from .pretrained import DEFAULT_MODEL_DIR, Pretrained, load_pretrained, resolve_source
 from .tokenizer import Tokenizer
 from .tools import TemplateSupport, ToolUse, format_named, template_messages, template_support, with_preamble
 from .tools.request import tool_options
@@ -70,9 +70,11 @@ class LLM:
     """A loaded model with its tokenizer (None for token-id-only folders) and default generation options."""
 
     def __init__(
-        self, model: Transformer, tokenizer: Tokenizer | None, generation_config: GenerationConfig, path: Path
+        self, model: Transformer, tokenizer: Tokenizer | None, generation_config: GenerationConfig, path: Path,
+        name: str | None = None,
     ) -> None:
         self.model, self.tokenizer, self.generation_config, self.path = model, tokenizer, generation_config, path
+        self.name = name or Path(path).name  # the folder's name, the GGUF file's stem, or the Hub id
         model.generation_config = generation_config  # low-level generate(model, ...) uses the same defaults
         self._driver: _Driver | None = None
         self.tool_call_parser: str | None = None  # vLLM's --tool-call-parser name; None: read off the template
@@ -80,7 +82,7 @@ class LLM:
 
     @classmethod
     def from_pretrained(cls, loaded: Pretrained) -> "LLM":
-        return cls(loaded.model, loaded.tokenizer, loaded.generation_config, loaded.path)
+        return cls(loaded.model, loaded.tokenizer, loaded.generation_config, loaded.path, loaded.name)
 
     # ---- prompts -----------------------------------------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:
@@ -343,8 +345,15 @@ def load(
     tool_call_parser: str | None = None,
     tensor_parallel_size: int = 1,
     tensor_parallel_timeout: float = 60.0,
+    revision: str | None = None,
+    download_dir: str | Path | None = None,
+    gguf_file: str | None = None,
+    tokenizer: str | Path | None = None,
 ) -> LLM:
-    """Load a Hugging Face model folder (or the packaged default model when path is None).
+    """Load a model (the packaged default model when path is None): a Hugging Face model folder, a GGUF file
+    ("model.gguf"), or a Hugging Face Hub id ("org/name" at `revision`; "org/name:Q4_K_M" or `gguf_file=` for one
+    of its GGUF files), resolved in the Hub cache (`download_dir`, or huggingface_hub's) and downloaded unless
+    HF_HUB_OFFLINE=1. `tokenizer`: a folder or Hub id whose tokenizer replaces the model's.
 
     quantize="int8": weight-only int8 (per-row scales), about half of bf16's bytes read per token;
     quantize="int4": 4-bit groups of 32 with float16 scales (llama.cpp's Q4_0 scheme), 4.5 bits per weight;
@@ -355,13 +364,16 @@ def load(
     processes are started (under torchrun, the ranks torchrun started are used); `LLM.close()` stops them. A rank
     that dies or stays silent for tensor_parallel_timeout seconds makes every later call raise.
     """
+    source = resolve_source(path, revision, download_dir, gguf_file)
     model = None
     if tensor_parallel_size != 1:
         from .engine.launch import load_sharded
 
-        model = load_sharded(path if path is not None else default_model_path(), tensor_parallel_size, dtype,
-                             device, quantize, tensor_parallel_timeout)
-    llm = LLM.from_pretrained(load_pretrained(path, dtype, device, quantize, model=model))
+        if source.is_gguf:
+            raise ModelLoadError(f"{source.path}: tensor parallelism loads Hugging Face folders, not GGUF files")
+        model = load_sharded(source.path, tensor_parallel_size, dtype, device, quantize, tensor_parallel_timeout)
+    llm = LLM.from_pretrained(load_pretrained(source, dtype, device, quantize, model=model, tokenizer=tokenizer,
+                                              download_dir=download_dir))
     if tool_call_parser is not None:
         format_named(tool_call_parser)  # an unknown name fails here, not at the first chat
         llm.tool_call_parser = tool_call_parser

@@ -1,4 +1,5 @@
-"""A model folder, loaded: the network, its tokenizer and its generation defaults (what `load` and `serve` read)."""
+"""A model, loaded: the network, its tokenizer and its generation defaults (what `load` and `serve` read), from a
+Hugging Face folder, a GGUF file or a Hub id (model/weights/hub.py says which is which)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ from pathlib import Path
 
 import torch
 
-from .errors import MissingFileError
+from .errors import MissingFileError, ModelLoadError
 from .generation.config import GenerationConfig
+from .gguf_tokenizer import end_of_generation_ids, tokenizer_from_gguf
 from .model import Transformer, load_model
+from .model.weights.gguf import load_gguf_model
+from .model.weights.hub import TOKENIZER_FILES, ModelSource, resolve_model
 from .tokenizer import Tokenizer
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
@@ -20,7 +24,8 @@ class Pretrained:
     model: Transformer
     tokenizer: Tokenizer | None  # None for token-id-only folders
     generation_config: GenerationConfig  # config.json's special tokens, then generation_config.json
-    path: Path
+    path: Path  # the local folder or .gguf file
+    name: str = ""  # what the server and the CLI call it: the folder's name, the GGUF's stem, or the Hub id
 
 
 def default_model_path() -> Path:
@@ -32,24 +37,90 @@ def default_model_path() -> Path:
     return DEFAULT_MODEL_DIR
 
 
+def resolve_source(
+    path: str | Path | ModelSource | None, revision: str | None = None, download_dir: str | Path | None = None,
+    gguf_file: str | None = None,
+) -> ModelSource:
+    """Where the model's files are: the packaged default (None), a folder, a .gguf file or a Hub id."""
+    if isinstance(path, ModelSource):
+        return path
+    if path is None:
+        if gguf_file or revision:
+            raise ModelLoadError("--gguf-file and --revision need --model (a Hub id or a folder)")
+        return ModelSource(default_model_path(), DEFAULT_MODEL_DIR.name)
+    return resolve_model(path, revision, download_dir, gguf_file)
+
+
 def load_pretrained(
-    path: str | Path | None = None,
+    path: str | Path | ModelSource | None = None,
     dtype: str | torch.dtype | None = None,
     device: str | torch.device | None = None,
     quantize: str | None = None,
     model: Transformer | None = None,
+    revision: str | None = None,
+    download_dir: str | Path | None = None,
+    gguf_file: str | None = None,
+    tokenizer: str | Path | None = None,
 ) -> Pretrained:
-    """Read a Hugging Face model folder (the packaged default model when path is None). `model`: the folder's
-    network loaded already (a tensor-parallel rank's shard); its tokenizer and defaults are read here."""
+    """Read a model (the packaged default model when path is None): a Hugging Face folder, a .gguf file, or a
+    Hub id ("org/name", "org/name:Q4_K_M"; `revision`, `download_dir` = the Hub cache, `gguf_file`). `tokenizer`:
+    a folder or Hub id whose tokenizer replaces the model's. `model`: the network loaded already (a
+    tensor-parallel rank's shard); its tokenizer and defaults are read here."""
     from .model.quant.quantize import apply_quantization
 
-    path = Path(path) if path is not None else default_model_path()
-    if model is None:
-        model = apply_quantization(load_model(path, dtype=dtype, device=device), quantize)
-    mc = model.config
-    gen = GenerationConfig(bos_token_id=mc.bos_token_id, eos_token_id=mc.eos_token_id, pad_token_id=mc.pad_token_id)
-    gen_file = path / "generation_config.json"
-    if gen_file.is_file():
-        gen = GenerationConfig.from_file(gen_file, base=gen)
+    source = resolve_source(path, revision, download_dir, gguf_file)
+    if source.is_gguf:
+        if model is not None:
+            raise ModelLoadError(f"{source.path}: GGUF files load on one rank; tensor parallelism needs a folder")
+        network, g = load_gguf_model(source.path, dtype=dtype, device=device)
+        model = apply_quantization(network, quantize)
+        tok = None  # a file without tokenizer.ggml.* is used with token ids, like a folder without tokenizer.json
+        if tokenizer is None and "tokenizer.ggml.model" in g.metadata:
+            tok = tokenizer_from_gguf(g.metadata, str(source.path))
+        mc = model.config
+        # llama.cpp ends generation at every end-of-generation token (EOS, EOT, <|im_end|>, ...), not EOS alone.
+        eos = end_of_generation_ids(g.metadata) or mc.eos_token_id
+        gen = GenerationConfig(bos_token_id=mc.bos_token_id, eos_token_id=eos, pad_token_id=mc.pad_token_id)
+    else:
+        if model is None:
+            model = apply_quantization(load_model(source.path, dtype=dtype, device=device), quantize)
+        mc = model.config
+        gen = GenerationConfig(bos_token_id=mc.bos_token_id, eos_token_id=mc.eos_token_id,
+                               pad_token_id=mc.pad_token_id)
+        gen_file = source.path / "generation_config.json"
+        if gen_file.is_file():
+            gen = GenerationConfig.from_file(gen_file, base=gen)
+        tok = None if tokenizer is not None else Tokenizer.maybe_from_dir(source.path)
+    if tokenizer is not None:
+        folder = resolve_model(tokenizer, download_dir=download_dir, files=TOKENIZER_FILES).path
+        if not folder.is_dir():
+            raise ModelLoadError(f"--tokenizer {tokenizer}: a tokenizer comes from a folder or Hub id with a "
+                                 "tokenizer.json, not a file")
+        tok = Tokenizer.from_dir(folder)
+        if tok.vocab_size > model.config.vocab_size:
+            raise ModelLoadError(f"--tokenizer {tokenizer}: its {tok.vocab_size} ids do not fit the model's "
+                                 f"vocabulary of {model.config.vocab_size}; pass the model's own tokenizer")
     model.generation_config = gen  # the low-level generate(model, ...) uses the same defaults
-    return Pretrained(model, Tokenizer.maybe_from_dir(path), gen, path)
+    return Pretrained(model, tok, gen, source.path, source.name)
+
+
+MODEL_HELP = ("a Hugging Face model folder, a .gguf file, or a Hub id: org/name (a folder's files), org/name:Q4_K_M "
+              "(its GGUF file of that quantization) (default: the model packaged with nexttoken)")
+
+
+def add_source_args(p) -> None:  # noqa: ANN001 - an argparse parser or group
+    """The flags that say where a model comes from, the same on every command that takes --model."""
+    p.add_argument("--model", help=MODEL_HELP)
+    p.add_argument("--revision", help="the Hub revision of --model: a branch, tag or commit (default: main)")
+    p.add_argument("--gguf-file", metavar="FILE", help="the GGUF file of the Hub repository --model to load")
+    p.add_argument("--download-dir", metavar="DIR",
+                   help="the Hugging Face cache folder to find and download Hub models in (default: huggingface_hub's, "
+                        "~/.cache/huggingface/hub or $HF_HUB_CACHE)")
+    p.add_argument("--tokenizer", metavar="DIR_OR_ID", help="use this folder's or Hub id's tokenizer instead of the "
+                   "model's (e.g. for a GGUF file whose own tokenizer is not supported)")
+
+
+def source_options(args) -> dict:  # noqa: ANN001 - argparse.Namespace
+    """`load` / `load_pretrained` keyword arguments from add_source_args' flags."""
+    return {"revision": args.revision, "download_dir": args.download_dir, "gguf_file": args.gguf_file,
+            "tokenizer": args.tokenizer}

@@ -6,7 +6,8 @@ What transformers 5 does on such a folder, and so what this module does:
   tokenizer_config.json are dropped when a tokenizer.json exists, so they never change what `encode` returns.
 * special tokens come from tokenizer_config.json; special_tokens_map.json is read only for configs without
   `added_tokens_decoder` (the legacy layout), and then its values win.
-* a `chat_template.jinja` file (and `additional_chat_templates/*.jinja`) replace the config's templates.
+* a `chat_template.jinja` file (or the older `chat_template.json`) and `additional_chat_templates/*.jinja` replace
+  the config's templates.
 """
 
 from __future__ import annotations
@@ -381,6 +382,11 @@ def _chat_templates(config: dict[str, Any], folder: Path) -> dict[str, str]:
     files = {}
     if (folder / "chat_template.jinja").is_file():
         files["default"] = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    elif (folder / "chat_template.json").is_file():  # the older file form: {"chat_template": "..."}
+        raw = _read_json_object(folder / "chat_template.json") or {}
+        if not isinstance(raw.get("chat_template"), str):
+            raise TokenizerError(f"{folder / 'chat_template.json'}: needs a \"chat_template\" string")
+        files["default"] = raw["chat_template"]
     extra_dir = folder / "additional_chat_templates"
     if extra_dir.is_dir():
         for file in sorted(extra_dir.glob("*.jinja")):

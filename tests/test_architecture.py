@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nexttoken"
 
 # Each part of the package and the parts it may import (besides itself). Lower layers first.
 BASE = {"errors", "config"}
-TEXT = {"tokenizer", "chat_template", "detokenizer", "infill"}
+TEXT = {"tokenizer", "chat_template", "detokenizer", "infill", "gguf_tokenizer"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "extras": {"errors"},
@@ -21,6 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "chat_template": {"errors"},
     "detokenizer": {"errors", "tokenizer"},
     "infill": {"errors", "tokenizer"},
+    "gguf_tokenizer": {"errors", "tokenizer"},
     "generation": BASE | TEXT | {"model"},
     "engine": BASE | TEXT | {"model", "generation"},
     "pretrained": BASE | TEXT | {"model", "generation"},

@@ -31,7 +31,11 @@ def add_parser(sub) -> None:  # noqa: ANN001
     src.add_argument("--shape", choices=list(SHAPES),
                      help="random-weight Llama: tiny 15M (the default), small 110M, 1b (Llama-3.2-1B, bf16); micro for "
                           "smoke tests")
-    src.add_argument("--model", help="a Hugging Face model folder instead of a random shape")
+    src.add_argument("--model", help="a Hugging Face model folder, .gguf file or Hub id (org/name, org/name:Q4_K_M) "
+                                     "instead of a random shape (the speed table needs a folder or Hub id)")
+    p.add_argument("--revision", help="the Hub revision of --model (a branch, tag or commit)")
+    p.add_argument("--gguf-file", metavar="FILE", help="the GGUF file of the Hub repository --model")
+    p.add_argument("--download-dir", metavar="DIR", help="the Hugging Face cache folder for Hub ids")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: the shape's (1b: bfloat16, else float32)")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=64, help="new tokens per run (>= 2 to measure decode)")
@@ -62,7 +66,7 @@ def add_parser(sub) -> None:  # noqa: ANN001
                         "--draft DIR or --draft-noise for a draft model)")
     p.add_argument("--num-speculative-tokens", type=_int_list, default=[4],
                    help="with --speculative: tokens drafted per step, comma-separated (default 4)")
-    p.add_argument("--draft", help="with --speculative: a draft model folder (same tokenizer)")
+    p.add_argument("--draft", help="with --speculative: a draft model (a folder, .gguf file or Hub id; same tokenizer)")
     p.add_argument("--draft-noise", help="with --speculative: drafts made from the target, each weight perturbed by "
                                          "this multiple of its spread, comma-separated (e.g. 0,0.5,1)")
     p.add_argument("--draft-layers", type=int, help="with --draft-noise: the draft keeps the target's first N blocks")
@@ -95,10 +99,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .report import plot, summarize, table, write_json
     from .runner import Workload, run
 
+    from ..pretrained import resolve_source
+
     start = time.perf_counter()
 
     def progress(msg: str) -> None:
         print(f"[{time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    if args.model:  # a Hub id or GGUF file becomes the local folder / file every part below reads
+        args.model = str(resolve_source(args.model, args.revision, args.download_dir, args.gguf_file).path)
+    if args.draft:
+        args.draft = str(resolve_source(args.draft, download_dir=args.download_dir).path)
 
     if args.accuracy:
         return _accuracy(args, progress)
@@ -113,7 +124,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         path, label = Path(args.model), Path(args.model).name
         dtype = args.dtype or "float32"
         if not (path / "config.json").is_file():
-            raise BenchError(f"--model {path}: no config.json there; pass a Hugging Face model folder")
+            raise BenchError(f"--model {path}: no config.json there; the speed table (which runs transformers on "
+                             "the same folder) needs a Hugging Face model folder or Hub id")
     else:
         dtype = args.dtype or SHAPES[args.shape][1]
         label = args.shape

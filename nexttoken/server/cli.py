@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
+from ..pretrained import add_source_args, source_options
 from ..tools.formats import FORMATS
 from ..tools.reasoning import FORMATS as REASONING_FORMATS
 
@@ -33,7 +33,7 @@ def _bytes(text: str) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
-    p.add_argument("--model", help="Hugging Face model folder (default: the model packaged with nexttoken)")
+    add_source_args(p)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default float32 on CPU)")
     p.add_argument("--device", help="cpu (default) or cuda")
     p.add_argument("--quantize", choices=["int8", "int4", "bf16"],
@@ -41,7 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "activations)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", help="the model name clients send (default: the folder's name)")
+    p.add_argument("--served-model-name", help="the model name clients send (default: the folder's name, the GGUF "
+                                                 "file's stem, or the Hub id)")
     p.add_argument("--api-key", help="require Authorization: Bearer <key> on the API paths")
     p.add_argument("--max-num-seqs", type=int, default=32, help="sequences running at once (the batch limit)")
     p.add_argument("--max-model-len", type=int, help="tokens per request, prompt + output (default: the model's)")
@@ -112,8 +113,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="accepted for vLLM's command lines: tool_choice \"auto\" is always on when the call "
                         "format is known")
     spec = p.add_mutually_exclusive_group()
-    spec.add_argument("--speculative-model", metavar="DIR",
-                      help="speculative decoding with this draft model (same tokenizer) for every request")
+    spec.add_argument("--speculative-model", metavar="MODEL",
+                      help="speculative decoding with this draft model (a folder, .gguf file or Hub id; same "
+                           "tokenizer) for every request")
     spec.add_argument("--speculative-ngram", action="store_true",
                       help="speculative decoding by prompt lookup (n-gram drafts from the request's own tokens)")
     p.add_argument("--num-speculative-tokens", type=int, default=4, help="tokens drafted per step (default 4)")
@@ -136,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     from ..engine import EngineConfig, LLMEngine, SpeculativeConfig
     from ..engine.embedding import model_pooling
     from ..errors import GenerationConfigError
-    from ..pretrained import default_model_path, load_pretrained
+    from ..pretrained import load_pretrained, resolve_source
     from .app import build_app
     from .settings import ServerSettings
     from .http.connections import protocol
@@ -145,14 +147,21 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"loading {args.model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
+    options = source_options(args)
+    source = resolve_source(args.model, options.pop("revision"), options["download_dir"], options.pop("gguf_file"))
     model = None
     if args.tensor_parallel_size != 1:
         from ..engine.launch import load_sharded
 
-        model = load_sharded(args.model or default_model_path(), args.tensor_parallel_size, args.dtype,
+        if source.is_gguf:
+            print(f"nexttoken serve: {source.path}: tensor parallelism loads Hugging Face folders, not GGUF files",
+                  file=sys.stderr)
+            return 2
+        model = load_sharded(source.path, args.tensor_parallel_size, args.dtype,
                              args.device, args.quantize, args.tensor_parallel_timeout, on_failure=_stop_now,
                              threads=args.threads)
-    loaded = load_pretrained(args.model, dtype=args.dtype, device=args.device, quantize=args.quantize, model=model)
+    loaded = load_pretrained(source, dtype=args.dtype, device=args.device, quantize=args.quantize, model=model,
+                             **options)
     try:
         config = EngineConfig(
             max_num_seqs=args.max_num_seqs,
@@ -173,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         print("nexttoken serve: --default-chat-template-kwargs must be a JSON object, e.g. "
               "'{\"enable_thinking\": false}'", file=sys.stderr)
         return 2
-    name = args.served_model_name or Path(loaded.path).name
+    name = args.served_model_name or loaded.name
     for flag, value in (("--header-timeout", args.header_timeout), ("--max-connections", args.max_connections),
                         ("--max-waiting-seqs", args.max_waiting_seqs + 1)):
         if value <= 0:
@@ -196,7 +205,8 @@ def run(args: argparse.Namespace) -> int:
     if args.speculative_ngram:
         speculative = SpeculativeConfig(args.num_speculative_tokens)
     elif args.speculative_model:
-        draft = load_pretrained(args.speculative_model, dtype=args.dtype, device=args.device)
+        draft = load_pretrained(args.speculative_model, dtype=args.dtype, device=args.device,
+                                download_dir=args.download_dir)
         if _vocab(draft) != _vocab(loaded):
             print(f"nexttoken serve: --speculative-model {args.speculative_model} has a different tokenizer from "
                   f"the model: a draft model must share it", file=sys.stderr)

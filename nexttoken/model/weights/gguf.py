@@ -1,0 +1,309 @@
+"""Reading a GGUF file (llama.cpp's format, from llama.cpp, Ollama, LM Studio, GGUF-my-repo) into our Transformer.
+
+The file is read with the `gguf` package (ggml's own reader and dequantizer). Its metadata becomes the
+transformers-style config dict that `ModelConfig.from_dict` validates (so a GGUF model and the same model's folder
+make one `ModelConfig`); its tensors are dequantized into the requested dtype and renamed to the Hugging Face
+checkpoint names, so `loader.py`'s shape checks and fusing apply unchanged. What llama.cpp's converter changed is
+undone as transformers undoes it: the q/k row permutation of Llama-style RoPE, Gemma's `1 + weight` norms, the
+experts stacked in one tensor per projection.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...config import ModelConfig
+from ...errors import MissingFileError, ModelLoadError
+from ..llama import Transformer
+from ..memory import release_freed_memory
+from .loader import _expected_shapes as expected_shapes, _owned, check_tensors, resolve_dtype, to_state_dict
+
+# Weight types llama-quantize and GGUF-my-repo write for the families we run; dequantized by `gguf.quants`.
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                   "Q6_K")
+
+# general.architecture -> transformers architecture (a llama file with experts is Mixtral).
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
+    "olmo2": "Olmo2ForCausalLM", "granite": "GraniteForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
+}
+# Families whose q / k rows llama.cpp's converter permuted for its interleaved ("normal") RoPE: LlamaModel and its
+# subclasses in convert_hf_to_gguf.py (Mistral, Mixtral, SmolLM, Granite). The others use NeoX RoPE unpermuted.
+_PERMUTED = ("llama", "granite")
+# Gemma's checkpoints store RMSNorm weights w (applied as 1 + w); llama.cpp stores 1 + w.
+_NORM_SHIFTED = ("gemma2", "gemma3")
+
+
+@dataclass
+class GGUFFile:
+    """An opened GGUF file: its metadata as Python values and its tensors (still packed, memory-mapped)."""
+
+    path: Path
+    metadata: dict[str, Any]
+    tensors: dict[str, Any]  # name -> gguf ReaderTensor
+
+    @property
+    def arch(self) -> str:
+        return str(self.metadata.get("general.architecture", ""))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """An architecture key without its prefix: get("block_count") reads "llama.block_count"."""
+        return self.metadata.get(f"{self.arch}.{key}", default)
+
+
+def open_gguf(path: str | Path) -> GGUFFile:
+    """Open a GGUF file; a missing, truncated or damaged file raises ModelLoadError naming it."""
+    from gguf import GGUFReader
+
+    path = Path(path)
+    if not path.is_file():
+        raise MissingFileError(f"GGUF file {path} does not exist")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); "
+                             "pass a .gguf written by llama.cpp, or a Hugging Face model folder")
+    try:
+        reader = GGUFReader(str(path))
+    except (ValueError, IndexError, KeyError, OSError, EOFError, TypeError, OverflowError) as e:
+        raise ModelLoadError(f"{path} is a damaged or truncated GGUF file ({type(e).__name__}: {e}); "
+                             "download it again") from e
+    metadata: dict[str, Any] = {}
+    try:
+        for key, field in reader.fields.items():
+            metadata[key] = field.contents()
+    except (ValueError, IndexError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path}: the metadata of this GGUF file cannot be read ({e}); download it again") from e
+    if int(metadata.get("split.count", 1) or 1) > 1:
+        raise ModelLoadError(f"{path} is part {int(metadata.get('split.no', 0)) + 1} of a GGUF split into "
+                             f"{metadata['split.count']} files; merge them first with llama.cpp's "
+                             "`llama-gguf-split --merge FIRST.gguf OUT.gguf`")
+    return GGUFFile(path, metadata, {t.name: t for t in reader.tensors})
+
+
+# ---- metadata -> config --------------------------------------------------------------------------------------
+
+
+def config_dict(g: GGUFFile) -> dict[str, Any]:
+    """The GGUF's hyperparameters as a transformers config dict (what `ModelConfig.from_dict` reads)."""
+    arch = g.arch
+    if arch not in ARCHITECTURES:
+        raise ModelLoadError(f"{g.path}: GGUF architecture {arch!r} is not supported; nexttoken runs GGUF files of "
+                             f"{', '.join(ARCHITECTURES)}")
+
+    def need(key: str) -> Any:
+        value = g.get(key)
+        if value is None:
+            raise ModelLoadError(f"{g.path}: the GGUF metadata has no {arch}.{key}; the file is incomplete")
+        return value
+
+    hidden, heads, layers = int(need("embedding_length")), int(need("attention.head_count")), int(need("block_count"))
+    kv_heads = g.get("attention.head_count_kv", heads)
+    if isinstance(kv_heads, list):  # per-layer counts: one value is all our attention takes
+        if len(set(kv_heads)) != 1:
+            raise ModelLoadError(f"{g.path}: KV heads differ between layers ({sorted(set(kv_heads))}); not supported")
+        kv_heads = kv_heads[0]
+    head_dim = g.get("attention.key_length") or (g.get("rope.dimension_count") if arch in _PERMUTED else None)
+    head_dim = int(head_dim or hidden // heads)
+    tokens = g.metadata.get("tokenizer.ggml.tokens")
+    embed = g.tensors.get("token_embd.weight")
+    vocab = g.get("vocab_size") or (len(tokens) if tokens else None) or (int(embed.shape[-1]) if embed else None)
+    cfg: dict[str, Any] = {
+        "model_type": arch,
+        "architectures": [ARCHITECTURES[arch]],
+        "hidden_size": hidden,
+        "intermediate_size": int(g.get("feed_forward_length") or g.get("expert_feed_forward_length") or 0),
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(kv_heads),
+        "head_dim": head_dim,
+        "max_position_embeddings": int(g.get("context_length", 2048)),
+        "rms_norm_eps": float(g.get("attention.layer_norm_rms_epsilon", 1e-6)),
+        "vocab_size": int(vocab) if vocab else None,
+        "tie_word_embeddings": "output.weight" not in g.tensors,
+        "attention_bias": "blk.0.attn_output.bias" in g.tensors,
+        "mlp_bias": "blk.0.ffn_down.bias" in g.tensors,
+        "rope_parameters": _rope(g, head_dim),
+        "bos_token_id": g.metadata.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": g.metadata.get("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": g.metadata.get("tokenizer.ggml.padding_token_id"),
+    }
+    if g.get("attention.sliding_window") is not None:
+        cfg["sliding_window"] = int(g.get("attention.sliding_window"))
+    if arch == "llama" and g.get("expert_count"):
+        cfg["architectures"] = ["MixtralForCausalLM"]
+        cfg |= {"num_local_experts": int(g.get("expert_count")), "num_experts_per_tok": int(g.get("expert_used_count"))}
+    if arch in ("qwen2moe", "qwen3moe"):
+        cfg |= {"num_experts": int(need("expert_count")), "num_experts_per_tok": int(need("expert_used_count")),
+                "moe_intermediate_size": int(need("expert_feed_forward_length")),
+                # llama.cpp renormalises the chosen weights for Qwen3-MoE, never for Qwen2-MoE (as the checkpoints)
+                "norm_topk_prob": arch == "qwen3moe"}
+        if arch == "qwen2moe":
+            cfg["shared_expert_intermediate_size"] = int(need("expert_shared_feed_forward_length"))
+    if arch in ("gemma2", "gemma3"):
+        # llama.cpp's f_attention_scale: 1/sqrt(hidden / heads) for the 27B models, 1/sqrt(head_dim) otherwise.
+        big = (arch == "gemma2" and layers == 46) or (arch == "gemma3" and layers == 62)
+        cfg |= {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": hidden // heads if big else head_dim}
+        if arch == "gemma2":
+            cfg |= {"attn_logit_softcapping": g.get("attn_logit_softcapping", 50.0),
+                    "final_logit_softcapping": g.get("final_logit_softcapping", 30.0)}
+        else:  # llama.cpp's Gemma 3: five sliding layers then a global one; the local RoPE's base is 10000
+            cfg |= {"sliding_window_pattern": 6, "final_logit_softcapping": g.get("final_logit_softcapping"),
+                    "rope_theta": float(g.get("rope.freq_base", 1_000_000.0)), "rope_local_base_freq": 10_000.0,
+                    "rope_scaling": cfg.pop("rope_parameters")}
+    if arch == "granite":
+        cfg |= {"embedding_multiplier": float(g.get("embedding_scale", 1.0)),
+                "residual_multiplier": float(g.get("residual_scale", 1.0)),
+                "attention_multiplier": float(g.get("attention.scale", head_dim**-0.5)),
+                "logits_scaling": float(g.get("logit_scale", 1.0))}
+    if arch == "qwen2":
+        cfg["use_sliding_window"] = False
+    return cfg
+
+
+def _rope(g: GGUFFile, head_dim: int) -> dict[str, Any]:
+    """RoPE parameters: theta, linear scaling, Llama 3's frequency factors (stored as the `rope_freqs` tensor)
+    and Phi-3's LongRoPE factors (the `rope_factors_long` / `_short` tensors)."""
+    params: dict[str, Any] = {"rope_theta": float(g.get("rope.freq_base", 10000.0)), "rope_type": "default"}
+    kind = g.get("rope.scaling.type")
+    if kind not in (None, "none", "linear"):
+        raise ModelLoadError(f"{g.path}: RoPE scaling {kind!r} is not supported (supported: linear, Llama 3's, "
+                             "Phi-3's LongRoPE)")
+    if kind == "linear" and float(g.get("rope.scaling.factor", 1.0)) != 1.0:
+        params |= {"rope_type": "linear", "factor": float(g.get("rope.scaling.factor"))}
+    if "rope_freqs.weight" in g.tensors:
+        params = _llama3_rope(g, params, head_dim)
+    if "rope_factors_long.weight" in g.tensors:
+        original = int(g.get("rope.scaling.original_context_length") or g.get("context_length"))
+        params |= {"rope_type": "longrope", "original_max_position_embeddings": original,
+                   "long_factor": _tensor(g, "rope_factors_long.weight", torch.float32).tolist(),
+                   "short_factor": _tensor(g, "rope_factors_short.weight", torch.float32).tolist()}
+        if g.get("rope.scaling.attn_factor") is not None:
+            params["attention_factor"] = float(g.get("rope.scaling.attn_factor"))
+    return params
+
+
+def _llama3_rope(g: GGUFFile, params: dict[str, Any], head_dim: int) -> dict[str, Any]:
+    """Llama 3.1+'s RoPE from llama.cpp's `rope_freqs` (the per-frequency divisors it precomputed from the
+    checkpoint's rope_scaling): the llama3 parameters that give exactly these divisors (Meta's released values)."""
+    stored = _tensor(g, "rope_freqs.weight", torch.float32)
+    factor = float(stored.max())
+    candidate = {**params, "rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                 "original_max_position_embeddings": 8192}
+    theta = params["rope_theta"]
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    wavelen = 2 * math.pi / inv
+    low, high = 8192 / 1.0, 8192 / 4.0
+    smooth = (8192 / wavelen - 1.0) / (4.0 - 1.0)
+    divisor = torch.where(wavelen < high, torch.ones_like(inv), torch.where(
+        wavelen > low, torch.full_like(inv, factor), 1 / ((1 - smooth) / factor + smooth)))
+    if stored.numel() != divisor.numel() or not torch.allclose(stored.double(), divisor, rtol=1e-5, atol=1e-5):
+        raise ModelLoadError(f"{g.path}: rope_freqs holds frequency factors that are not Llama 3's scheme; "
+                             "this RoPE scaling is not supported")
+    return candidate
+
+
+# ---- tensors --------------------------------------------------------------------------------------------------
+
+
+def _tensor(g: GGUFFile, name: str, dtype: torch.dtype) -> torch.Tensor:
+    """One tensor dequantized as ggml defines it (`gguf.quants.dequantize`), in PyTorch's (rows, columns) order."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    t = g.tensors[name]
+    kind = GGMLQuantizationType(t.tensor_type).name
+    if kind not in SUPPORTED_TYPES:
+        raise ModelLoadError(f"{g.path}: tensor {name} is of quantization type {kind}, which nexttoken does not read; "
+                             f"supported: {', '.join(SUPPORTED_TYPES)}")
+    try:
+        # a plain ndarray view of the mapped bytes: numpy's memmap subclass costs a Python call per row group
+        values = dequantize(t.data.view(np.ndarray), t.tensor_type)  # (..., columns) float32, ggml's formulas
+    except (ValueError, IndexError, AssertionError) as e:
+        raise ModelLoadError(f"{g.path}: tensor {name} ({kind}) cannot be dequantized ({e}); the file is damaged") from e
+    shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dimensions innermost first
+    if values.size != math.prod(shape):
+        raise ModelLoadError(f"{g.path}: tensor {name} holds {values.size} values for its shape {shape}; "
+                             "the file is truncated or damaged")
+    values = values.reshape(shape)
+    if not (values.flags.writeable and values.flags.c_contiguous):  # F32 tensors come back as the file mapping
+        values = np.array(values, order="C")
+    return torch.from_numpy(values).to(dtype)
+
+
+def dequantize_tensor(path: str | Path, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """One tensor of a GGUF file dequantized into `dtype`, in PyTorch's (rows, columns) order."""
+    return _tensor(open_gguf(path), name, dtype)
+
+
+def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q / k permutation (convert_hf_to_gguf.py's `permute`): within each head, llama.cpp
+    interleaved the two rotary halves; transformers' `_reverse_permute_weights` puts them back."""
+    half = w.shape[0] // heads // 2
+    return w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)  # (H, half, 2, ...) -> (H, 2, half, ...)
+
+
+def checkpoint_tensors(g: GGUFFile, cfg: ModelConfig, names: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The GGUF's tensors under the Hugging Face checkpoint names `names` (what loader.py expects for `cfg`),
+    dequantized into `dtype`. A checkpoint name with no GGUF tensor is left out (the shape check then names it)."""
+    import gguf
+
+    arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == g.arch)
+    name_map = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
+    out: dict[str, torch.Tensor] = {}
+    stacked: dict[str, torch.Tensor] = {}  # ffn_{gate,up,down}_exps, read once per layer
+    for hf in names:
+        base, suffix = hf.rsplit(".", 1)
+        if ".experts." in base:  # model.layers.{i}.{mlp|block_sparse_moe}.experts.{e}.{proj}: one expert's slice
+            layer, expert, proj = int(base.split(".")[2]), int(base.split(".")[-2]), base.split(".")[-1]
+            part = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down",
+                    "w2": "down"}[proj]
+            key = f"blk.{layer}.ffn_{part}_exps.weight"
+            if key not in g.tensors:
+                continue
+            if key not in stacked:
+                stacked[key] = _tensor(g, key, dtype)  # (experts, out, in)
+            out[hf] = stacked[key][expert]
+            continue
+        gname = name_map.get_name(base)
+        if gname is None and base.endswith("block_sparse_moe.gate"):  # Mixtral's router
+            gname = f"blk.{base.split('.')[2]}.ffn_gate_inp"
+        if gname is None or f"{gname}.{suffix}" not in g.tensors:
+            continue
+        t = _tensor(g, f"{gname}.{suffix}", torch.float32)
+        if g.arch in _PERMUTED and gname.endswith(("attn_q", "attn_k")):
+            t = _unpermute(t, cfg.num_attention_heads if gname.endswith("attn_q") else cfg.num_key_value_heads)
+        if g.arch in _NORM_SHIFTED and gname.endswith("norm") and suffix == "weight":
+            t = t - 1
+        if hf.endswith("shared_expert_gate.weight") and t.dim() == 1:  # llama.cpp keeps the (C,) vector
+            t = t.unsqueeze(0)
+        out[hf] = t.to(dtype)
+    return out
+
+
+def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
+                    device: str | torch.device | None = None) -> tuple[Transformer, GGUFFile]:
+    """Build our Transformer from a GGUF file; returns it with the opened file (its tokenizer metadata)."""
+    g = open_gguf(path)
+    device = torch.device(device or "cpu")
+    torch_dtype = resolve_dtype(dtype, device)
+    cfg = ModelConfig.from_dict(config_dict(g), source=str(g.path))
+    tensors = checkpoint_tensors(g, cfg, list(expected_shapes(cfg)), torch_dtype)
+    check_tensors(cfg, tensors, g.path)
+    state = _owned(to_state_dict(cfg, tensors), device, torch_dtype)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.load_state_dict(state, assign=True, strict=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed.weight
+    del tensors, state
+    release_freed_memory()
+    return model.to(device).eval(), g
