@@ -1,0 +1,171 @@
+"""Many adapters over one base model: every row of a forward applies its own adapter's low-rank product.
+
+`attach(model, max_loras, max_rank)` wraps each stock block's wqkv / wo / w13 / w2 in a `LoraLinear`: the base
+layer (float, bf16, int8 or int4: whatever it is) computes the shared product, and the wrapper adds
+
+    y[b] += (x[b] @ A[slot_b]^T) @ B[slot_b]^T        (float32, on the activations)
+
+for every row b whose adapter slot is >= 0 (vLLM / Punica's gathered product, "BGMV"): each row's A and B are
+gathered from a preallocated stack of `max_loras` slots, padded with zeros to a fixed width (max_rank per part of
+the fused matrix), and multiplied by one batched matmul per product. Each row's numbers are the same whatever its
+batch-mates: a batched matmul computes every batch element alone, at a width fixed by the engine's limits.
+
+Which slot each row uses travels in the forward's ForwardBatch (`lora`: (B,) int64, -1 for the base alone);
+`AdapterSet.rows` hands it to the wrappers for the length of one forward (llama.py). Slots hold the adapters by
+name; loading writes one slot in place and unloading zeros it, so a running batch never sees a half-written
+adapter it did not ask for (the engine loads and unloads between steps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from ...errors import LoraError, UnknownLoraError
+from .adapter import TARGETS, LoraAdapter
+
+_PARTS = {"wqkv": 3, "w13": 2, "wo": 1, "w2": 1}  # parts of each fused matrix: its A stacks one r per part
+
+
+class LoraLinear(nn.Module):
+    """A base linear layer (`inner`: what model/fused.py reads for the native step) plus the low-rank products of
+    the adapters in `adapters`' slots, applied to the rows that ask for them."""
+
+    def __init__(self, inner: nn.Module, adapters: "AdapterSet", width: int) -> None:
+        super().__init__()
+        self.inner, self.adapters = inner, adapters
+        out, inp = _shape(inner)
+        n = adapters.max_loras
+        self.in_features, self.out_features = inp, out
+        self.register_buffer("lora_A", torch.zeros(n, width, inp), persistent=False)  # (slots, R, in) float32
+        self.register_buffer("lora_Bt", torch.zeros(n, width, out), persistent=False)  # (slots, R, out): B^T
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.inner.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.inner.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x)
+        slots = self.adapters.selected
+        if slots is None:
+            return y
+        return y + self.delta(x, slots).to(y.dtype)
+
+    def delta(self, x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """x (B, T, in) -> (B, T, out) float32 low-rank products, row b with adapter slots[b] (zeros for -1)."""
+        B = x.shape[0]
+        use = slots.clamp(min=0)
+        A = self.lora_A.index_select(0, use)  # (B, R, in): each row's own adapter, gathered
+        Bt = self.lora_Bt.index_select(0, use)  # (B, R, out)
+        h = torch.bmm(x.reshape(B, -1, self.in_features).float(), A.transpose(1, 2))  # (B, T, R)
+        d = torch.bmm(h, Bt)  # (B, T, out)
+        return d * (slots >= 0).view(B, 1, 1).to(d.dtype)
+
+    def write(self, slot: int, A: torch.Tensor | None, B: torch.Tensor | None) -> None:
+        """Slot `slot` holds A (r, in) and B (out, r) (r <= width), or nothing (zeros)."""
+        self.lora_A[slot].zero_()
+        self.lora_Bt[slot].zero_()
+        if A is not None:
+            self.lora_A[slot, : A.shape[0]] = A
+            self.lora_Bt[slot, : A.shape[0]] = B.T
+
+
+def _shape(linear: nn.Module) -> tuple[int, int]:
+    return linear.out_features, linear.in_features
+
+
+class AdapterSet:
+    """The adapters a model serves, by name, in `max_loras` preallocated slots of rank at most `max_rank`."""
+
+    def __init__(self, max_loras: int, max_rank: int) -> None:
+        if not isinstance(max_loras, int) or max_loras < 1:
+            raise LoraError(f"max_loras must be an integer >= 1, got {max_loras!r}")
+        if not isinstance(max_rank, int) or max_rank < 1:
+            raise LoraError(f"max_lora_rank must be an integer >= 1, got {max_rank!r}")
+        self.max_loras, self.max_rank = max_loras, max_rank
+        self.slots: dict[str, int] = {}  # adapter name -> slot
+        self.loaded: dict[str, LoraAdapter] = {}
+        self.layers: dict[tuple[int, str], LoraLinear] = {}
+        self.selected: torch.Tensor | None = None  # (B,) the running forward's slot per row; None outside one
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.loaded)
+
+    def slot(self, name: str) -> int:
+        """The slot of a loaded adapter; an unknown name raises UnknownLoraError naming the loaded ones."""
+        if name not in self.slots:
+            loaded = ", ".join(sorted(self.slots)) or "none"
+            raise UnknownLoraError(f"LoRA adapter {name!r} is not loaded (loaded: {loaded})")
+        return self.slots[name]
+
+    def add(self, adapter: LoraAdapter) -> None:
+        """Write an adapter into a free slot (its name must be new)."""
+        if adapter.name in self.slots:
+            raise LoraError(f"a LoRA adapter named {adapter.name!r} is loaded already: unload it first")
+        if adapter.rank > self.max_rank:
+            raise LoraError(f"adapter {adapter.name!r} has rank {adapter.rank}, above the limit {self.max_rank}: "
+                            f"raise --max-lora-rank (max_lora_rank) to at least {adapter.rank}")
+        free = sorted(set(range(self.max_loras)) - set(self.slots.values()))
+        if not free:
+            raise LoraError(f"{self.max_loras} LoRA adapters are loaded, the limit (--max-loras): unload one first")
+        for (layer, target), linear in self.layers.items():
+            w = adapter.weights.get((layer, target))
+            linear.write(free[0], None if w is None else w.A, None if w is None else w.B)
+        missing = set(adapter.weights) - set(self.layers)
+        if missing:
+            layer, target = sorted(missing)[0]
+            for linear in self.layers.values():
+                linear.write(free[0], None, None)
+            raise LoraError(f"adapter {adapter.name!r} changes layer {layer}'s {target}, which this model's blocks "
+                            "do not expose to adapters (a mixture-of-experts MLP)")
+        self.slots[adapter.name], self.loaded[adapter.name] = free[0], adapter
+
+    def remove(self, name: str) -> None:
+        slot = self.slot(name)
+        for linear in self.layers.values():
+            linear.write(slot, None, None)
+        del self.slots[name], self.loaded[name]
+
+    @contextlib.contextmanager
+    def rows(self, slots: torch.Tensor | None) -> Iterator[None]:
+        """The wrappers apply slots[b] to row b for the forward run inside this block."""
+        before, self.selected = self.selected, slots
+        try:
+            yield
+        finally:
+            self.selected = before
+
+
+def attach(model: nn.Module, max_loras: int, max_rank: int) -> AdapterSet:
+    """Wrap the model's block matrices for adapters (once; later calls return the same set) and return its set.
+    Mixture-of-experts MLPs keep their experts unwrapped (their attention takes adapters)."""
+    existing = getattr(model, "adapters", None)
+    if existing is not None:
+        if (existing.max_loras, existing.max_rank) != (max_loras, max_rank):
+            raise LoraError(f"this model serves adapters with max_loras={existing.max_loras}, "
+                            f"max_lora_rank={existing.max_rank} already")
+        return existing
+    if getattr(model, "parallel", None) is not None or getattr(model, "cluster", None) is not None:
+        raise LoraError("LoRA adapters do not run on a tensor-parallel model yet: load it with "
+                        "tensor_parallel_size=1, or merge the adapter (merge=True)")
+    adapters = AdapterSet(max_loras, max_rank)
+    for i, block in enumerate(model.layers):
+        owners = {"wqkv": block.attention, "wo": block.attention, "w13": block.mlp, "w2": block.mlp}
+        for target in TARGETS:
+            owner = owners[target]
+            inner = getattr(owner, target, None)
+            if inner is None or not isinstance(inner, nn.Module) or owner.__class__.__name__ == "MoE":
+                continue
+            wrapped = LoraLinear(inner, adapters, _PARTS[target] * max_rank).to(device=model.device)
+            setattr(owner, target, wrapped)
+            adapters.layers[(i, target)] = wrapped
+    model.adapters = adapters
+    return adapters
