@@ -18,13 +18,15 @@ import torch
 from .engine import EngineConfig, LLMEngine, TokenEvent, expand
 from .engine.postprocess import traced
 from .engine.sequence import Sequence as EngineSequence
-from .errors import GenerationConfigError, TokenizerError
+from .errors import GenerationConfigError, LoraError, TokenizerError, UnknownLoraError
 from .generation.completions import searched_completions
 from .generation.config import GenerationConfig
 from .generation.generate import length_budget, resolve_config
 from .generation.modes import GenerationMode, generation_mode
 from .generation.output_pipeline import Completion
-from .model import Transformer
+from .model import Transformer, load_model
+from .model.lora import attach, merge_adapter, read_adapter
+from .model.quant.quantize import apply_quantization
 from .pretrained import DEFAULT_MODEL_DIR, Pretrained, default_model_path, load_pretrained
 from .tokenizer import Tokenizer
 from .tools import ToolUse, format_named, template_messages
@@ -48,6 +50,7 @@ class _Request:
     stopping_criteria: list
     hooks: list | Callable[[int], list]  # StepHooks of one sequence, or sequence index -> a fresh set
     assistant: Transformer | None = None  # the draft model of speculative decoding (assistant_model)
+    lora: str | None = None  # the LoRA adapter the call decodes under (a name given to load); None: the base
 
     def hooks_for(self, index: int, count: int) -> list:
         """The hooks of sequence `index` of `count`: a hook holds one sequence's state, so never shared."""
@@ -75,6 +78,7 @@ class LLM:
         model.generation_config = generation_config  # low-level generate(model, ...) uses the same defaults
         self._driver: _Driver | None = None
         self.tool_call_parser: str | None = None  # vLLM's --tool-call-parser name; None: read off the template
+        self.merged_lora: str | None = None  # the adapter folded into the weights at load (merge=True)
 
     @classmethod
     def from_pretrained(cls, loaded: Pretrained) -> "LLM":
@@ -167,12 +171,56 @@ class LLM:
         hooks = options.pop("hooks", None)
         hooks = hooks if callable(hooks) and not isinstance(hooks, (list, tuple)) else _as_list(hooks)
         assistant = self._assistant(options.pop("assistant_model", None))
-        request = _Request(resolve_config(self.model, None, options), hooks=hooks, assistant=assistant, **objects)
+        lora = self._lora(options.pop("lora", None))
+        request = _Request(resolve_config(self.model, None, options), hooks=hooks, assistant=assistant, lora=lora,
+                           **objects)
+        if request.searched and lora is not None:
+            raise GenerationConfigError(
+                f"lora= works with greedy decoding and sampling, not {generation_mode(request.cfg).value}: load "
+                "the adapter with merge=True to run search strategies under it")
         if request.searched and (assistant is not None or request.cfg.prompt_lookup_num_tokens is not None):
             raise GenerationConfigError(
                 f"speculative decoding (assistant_model, prompt_lookup_num_tokens) works with greedy decoding and "
                 f"sampling, not {generation_mode(request.cfg).value}")
         return request
+
+    def _lora(self, name: Any) -> str | None:
+        """The adapter a call names (None: the base model); the merged adapter's name is the model itself."""
+        if name is None or (name == self.merged_lora and name is not None):
+            return None
+        if not isinstance(name, str):
+            raise GenerationConfigError(f"lora must be the name of a loaded adapter (a string), got {name!r}")
+        if self.model.adapters is None:
+            raise UnknownLoraError(f"LoRA adapter {name!r} is not loaded: this model was loaded without adapters "
+                                   "(nexttoken.load(path, lora={name: folder}))")
+        self.model.adapters.slot(name)  # an unknown name raises, naming the loaded ones
+        return name
+
+    # ---- LoRA adapters -----------------------------------------------------------------------------------------
+    @property
+    def loras(self) -> list[str]:
+        """The names of the adapters calls may choose with lora=name."""
+        return [] if self.model.adapters is None else self.model.adapters.names
+
+    def load_lora(self, name: str, path: str | Path) -> None:
+        """Serve one more PEFT LoRA adapter (a folder) under `name`, in a free slot (load's max_loras)."""
+        if self._driver is not None:
+            self._driver.engine.load_lora(name, path)
+            return
+        adapters = self.model.adapters
+        if adapters is None:
+            raise LoraError("this model was loaded without adapter slots: nexttoken.load(path, max_loras=N) or "
+                            "lora={...}")
+        adapters.add(read_adapter(name, path, self.model.config, adapters.max_rank))
+
+    def unload_lora(self, name: str) -> None:
+        """Stop serving adapter `name` (refused while a stream decodes under it)."""
+        if self._driver is not None:
+            self._driver.engine.unload_lora(name)
+        elif self.model.adapters is None:
+            raise UnknownLoraError(f"LoRA adapter {name!r} is not loaded")
+        else:
+            self.model.adapters.remove(name)
 
     def _assistant(self, assistant: Any) -> Transformer | None:
         """transformers' assistant_model: an LLM (or a bare model) that shares this one's tokenizer."""
@@ -266,7 +314,7 @@ class _Driver:
     def submit(self, prompt: list[int], cfg: GenerationConfig, request: _Request, hooks: list) -> EngineSequence:
         return self.engine.add_request(prompt, cfg, logits_processor=request.logits_processor,
                                        stopping_criteria=request.stopping_criteria, hooks=hooks,
-                                       draft_model=request.assistant)
+                                       draft_model=request.assistant, lora=request.lora)
 
     def run(self, seqs: list[EngineSequence]) -> None:
         """Step until every one of seqs has finished."""
@@ -317,6 +365,10 @@ def load(
     tool_call_parser: str | None = None,
     tensor_parallel_size: int = 1,
     tensor_parallel_timeout: float = 60.0,
+    lora: dict[str, str | Path] | None = None,
+    merge: bool = False,
+    max_loras: int | None = None,
+    max_lora_rank: int | None = None,
 ) -> LLM:
     """Load a Hugging Face model folder (or the packaged default model when path is None).
 
@@ -328,8 +380,25 @@ def load(
     tensor_parallel_size=N: the model sharded over N ranks (docs/tensor_parallel.md): N-1 local worker
     processes are started (under torchrun, the ranks torchrun started are used); `LLM.close()` stops them. A rank
     that dies or stays silent for tensor_parallel_timeout seconds makes every later call raise.
+    lora={"name": folder, ...}: PEFT LoRA adapters (adapter_config.json + adapter_model.safetensors) that each
+    call may choose with generate(..., lora="name"); requests of different adapters share batches, each row
+    applying its own (docs/lora.md). max_loras (default: len(lora)) and max_lora_rank (default: the largest
+    adapter's rank) size the slots for llm.load_lora later. merge=True folds the one adapter into the weights
+    (no per-row products: the base model's speed; lora="name" then names the model itself). With quantize, the
+    adapter is merged into the float weights first and the sum quantized once; a quantized base serving unmerged
+    adapters keeps its quantized product and adds the low-rank products in float32 beside it.
     """
+    if merge and (not lora or len(lora) != 1):
+        raise LoraError(f"merge=True folds one adapter into the weights: give exactly one in lora=, got "
+                        f"{len(lora or {})}")
+    if (lora or max_loras) and tensor_parallel_size != 1:
+        raise LoraError("LoRA adapters do not run on a tensor-parallel model yet: use tensor_parallel_size=1")
     model = None
+    if merge:
+        (name, source), = lora.items()  # type: ignore[union-attr]
+        model = load_model(path if path is not None else default_model_path(), dtype=dtype, device=device)
+        merge_adapter(model, read_adapter(name, source, model.config))
+        model = apply_quantization(model, quantize)
     if tensor_parallel_size != 1:
         from .engine.launch import load_sharded
 
@@ -339,4 +408,12 @@ def load(
     if tool_call_parser is not None:
         format_named(tool_call_parser)  # an unknown name fails here, not at the first chat
         llm.tool_call_parser = tool_call_parser
+    if merge:
+        llm.merged_lora = next(iter(lora))  # type: ignore[arg-type]
+    elif lora or max_loras:
+        adapters = [read_adapter(name, source, llm.model.config, max_lora_rank) for name, source in (lora or {}).items()]
+        rank = max_lora_rank or max([a.rank for a in adapters], default=16)
+        slots = attach(llm.model, max_loras or max(len(adapters), 1), rank)
+        for adapter in adapters:
+            slots.add(adapter)
     return llm

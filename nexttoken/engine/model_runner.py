@@ -11,6 +11,10 @@ MIN_ROWS rows (torch's GEMM with 1, 2-3 and >= 4 rows differs too), attention ru
 request alone with chunk boundaries at fixed multiples of the chunk size. A request's greedy output is then the
 same alone or among others.
 
+LoRA: a row with an adapter (Sequence.lora) runs the modules, in its bucket's group, and adds its adapter's
+low-rank products (model/lora/layers.py: gathered per row, so its numbers do not depend on the others' adapters);
+the native step computes base rows only. A row's path depends on its own adapter alone.
+
 The fast path keeps that property by construction: where the model takes the fused native decode step
 (model/fused.py: a float32 model of the stock blocks on CPU), every decode row runs through it with its own cache
 row and its own length, no bucket and no padding. The native step computes each row's numbers from that row alone
@@ -106,7 +110,7 @@ class ModelRunner:
             extra = seq.hook_inputs()
             if extra:  # a hook's extra model inputs belong to this row alone: it runs in a forward of its own
                 out.append(([seq], self._decode_group([seq], _bucket(seq.num_tokens, self.max_len), extra, 1)))
-            elif plan is not None:
+            elif plan is not None and _lora(seq) is None:  # adapter rows take the modules: they add their products
                 native.append(seq)
             else:
                 groups.setdefault(_bucket(seq.num_tokens, self.max_len), []).append(seq)
@@ -149,7 +153,8 @@ class ModelRunner:
         ids = torch.tensor([[s.last_token] for s in group + pad], device=device)  # (B, 1)
         cols = torch.tensor([[s.num_tokens - 1] for s in group + pad], device=device)  # (B, 1)
         valid = torch.ones(len(rows), span, dtype=torch.bool, device=device)
-        batch = dataclasses.replace(ForwardBatch.build(cols, cols, valid, span, self.window), rowwise=True)
+        batch = dataclasses.replace(ForwardBatch.build(cols, cols, valid, span, self.window), rowwise=True,
+                                    lora=self._lora_slots(group + pad))
         logits = self.model(ids, batch, RowsView(self.cache, rows, n, span), **(extra or {})).float()
         for seq in group:
             seq.num_cached = seq.num_tokens
@@ -163,6 +168,7 @@ class ModelRunner:
         cols = torch.arange(start, end, device=device)[None]  # (1, T) positions = cache columns
         valid = torch.ones(1, end, dtype=torch.bool, device=device)
         batch = ForwardBatch.build(cols, cols, valid, end, self.window, write_start=start, last_only=not want_prompt)
+        batch.lora = self._lora_slots([seq])
         view = SlotView(self.cache.k[:, seq.slot : seq.slot + 1], self.cache.v[:, seq.slot : seq.slot + 1])
         logits = self.model(ids, batch, view, **seq.hook_inputs()).float()  # (1, V), or (1, T, V) for prompt logprobs
         seq.num_cached = end
@@ -172,6 +178,15 @@ class ModelRunner:
             _record_prompt_logprobs(seq, start, end, logits[0])
             logits = logits[:, -1]
         return logits
+
+    def _lora_slots(self, rows: list) -> torch.Tensor | None:
+        """(B,) int64 adapter slot of each row (-1: the base model), or None when no row has an adapter."""
+        names = [_lora(row) for row in rows]
+        if all(name is None for name in names):
+            return None
+        adapters = self.model.adapters
+        return torch.tensor([-1 if name is None else adapters.slot(name) for name in names],
+                            device=self.model.device)
 
     def _copy_prefix(self, seq: Sequence, blocks: list[int]) -> None:
         if not blocks:
@@ -183,10 +198,14 @@ class ModelRunner:
             dst[:, seq.slot, :, :n] = span
 
     def _store_prefix(self, seq: Sequence, start: int, end: int) -> None:
-        block = self.prefix_cache.reserve(seq.token_ids, start // self.prefix_cache.block_size)
+        block = self.prefix_cache.reserve(seq.token_ids, start // self.prefix_cache.block_size, seq.lora_key)
         if block is not None:
             self.prefix_cache.k[:, block] = self.cache.k[:, seq.slot, :, start:end]
             self.prefix_cache.v[:, block] = self.cache.v[:, seq.slot, :, start:end]
+
+
+def _lora(row) -> str | None:  # noqa: ANN001 - a Sequence, or a verification row (no adapter)
+    return getattr(row, "lora", None)
 
 
 def _record_prompt_logprobs(seq: Sequence, start: int, end: int, logits: torch.Tensor) -> None:

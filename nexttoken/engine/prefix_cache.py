@@ -39,23 +39,24 @@ class PrefixCache:
     def enabled(self) -> bool:
         return self.n_blocks > 0
 
-    def keys(self, token_ids: list[int], n: int) -> list[Hashable]:
-        """Keys of the first n blocks; each names the block's tokens and (by hash) every token before it."""
+    def keys(self, token_ids: list[int], n: int, salt: str | None = None) -> list[Hashable]:
+        """Keys of the first n blocks; each names the block's tokens and (by hash) every token before it, and the
+        `salt` the K/V were computed under (a LoRA adapter: its blocks are never another adapter's)."""
         keys: list[Hashable] = []
-        parent = 0
+        parent: Hashable = 0 if salt is None else ("salt", salt)
         for b in range(n):
             key = (parent, tuple(token_ids[b * self.block_size : (b + 1) * self.block_size]))
             keys.append(key)
             parent = hash(key)
         return keys
 
-    def match(self, token_ids: list[int]) -> list[int]:
+    def match(self, token_ids: list[int], salt: str | None = None) -> list[int]:
         """Pool blocks holding the longest cached prefix, leaving at least one token to compute (for logits)."""
         if not self.enabled:
             return []
         self.queried_tokens += len(token_ids)
         blocks: list[int] = []
-        for key in self.keys(token_ids, (len(token_ids) - 1) // self.block_size):
+        for key in self.keys(token_ids, (len(token_ids) - 1) // self.block_size, salt):
             block = self._index.get(key)
             if block is None:
                 break
@@ -64,11 +65,11 @@ class PrefixCache:
         self.hit_tokens += len(blocks) * self.block_size
         return blocks
 
-    def reserve(self, token_ids: list[int], block_number: int) -> int | None:
+    def reserve(self, token_ids: list[int], block_number: int, salt: str | None = None) -> int | None:
         """A pool block to store block `block_number` of these tokens in, or None when it is already stored."""
         if not self.enabled:
             return None
-        key = self.keys(token_ids, block_number + 1)[-1]
+        key = self.keys(token_ids, block_number + 1, salt)[-1]
         if key in self._index:
             self._index.move_to_end(key)
             return None

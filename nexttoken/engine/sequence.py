@@ -53,6 +53,8 @@ class Sequence:
     trace: TraceRecorder | None = None  # GenerationConfig.trace: each step recorded (None: nothing extra runs)
     spec: Speculation | None = None  # its draft source and counts when it decodes speculatively
     group: str = ""  # the client request it belongs to: free slots go to the requests in turn
+    lora: str | None = None  # the LoRA adapter it decodes under (model.adapters' name); None: the base model
+    lora_key: str | None = None  # that adapter's prefix-cache key (its name and which load of it)
     arrival_time: float = 0.0
     status: SequenceStatus = SequenceStatus.WAITING
     slot: int | None = None

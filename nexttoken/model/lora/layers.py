@@ -93,6 +93,8 @@ class AdapterSet:
         self.slots: dict[str, int] = {}  # adapter name -> slot
         self.loaded: dict[str, LoraAdapter] = {}
         self.layers: dict[tuple[int, str], LoraLinear] = {}
+        self.versions: dict[str, int] = {}  # name -> which load it is: a reloaded name never matches old prefixes
+        self._loads = 0
         self.selected: torch.Tensor | None = None  # (B,) the running forward's slot per row; None outside one
 
     @property
@@ -127,12 +129,19 @@ class AdapterSet:
             raise LoraError(f"adapter {adapter.name!r} changes layer {layer}'s {target}, which this model's blocks "
                             "do not expose to adapters (a mixture-of-experts MLP)")
         self.slots[adapter.name], self.loaded[adapter.name] = free[0], adapter
+        self._loads += 1
+        self.versions[adapter.name] = self._loads
 
     def remove(self, name: str) -> None:
         slot = self.slot(name)
         for linear in self.layers.values():
             linear.write(slot, None, None)
-        del self.slots[name], self.loaded[name]
+        del self.slots[name], self.loaded[name], self.versions[name]
+
+    def key(self, name: str) -> str:
+        """What the prefix cache keys a request's blocks by: the adapter's name and which load of it."""
+        self.slot(name)
+        return f"{name}#{self.versions[name]}"
 
     @contextlib.contextmanager
     def rows(self, slots: torch.Tensor | None) -> Iterator[None]:
