@@ -11,7 +11,7 @@ import asyncio
 import logging
 import queue
 import threading
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, TypeVar
 
 from .llm_engine import EngineStats, LLMEngine
 from ..generation.config import GenerationConfig
@@ -19,6 +19,12 @@ from .sequence import TokenEvent
 
 
 log = logging.getLogger("nexttoken.engine")
+T = TypeVar("T")
+
+
+def _settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:
+    if not future.done():
+        future.set_exception(error) if error is not None else future.set_result(result)
 
 
 class EngineDeadError(RuntimeError):
@@ -62,16 +68,17 @@ class AsyncEngine:
 
     async def stream(
         self, request_id: str, prompt_ids: list[int], params: GenerationConfig, arrival_time: float | None = None,
-        group: str | None = None,
+        group: str | None = None, lora: str | None = None,
     ) -> AsyncIterator[TokenEvent]:
-        """Events of one request until it finishes. Closing the iterator early cancels the request."""
+        """Events of one request until it finishes (under LoRA adapter `lora`, None: the base model). Closing the
+        iterator early cancels the request."""
         if self.error is not None:
             raise EngineDeadError(f"the engine stopped: {self.error!r}")
         if self._closed is not None:
             raise EngineClosedError(self._closed)
         events: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), events)
-        self._inbox.put(("add", (request_id, prompt_ids, params, arrival_time, group)))
+        self._inbox.put(("add", (request_id, prompt_ids, params, arrival_time, group, lora)))
         finished = False
         try:
             while True:
@@ -86,6 +93,16 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
             if not finished:
                 self._inbox.put(("abort", request_id))
+
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """fn(engine) run on the engine thread between two steps (loading or unloading a LoRA adapter): its result,
+        or its exception raised here."""
+        if self.error is not None:
+            raise EngineDeadError(f"the engine stopped: {self.error!r}")
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._inbox.put(("call", (fn, loop, future)))
+        return await future
 
     # ---- the engine thread -------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -111,11 +128,20 @@ class AsyncEngine:
                 return
             block = False
             if kind == "add":
-                request_id, prompt_ids, params, arrival, group = item
+                request_id, prompt_ids, params, arrival, group, lora = item
                 try:
-                    self.engine.add_request(prompt_ids, params, request_id, arrival_time=arrival, group=group)
+                    self.engine.add_request(prompt_ids, params, request_id, arrival_time=arrival, group=group,
+                                            lora=lora)
                 except Exception as e:  # noqa: BLE001 - a bad request fails alone
                     self._send(request_id, e)
+            elif kind == "call":
+                fn, loop, future = item
+                try:
+                    result = fn(self.engine)
+                except Exception as e:  # noqa: BLE001 - the caller's error, raised where it awaits
+                    loop.call_soon_threadsafe(_settle, future, None, e)
+                else:
+                    loop.call_soon_threadsafe(_settle, future, result, None)
             elif kind == "abort":
                 self.engine.abort(item)
             elif kind == "close":

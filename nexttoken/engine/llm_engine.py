@@ -225,13 +225,20 @@ class LLMEngine:
         """Read a PEFT LoRA adapter (a folder; other sources through `resolve`, e.g. a Hub id) and serve it under
         `name`, in one of the model's adapter slots (model.adapters: lora.attach set their number and rank).
         Between steps only: the engine's thread calls this (AsyncEngine.call)."""
+        adapter = read_adapter(name, source, self.model.config, self._slots().max_rank, resolve)
+        self.add_lora(adapter)
+        return adapter
+
+    def add_lora(self, adapter: LoraAdapter) -> None:
+        """Serve an adapter read already (read_adapter, off the engine's thread) in a free slot."""
+        self._slots().add(adapter)
+
+    def _slots(self) -> AdapterSet:
         adapters = self.model.adapters
         if adapters is None:
             raise LoraError("this model has no adapter slots: load it with lora={...} or max_loras=N, or serve "
                             "with --max-loras N (or --lora-modules)")
-        adapter = read_adapter(name, source, self.model.config, adapters.max_rank, resolve)
-        adapters.add(adapter)
-        return adapter
+        return adapters
 
     def unload_lora(self, name: str) -> None:
         """Stop serving adapter `name`; refused while a request decodes under it."""

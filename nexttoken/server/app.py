@@ -14,6 +14,7 @@ from ..engine import LLMEngine
 from ..engine.async_engine import AsyncEngine
 from .api.chat import Chat
 from .api.completions import Completions
+from .api.lora import LoraAdapters
 from .api.models import Models
 from .api.traces import TraceStore
 from .http.errors import APIError, error_body
@@ -31,7 +32,8 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     metrics = ServerMetrics(lambda: async_engine.stats)
     async_engine = AsyncEngine(engine, on_step=metrics.on_step)
     traces = TraceStore(settings.model_name)  # one store: every API's traced choices are read back at one URL
-    completions, chat, models = (api(engine, async_engine, metrics, settings, traces) for api in (Completions, Chat, Models))
+    completions, chat, models, loras = (api(engine, async_engine, metrics, settings, traces)
+                                        for api in (Completions, Chat, Models, LoraAdapters))
     drain = Drain(settings.shutdown_timeout_s)  # cli.py starts its clock on the signal
 
     @asynccontextmanager
@@ -68,5 +70,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     app.api_route("/health", methods=["GET", "HEAD"])(models.health)
     app.get("/metrics")(models.prometheus)
     app.get("/v1/traces/{trace_id}")(traces.get)
+    app.post("/v1/load_lora_adapter")(loras.load)
+    app.post("/v1/unload_lora_adapter")(loras.unload)
     app.state.engine, app.state.drain = async_engine, drain
     return app

@@ -88,6 +88,29 @@ def read_adapter(name: str, source: str | Path, cfg: ModelConfig, max_rank: int 
     return LoraAdapter(name, path, rank, weights, config.get("base_model_name_or_path"))
 
 
+def parse_modules(specs: list[str]) -> dict[str, str]:
+    """Command-line adapters, vLLM's --lora-modules forms: "name=path", or JSON {"name": ..., "path": ...}; a bare
+    path is named after its folder. Names must be unique."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        if spec.lstrip().startswith("{"):
+            try:
+                item = json.loads(spec)
+                name, path = item["name"], item["path"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise LoraError(f"LoRA module {spec!r}: JSON needs a name and a path ({e})") from e
+        elif "=" in spec:
+            name, path = spec.split("=", 1)
+        else:
+            name, path = Path(spec).name, spec
+        if not name or not path:
+            raise LoraError(f"LoRA module {spec!r}: write NAME=PATH")
+        if name in out:
+            raise LoraError(f"LoRA module name {name!r} is given twice")
+        out[name] = path
+    return out
+
+
 def _folder(source: str | Path, resolve: Resolver | None) -> Path:
     path = Path(source)
     if path.is_dir():

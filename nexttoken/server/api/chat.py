@@ -28,7 +28,7 @@ class Chat(Serving):
     async def chat_completions(self, request: Request) -> Response:
         arrival = time.monotonic()
         req: ChatCompletionRequest = parse_body(ChatCompletionRequest, await request.body())
-        self._check_model(req.model)
+        lora = self._adapter(req.model)
         use = self._tool_use(req.tools, req.tool_choice, req.parallel_tool_calls)
         tools = list(use.tools) if use is not None else None
         ids = await asyncio.to_thread(chat_prompt, req, self.tokenizer, tools)  # untrusted template work: off the loop
@@ -39,8 +39,8 @@ class Chat(Serving):
             cfg = self._with_tools(cfg, use)
         await self._compile(req, cfg, "tools" if use is not None and use.calls else None)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        jobs = [Job(j, f"{rid}-{j}", p, c, rid) for j, (p, c) in enumerate(expand([ids], cfg))]
-        head = {"id": rid, "created": int(time.time()), "model": self.settings.model_name}
+        jobs = [Job(j, f"{rid}-{j}", p, c, rid, lora) for j, (p, c) in enumerate(expand([ids], cfg))]
+        head = {"id": rid, "created": int(time.time()), "model": lora or self.settings.model_name}
         events = run_jobs(self.engine, jobs, self.metrics, arrival)
         parsing = use if use is not None and use.calls else None
         if req.stream:

@@ -25,15 +25,15 @@ class Completions(Serving):
     async def completions(self, request: Request) -> Response:
         arrival = time.monotonic()
         req: CompletionRequest = parse_body(CompletionRequest, await request.body())
-        self._check_model(req.model)
+        lora = self._adapter(req.model)
         prompts = completion_prompts(req, self.tokenizer, self.limits.vocab_size)
         max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
         cfg = self._options(req, prompts, max_tokens, "prompt", top_logprobs=req.logprobs or 0,
                             prompt_logprobs=req.echo and req.logprobs is not None)
         await self._compile(req, cfg)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        jobs = [Job(i, f"{rid}-{i}", ids, c, rid) for i, (ids, c) in enumerate(expand(prompts, cfg))]
-        head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.settings.model_name}
+        jobs = [Job(i, f"{rid}-{i}", ids, c, rid, lora) for i, (ids, c) in enumerate(expand(prompts, cfg))]
+        head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": lora or self.settings.model_name}
         events = run_jobs(self.engine, jobs, self.metrics, arrival)
         if req.stream:
             return SSEResponse(self._completion_stream(req, jobs, head, events))

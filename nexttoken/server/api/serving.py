@@ -44,6 +44,7 @@ class Serving:
     def __init__(self, core: LLMEngine, engine: AsyncEngine, metrics: ServerMetrics, settings: ServerSettings,
                  traces: TraceStore | None = None) -> None:
         self.tokenizer, self.engine, self.metrics, self.settings = core.tokenizer, engine, metrics, settings
+        self.model = core.model  # its adapter slots (LoRA) are read here; the engine's thread changes them
         self.limits = Limits(core.max_model_len, core.model.config.vocab_size, settings.max_n)
         self.base = server_defaults(core.generation_config)
         self.logprobs = LogprobFormatter(core.tokenizer)
@@ -51,11 +52,24 @@ class Serving:
         self.traces = traces or TraceStore(settings.model_name)  # traced requests' explain pages (one per server)
 
     def _check_model(self, name: str | None) -> None:
-        if name is not None and name != self.settings.model_name:
-            raise APIError(
-                404, f"the model {name!r} does not exist; this server serves {self.settings.model_name!r}",
-                "model", code="model_not_found",
-            )
+        """A request's `model` is the base model or a served adapter (they share the tokenizer); else a 404."""
+        self._adapter(name)
+
+    def _adapter(self, name: str | None) -> str | None:
+        """The LoRA adapter a request's `model` names (None: the base model, by its own name or none given); an
+        unknown name is OpenAI's 404 model_not_found, naming what is served."""
+        if name is None or name == self.settings.model_name:
+            return None
+        if name in self.adapters():
+            return name
+        served = ", ".join(repr(n) for n in [self.settings.model_name, *self.adapters()])
+        raise APIError(404, f"the model {name!r} does not exist; this server serves {served}", "model",
+                       code="model_not_found")
+
+    def adapters(self) -> list[str]:
+        """The names of the LoRA adapters served now (read from the event loop: a snapshot of the slots)."""
+        adapters = self.model.adapters
+        return [] if adapters is None else list(adapters.slots)
 
     def _options(self, req: Any, prompts: list[list[int]], max_tokens: int | None, param: str, **extra: Any) -> Any:
         """The request's GenerationConfig: its fields through the one translation table, the length checked."""

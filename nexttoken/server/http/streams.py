@@ -27,6 +27,7 @@ class Job:
     prompt_ids: list[int]
     params: GenerationConfig  # one sequence's options
     group: str = ""  # the client request: its sequences share turns for free slots with other requests
+    lora: str | None = None  # the LoRA adapter the request's `model` chose; None: the base model
 
 
 async def run_jobs(
@@ -38,7 +39,8 @@ async def run_jobs(
     async def pump(job: Job) -> None:
         previous, finished = None, False
         try:
-            async for event in engine.stream(job.request_id, job.prompt_ids, job.params, arrival, job.group or None):
+            async for event in engine.stream(job.request_id, job.prompt_ids, job.params, arrival, job.group or None,
+                                           job.lora):
                 metrics.observe(event, previous)
                 previous, finished = (event.time if event.token_ids else previous), event.finished
                 await merged.put((job.index, event))
