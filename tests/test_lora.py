@@ -110,8 +110,8 @@ def _forward(model, ids: torch.Tensor, slots: torch.Tensor | None) -> torch.Tens
         return model(ids, batch, model.new_cache(1, T))[0].float()
 
 
-def _engine(llm, prefix_blocks: int = 0) -> LLMEngine:  # noqa: ANN001
-    config = EngineConfig(max_num_seqs=8, max_model_len=128, chunk_size=4, prefix_cache_blocks=prefix_blocks)
+def _engine(llm, prefix_blocks: int = 0, chunk_size: int = 4) -> LLMEngine:  # noqa: ANN001
+    config = EngineConfig(max_num_seqs=8, max_model_len=128, chunk_size=chunk_size, prefix_cache_blocks=prefix_blocks)
     return LLMEngine(llm.model, None, config, llm.generation_config)
 
 
@@ -244,3 +244,25 @@ def test_an_embedding_adapter_is_refused(family, tmp_path: Path) -> None:
     folder = make_adapter(hf, tmp_path / "embed", seed=0, r=2, lora_alpha=2, target_modules=["embed_tokens"])
     with pytest.raises(LoraError, match="embedding or the LM head"):
         read_adapter("e", folder, load_model(base).config)
+
+
+def test_smollm2_adapters_match_peft_token_for_token(smollm2_dir: Path, tmp_path: Path) -> None:
+    """A real instruction model: two PEFT adapters (every projection, ranks 8 and 16, one rsLoRA) on SmolLM2-135M;
+    a batch of both adapters and the base gives PeftModel's greedy tokens for each, and merging gives the same."""
+    hf = transformers.AutoModelForCausalLM.from_pretrained(smollm2_dir, attn_implementation="eager").eval()
+    folders = [make_adapter(hf, tmp_path / "a", seed=0, r=8, lora_alpha=16, target_modules="all-linear"),
+               make_adapter(hf, tmp_path / "b", seed=1, r=16, lora_alpha=8, use_rslora=True,
+                            target_modules=["q_proj", "v_proj", "down_proj"])]
+    llm = nexttoken.load(smollm2_dir, lora={"a": folders[0], "b": folders[1]})
+    prompt = llm.chat_prompt([{"role": "user", "content": "Name a colour."}])
+    got = _run(_engine(llm, chunk_size=64), [(prompt, "a"), (prompt, "b"), (prompt, None)], n=8)
+    want = []
+    for folder in folders:
+        model = peft.PeftModel.from_pretrained(hf, folder).eval()
+        want.append(peft_greedy(model, prompt, 8))
+        hf = model.unload()
+    want.append(peft_greedy(hf, prompt, 8))
+    assert got == want
+    assert len({tuple(w) for w in want}) == 3
+    merged = nexttoken.load(smollm2_dir, lora={"b": folders[1]}, merge=True)
+    assert merged.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False).token_ids == want[1]
