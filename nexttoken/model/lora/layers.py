@@ -52,21 +52,23 @@ class LoraLinear(nn.Module):
         return self.inner.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.inner(x)
-        slots = self.adapters.selected
-        if slots is None:
+        y = self.inner(x)  # (B, T, out) the shared base product
+        rows = self.adapters.selected
+        if rows is None:
             return y
-        return y + self.delta(x, slots).to(y.dtype)
+        index, slots = rows
+        if index is None:  # every row has an adapter
+            return y + self.delta(x, slots).to(y.dtype)
+        d = self.delta(x.index_select(0, index), slots)  # only the rows with an adapter do any work
+        return y.index_add_(0, index, d.to(y.dtype))  # y is this call's own tensor: row r += d, as y + d would
 
     def delta(self, x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """x (B, T, in) -> (B, T, out) float32 low-rank products, row b with adapter slots[b] (zeros for -1)."""
-        B = x.shape[0]
-        use = slots.clamp(min=0)
-        A = self.lora_A.index_select(0, use)  # (B, R, in): each row's own adapter, gathered
-        Bt = self.lora_Bt.index_select(0, use)  # (B, R, out)
-        h = torch.bmm(x.reshape(B, -1, self.in_features).float(), A.transpose(1, 2))  # (B, T, R)
-        d = torch.bmm(h, Bt)  # (B, T, out)
-        return d * (slots >= 0).view(B, 1, 1).to(d.dtype)
+        """x (n, T, in) -> (n, T, out) float32 low-rank products, row b with adapter slots[b]."""
+        n = x.shape[0]
+        A = self.lora_A.index_select(0, slots)  # (n, R, in): each row's own adapter, gathered
+        Bt = self.lora_Bt.index_select(0, slots)  # (n, R, out)
+        h = torch.bmm(x.reshape(n, -1, self.in_features).float(), A.transpose(1, 2))  # (n, T, R)
+        return torch.bmm(h, Bt)  # (n, T, out)
 
     def write(self, slot: int, A: torch.Tensor | None, B: torch.Tensor | None) -> None:
         """Slot `slot` holds A (r, in) and B (out, r) (r <= width), or nothing (zeros)."""
@@ -95,7 +97,9 @@ class AdapterSet:
         self.layers: dict[tuple[int, str], LoraLinear] = {}
         self.versions: dict[str, int] = {}  # name -> which load it is: a reloaded name never matches old prefixes
         self._loads = 0
-        self.selected: torch.Tensor | None = None  # (B,) the running forward's slot per row; None outside one
+        # The running forward's rows with an adapter: (their indices (n,), or None when all B rows have one; their
+        # slots (n,)); None outside a forward with adapters.
+        self.selected: tuple[torch.Tensor | None, torch.Tensor] | None = None
 
     @property
     def names(self) -> list[str]:
@@ -145,8 +149,14 @@ class AdapterSet:
 
     @contextlib.contextmanager
     def rows(self, slots: torch.Tensor | None) -> Iterator[None]:
-        """The wrappers apply slots[b] to row b for the forward run inside this block."""
-        before, self.selected = self.selected, slots
+        """The wrappers apply slots[b] to row b (none for -1) for the forward run inside this block."""
+        chosen = None
+        if slots is not None:
+            has = slots >= 0
+            index = None if bool(has.all()) else has.nonzero().flatten()
+            chosen = None if index is not None and index.numel() == 0 else (
+                index, slots if index is None else slots.index_select(0, index))
+        before, self.selected = self.selected, chosen
         try:
             yield
         finally:
