@@ -186,7 +186,7 @@ class LLM:
 
     def _lora(self, name: Any) -> str | None:
         """The adapter a call names (None: the base model); the merged adapter's name is the model itself."""
-        if name is None or (name == self.merged_lora and name is not None):
+        if name is None or name == self.merged_lora:
             return None
         if not isinstance(name, str):
             raise GenerationConfigError(f"lora must be the name of a loaded adapter (a string), got {name!r}")
