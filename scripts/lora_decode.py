@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 import nexttoken
+from nexttoken.config import ModelConfig
 from nexttoken.engine import EngineConfig, LLMEngine
 from nexttoken.generation.config import GenerationConfig
 from nexttoken.model import fused
@@ -78,10 +79,10 @@ def main() -> None:
     p.add_argument("--quantize", choices=["int8", "int4", "bf16"])
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    base = nexttoken.load(args.model, quantize=args.quantize)
     with tempfile.TemporaryDirectory() as tmp:
         names = [f"a{i}" for i in range(4)]
-        folders = {n: write_adapter(Path(tmp) / n, base.model.config, args.rank, i) for i, n in enumerate(names)}
+        cfg = ModelConfig.from_dir(Path(args.model))
+        folders = {n: write_adapter(Path(tmp) / n, cfg, args.rank, i) for i, n in enumerate(names)}
         llm = nexttoken.load(args.model, quantize=args.quantize, lora=folders)
     scenarios = {
         "base x8 (native step)": (lambda: decode_steps(llm, [None] * 8, args.steps)),
@@ -92,6 +93,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, run in scenarios.items():
             results[name] += run()
+            print(f"  ({name}: median so far {statistics.median(results[name]) * 1e3:.1f} ms)", flush=True)
     medians = {k: statistics.median(v) * 1e3 for k, v in results.items()}
     print(f"{args.model} quantize={args.quantize} rank={args.rank} threads={args.threads}: median ms per decode "
           "step at batch 8")
