@@ -5,10 +5,11 @@ layer (float, bf16, int8 or int4: whatever it is) computes the shared product, a
 
     y[b] += (x[b] @ A[slot_b]^T) @ B[slot_b]^T        (float32, on the activations)
 
-for every row b whose adapter slot is >= 0 (vLLM / Punica's gathered product, "BGMV"): each row's A and B are
-gathered from a preallocated stack of `max_loras` slots, padded with zeros to a fixed width (max_rank per part of
-the fused matrix), and multiplied by one batched matmul per product. Each row's numbers are the same whatever its
-batch-mates: a batched matmul computes every batch element alone, at a width fixed by the engine's limits.
+for every row b whose adapter slot is >= 0 (the products of vLLM / Punica's BGMV, grouped): the rows of each adapter
+are multiplied by its A and B, held in a preallocated stack of `max_loras` slots padded with zeros to a fixed width
+(max_rank per part of the fused matrix), by one batched matmul per product with the adapter's matrices broadcast
+over its rows (no copies). Each row's numbers are the same whatever its batch-mates: a batched matmul computes
+every batch element alone, at a width fixed by the engine's limits.
 
 Which slot each row uses travels in the forward's ForwardBatch (`lora`: (B,) int64, -1 for the base alone);
 `AdapterSet.rows` hands it to the wrappers for the length of one forward (llama.py). Slots hold the adapters by
@@ -56,19 +57,30 @@ class LoraLinear(nn.Module):
         rows = self.adapters.selected
         if rows is None:
             return y
-        index, slots = rows
+        index, groups = rows
         if index is None:  # every row has an adapter
-            return y + self.delta(x, slots).to(y.dtype)
-        d = self.delta(x.index_select(0, index), slots)  # only the rows with an adapter do any work
+            return y + self.delta(x, groups).to(y.dtype)
+        d = self.delta(x.index_select(0, index), groups)  # only the rows with an adapter do any work
         return y.index_add_(0, index, d.to(y.dtype))  # y is this call's own tensor: row r += d, as y + d would
 
-    def delta(self, x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """x (n, T, in) -> (n, T, out) float32 low-rank products, row b with adapter slots[b]."""
+    def delta(self, x: torch.Tensor, groups: list[tuple[int, torch.Tensor | None]]) -> torch.Tensor:
+        """x (n, T, in) -> (n, T, out) float32 low-rank products: each group (slot, its rows of x; None: all)
+        multiplies its rows by its adapter's A and B, one batched matmul per product with the adapter's matrices
+        broadcast over the rows (no copies), so each row is computed alone."""
         n = x.shape[0]
-        A = self.lora_A.index_select(0, slots)  # (n, R, in): each row's own adapter, gathered
-        Bt = self.lora_Bt.index_select(0, slots)  # (n, R, out)
-        h = torch.bmm(x.reshape(n, -1, self.in_features).float(), A.transpose(1, 2))  # (n, T, R)
-        return torch.bmm(h, Bt)  # (n, T, out)
+        x = x.reshape(n, -1, self.in_features).float()  # (n, T, in)
+        if len(groups) == 1:
+            return self._product(x, groups[0][0])
+        out = torch.empty((n, x.shape[1], self.out_features), dtype=torch.float32, device=x.device)
+        for slot, rows in groups:
+            out.index_copy_(0, rows, self._product(x.index_select(0, rows), slot))
+        return out
+
+    def _product(self, x: torch.Tensor, slot: int) -> torch.Tensor:
+        """x (m, T, in) -> (m, T, out): (x @ A^T) @ B^T of one slot."""
+        m = x.shape[0]
+        h = torch.bmm(x, self.lora_A[slot].T.expand(m, -1, -1))  # (m, T, R)
+        return torch.bmm(h, self.lora_Bt[slot].expand(m, -1, -1))  # (m, T, out)
 
     def write(self, slot: int, A: torch.Tensor | None, B: torch.Tensor | None) -> None:
         """Slot `slot` holds A (r, in) and B (out, r) (r <= width), or nothing (zeros)."""
@@ -98,8 +110,9 @@ class AdapterSet:
         self.versions: dict[str, int] = {}  # name -> which load it is: a reloaded name never matches old prefixes
         self._loads = 0
         # The running forward's rows with an adapter: (their indices (n,), or None when all B rows have one; their
-        # slots (n,)); None outside a forward with adapters.
-        self.selected: tuple[torch.Tensor | None, torch.Tensor] | None = None
+        # groups: (slot, the group's positions among those n rows, None when it is all of them)); None outside a
+        # forward with adapters.
+        self.selected: tuple[torch.Tensor | None, list[tuple[int, torch.Tensor | None]]] | None = None
 
     @property
     def names(self) -> list[str]:
@@ -154,13 +167,21 @@ class AdapterSet:
         if slots is not None:
             has = slots >= 0
             index = None if bool(has.all()) else has.nonzero().flatten()
-            chosen = None if index is not None and index.numel() == 0 else (
-                index, slots if index is None else slots.index_select(0, index))
+            used = slots if index is None else slots.index_select(0, index)  # (n,)
+            chosen = None if used.numel() == 0 else (index, _groups(used))
         before, self.selected = self.selected, chosen
         try:
             yield
         finally:
             self.selected = before
+
+
+def _groups(slots: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
+    """(slot, positions in `slots` holding it) per distinct slot; one slot: [(slot, None)]."""
+    distinct = slots.unique().tolist()
+    if len(distinct) == 1:
+        return [(distinct[0], None)]
+    return [(slot, (slots == slot).nonzero().flatten()) for slot in distinct]
 
 
 def attach(model: nn.Module, max_loras: int, max_rank: int) -> AdapterSet:
