@@ -12,9 +12,8 @@ request alone with chunk boundaries at fixed multiples of the chunk size. A requ
 same alone or among others.
 
 LoRA: a row with an adapter (Sequence.lora) runs the modules, in its bucket's group, and adds its adapter's
-low-rank products (model/lora/layers.py: a batched matmul computes each row alone, so its numbers do not depend on the others'
-adapters);
-the native step computes base rows only. A row's path depends on its own adapter alone.
+low-rank products (model/lora/layers.py: a batched matmul computes each row alone, so its numbers do not depend
+on the others' adapters); the native step computes base rows only. A row's path depends on its own adapter alone.
 
 The fast path keeps that property by construction: where the model takes the fused native decode step
 (model/fused.py: a float32 model of the stock blocks on CPU), every decode row runs through it with its own cache
