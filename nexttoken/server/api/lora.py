@@ -24,12 +24,12 @@ class LoraAdapters(Serving):
         if req.lora_name == self.settings.model_name or req.lora_name in self.adapters():
             raise bad_request(f"the name {req.lora_name!r} is served already: unload it first, or choose another",
                               "lora_name")
-        adapters = self.model.adapters
+        adapters = self.network.adapters
         if adapters is None:
             raise bad_request("this server has no LoRA slots: start it with --enable-lora (or --lora-modules, "
                               "--max-loras)", "lora_name")
         try:
-            adapter = await asyncio.to_thread(read_adapter, req.lora_name, req.lora_path, self.model.config,
+            adapter = await asyncio.to_thread(read_adapter, req.lora_name, req.lora_path, self.network.config,
                                               adapters.max_rank, self.resolve)
             await self.engine.call(lambda engine: engine.add_lora(adapter))
         except NextTokenError as e:

@@ -26,7 +26,8 @@ class Models(Serving):
         card = {"id": adapter or self.settings.model_name, "object": "model", "created": self.created,
                 "owned_by": "nexttoken", "root": self.settings.model_name, "parent": None,
                 "max_model_len": self.limits.max_model_len}
-        loaded = None if adapter is None or self.model.adapters is None else self.model.adapters.loaded.get(adapter)
+        adapters = self.network.adapters
+        loaded = None if adapter is None or adapters is None else adapters.loaded.get(adapter)
         if adapter is not None:
             card |= {"root": str(loaded.path) if loaded is not None else adapter, "parent": self.settings.model_name}
         return card

@@ -44,7 +44,9 @@ class Serving:
     def __init__(self, core: LLMEngine, engine: AsyncEngine, metrics: ServerMetrics, settings: ServerSettings,
                  traces: TraceStore | None = None) -> None:
         self.tokenizer, self.engine, self.metrics, self.settings = core.tokenizer, engine, metrics, settings
-        self.model = core.model  # its adapter slots (LoRA) are read here; the engine's thread changes them
+        # The Transformer (not `self.model`: Models.model is a route): its LoRA adapter slots are read here, the
+        # engine's thread changes them.
+        self.network = core.model
         self.limits = Limits(core.max_model_len, core.model.config.vocab_size, settings.max_n)
         self.base = server_defaults(core.generation_config)
         self.logprobs = LogprobFormatter(core.tokenizer)
@@ -68,7 +70,7 @@ class Serving:
 
     def adapters(self) -> list[str]:
         """The names of the LoRA adapters served now (read from the event loop: a snapshot of the slots)."""
-        adapters = self.model.adapters
+        adapters = self.network.adapters
         return [] if adapters is None else list(adapters.slots)
 
     def _options(self, req: Any, prompts: list[list[int]], max_tokens: int | None, param: str, **extra: Any) -> Any:
