@@ -411,7 +411,8 @@ def load(
     if merge:
         llm.merged_lora = next(iter(lora))  # type: ignore[arg-type]
     elif lora or max_loras:
-        adapters = [read_adapter(name, source, llm.model.config, max_lora_rank) for name, source in (lora or {}).items()]
+        cfg = llm.model.config
+        adapters = [read_adapter(name, source, cfg, max_lora_rank) for name, source in (lora or {}).items()]
         rank = max_lora_rank or max([a.rank for a in adapters], default=16)
         slots = attach(llm.model, max_loras or max(len(adapters), 1), rank)
         for adapter in adapters:

@@ -74,7 +74,8 @@ class Scheduler:
             seq.slot, seq.status = self.free_slots.popleft(), SequenceStatus.RUNNING
             seq.scheduled_time = seq.scheduled_time or time.monotonic()
             # Prompt logprobs need the logits of every prompt position, so such a request computes them all.
-            blocks = self.prefix_cache.match(seq.token_ids, seq.lora_key) if not seq.params.wants_prompt_logprobs else []
+            wants_all = seq.params.wants_prompt_logprobs
+            blocks = [] if wants_all else self.prefix_cache.match(seq.token_ids, seq.lora_key)
             seq.num_cached = seq.prefix_hit_tokens = len(blocks) * self.chunk_size
             plan.admitted.append((seq, blocks))
             self.running.append(seq)

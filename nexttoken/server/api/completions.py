@@ -33,7 +33,8 @@ class Completions(Serving):
         await self._compile(req, cfg)
         rid = f"cmpl-{uuid.uuid4().hex}"
         jobs = [Job(i, f"{rid}-{i}", ids, c, rid, lora) for i, (ids, c) in enumerate(expand(prompts, cfg))]
-        head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": lora or self.settings.model_name}
+        head = {"id": rid, "object": "text_completion", "created": int(time.time()),
+                "model": lora or self.settings.model_name}
         events = run_jobs(self.engine, jobs, self.metrics, arrival)
         if req.stream:
             return SSEResponse(self._completion_stream(req, jobs, head, events))
