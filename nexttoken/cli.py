@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any, Callable
 
-from .errors import NextTokenError
+from .errors import LoraError, NextTokenError
 from .generation.config import GenerationConfig
 from .pretrained import add_source_args, source_options
 
@@ -60,6 +60,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         "(bfloat16 weights, float32 activations)")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="shard the model over N ranks (local processes, or the ranks torchrun started)")
+    p.add_argument("--lora", metavar="[NAME=]PATH",
+                   help="a PEFT LoRA adapter folder to generate under (docs/lora.md)")
+    p.add_argument("--merge-lora", action="store_true",
+                   help="fold the --lora adapter into the weights (before --quantize, which then rounds the sum)")
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
@@ -72,15 +76,26 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     names = [dest for dest, _ in _option_flags()] + ["stop_strings"]
-    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    options = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    if getattr(args, "lora_name", None):  # set by _load: the adapter the run decodes under
+        options["lora"] = args.lora_name
+    return options
 
 
 def _load(args: argparse.Namespace):  # noqa: ANN202
     from .llm import load
 
     print(f"loading {args.model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
-    return load(args.model, dtype=args.dtype, device=args.device, quantize=args.quantize,
-                tensor_parallel_size=args.tensor_parallel_size, **source_options(args))
+    from .model.lora import parse_modules
+
+    lora = parse_modules([args.lora]) if args.lora else None
+    if args.merge_lora and not lora:
+        raise LoraError("--merge-lora folds an adapter into the weights: give it with --lora [NAME=]PATH")
+    llm = load(args.model, dtype=args.dtype, device=args.device, quantize=args.quantize,
+               tensor_parallel_size=args.tensor_parallel_size, lora=lora, merge=args.merge_lora,
+               **source_options(args))
+    args.lora_name = None if lora is None or args.merge_lora else next(iter(lora))
+    return llm
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -40,3 +40,12 @@ class PromptTooLongError(NextTokenError, ValueError):
 class TensorParallelError(NextTokenError, RuntimeError):
     """The ranks of a tensor-parallel model cannot work together: a rank died or hung, or a forward ran outside
     the engine's steps (docs/tensor_parallel.md)."""
+
+
+class LoraError(ModelLoadError):
+    """A LoRA adapter cannot be used: not a PEFT LoRA folder, not safetensors, a damaged file, a target module or
+    option nexttoken does not apply (embeddings, heads, DoRA), a rank above the limit, or an unknown name."""
+
+
+class UnknownLoraError(LoraError, LookupError):
+    """A request names an adapter that is not loaded."""

@@ -19,13 +19,15 @@ from .engine.embedding import embed, model_pooling
 from .engine import EngineConfig, LLMEngine, TokenEvent, expand
 from .engine.postprocess import traced
 from .engine.sequence import Sequence as EngineSequence
-from .errors import GenerationConfigError, ModelLoadError, TokenizerError
+from .errors import GenerationConfigError, LoraError, ModelLoadError, TokenizerError, UnknownLoraError
 from .generation.completions import searched_completions
 from .generation.config import GenerationConfig
 from .generation.generate import length_budget, resolve_config
 from .generation.modes import GenerationMode, generation_mode
 from .generation.output_pipeline import Completion
-from .model import Transformer
+from .model import Transformer, load_model
+from .model.lora import attach, merge_adapter, read_adapter
+from .model.quant.quantize import apply_quantization
 from .pretrained import DEFAULT_MODEL_DIR, Pretrained, load_pretrained, resolve_source
 from .tokenizer import Tokenizer
 from .tools import TemplateSupport, ToolUse, format_named, template_messages, template_support, with_preamble
@@ -49,6 +51,7 @@ class _Request:
     stopping_criteria: list
     hooks: list | Callable[[int], list]  # StepHooks of one sequence, or sequence index -> a fresh set
     assistant: Transformer | None = None  # the draft model of speculative decoding (assistant_model)
+    lora: str | None = None  # the LoRA adapter the call decodes under (a name given to load); None: the base
 
     def hooks_for(self, index: int, count: int) -> list:
         """The hooks of sequence `index` of `count`: a hook holds one sequence's state, so never shared."""
@@ -79,6 +82,7 @@ class LLM:
         self._driver: _Driver | None = None
         self.tool_call_parser: str | None = None  # vLLM's --tool-call-parser name; None: read off the template
         self._template_support: TemplateSupport | None = None  # what the chat template renders of tools (probed once)
+        self.merged_lora: str | None = None  # the adapter folded into the weights at load (merge=True)
 
     @classmethod
     def from_pretrained(cls, loaded: Pretrained) -> "LLM":
@@ -192,12 +196,56 @@ class LLM:
         hooks = options.pop("hooks", None)
         hooks = hooks if callable(hooks) and not isinstance(hooks, (list, tuple)) else _as_list(hooks)
         assistant = self._assistant(options.pop("assistant_model", None))
-        request = _Request(resolve_config(self.model, None, options), hooks=hooks, assistant=assistant, **objects)
+        lora = self._lora(options.pop("lora", None))
+        request = _Request(resolve_config(self.model, None, options), hooks=hooks, assistant=assistant, lora=lora,
+                           **objects)
+        if request.searched and lora is not None:
+            raise GenerationConfigError(
+                f"lora= works with greedy decoding and sampling, not {generation_mode(request.cfg).value}: load "
+                "the adapter with merge=True to run search strategies under it")
         if request.searched and (assistant is not None or request.cfg.prompt_lookup_num_tokens is not None):
             raise GenerationConfigError(
                 f"speculative decoding (assistant_model, prompt_lookup_num_tokens) works with greedy decoding and "
                 f"sampling, not {generation_mode(request.cfg).value}")
         return request
+
+    def _lora(self, name: Any) -> str | None:
+        """The adapter a call names (None: the base model); the merged adapter's name is the model itself."""
+        if name is None or name == self.merged_lora:
+            return None
+        if not isinstance(name, str):
+            raise GenerationConfigError(f"lora must be the name of a loaded adapter (a string), got {name!r}")
+        if self.model.adapters is None:
+            raise UnknownLoraError(f"LoRA adapter {name!r} is not loaded: this model was loaded without adapters "
+                                   "(nexttoken.load(path, lora={name: folder}))")
+        self.model.adapters.slot(name)  # an unknown name raises, naming the loaded ones
+        return name
+
+    # ---- LoRA adapters -----------------------------------------------------------------------------------------
+    @property
+    def loras(self) -> list[str]:
+        """The names of the adapters calls may choose with lora=name."""
+        return [] if self.model.adapters is None else self.model.adapters.names
+
+    def load_lora(self, name: str, path: str | Path) -> None:
+        """Serve one more PEFT LoRA adapter (a folder) under `name`, in a free slot (load's max_loras)."""
+        if self._driver is not None:
+            self._driver.engine.load_lora(name, path)
+            return
+        adapters = self.model.adapters
+        if adapters is None:
+            raise LoraError("this model was loaded without adapter slots: nexttoken.load(path, max_loras=N) or "
+                            "lora={...}")
+        adapters.add(read_adapter(name, path, self.model.config, adapters.max_rank))
+
+    def unload_lora(self, name: str) -> None:
+        """Stop serving adapter `name` (refused while a stream decodes under it)."""
+        if self._driver is not None:
+            self._driver.engine.unload_lora(name)
+        elif self.model.adapters is None:
+            raise UnknownLoraError(f"LoRA adapter {name!r} is not loaded")
+        else:
+            self.model.adapters.remove(name)
 
     def _assistant(self, assistant: Any) -> Transformer | None:
         """transformers' assistant_model: an LLM (or a bare model) that shares this one's tokenizer."""
@@ -294,7 +342,7 @@ class _Driver:
     def submit(self, prompt: list[int], cfg: GenerationConfig, request: _Request, hooks: list) -> EngineSequence:
         return self.engine.add_request(prompt, cfg, logits_processor=request.logits_processor,
                                        stopping_criteria=request.stopping_criteria, hooks=hooks,
-                                       draft_model=request.assistant)
+                                       draft_model=request.assistant, lora=request.lora)
 
     def run(self, seqs: list[EngineSequence]) -> None:
         """Step until every one of seqs has finished."""
@@ -349,6 +397,10 @@ def load(
     download_dir: str | Path | None = None,
     gguf_file: str | None = None,
     tokenizer: str | Path | None = None,
+    lora: dict[str, str | Path] | None = None,
+    merge: bool = False,
+    max_loras: int | None = None,
+    max_lora_rank: int | None = None,
 ) -> LLM:
     """Load a model (the packaged default model when path is None): a Hugging Face model folder, a GGUF file
     ("model.gguf"), or a Hugging Face Hub id ("org/name" at `revision`; "org/name:Q4_K_M" or `gguf_file=` for one
@@ -363,9 +415,29 @@ def load(
     tensor_parallel_size=N: the model sharded over N ranks (docs/tensor_parallel.md): N-1 local worker
     processes are started (under torchrun, the ranks torchrun started are used); `LLM.close()` stops them. A rank
     that dies or stays silent for tensor_parallel_timeout seconds makes every later call raise.
+    lora={"name": folder, ...}: PEFT LoRA adapters (adapter_config.json + adapter_model.safetensors) that each
+    call may choose with generate(..., lora="name"); requests of different adapters share batches, each row
+    applying its own (docs/lora.md). max_loras (default: len(lora)) and max_lora_rank (default: the largest
+    adapter's rank) size the slots for llm.load_lora later. merge=True folds the one adapter into the weights
+    (no per-row products: the base model's speed; lora="name" then names the model itself). With quantize, the
+    adapter is merged into the float weights first and the sum quantized once; a quantized base serving unmerged
+    adapters keeps its quantized product and adds the low-rank products in float32 beside it.
     """
     source = resolve_source(path, revision, download_dir, gguf_file)
+    if merge and (not lora or len(lora) != 1):
+        raise LoraError(f"merge=True folds one adapter into the weights: give exactly one in lora=, got "
+                        f"{len(lora or {})}")
+    if (lora or max_loras) and tensor_parallel_size != 1:
+        raise LoraError("LoRA adapters do not run on a tensor-parallel model yet: use tensor_parallel_size=1")
     model = None
+    if merge:
+        if source.is_gguf:
+            raise LoraError(f"{source.path}: merge=True folds an adapter into a model folder's float weights, not a "
+                            "GGUF file's: serve the adapter unmerged (lora= without merge)")
+        (name, folder), = lora.items()  # type: ignore[union-attr]
+        model = load_model(source.path, dtype=dtype, device=device)
+        merge_adapter(model, read_adapter(name, folder, model.config))
+        model = apply_quantization(model, quantize)
     if tensor_parallel_size != 1:
         from .engine.launch import load_sharded
 
@@ -377,4 +449,13 @@ def load(
     if tool_call_parser is not None:
         format_named(tool_call_parser)  # an unknown name fails here, not at the first chat
         llm.tool_call_parser = tool_call_parser
+    if merge:
+        llm.merged_lora = next(iter(lora))  # type: ignore[arg-type]
+    elif lora or max_loras:
+        cfg = llm.model.config
+        adapters = [read_adapter(name, folder, cfg, max_lora_rank) for name, folder in (lora or {}).items()]
+        rank = max_lora_rank or max([a.rank for a in adapters], default=16)
+        slots = attach(llm.model, max_loras or max(len(adapters), 1), rank)
+        for adapter in adapters:
+            slots.add(adapter)
     return llm

@@ -98,6 +98,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "linear": {"kernels"},
         "moe": {"linear"},
         "quant": {"kernels", "linear", "memory"},
+        "lora": {"quant"},  # PEFT adapters: read onto the fused matrices, applied per row, merged
         "layers": {"batch", "cache", "linear", "moe", "rope"},
         "fused": {"batch", "cache", "kernels", "layers", "linear", "quant"},
         "llama": {"batch", "cache", "fused", "layers", "linear", "rope"},

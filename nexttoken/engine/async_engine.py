@@ -11,7 +11,7 @@ import asyncio
 import logging
 import queue
 import threading
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, TypeVar
 
 from .llm_engine import EngineStats, LLMEngine
 from ..generation.config import GenerationConfig
@@ -19,6 +19,12 @@ from .sequence import TokenEvent
 
 
 log = logging.getLogger("nexttoken.engine")
+T = TypeVar("T")
+
+
+def _settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:
+    if not future.done():
+        future.set_exception(error) if error is not None else future.set_result(result)
 
 
 class EngineDeadError(RuntimeError):
@@ -87,10 +93,10 @@ class AsyncEngine:
 
     async def stream(
         self, request_id: str, prompt_ids: list[int], params: GenerationConfig, arrival_time: float | None = None,
-        group: str | None = None, reserved: bool = False, priority: int = 0,
+        group: str | None = None, reserved: bool = False, priority: int = 0, lora: str | None = None,
     ) -> AsyncIterator[TokenEvent]:
-        """Events of one request until it finishes. Closing the iterator early cancels the request. `reserved`:
-        `reserve` counted it already."""
+        """Events of one request until it finishes (under LoRA adapter `lora`, None: the base model). Closing the
+        iterator early cancels the request. `reserved`: `reserve` counted it already."""
         if self.error is not None or self._closed is not None:
             if reserved:
                 self.release(1)
@@ -102,7 +108,7 @@ class AsyncEngine:
         if not reserved:
             with self._adds_lock:
                 self._inbox_adds += 1
-        self._inbox.put(("add", (request_id, prompt_ids, params, arrival_time, group, priority)))
+        self._inbox.put(("add", (request_id, prompt_ids, params, arrival_time, group, priority, lora)))
         finished = False
         try:
             while True:
@@ -117,6 +123,16 @@ class AsyncEngine:
             self._streams.pop(request_id, None)
             if not finished:
                 self._inbox.put(("abort", request_id))
+
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """fn(engine) run on the engine thread between two steps (loading or unloading a LoRA adapter): its result,
+        or its exception raised here."""
+        if self.error is not None:
+            raise EngineDeadError(f"the engine stopped: {self.error!r}")
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._inbox.put(("call", (fn, loop, future)))
+        return await future
 
     # ---- the engine thread -------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -156,12 +172,20 @@ class AsyncEngine:
             if kind == "add":
                 with self._adds_lock:
                     self._inbox_adds -= 1
-                request_id, prompt_ids, params, arrival, group, priority = item
+                request_id, prompt_ids, params, arrival, group, priority, lora = item
                 try:
                     self.engine.add_request(prompt_ids, params, request_id, arrival_time=arrival, group=group,
-                                            priority=priority)
+                                            priority=priority, lora=lora)
                 except Exception as e:  # noqa: BLE001 - a bad request fails alone
                     self._send(request_id, e)
+            elif kind == "call":
+                fn, loop, future = item
+                try:
+                    result = fn(self.engine)
+                except Exception as e:  # noqa: BLE001 - the caller's error, raised where it awaits
+                    loop.call_soon_threadsafe(_settle, future, None, e)
+                else:
+                    loop.call_soon_threadsafe(_settle, future, result, None)
             elif kind == "abort":
                 self.engine.abort(item)
             elif kind == "call":  # work on the engine's model between steps (embeddings); its result to the caller

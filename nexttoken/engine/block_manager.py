@@ -103,10 +103,11 @@ class BlockManager:
         return block
 
     # ---- the prefix cache ------------------------------------------------------------------------------------
-    def keys(self, token_ids: list[int], n: int) -> list[Hashable]:
-        """Keys of the first n blocks; each names the block's tokens and (by hash) every token before it."""
+    def keys(self, token_ids: list[int], n: int, salt: str | None = None) -> list[Hashable]:
+        """Keys of the first n blocks; each names the block's tokens and (by hash) every token before it, and the
+        `salt` the K/V were computed under (a LoRA adapter and which load of it: its blocks are never another's)."""
         keys: list[Hashable] = []
-        parent = 0
+        parent: Hashable = 0 if salt is None else ("salt", salt)
         for b in range(n):
             key = (parent, tuple(token_ids[b * self.block_size : (b + 1) * self.block_size]))
             keys.append(key)
@@ -122,7 +123,7 @@ class BlockManager:
         prompt = seq.prompt_ids
         per_chunk = self.chunk_size // self.block_size
         blocks: list[int] = []
-        for key in self.keys(prompt, (len(prompt) - 1) // self.block_size):
+        for key in self.keys(prompt, (len(prompt) - 1) // self.block_size, seq.lora_key):
             block = self._cached.get(key)
             if block is None:
                 break
@@ -148,7 +149,7 @@ class BlockManager:
         if not self.prefix_caching or end - start != self.chunk_size or end > len(seq.prompt_ids):
             return
         first, last = start // self.block_size, end // self.block_size
-        for b, key in enumerate(self.keys(seq.prompt_ids, last)[first:], start=first):
+        for b, key in enumerate(self.keys(seq.prompt_ids, last, seq.lora_key)[first:], start=first):
             block = seq.block_table[b]
             if key not in self._cached and block not in self._key_of:
                 self._cached[key] = block
@@ -160,7 +161,7 @@ class BlockManager:
         end = seq.num_cached + self.chunk_size
         if not self.prefix_caching or end >= len(seq.prompt_ids) or seq.num_cached % self.chunk_size:
             return None
-        return self.keys(seq.prompt_ids, end // self.block_size)[-1]
+        return self.keys(seq.prompt_ids, end // self.block_size, seq.lora_key)[-1]
 
 
 def pool_blocks(model, max_num_seqs: int, max_model_len: int, block_size: int,  # noqa: ANN001

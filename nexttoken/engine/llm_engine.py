@@ -19,12 +19,13 @@ import secrets
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence as Seq
 
 import torch
 
 from ..detokenizer import IncrementalDetokenizer
-from ..errors import GenerationConfigError, PromptTooLongError, TensorParallelError
+from ..errors import GenerationConfigError, LoraError, PromptTooLongError, TensorParallelError, UnknownLoraError
 from ..generation.config import GenerationConfig
 from ..generation.decode import StepHook
 from ..generation.generate import length_budget, model_generation_config
@@ -38,6 +39,7 @@ from ..generation.processors.structured import GrammarMask
 from .embedding import EmbeddingError, embed
 from ..generation.trace.recorder import TraceRecorder, options_of
 from ..model import Transformer
+from ..model.lora import AdapterSet, LoraAdapter, Resolver, read_adapter
 from .distributed import DistributedRunner
 from .block_manager import BlockManager, pool_blocks
 from .model_runner import ModelRunner
@@ -223,19 +225,22 @@ class LLMEngine:
         stopping_criteria: Seq[StoppingCriterion] = (),
         hooks: Seq[StepHook] = (),
         draft_model: Transformer | None = None,
+        lora: str | None = None,
     ) -> Sequence:
         """Queue one sequence. `params` is a validated GenerationConfig for one greedy or sampled sequence
         (`expand` turns num_return_sequences into several). Its text continues the prompt's. `group` names the
         client request it belongs to (default: its own id): waiting requests get free places in turn. `priority`:
         lower runs first under the engine's `priority` scheduling policy (ignored under fcfs).
         `draft_model` (sharing the vocabulary) drafts tokens for speculative decoding, as
-        params.prompt_lookup_num_tokens does from the request's own ids (engine/speculation.py)."""
+        params.prompt_lookup_num_tokens does from the request's own ids (engine/speculation.py). `lora` names a
+        loaded adapter (load_lora) that this sequence decodes under; None: the base model."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise GenerationConfigError(f"request id {request_id!r} is already running: use a new id")
         self._check_options(params)
         params.check_vocabulary(self.model.config.vocab_size)  # ids past it: a bad option now, not a crash later
         self._check_prompt(prompt_ids)
+        lora_key = None if lora is None else self._adapters(lora).key(lora)  # an unknown name: UnknownLoraError
         if params.stop_string_list and self.tokenizer is None:
             raise GenerationConfigError("stop strings need a tokenizer, and this model folder has none")
         if isinstance(priority, bool) or not isinstance(priority, int):
@@ -261,12 +266,52 @@ class LLMEngine:
             group=group if group is not None else request_id,
             priority=priority,
             arrival_time=arrival_time if arrival_time is not None else time.monotonic(),
+            lora=lora,
+            lora_key=lora_key,
         )
         seq.spec = self._speculation(seq, draft_model)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         self._prompt_tokens += len(prompt_ids)
         return seq
+
+    # ---- LoRA adapters ----------------------------------------------------------------------------------------
+    def load_lora(self, name: str, source: str | Path, resolve: Resolver | None = None) -> LoraAdapter:
+        """Read a PEFT LoRA adapter (a folder; other sources through `resolve`, e.g. a Hub id) and serve it under
+        `name`, in one of the model's adapter slots (model.adapters: lora.attach set their number and rank).
+        Between steps only: the engine's thread calls this (AsyncEngine.call)."""
+        adapter = read_adapter(name, source, self.model.config, self._slots().max_rank, resolve)
+        self.add_lora(adapter)
+        return adapter
+
+    def add_lora(self, adapter: LoraAdapter) -> None:
+        """Serve an adapter read already (read_adapter, off the engine's thread) in a free slot."""
+        self._slots().add(adapter)
+
+    def _slots(self) -> AdapterSet:
+        adapters = self.model.adapters
+        if adapters is None:
+            raise LoraError("this model has no adapter slots: load it with lora={...} or max_loras=N, or serve "
+                            "with --max-loras N (or --lora-modules)")
+        return adapters
+
+    def unload_lora(self, name: str) -> None:
+        """Stop serving adapter `name`; refused while a request decodes under it."""
+        adapters = self._adapters(name)
+        users = [s.request_id for s in self.requests.values() if s.lora == name]
+        if users:
+            raise LoraError(f"LoRA adapter {name!r} is in use by {len(users)} running request(s) "
+                            f"({', '.join(users[:3])}): unload it when they have finished")
+        adapters.remove(name)
+
+    def _adapters(self, name: str | None) -> AdapterSet:
+        adapters = self.model.adapters
+        if adapters is None:
+            raise UnknownLoraError(f"LoRA adapter {name!r} is not loaded: this model serves no adapters (load "
+                                   "it with lora={name: folder}, or serve with --lora-modules / --max-loras)")
+        if name is not None:
+            adapters.slot(name)
+        return adapters
 
     def abort(self, request_id: str) -> TokenEvent | None:
         """Cancel a request; its blocks are free for the next step. Returns its final event (None if unknown)."""
@@ -406,8 +451,8 @@ class LLMEngine:
                 "a draft model (assistant_model) and prompt_lookup_num_tokens both propose draft tokens: use one")
         if not self._can_speculate(seq):
             raise GenerationConfigError(
-                "speculative decoding works with greedy decoding and sampling, without hooks, structured output "
-                "or mirostat: drop assistant_model / prompt_lookup_num_tokens for this request")
+                "speculative decoding works with greedy decoding and sampling, without hooks, structured output, "
+                "mirostat or a LoRA adapter: drop assistant_model / prompt_lookup_num_tokens for this request")
         if lookup is not None:
             return Speculation(DraftLength(lookup), ngram=params.max_matching_ngram_size or DEFAULT_NGRAM)
         return Speculation(DraftLength(params.num_assistant_tokens, params.num_assistant_tokens_schedule),
@@ -415,7 +460,7 @@ class LLMEngine:
 
     @staticmethod
     def _can_speculate(seq: Sequence) -> bool:
-        return not seq.hooks and seq.grammar is None and isinstance(seq.sampler, Sampler)
+        return seq.lora is None and not seq.hooks and seq.grammar is None and isinstance(seq.sampler, Sampler)
 
     def _drafter(self, draft: Transformer) -> Drafter:
         if not isinstance(draft, Transformer):

@@ -15,6 +15,10 @@ MIN_ROWS rows (torch's GEMM with 1, 2-3 and >= 4 rows differs too), attention ru
 request alone with chunk boundaries at fixed multiples of the chunk size. A request's greedy output is then the
 same alone or among others.
 
+LoRA: a row with an adapter (Sequence.lora) runs the modules, in its bucket's group, and adds its adapter's
+low-rank products (model/lora/layers.py: a batched matmul computes each row alone, so its numbers do not depend
+on the others' adapters); the native step computes base rows only. A row's path depends on its own adapter alone.
+
 The fast path keeps that property by construction: where the model takes the fused native decode step
 (model/fused.py: a float32 model of the stock blocks on CPU), every decode row runs through it with its own block
 table and its own length, no bucket and no padding. The native step computes each row's numbers from that row alone
@@ -134,6 +138,7 @@ class DecodeRow:
     last_token: int  # the token fed at column num_tokens - 1
     num_tokens: int
     num_cached: int = 0
+    lora: str | None = None  # the sequence's LoRA adapter: a replayed row computes what its decode step computed
 
     def hook_inputs(self) -> dict:
         return {}
@@ -165,7 +170,7 @@ class ModelRunner:
     def run(self, plan: StepPlan) -> list[tuple[list[Sequence], torch.Tensor]]:
         """(requests, their (rows, V) float32 logits) for every request that chooses a token this step, in the
         groups they were computed in."""
-        replayed = [DecodeRow(r.seq.block_table, r.seq.token_ids[c], c + 1) for r in plan.replay
+        replayed = [DecodeRow(r.seq.block_table, r.seq.token_ids[c], c + 1, lora=r.seq.lora) for r in plan.replay
                     for c in range(r.start, r.end)]
         if replayed:
             self._decode(replayed)  # the K/V of tokens already chosen: their logits are not needed again
@@ -187,7 +192,7 @@ class ModelRunner:
             extra = seq.hook_inputs()
             if extra:  # a hook's extra model inputs belong to this row alone: it runs in a forward of its own
                 out.append(([seq], self._decode_group([seq], _bucket(seq.num_tokens, self.max_len), extra, 1)))
-            elif plan is not None:
+            elif plan is not None and _lora(seq) is None:  # adapter rows take the modules: they add their products
                 native.append(seq)
             else:
                 groups.setdefault(_bucket(seq.num_tokens, self.max_len), []).append(seq)
@@ -229,7 +234,8 @@ class ModelRunner:
         ids = torch.tensor([[s.last_token] for s in group + pad], device=device)  # (B, 1)
         cols = torch.tensor([[s.num_tokens - 1] for s in group + pad], device=device)  # (B, 1)
         valid = torch.ones(len(tables), span, dtype=torch.bool, device=device)
-        batch = dataclasses.replace(ForwardBatch.build(cols, cols, valid, span, self.window), rowwise=True)
+        batch = dataclasses.replace(ForwardBatch.build(cols, cols, valid, span, self.window), rowwise=True,
+                                    lora=self._lora_slots(group + pad))
         logits = self.model(ids, batch, RowsView(self.cache, tables, n, span), **(extra or {})).float()
         for seq in group:
             seq.num_cached = seq.num_tokens
@@ -243,6 +249,7 @@ class ModelRunner:
         cols = torch.arange(start, end, device=device)[None]  # (1, T) positions = cache columns
         valid = torch.ones(1, end, dtype=torch.bool, device=device)
         batch = ForwardBatch.build(cols, cols, valid, end, self.window, write_start=start, last_only=not want_prompt)
+        batch.lora = self._lora_slots([seq])
         view = SeqView(self.cache, torch.tensor(seq.block_table, dtype=torch.int64, device=device))
         logits = self.model(ids, batch, view, **seq.hook_inputs()).float()  # (1, V), or (1, T, V) for prompt logprobs
         seq.num_cached = end
@@ -252,6 +259,19 @@ class ModelRunner:
             _record_prompt_logprobs(seq, start, end, logits[0])
             logits = logits[:, -1]
         return logits
+
+    def _lora_slots(self, rows: list) -> torch.Tensor | None:
+        """(B,) int64 adapter slot of each row (-1: the base model), or None when no row has an adapter."""
+        names = [_lora(row) for row in rows]
+        if all(name is None for name in names):
+            return None
+        adapters = self.model.adapters
+        return torch.tensor([-1 if name is None else adapters.slot(name) for name in names],
+                            device=self.model.device)
+
+
+def _lora(row) -> str | None:  # noqa: ANN001 - a Sequence, or a verification row (no adapter)
+    return getattr(row, "lora", None)
 
 
 def _record_prompt_logprobs(seq: Sequence, start: int, end: int, logits: torch.Tensor) -> None:

@@ -19,6 +19,8 @@ class ForwardBatch:
     # Attention one row at a time. CPU SDPA splits a batch across threads and a row's numbers then depend on
     # which thread (so which batch-mates) it got; the engine's decode groups set this so they cannot.
     rowwise: bool = False
+    # LoRA (model/lora/): (B,) int64, the adapter slot each row applies (-1: the base model alone); None: no row does
+    lora: torch.Tensor | None = None
 
     @classmethod
     def build(

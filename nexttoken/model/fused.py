@@ -134,7 +134,8 @@ def _table(embed: torch.nn.Module) -> torch.Tensor:
 
 
 def _local(m: torch.nn.Module) -> torch.nn.Module:
-    """The rank's own matrix inside a tensor-parallel wrapper (parallel.RowParallel / ParallelHead), else m."""
+    """The rank's own matrix inside a tensor-parallel wrapper (parallel.RowParallel / ParallelHead), or the base
+    matrix inside a LoRA wrapper (lora.LoraLinear: the native step computes the base model's rows), else m."""
     inner = m._modules.get("inner")
     return m if inner is None else inner
 
@@ -204,6 +205,7 @@ def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch
         and input_ids.shape[1] == 1
         and input_ids.shape[0] <= kernels.MAX_ROWS
         and batch.last_only
+        and batch.lora is None  # rows with adapters run the modules (model/lora/layers.py adds their products)
         and batch.mask is None
         and batch.window_mask is None
         and batch.write_start == batch.kv_len - 1

@@ -23,6 +23,7 @@ class Transformer(nn.Module):
     """Token ids in, next-token logits out; all sequence state lives in the KVCache passed to forward."""
 
     native_step = True  # fused.py may run its decode steps natively (it checks the layers; a stand-in model lacks this)
+    adapters = None  # lora.AdapterSet once adapters are attached (lora.attach): rows then choose theirs (batch.lora)
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -69,7 +70,15 @@ class Transformer(nn.Module):
         )
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
-        """input_ids (B, T) -> logits (B, V) when batch.last_only, else (B, T, V); in the weights' dtype."""
+        """input_ids (B, T) -> logits (B, V) when batch.last_only, else (B, T, V); in the weights' dtype.
+        Rows with an adapter slot in batch.lora add that adapter's low-rank products (model/lora/layers.py)."""
+        if batch.lora is not None:
+            assert self.adapters is not None, "batch.lora names adapter slots, and this model has none attached"
+            with self.adapters.rows(batch.lora):
+                return self._forward(input_ids, batch, cache)
+        return self._forward(input_ids, batch, cache)
+
+    def _forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
         if fused.applies(self, input_ids, batch, cache):  # a plain float32 CPU decode step: one native call
             logits = fused.decode_step(self, input_ids, batch, cache)
             if logits is not None:

@@ -19,6 +19,7 @@ from .api.completions import Completions
 from .api.embeddings import Embeddings
 from .api.infill import Infill
 from .api.messages import Messages
+from .api.lora import LoraAdapters
 from .api.models import Models
 from .api.responses import Responses
 from .api.traces import TraceStore
@@ -29,17 +30,21 @@ from .http.shutdown import MESSAGE as SHUTTING_DOWN, Drain
 from .metrics import ServerMetrics
 from .anthropic.protocol import CountTokensRequest, MessagesRequest
 from .llamacpp.protocol import InfillRequest
+from .openai.protocol import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
 from .openai.responses import ResponsesRequest
 from .openai.schema import (API_ERRORS, COMPLETION, COUNT, MESSAGE, RESPONSE, ROUTES, anthropic_operation, components,
                             operation)
 
 # The other APIs' routes in /openapi.json: their request bodies and answers (Messages' errors in Anthropic's body).
-MORE_BODIES = (ResponsesRequest, InfillRequest, MessagesRequest, CountTokensRequest)
+MORE_BODIES = (ResponsesRequest, InfillRequest, MessagesRequest, CountTokensRequest, LoadLoraAdapterRequest,
+               UnloadLoraAdapterRequest)
 MORE_ROUTES = {
     "responses": operation(ResponsesRequest, RESPONSE, *API_ERRORS, stream=True),
     "infill": operation(InfillRequest, COMPLETION, *API_ERRORS, stream=True),
     "messages": anthropic_operation(MessagesRequest, MESSAGE, stream=True),
     "count_tokens": anthropic_operation(CountTokensRequest, COUNT),
+    "load_lora": operation(LoadLoraAdapterRequest, {"type": "object"}, *API_ERRORS),
+    "unload_lora": operation(UnloadLoraAdapterRequest, {"type": "object"}, *API_ERRORS),
 }
 from .settings import ServerSettings
 from .webui import add_webui
@@ -53,9 +58,9 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     metrics = ServerMetrics(lambda: async_engine.stats)
     async_engine = AsyncEngine(engine, on_step=metrics.on_step)
     traces = TraceStore(settings.model_name)  # one store: every API's traced choices are read back at one URL
-    completions, chat, models, responses, messages, embeddings, infill = (
+    completions, chat, models, responses, messages, embeddings, infill, loras = (
         api(engine, async_engine, metrics, settings, traces)
-        for api in (Completions, Chat, Models, Responses, Messages, Embeddings, Infill))
+        for api in (Completions, Chat, Models, Responses, Messages, Embeddings, Infill, LoraAdapters))
     drain = Drain(settings.shutdown_timeout_s)  # cli.py starts its clock on the signal
 
     @asynccontextmanager
@@ -112,6 +117,8 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     app.head("/health", include_in_schema=False)(models.health)
     app.get("/metrics", **ROUTES["metrics"])(models.prometheus)
     app.get("/v1/traces/{trace_id}", **ROUTES["trace"])(traces.get)
+    app.post("/v1/load_lora_adapter", **MORE_ROUTES["load_lora"])(loras.load)
+    app.post("/v1/unload_lora_adapter", **MORE_ROUTES["unload_lora"])(loras.unload)
     if settings.webui:
         add_webui(app)
 

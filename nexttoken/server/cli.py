@@ -119,6 +119,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     spec.add_argument("--speculative-ngram", action="store_true",
                       help="speculative decoding by prompt lookup (n-gram drafts from the request's own tokens)")
     p.add_argument("--num-speculative-tokens", type=int, default=4, help="tokens drafted per step (default 4)")
+    lora = p.add_argument_group("LoRA adapters (docs/lora.md): a request's `model` names the adapter it runs under")
+    lora.add_argument("--enable-lora", action="store_true",
+                      help="keep adapter slots for POST /v1/load_lora_adapter (implied by the flags below)")
+    lora.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH", default=[],
+                      help="PEFT LoRA adapter folders served as models: NAME=PATH, or vLLM's JSON "
+                           "'{\"name\": ..., \"path\": ...}'")
+    lora.add_argument("--max-loras", type=int,
+                      help="adapter slots: adapters served at once (default: the --lora-modules given, at least 1)")
+    lora.add_argument("--max-lora-rank", type=int, default=16,
+                      help="largest adapter rank a slot holds (default 16, vLLM's); a larger adapter is refused")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="shard the model over N ranks: N-1 local worker processes, or the ranks torchrun started "
@@ -162,6 +172,8 @@ def run(args: argparse.Namespace) -> int:
                              threads=args.threads)
     loaded = load_pretrained(source, dtype=args.dtype, device=args.device, quantize=args.quantize, model=model,
                              **options)
+    if args.enable_lora or args.lora_modules or args.max_loras:
+        _attach_adapters(loaded.model, args)
     try:
         config = EngineConfig(
             max_num_seqs=args.max_num_seqs,
@@ -256,6 +268,16 @@ def _raise_open_files_limit(max_connections: int) -> None:
         if new < want:
             print(f"nexttoken serve: WARNING: the open-files limit ({hard}) is below --max-connections "
                   f"{max_connections} + 256: lower --max-connections or raise ulimit -n", file=sys.stderr, flush=True)
+
+
+def _attach_adapters(model, args: argparse.Namespace) -> None:  # noqa: ANN001
+    """The model's adapter slots and the --lora-modules read into them; a bad adapter stops the server here."""
+    from ..model.lora import attach, parse_modules, read_adapter
+
+    modules = parse_modules(args.lora_modules)
+    slots = attach(model, args.max_loras or max(len(modules), 1), args.max_lora_rank)
+    for name, path in modules.items():
+        slots.add(read_adapter(name, path, model.config, args.max_lora_rank))
 
 
 def _stop_now(message: str) -> None:

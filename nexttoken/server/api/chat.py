@@ -40,6 +40,7 @@ class ChatRun:
     reasoning: ReasoningFormat | None = None  # where the model writes its thinking; None: no thinking
     opened: bool = False  # the prompt left a thinking block open (the answer starts inside it)
     preamble: str | None = None  # the call format whose tools preamble the prompt holds (a response header says so)
+    lora: str | None = None  # the LoRA adapter the request's `model` chose; None: the base model
 
     def answer(self) -> AnswerParser:
         """A parser for one choice's text: thinking, content, calls."""
@@ -51,7 +52,7 @@ class Chat(Serving):
     async def render(self, req: ChatCompletionRequest) -> tuple[ToolUse | None, list[int], str, str | None]:
         """The request's tools, checked, and its prompt: the conversation through the chat template (ids, text),
         and the call format of the tools preamble it holds (None: the template renders the tools itself)."""
-        self._check_model(req.model)
+        self._adapter(req.model)  # an unknown model (or adapter) name: a 404 before any work
         use = self._tool_use(req.tools, req.tool_choice, req.parallel_tool_calls)
         variables = template_kwargs(self.settings.default_chat_template_kwargs, req)
         ids, text, preamble = await asyncio.to_thread(  # untrusted template work: off the event loop
@@ -72,20 +73,22 @@ class Chat(Serving):
         if use is not None:
             cfg = self._with_tools(cfg, use)
         await self._compile(req, cfg, "tools" if use is not None and use.calls else None)
+        lora = self._adapter(req.model)
         rid = f"{prefix}-{uuid.uuid4().hex}" if prefix == "chatcmpl" else f"{prefix}_{uuid.uuid4().hex}"
-        jobs = [Job(j, f"{rid}-{j}", p, c, rid, req.priority) for j, (p, c) in enumerate(expand([ids], cfg))]
+        jobs = [Job(j, f"{rid}-{j}", p, c, rid, priority=req.priority, lora=lora)
+                for j, (p, c) in enumerate(expand([ids], cfg))]
         self._admit(len(jobs))
         events = run_jobs(self.engine, jobs, self.metrics, arrival, reserved=True)
         opened = self.reasoning is not None and self.reasoning.opened_in(text)
         return ChatRun(rid, ids, jobs, events, use if use is not None and use.calls else None, self.reasoning, opened,
-                       preamble)
+                       preamble, lora)
 
     async def chat_completions(self, request: Request) -> Response:
         arrival = time.monotonic()
         req: ChatCompletionRequest = parse_body(ChatCompletionRequest, await request.body())
         run = await self.start_chat(req, arrival)
         ids, jobs, events = run.prompt_ids, run.jobs, run.events
-        head = {"id": run.id, "created": int(time.time()), "model": self.settings.model_name}
+        head = {"id": run.id, "created": int(time.time()), "model": run.lora or self.settings.model_name}
         headers = {PREAMBLE_HEADER: run.preamble} if run.preamble else None
         if req.stream:
             return SSEResponse(self._chat_stream(req, run, head), headers=headers)

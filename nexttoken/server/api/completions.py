@@ -29,7 +29,7 @@ class Completions(Serving):
     async def completions(self, request: Request) -> Response:
         arrival = time.monotonic()
         req: CompletionRequest = parse_body(CompletionRequest, await request.body())
-        self._check_model(req.model)
+        lora = self._adapter(req.model)
         if req.suffix:  # OpenAI's insertion: the prompt is the prefix, the model writes what comes before suffix
             texts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
             prompts = [self._fim(text, req.suffix) for text in texts]
@@ -40,9 +40,11 @@ class Completions(Serving):
                             prompt_logprobs=req.echo and req.logprobs is not None)
         await self._compile(req, cfg)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        jobs = [Job(i, f"{rid}-{i}", ids, c, rid, req.priority) for i, (ids, c) in enumerate(expand(prompts, cfg))]
+        jobs = [Job(i, f"{rid}-{i}", ids, c, rid, priority=req.priority, lora=lora)
+                for i, (ids, c) in enumerate(expand(prompts, cfg))]
         self._admit(len(jobs))
-        head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.settings.model_name}
+        head = {"id": rid, "object": "text_completion", "created": int(time.time()),
+                "model": lora or self.settings.model_name}
         events = run_jobs(self.engine, jobs, self.metrics, arrival, reserved=True)
         if req.stream:
             return SSEResponse(self._completion_stream(req, jobs, head, events))

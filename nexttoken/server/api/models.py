@@ -16,15 +16,21 @@ from .serving import Serving, parse_body
 
 class Models(Serving):
     async def models(self) -> dict:
-        return {"object": "list", "data": [self._model_card()]}
+        """The base model, then each LoRA adapter with the base as its `parent` (vLLM's cards)."""
+        return {"object": "list", "data": [self._model_card(None), *map(self._model_card, self.adapters())]}
 
     async def model(self, model_id: str) -> dict:
-        self._check_model(model_id)
-        return self._model_card()
+        return self._model_card(self._adapter(model_id))
 
-    def _model_card(self) -> dict:
-        return {"id": self.settings.model_name, "object": "model", "created": self.created, "owned_by": "nexttoken",
+    def _model_card(self, adapter: str | None) -> dict:
+        card = {"id": adapter or self.settings.model_name, "object": "model", "created": self.created,
+                "owned_by": "nexttoken", "root": self.settings.model_name, "parent": None,
                 "max_model_len": self.limits.max_model_len}
+        adapters = self.network.adapters
+        loaded = None if adapter is None or adapters is None else adapters.loaded.get(adapter)
+        if adapter is not None:
+            card |= {"root": str(loaded.path) if loaded is not None else adapter, "parent": self.settings.model_name}
+        return card
 
     async def tokenize(self, request: Request) -> dict:
         req: TokenizeRequest = parse_body(TokenizeRequest, await request.body())

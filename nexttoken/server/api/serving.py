@@ -48,6 +48,9 @@ class Serving:
     def __init__(self, core: LLMEngine, engine: AsyncEngine, metrics: ServerMetrics, settings: ServerSettings,
                  traces: TraceStore | None = None) -> None:
         self.tokenizer, self.engine, self.metrics, self.settings = core.tokenizer, engine, metrics, settings
+        # The Transformer (not `self.model`: Models.model is a route): its LoRA adapter slots are read here, the
+        # engine's thread changes them.
+        self.network = core.model
         self.limits = Limits(core.max_seq_tokens, core.model.config.vocab_size, settings.max_n,
                              longest_token_bytes(core.tokenizer), core.max_seq_tokens < core.max_model_len)
         self.base = server_defaults(core.generation_config, settings.structured_whitespace)
@@ -93,11 +96,24 @@ class Serving:
         return Thinking(*self.markers, budget=budget)
 
     def _check_model(self, name: str | None) -> None:
-        if name is not None and name != self.settings.model_name:
-            raise APIError(
-                404, f"the model {name!r} does not exist; this server serves {self.settings.model_name!r}",
-                "model", code="model_not_found",
-            )
+        """A request's `model` is the base model or a served adapter (they share the tokenizer); else a 404."""
+        self._adapter(name)
+
+    def _adapter(self, name: str | None) -> str | None:
+        """The LoRA adapter a request's `model` names (None: the base model, by its own name or none given); an
+        unknown name is OpenAI's 404 model_not_found, naming what is served."""
+        if name is None or name == self.settings.model_name:
+            return None
+        if name in self.adapters():
+            return name
+        served = ", ".join(repr(n) for n in [self.settings.model_name, *self.adapters()])
+        raise APIError(404, f"the model {name!r} does not exist; this server serves {served}", "model",
+                       code="model_not_found")
+
+    def adapters(self) -> list[str]:
+        """The names of the LoRA adapters served now (read from the event loop: a snapshot of the slots)."""
+        adapters = self.network.adapters
+        return [] if adapters is None else list(adapters.slots)
 
     def _options(self, req: Any, prompts: list[list[int]], max_tokens: int | None, param: str, **extra: Any) -> Any:
         """The request's GenerationConfig: its fields through the one translation table, the length checked."""

@@ -28,6 +28,7 @@ class Job:
     params: GenerationConfig  # one sequence's options
     group: str = ""  # the client request: its sequences share turns for free places with other requests
     priority: int = 0  # lower runs first under --scheduling-policy priority
+    lora: str | None = None  # the LoRA adapter the request's `model` chose; None: the base model
 
 
 def run_jobs(
@@ -44,7 +45,7 @@ def run_jobs(
         started[k] = True
         try:
             async for event in engine.stream(job.request_id, job.prompt_ids, job.params, arrival, job.group or None,
-                                           priority=job.priority, reserved=reserved):
+                                           priority=job.priority, reserved=reserved, lora=job.lora):
                 metrics.observe(event, previous)
                 previous, finished = (event.time if event.token_ids else previous), event.finished
                 await merged.put((job.index, event))

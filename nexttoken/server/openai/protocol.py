@@ -367,3 +367,17 @@ class TokenizeRequest(_Strict):
 class DetokenizeRequest(_Strict):
     model: str | None = None
     tokens: list[Int]
+
+
+class LoadLoraAdapterRequest(_Strict):
+    """vLLM's POST /v1/load_lora_adapter: serve the PEFT adapter at lora_path under the model name lora_name."""
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+
+
+class UnloadLoraAdapterRequest(_Strict):
+    """vLLM's POST /v1/unload_lora_adapter (lora_int_id: vLLM's own id, accepted and not needed)."""
+
+    lora_name: str = Field(min_length=1)
+    lora_int_id: int | None = None

@@ -1,0 +1,250 @@
+"""Reading a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) onto nexttoken's fused matrices.
+
+PEFT adds `scaling * B @ A` to a linear layer's weight W (out, in): A (r, in), B (out, r), scaling lora_alpha / r
+(or lora_alpha / sqrt(r) with use_rslora; per module from alpha_pattern / rank_pattern). nexttoken fuses q/k/v
+into one `wqkv` and gate/up into one `w13` (weights/loader.py), so the adapter is fused the same way:
+
+    wqkv's A = [A_q; A_k; A_v]            (r_q + r_k + r_v, in)     the A matrices stacked
+    wqkv's B = blockdiag(B_q, B_k, B_v)   (q + 2 kv, r_q + r_k + r_v)  each B in its own rows and columns
+
+so x @ A^T @ B^T gives each projection its own low-rank product, exactly, and a projection the adapter leaves
+alone has zero rows in B. The scaling is folded into B at load. Phi-3's checkpoints are fused already: its
+qkv_proj / gate_up_proj adapters map one to one. Everything is read with safetensors (never pickle).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from ...config import ModelConfig
+from ...errors import LoraError, MissingFileError
+
+CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+TARGETS = ("wqkv", "wo", "w13", "w2")  # the matrices of a stock block an adapter may change
+# PEFT's module name -> (our matrix, which part of its rows: an index into _parts)
+_MODULES = {
+    "self_attn.q_proj": ("wqkv", 0), "self_attn.k_proj": ("wqkv", 1), "self_attn.v_proj": ("wqkv", 2),
+    "self_attn.qkv_proj": ("wqkv", None), "self_attn.o_proj": ("wo", None),
+    "mlp.gate_proj": ("w13", 0), "mlp.up_proj": ("w13", 1), "mlp.gate_up_proj": ("w13", None),
+    "mlp.down_proj": ("w2", None),
+}
+_KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$")
+# Options of PEFT's LoraConfig that change the arithmetic and that nexttoken does not apply: refused by name.
+_REFUSED = {
+    "use_dora": "DoRA (weight-decomposed LoRA) rescales the merged weight per column",
+    "fan_in_fan_out": "fan_in_fan_out is for GPT-2's Conv1D layers, which these models do not have",
+    "lora_bias": "lora_bias adds a trained bias to lora_B",
+    "layer_replication": "layer_replication repeats base layers",
+    "use_qalora": "QA-LoRA pools the activations",
+}
+
+# How an adapter source that is not a folder becomes one (a Hub id -> the downloaded snapshot). None: folders only.
+Resolver = Callable[[str], Path]
+
+
+@dataclass(frozen=True)
+class LoraWeights:
+    """One fused matrix's low-rank update: delta W = B @ A, scaling folded into B."""
+
+    A: torch.Tensor  # (R, in) float32
+    B: torch.Tensor  # (out, R) float32
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    """A PEFT LoRA adapter on nexttoken's matrices: weights[(layer, target)], target in TARGETS."""
+
+    name: str
+    path: Path
+    rank: int  # the largest r of its modules (what --max-lora-rank bounds)
+    weights: dict[tuple[int, str], LoraWeights]
+    base_model: str | None  # adapter_config's base_model_name_or_path, as written
+
+    def delta(self, layer: int, target: str) -> torch.Tensor | None:
+        """(out, in) float32 update of one matrix, or None when the adapter leaves it alone."""
+        w = self.weights.get((layer, target))
+        return None if w is None else w.B @ w.A
+
+
+def read_adapter(name: str, source: str | Path, cfg: ModelConfig, max_rank: int | None = None,
+                 resolve: Resolver | None = None) -> LoraAdapter:
+    """A PEFT LoRA adapter from a folder (or, through `resolve`, another source such as a Hub id), checked
+    against the base model's config: its modules, their shapes, its options; rank at most `max_rank`."""
+    path = _folder(source, resolve)
+    config = _config(path)
+    tensors = _tensors(path)
+    weights, rank = _fused(tensors, config, cfg, path)
+    if max_rank is not None and rank > max_rank:
+        raise LoraError(f"adapter {name!r} ({path}) has rank {rank}, above the limit {max_rank}: raise "
+                        f"--max-lora-rank (max_lora_rank) to at least {rank}")
+    return LoraAdapter(name, path, rank, weights, config.get("base_model_name_or_path"))
+
+
+def parse_modules(specs: list[str]) -> dict[str, str]:
+    """Command-line adapters, vLLM's --lora-modules forms: "name=path", or JSON {"name": ..., "path": ...}; a bare
+    path is named after its folder. Names must be unique."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        if spec.lstrip().startswith("{"):
+            try:
+                item = json.loads(spec)
+                name, path = item["name"], item["path"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise LoraError(f"LoRA module {spec!r}: JSON needs a name and a path ({e})") from e
+        elif "=" in spec:
+            name, path = spec.split("=", 1)
+        else:
+            name, path = Path(spec).name, spec
+        if not name or not path:
+            raise LoraError(f"LoRA module {spec!r}: write NAME=PATH")
+        if name in out:
+            raise LoraError(f"LoRA module name {name!r} is given twice")
+        out[name] = path
+    return out
+
+
+def _folder(source: str | Path, resolve: Resolver | None) -> Path:
+    path = Path(source)
+    if path.is_dir():
+        return path
+    if resolve is not None and not path.exists():
+        return resolve(str(source))
+    raise MissingFileError(f"LoRA adapter folder {source} does not exist: give the folder PEFT's save_pretrained "
+                           f"wrote ({CONFIG_FILE} + {WEIGHTS_FILE})")
+
+
+def _config(path: Path) -> dict:
+    file = path / CONFIG_FILE
+    if not file.is_file():
+        raise MissingFileError(f"{path} has no {CONFIG_FILE}: not a PEFT adapter folder")
+    try:
+        config = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise LoraError(f"{file} is not valid JSON ({e}): re-save the adapter with PEFT") from e
+    if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
+        kind = config.get("peft_type") if isinstance(config, dict) else type(config).__name__
+        raise LoraError(f"{file}: peft_type {kind!r} is not LORA; nexttoken applies LoRA adapters only")
+    for key, why in _REFUSED.items():
+        if config.get(key):
+            raise LoraError(f"{file}: {key} is set ({why}); nexttoken applies plain LoRA only")
+    if config.get("bias", "none") != "none":
+        raise LoraError(f"{file}: bias={config['bias']!r} trains the base layers' biases; nexttoken applies "
+                        "adapters with bias='none' only")
+    if config.get("modules_to_save"):
+        raise LoraError(f"{file}: modules_to_save {config['modules_to_save']} (whole copies of layers such as the "
+                        "embedding or the LM head) are not applied: nexttoken serves one embedding and head for "
+                        "every adapter. Train without modules_to_save, or merge the adapter into a model folder "
+                        "with PEFT's merge_and_unload and load that")
+    if config.get("trainable_token_indices"):
+        raise LoraError(f"{file}: trainable_token_indices changes embedding rows, which nexttoken does not apply")
+    for key in ("r", "lora_alpha"):
+        if not isinstance(config.get(key), (int, float)) or isinstance(config.get(key), bool) or config[key] <= 0:
+            raise LoraError(f"{file}: {key} must be a positive number, got {config.get(key)!r}")
+    return config
+
+
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    file = path / WEIGHTS_FILE
+    if not file.is_file():
+        pickled = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
+        if pickled:
+            raise MissingFileError(
+                f"{path} has only {', '.join(pickled)} (a pickle file, which can run code), no {WEIGHTS_FILE}: "
+                "nexttoken reads safetensors only. Re-save with PEFT: model.save_pretrained(dir, "
+                "safe_serialization=True)")
+        raise MissingFileError(f"{path} has no {WEIGHTS_FILE}")
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise LoraError(f"{file} is not a readable safetensors file ({e}): the adapter is damaged; re-download "
+                        "or re-save it") from e
+
+
+def _module_scaling(module: str, r: int, config: dict) -> float:
+    """PEFT's scaling for one module: alpha (alpha_pattern's match, else lora_alpha) over r or sqrt(r)."""
+    alpha = config["lora_alpha"]
+    for pattern, value in (config.get("alpha_pattern") or {}).items():
+        if re.match(rf"(.*\.)?({pattern})$", module):  # PEFT's get_pattern_key
+            alpha = value
+            break
+    return alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+
+
+def _fused(tensors: dict[str, torch.Tensor], config: dict, cfg: ModelConfig,
+           path: Path) -> tuple[dict[tuple[int, str], LoraWeights], int]:
+    """The adapter's (A, B) pairs fused onto wqkv / wo / w13 / w2, checked against the model's shapes."""
+    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for key, t in tensors.items():
+        m = _KEY.match(key)
+        if m is None or m.group(2) not in _MODULES:
+            what = "an embedding or the LM head" if any(s in key for s in ("embed", "lm_head")) else "a module"
+            raise LoraError(f"{path}: tensor {key} adapts {what} nexttoken does not apply LoRA to; adapters may "
+                            f"target {', '.join(sorted({k.split('.')[-1] for k in _MODULES}))} of each layer")
+        layer = int(m.group(1))
+        if layer >= cfg.num_hidden_layers:
+            raise LoraError(f"{path}: tensor {key} is for layer {layer}, but the base model has "
+                            f"{cfg.num_hidden_layers} layers: the adapter belongs to another model")
+        pairs.setdefault((layer, m.group(2)), {})[m.group(3)] = t
+    if not pairs:
+        raise LoraError(f"{path}/{WEIGHTS_FILE} holds no lora_A / lora_B weights")
+    parts = _parts(cfg)
+    pieces: dict[tuple[int, str], list[tuple[int | None, torch.Tensor, torch.Tensor]]] = {}
+    rank = 0
+    for (layer, module), ab in sorted(pairs.items()):
+        if set(ab) != {"A", "B"}:
+            raise LoraError(f"{path}: layer {layer} {module} has lora_{''.join(ab)} without its pair")
+        if cfg.moe and cfg.moe.sparse_layers[layer] and module.startswith("mlp."):
+            raise LoraError(f"{path}: layer {layer}'s MLP is a mixture of experts; nexttoken applies LoRA to its "
+                            "attention only")
+        target, part = _MODULES[module]
+        fused_checkpoint = cfg.architecture == "Phi3ForCausalLM"
+        if (part is None) != (fused_checkpoint or target in ("wo", "w2")):
+            raise LoraError(f"{path}: {module} is not a module of {cfg.architecture}")
+        A, B = ab["A"].float(), ab["B"].float()
+        rows = parts[target][part] if part is not None else sum(parts[target])
+        cols = cfg.hidden_size if target != "w2" else cfg.intermediate_size
+        if target == "wo":
+            cols = cfg.num_attention_heads * cfg.head_dim
+        r = A.shape[0]
+        if A.dim() != 2 or B.dim() != 2 or A.shape[1] != cols or B.shape != (rows, r):
+            raise LoraError(f"{path}: layer {layer} {module} has lora_A {tuple(A.shape)} and lora_B "
+                            f"{tuple(B.shape)}; the base model needs ({r}, {cols}) and ({rows}, {r}): the adapter "
+                            "belongs to another model")
+        rank = max(rank, r)
+        scaling = _module_scaling(f"model.layers.{layer}.{module}", r, config)
+        pieces.setdefault((layer, target), []).append((part, A, B * scaling))
+    return {key: _stack(key[1], ps, parts) for key, ps in pieces.items()}, rank
+
+
+def _parts(cfg: ModelConfig) -> dict[str, list[int]]:
+    """Row counts of each fused matrix's parts: wqkv = q, k, v; w13 = gate, up."""
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    return {"wqkv": [q, kv, kv], "w13": [cfg.intermediate_size] * 2, "wo": [cfg.hidden_size],
+            "w2": [cfg.hidden_size]}
+
+
+def _stack(target: str, pieces: list[tuple[int | None, torch.Tensor, torch.Tensor]],
+           parts: dict[str, list[int]]) -> LoraWeights:
+    """A fused matrix's A (sum of r, in) and block-diagonal B (out, sum of r) from its parts' pairs."""
+    if pieces[0][0] is None:  # a whole matrix (o, down, Phi-3's fused ones)
+        return LoraWeights(pieces[0][1].contiguous(), pieces[0][2].contiguous())
+    offsets = [0]
+    for n in parts[target]:
+        offsets.append(offsets[-1] + n)
+    R = sum(A.shape[0] for _, A, _ in pieces)
+    B = torch.zeros(offsets[-1], R)  # (out, R): zeros outside each part's block
+    col = 0
+    for part, A, b in sorted(pieces, key=lambda p: p[0]):
+        B[offsets[part] : offsets[part + 1], col : col + A.shape[0]] = b
+        col += A.shape[0]
+    A = torch.cat([A for _, A, _ in sorted(pieces, key=lambda p: p[0])])  # (R, in)
+    return LoraWeights(A.contiguous(), B)
