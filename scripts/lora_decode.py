@@ -55,7 +55,7 @@ def write_adapter(folder: Path, cfg, rank: int, seed: int) -> Path:  # noqa: ANN
 def decode_steps(llm, loras: list[str | None], steps: int) -> list[float]:  # noqa: ANN001
     """Seconds of each of `steps` decode steps with one request per entry of `loras` (its adapter or None)."""
     engine = LLMEngine(llm.model, None, EngineConfig(max_num_seqs=len(loras), max_model_len=256, chunk_size=64,
-                                                     prefix_cache_blocks=0), llm.generation_config)
+                                                     enable_prefix_caching=False), llm.generation_config)
     params = GenerationConfig(max_new_tokens=steps + 4, min_new_tokens=steps + 4, do_sample=False)
     for i, lora in enumerate(loras):
         engine.add_request([1] + [100 + 7 * i + j for j in range(15)], params, lora=lora)

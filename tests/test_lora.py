@@ -110,8 +110,9 @@ def _forward(model, ids: torch.Tensor, slots: torch.Tensor | None) -> torch.Tens
         return model(ids, batch, model.new_cache(1, T))[0].float()
 
 
-def _engine(llm, prefix_blocks: int = 0, chunk_size: int = 4) -> LLMEngine:  # noqa: ANN001
-    config = EngineConfig(max_num_seqs=8, max_model_len=128, chunk_size=chunk_size, prefix_cache_blocks=prefix_blocks)
+def _engine(llm, prefix_caching: bool = False, chunk_size: int = 4) -> LLMEngine:  # noqa: ANN001
+    config = EngineConfig(max_num_seqs=8, max_model_len=128, chunk_size=chunk_size,
+                          enable_prefix_caching=prefix_caching)
     return LLMEngine(llm.model, None, config, llm.generation_config)
 
 
@@ -142,21 +143,21 @@ def test_the_prefix_cache_keys_by_adapter(family) -> None:
     base, adapters = family["llama-gqa"]
     llm = nexttoken.load(base, lora={"a": adapters[0], "b": adapters[1]})
     prompt = PROMPTS[1] + [9, 10, 11, 12]  # three full chunks of 4 before the last token
-    engine = _engine(llm, prefix_blocks=16)
+    engine = _engine(llm, prefix_caching=True)
     first = _run(engine, [(prompt, "a")])[0]
-    assert engine.prefix_cache.hit_tokens == 0
+    assert engine.blocks.hit_tokens == 0
     other = _run(engine, [(prompt, "b")])[0]
-    assert engine.prefix_cache.hit_tokens == 0, "adapter b must not reuse adapter a's prefix"
+    assert engine.blocks.hit_tokens == 0, "adapter b must not reuse adapter a's prefix"
     assert other == _run(_engine(llm), [(prompt, "b")])[0] != first
     again = _run(engine, [(prompt, "a")])[0]
-    assert engine.prefix_cache.hit_tokens == 12 and again == first
+    assert engine.blocks.hit_tokens == 12 and again == first
     base_run = _run(engine, [(prompt, None)])[0]
-    assert engine.prefix_cache.hit_tokens == 12 and base_run == _run(_engine(llm), [(prompt, None)])[0]
+    assert engine.blocks.hit_tokens == 12 and base_run == _run(_engine(llm), [(prompt, None)])[0]
     # a name unloaded and loaded again with other weights never meets its old prefixes
     engine.unload_lora("a")
     engine.load_lora("a", adapters[2])
     assert _run(engine, [(prompt, "a")])[0] == _run(_engine(llm), [(prompt, "a")])[0]
-    assert engine.prefix_cache.hit_tokens == 12
+    assert engine.blocks.hit_tokens == 12
 
 
 def test_merging_into_a_quantized_base_rounds_like_the_quantized_base(family) -> None:
