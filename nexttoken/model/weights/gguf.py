@@ -21,8 +21,7 @@ import torch
 from ...config import ModelConfig
 from ...errors import MissingFileError, ModelLoadError
 from ..llama import Transformer
-from ..memory import release_freed_memory
-from .loader import _expected_shapes as expected_shapes, _owned, check_tensors, resolve_dtype, to_state_dict
+from .loader import _expected_shapes as expected_shapes, build_model, resolve_dtype
 
 # Weight types llama-quantize and GGUF-my-repo write for the families we run; dequantized by `gguf.quants`.
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
@@ -297,13 +296,4 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
     torch_dtype = resolve_dtype(dtype, device)
     cfg = ModelConfig.from_dict(config_dict(g), source=str(g.path))
     tensors = checkpoint_tensors(g, cfg, list(expected_shapes(cfg)), torch_dtype)
-    check_tensors(cfg, tensors, g.path)
-    state = _owned(to_state_dict(cfg, tensors), device, torch_dtype)
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    model.load_state_dict(state, assign=True, strict=True)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.embed.weight
-    del tensors, state
-    release_freed_memory()
-    return model.to(device).eval(), g
+    return build_model(cfg, tensors, g.path, device, torch_dtype), g

@@ -184,8 +184,14 @@ def load_model(
 ) -> Transformer:
     """Build our Transformer from a Hugging Face model folder (config.json + safetensors)."""
     path, device, torch_dtype, cfg = _open_folder(path, dtype, device)
-    tensors = read_tensors(safetensors_files(path))
-    check_tensors(cfg, tensors, path)
+    return build_model(cfg, read_tensors(safetensors_files(path)), path, device, torch_dtype)
+
+
+def build_model(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: Path, device: torch.device,
+                torch_dtype: torch.dtype) -> Transformer:
+    """The Transformer of a checkpoint's tensors (by checkpoint name), checked against `cfg`, in owned memory
+    (every reader's last step: safetensors folders here, GGUF files in gguf.py)."""
+    check_tensors(cfg, tensors, source)
     state = _owned(to_state_dict(cfg, tensors), device, torch_dtype)
     with torch.device("meta"):  # no throw-away random init: parameters are assigned from the checkpoint
         model = Transformer(cfg)
