@@ -77,7 +77,8 @@ class LLM:
         name: str | None = None,
     ) -> None:
         self.model, self.tokenizer, self.generation_config, self.path = model, tokenizer, generation_config, path
-        self.name = name or Path(path).name  # the folder's name, the GGUF file's stem, or the Hub id
+        # the folder's name, the GGUF file's stem, or the Hub id (a model built in memory has no path)
+        self.name = name or (Path(path).name if path is not None else type(model).__name__)
         model.generation_config = generation_config  # low-level generate(model, ...) uses the same defaults
         self._driver: _Driver | None = None
         self.tool_call_parser: str | None = None  # vLLM's --tool-call-parser name; None: read off the template

@@ -265,11 +265,11 @@ def test_a_template_that_renders_tools_is_left_alone(shared_dir) -> None:
     support = template_support(ours)
     assert support.tools and support.calls and support.results
     use = ToolUse.of([WEATHER], "auto", None, "hermes")
-    from nexttoken.server.openai.prompts import chat_prompt
+    from nexttoken.server.openai.prompts import render_chat
     from nexttoken.server.openai.protocol import ChatCompletionRequest
 
     req = ChatCompletionRequest.model_validate({"messages": HISTORY, "tools": [WEATHER]})
-    ids, preamble = chat_prompt(req, ours, use, support)
+    ids, _, preamble = render_chat(req, ours, use, support)
     expected = AutoTokenizer.from_pretrained(folder).apply_chat_template(
         [{**m, "content": m["content"] or ""} if m["role"] == "assistant" else m for m in _with_objects(HISTORY)],
         tools=[WEATHER], add_generation_prompt=True, tokenize=False)

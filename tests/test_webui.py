@@ -482,11 +482,11 @@ def test_no_webui_turns_the_page_off() -> None:
     assert build_parser().parse_args(["serve"]).webui is True
     loaded = load_pretrained(None)
     engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(), loaded.generation_config)
-    off = TestClient(build_app(engine, ServerSettings("m", webui=False)))
+    off = TestClient(build_app(engine, ServerSettings("m", webui=False)), base_url="http://127.0.0.1")
     r = off.get("/")
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     assert off.get("/webui/app.js").status_code == 404
-    on = TestClient(build_app(engine, ServerSettings("m")))
+    on = TestClient(build_app(engine, ServerSettings("m")), base_url="http://127.0.0.1")
     for path, kind in (("/", "text/html"), ("/webui/app.js", "text/javascript"), ("/webui/style.css", "text/css")):
         r = on.get(path)
         assert r.status_code == 200 and r.headers["content-type"].startswith(kind)

@@ -157,10 +157,7 @@ class AsyncEngine:
             raise EngineClosedError(self._closed)
         if self.error is not None:
             raise EngineDeadError(f"the engine stopped: {self.error!r}")
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future = loop.create_future()
-        self._inbox.put(("call", (lambda: self.engine.embed(prompts, pooling, normalize, dimensions), loop, done)))
-        return await done
+        return await self.call(lambda engine: engine.embed(prompts, pooling, normalize, dimensions))
 
     def _drain_inbox(self, block: bool) -> None:
         while True:
@@ -178,7 +175,7 @@ class AsyncEngine:
                                             priority=priority, lora=lora)
                 except Exception as e:  # noqa: BLE001 - a bad request fails alone
                     self._send(request_id, e)
-            elif kind == "call":
+            elif kind == "call":  # work on the engine's model between steps (embeddings, LoRA loading)
                 fn, loop, future = item
                 try:
                     result = fn(self.engine)
@@ -188,13 +185,6 @@ class AsyncEngine:
                     loop.call_soon_threadsafe(_settle, future, result, None)
             elif kind == "abort":
                 self.engine.abort(item)
-            elif kind == "call":  # work on the engine's model between steps (embeddings); its result to the caller
-                fn, loop, done = item
-                try:
-                    result, failed = fn(), None
-                except Exception as e:  # noqa: BLE001 - the caller's error, not the engine's
-                    result, failed = None, e
-                loop.call_soon_threadsafe(_settle, done, result, failed)
             elif kind == "close":
                 for request_id in list(self.engine.requests):
                     self.engine.abort(request_id)
@@ -209,12 +199,3 @@ class AsyncEngine:
         if target is not None:
             loop, events = target
             loop.call_soon_threadsafe(events.put_nowait, item)
-
-
-def _settle(done: asyncio.Future, result: object, failed: BaseException | None) -> None:
-    if done.cancelled():  # the caller left
-        return
-    if failed is not None:
-        done.set_exception(failed)
-    else:
-        done.set_result(result)
