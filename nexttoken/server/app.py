@@ -61,6 +61,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     completions, chat, models, responses, messages, embeddings, infill, loras = (
         api(engine, async_engine, metrics, settings, traces)
         for api in (Completions, Chat, Models, Responses, Messages, Embeddings, Infill, LoraAdapters))
+    chat.preamble_notice()
     drain = Drain(settings.shutdown_timeout_s)  # cli.py starts its clock on the signal
 
     @asynccontextmanager

@@ -57,13 +57,17 @@ class Serving:
         self.logprobs = LogprobFormatter(core.tokenizer)
         self.created = int(time.time())
         self.traces = traces or TraceStore(settings.model_name)  # traced requests' explain pages (one per server)
-        # What the chat template renders of tool use, probed once: a template without a tools section gets the
-        # tools preamble of the call format (tools/preamble.py), said in each response's header and here.
+        # What the chat template renders of tool use, probed once per API: a template without a tools section gets
+        # the tools preamble of the call format (tools/preamble.py), said in each response's header and, once, in
+        # the log (`preamble_notice`).
         self.template_support: TemplateSupport | None = template_support(core.tokenizer) if core.tokenizer else None
-        if settings.tool_call_parser and self.template_support is not None and not self.template_support.tools:
-            log.warning("the chat template renders no tools: requests with tools get the %s tools preamble in the "
-                     "system message (docs/tool_calls.md)", format_named(settings.tool_call_parser).name)
         self.reasoning, self.markers = self._reasoning_format()
+
+    def preamble_notice(self) -> None:
+        """The log line that says requests with tools get the tools preamble (app.py calls it once per server)."""
+        if self.settings.tool_call_parser and self.template_support is not None and not self.template_support.tools:
+            log.warning("the chat template renders no tools: requests with tools get the %s tools preamble in the "
+                        "system message (docs/tool_calls.md)", format_named(self.settings.tool_call_parser).name)
 
     def _reasoning_format(self) -> tuple[ReasoningFormat | None, tuple[int, int] | None]:
         """The model's thinking format (--reasoning-parser, or read off its chat template), and its markers' token
