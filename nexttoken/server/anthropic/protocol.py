@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..http.errors import bad_request
-from ..openai.protocol import PASSED_THROUGH
+from ..openai.protocol import PASSED_THROUGH, NullIsAbsent
 
 # Keys a block or tool may carry that change nothing for a local model (prompt caching, citations, how the
 # hosted service loads and streams tools).
@@ -49,7 +49,7 @@ class OutputConfig(_Strict):
     format: OutputFormat | None = None
 
 
-class _Fields(_Strict):
+class _Fields(_Strict, NullIsAbsent):
     model: str
     messages: list[Message] = Field(min_length=1)
     system: Union[str, list[dict[str, Any]], None] = None
@@ -68,10 +68,6 @@ class _Fields(_Strict):
     user_profile_id: str | None = None
     workspace_id: str | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_absent(cls, data: Any) -> Any:
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
 class CountTokensRequest(_Fields):

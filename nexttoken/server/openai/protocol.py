@@ -30,6 +30,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class NullIsAbsent(BaseModel):
+    """A request body whose optional fields are nullable, null meaning "not given": the default applies (OpenAI's
+    and Anthropic's SDKs send null for options left unset)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
     include_obfuscation: bool = True  # OpenAI pads events against length side channels; no padding is added here
@@ -114,7 +124,7 @@ class StructuredOutputs(_Strict):
         return None
 
 
-class _OpenAIFields(_Strict):
+class _OpenAIFields(_Strict, NullIsAbsent):
     model: str | None = None
     max_tokens: Int | None = Field(None, ge=1)
     temperature: float | None = None
@@ -149,11 +159,6 @@ class _OpenAIFields(_Strict):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_absent(cls, data: Any) -> Any:
-        """OpenAI's optional fields are nullable, and null means "not given": the default applies."""
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
     @field_validator("stop")
     @classmethod
@@ -323,7 +328,7 @@ class ChatCompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
         return self
 
 
-class EmbeddingRequest(_Strict):
+class EmbeddingRequest(_Strict, NullIsAbsent):
     """OpenAI's embeddings body (and vLLM's `normalize`)."""
 
     model: str | None = None
@@ -333,10 +338,6 @@ class EmbeddingRequest(_Strict):
     user: str | None = None
     normalize: bool = True  # vLLM's: false returns the pooled states as they are
 
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_absent(cls, data: Any) -> Any:
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
     @field_validator("input")
     @classmethod

@@ -13,7 +13,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 
 from ..http.errors import APIError, bad_request
-from .protocol import PASSED_THROUGH
+from .protocol import PASSED_THROUGH, NullIsAbsent
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
@@ -49,7 +49,7 @@ class ReasoningConfig(_Strict):
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
-class _ResponsesFields(_Strict):
+class _ResponsesFields(_Strict, NullIsAbsent):
     model: str | None = None
     input: Union[str, list[dict[str, Any]]]
     instructions: str | None = None
@@ -81,10 +81,6 @@ class _ResponsesFields(_Strict):
     conversation: Union[str, dict[str, Any], None] = None
     prompt: dict[str, Any] | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_absent(cls, data: Any) -> Any:
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
     @field_validator("input")
     @classmethod
