@@ -8,6 +8,7 @@ search, beam sampling, group beam, contrastive search) run the padded-batch loop
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from .generation.output_pipeline import Completion
 from .model import Transformer, load_model
 from .model.lora import attach, merge_adapter, read_adapter
 from .model.quant.quantize import apply_quantization
+from .model.weights.hub import resolve_adapter
 from .pretrained import DEFAULT_MODEL_DIR, Pretrained, load_pretrained, resolve_source
 from .tokenizer import Tokenizer
 from .tools import TemplateSupport, ToolUse, format_named, template_messages, template_support, with_preamble
@@ -229,15 +231,15 @@ class LLM:
         return [] if self.model.adapters is None else self.model.adapters.names
 
     def load_lora(self, name: str, path: str | Path) -> None:
-        """Serve one more PEFT LoRA adapter (a folder) under `name`, in a free slot (load's max_loras)."""
+        """Serve one more PEFT LoRA adapter (a folder, or a Hub id fetched into the Hub cache) under `name`, in a free slot (load's max_loras)."""
         if self._driver is not None:
-            self._driver.engine.load_lora(name, path)
+            self._driver.engine.load_lora(name, path, resolve_adapter)
             return
         adapters = self.model.adapters
         if adapters is None:
             raise LoraError("this model was loaded without adapter slots: nexttoken.load(path, max_loras=N) or "
                             "lora={...}")
-        adapters.add(read_adapter(name, path, self.model.config, adapters.max_rank))
+        adapters.add(read_adapter(name, path, self.model.config, adapters.max_rank, resolve_adapter))
 
     def unload_lora(self, name: str) -> None:
         """Stop serving adapter `name` (refused while a stream decodes under it)."""
@@ -425,6 +427,7 @@ def load(
     adapters keeps its quantized product and adds the low-rank products in float32 beside it.
     """
     source = resolve_source(path, revision, download_dir, gguf_file)
+    fetch_adapter = functools.partial(resolve_adapter, download_dir=download_dir)  # lora= values that are Hub ids
     if merge and (not lora or len(lora) != 1):
         raise LoraError(f"merge=True folds one adapter into the weights: give exactly one in lora=, got "
                         f"{len(lora or {})}")
@@ -437,7 +440,7 @@ def load(
                             "GGUF file's: serve the adapter unmerged (lora= without merge)")
         (name, folder), = lora.items()  # type: ignore[union-attr]
         model = load_model(source.path, dtype=dtype, device=device)
-        merge_adapter(model, read_adapter(name, folder, model.config))
+        merge_adapter(model, read_adapter(name, folder, model.config, resolve=fetch_adapter))
         model = apply_quantization(model, quantize)
     if tensor_parallel_size != 1:
         from .engine.launch import load_sharded
@@ -454,7 +457,7 @@ def load(
         llm.merged_lora = next(iter(lora))  # type: ignore[arg-type]
     elif lora or max_loras:
         cfg = llm.model.config
-        adapters = [read_adapter(name, folder, cfg, max_lora_rank) for name, folder in (lora or {}).items()]
+        adapters = [read_adapter(name, folder, cfg, max_lora_rank, fetch_adapter) for name, folder in (lora or {}).items()]
         rank = max_lora_rank or max([a.rank for a in adapters], default=16)
         slots = attach(llm.model, max_loras or max(len(adapters), 1), rank)
         for adapter in adapters:

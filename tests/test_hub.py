@@ -141,3 +141,27 @@ def test_tokenizer_override(cache: Path, tmp_path: Path, offline) -> None:
     llm = nexttoken.load(tmp_path / "g" / "wide.gguf", tokenizer=DEFAULT_MODEL_DIR)
     assert llm.tokenizer.encode("Once upon a time") == Tokenizer.from_dir(DEFAULT_MODEL_DIR).encode("Once upon a time")
     assert llm.generate("Once upon a time", max_new_tokens=3, ignore_eos=True).token_ids
+
+
+def test_lora_adapters_given_as_hub_ids_resolve_from_the_cache(cache: Path, offline, tmp_path: Path) -> None:
+    """lora={name: "org/adapter"} (and the run-time load) reads a PEFT adapter from the Hub cache, as a folder
+    would be read; one not in the cache is named with the command that fetches it."""
+    pytest.importorskip("peft")
+    from test_lora import make_adapter
+
+    hf = build_hf_model("llama")
+    base = tmp_path / "base"
+    hf.save_pretrained(base)
+    adapter = make_adapter(hf, tmp_path / "adapter", seed=3, r=2, lora_alpha=4, target_modules=["q_proj", "down_proj"])
+    (adapter / "adapter_model.bin").write_bytes(b"a pickle nexttoken must never read")
+    _lay_out(cache, "tiny-org/tiny-lora", {f.name: f for f in adapter.iterdir()})
+    ids = [3, 9, 27, 4]
+    want = nexttoken.load(base, lora={"a": adapter}).generate(ids, max_new_tokens=6, ignore_eos=True,
+                                                              lora="a").token_ids
+    by_id = nexttoken.load(base, lora={"a": "tiny-org/tiny-lora"}, download_dir=cache)
+    assert by_id.generate(ids, max_new_tokens=6, ignore_eos=True, lora="a").token_ids == want
+    plain = nexttoken.load(base, max_loras=2).generate(ids, max_new_tokens=6, ignore_eos=True).token_ids
+    assert want != plain  # the adapter changes the tokens, so the equality above says it was applied
+    with pytest.raises(MissingFileError) as e:
+        nexttoken.load(base, lora={"b": "tiny-org/no-such-lora"}, download_dir=cache)
+    assert "tiny-org/no-such-lora" in str(e.value) and "hf download tiny-org/no-such-lora" in str(e.value)

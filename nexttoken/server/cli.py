@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 
@@ -273,11 +274,13 @@ def _raise_open_files_limit(max_connections: int) -> None:
 def _attach_adapters(model, args: argparse.Namespace) -> None:  # noqa: ANN001
     """The model's adapter slots and the --lora-modules read into them; a bad adapter stops the server here."""
     from ..model.lora import attach, parse_modules, read_adapter
+    from ..model.weights.hub import resolve_adapter
 
+    fetch = functools.partial(resolve_adapter, download_dir=args.download_dir)  # a module given as a Hub id
     modules = parse_modules(args.lora_modules)
     slots = attach(model, args.max_loras or max(len(modules), 1), args.max_lora_rank)
     for name, path in modules.items():
-        slots.add(read_adapter(name, path, model.config, args.max_lora_rank))
+        slots.add(read_adapter(name, path, model.config, args.max_lora_rank, fetch))
 
 
 def _stop_now(message: str) -> None:

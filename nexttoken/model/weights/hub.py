@@ -6,6 +6,8 @@
     org/name                  a Hub repository: config, safetensors, tokenizer and chat-template files
     org/name:Q4_K_M           the repository's GGUF file of that quantization (as Ollama and llama.cpp's -hf do)
     org/name + gguf_file=F    that GGUF file of the repository
+
+A LoRA adapter given as a Hub id (resolve_adapter) is fetched the same way: its PEFT config and safetensors only.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ FOLDER_FILES = ["config.json", "generation_config.json", "*.safetensors", "model
                 "chat_template.json", "additional_chat_templates/*.jinja"]
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "chat_template.json", "additional_chat_templates/*.jinja"]
+ADAPTER_FILES = ["adapter_config.json", "adapter_model.safetensors"]  # PEFT's save_pretrained, never adapter_model.bin
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -70,6 +73,16 @@ def resolve_model(model: str | Path, revision: str | None = None, download_dir: 
             raise MissingFileError(f"{repo} (in {folder}) has {what}; name one with --gguf-file FILE")
         return ModelSource(found[0], found[0].stem)
     return ModelSource(_snapshot(repo, revision, download_dir, files or FOLDER_FILES), repo)
+
+
+def resolve_adapter(source: str, revision: str | None = None, download_dir: str | Path | None = None) -> Path:
+    """The folder of a LoRA adapter named by a Hub id (org/name), from the Hub cache (downloaded when allowed):
+    lora/adapter.py's `read_adapter(..., resolve=)` calls it for a source that is not a local folder."""
+    text = str(source)
+    if not _REPO_ID.match(text) or text.startswith((".", "/", "~")):
+        raise MissingFileError(f"LoRA adapter folder {source} does not exist (and {text!r} is not a Hugging Face Hub "
+                               "id like org/name); give the folder PEFT's save_pretrained wrote, or a Hub id")
+    return _snapshot(text, revision, download_dir, ADAPTER_FILES)
 
 
 def _any_case(tag: str) -> str:

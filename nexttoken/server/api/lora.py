@@ -11,13 +11,15 @@ from fastapi.responses import Response
 
 from ...errors import NextTokenError, UnknownLoraError
 from ...model.lora import Resolver, read_adapter
+from ...model.weights.hub import resolve_adapter
 from ..http.errors import APIError, bad_request
 from ..openai.protocol import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
 from .serving import Serving, parse_body
 
 
 class LoraAdapters(Serving):
-    resolve: Resolver | None = None  # how a lora_path that is not a folder is fetched (a Hub id); None: folders
+    # how a lora_path that is not a folder is fetched: a Hub id, from the Hub cache (downloaded when allowed)
+    resolve: Resolver | None = staticmethod(resolve_adapter)
 
     async def load(self, request: Request) -> Response:
         req: LoadLoraAdapterRequest = parse_body(LoadLoraAdapterRequest, await request.body())
