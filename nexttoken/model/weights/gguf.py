@@ -1,6 +1,7 @@
 """Reading a GGUF file (llama.cpp's format, from llama.cpp, Ollama, LM Studio, GGUF-my-repo) into our Transformer.
 
-The file is read with the `gguf` package (ggml's own reader and dequantizer). Its metadata becomes the
+The file's header is read by gguf_reader.py (one pass; the `gguf` package's reader for big-endian files), its
+tensors dequantized by the `gguf` package (ggml's own dequantizer). Its metadata becomes the
 transformers-style config dict that `ModelConfig.from_dict` validates (so a GGUF model and the same model's folder
 make one `ModelConfig`); its tensors are dequantized into the requested dtype and renamed to the Hugging Face
 checkpoint names, so `loader.py`'s shape checks and fusing apply unchanged. What llama.cpp's converter changed is
@@ -11,6 +12,7 @@ experts stacked in one tensor per projection.
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ import torch
 from ...config import ModelConfig
 from ...errors import MissingFileError, ModelLoadError
 from ..llama import Transformer
+from .gguf_reader import BigEndian, read_gguf
 from .loader import _expected_shapes as expected_shapes, build_model, resolve_dtype
 
 # Weight types llama-quantize and GGUF-my-repo write for the families we run; dequantized by `gguf.quants`.
@@ -71,21 +74,20 @@ def open_gguf(path: str | Path) -> GGUFFile:
         raise ModelLoadError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); "
                              "pass a .gguf written by llama.cpp, or a Hugging Face model folder")
     try:
-        reader = GGUFReader(str(path))
-    except (ValueError, IndexError, KeyError, OSError, EOFError, TypeError, OverflowError) as e:
+        try:
+            metadata, tensors = read_gguf(path)  # a one-pass header reader: GGUFReader takes seconds on a vocabulary
+        except BigEndian:
+            reader = GGUFReader(str(path), mode="c")  # copy-on-write: writable views, the file untouched
+            metadata = {key: field.contents() for key, field in reader.fields.items()}
+            tensors = reader.tensors
+    except (ValueError, IndexError, KeyError, OSError, EOFError, TypeError, OverflowError, struct.error) as e:
         raise ModelLoadError(f"{path} is a damaged or truncated GGUF file ({type(e).__name__}: {e}); "
                              "download it again") from e
-    metadata: dict[str, Any] = {}
-    try:
-        for key, field in reader.fields.items():
-            metadata[key] = field.contents()
-    except (ValueError, IndexError, UnicodeDecodeError) as e:
-        raise ModelLoadError(f"{path}: the metadata of this GGUF file cannot be read ({e}); download it again") from e
     if int(metadata.get("split.count", 1) or 1) > 1:
         raise ModelLoadError(f"{path} is part {int(metadata.get('split.no', 0)) + 1} of a GGUF split into "
                              f"{metadata['split.count']} files; merge them first with llama.cpp's "
                              "`llama-gguf-split --merge FIRST.gguf OUT.gguf`")
-    return GGUFFile(path, metadata, {t.name: t for t in reader.tensors})
+    return GGUFFile(path, metadata, {t.name: t for t in tensors})
 
 
 # ---- metadata -> config --------------------------------------------------------------------------------------

@@ -1,0 +1,61 @@
+"""model/weights/gguf_reader.py against the `gguf` package's GGUFReader on the same files: the real SmolLM2 file
+(a 49,152-token vocabulary) and tiny files of every kind of value and tensor GGUF holds. Same metadata values, same
+tensors (names, types, shapes, offsets, and data: dtype, shape and bytes of the views)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from nexttoken.errors import ModelLoadError  # noqa: E402
+from nexttoken.model.weights.gguf import open_gguf  # noqa: E402
+from nexttoken.model.weights.gguf_reader import read_gguf  # noqa: E402
+
+
+def _same_as_gguf(path: Path) -> None:
+    metadata, tensors = read_gguf(path)
+    reader = gguf.GGUFReader(str(path), mode="c")
+    assert metadata == {key: field.contents() for key, field in reader.fields.items()}
+    assert [t.name for t in tensors] == [t.name for t in reader.tensors]
+    for ours, theirs in zip(tensors, reader.tensors):
+        assert (ours.tensor_type, ours.n_elements, ours.n_bytes, ours.data_offset) == \
+            (theirs.tensor_type, theirs.n_elements, theirs.n_bytes, theirs.data_offset), ours.name
+        assert np.array_equal(ours.shape, theirs.shape)
+        assert ours.data.dtype == theirs.data.dtype and ours.data.shape == theirs.data.shape, ours.name
+        assert ours.data.tobytes() == theirs.data.tobytes(), ours.name
+
+
+def test_the_real_file_reads_as_the_gguf_package_reads_it(shared_dir: Path) -> None:
+    _same_as_gguf(shared_dir / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def test_every_value_and_tensor_kind(tmp_path: Path) -> None:
+    path = tmp_path / "kinds.gguf"
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_uint8("t.u8", 7), w.add_int8("t.i8", -7), w.add_uint16("t.u16", 700), w.add_int16("t.i16", -700)
+    w.add_uint32("t.u32", 70000), w.add_int32("t.i32", -70000), w.add_float32("t.f32", 0.5)
+    w.add_uint64("t.u64", 2**40), w.add_int64("t.i64", -(2**40)), w.add_float64("t.f64", 1e-300)
+    w.add_bool("t.bool", True), w.add_string("t.str", "ünïcödé ✓")
+    w.add_array("t.ints", [1, 2, 3]), w.add_array("t.floats", [0.25, -1.5]), w.add_array("t.strs", ["a", "", "b c"])
+    w.add_array("t.bools", [True, False])
+    rng = np.random.default_rng(0)
+    w.add_tensor("f32", rng.standard_normal((3, 64)).astype(np.float32))
+    w.add_tensor("f16", rng.standard_normal((2, 32)).astype(np.float16))
+    w.add_tensor("i32", np.arange(10, dtype=np.int32))
+    for kind in ("Q8_0", "Q4_0", "Q5_1", "BF16"):
+        qtype = gguf.GGMLQuantizationType[kind]
+        data = gguf.quants.quantize(rng.standard_normal((4, 64)).astype(np.float32), qtype)
+        w.add_tensor(kind.lower(), data, raw_dtype=qtype)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file()
+    w.close()
+    _same_as_gguf(path)
+    g = open_gguf(path)
+    assert g.metadata["t.strs"] == ["a", "", "b c"] and g.metadata["t.str"] == "ünïcödé ✓"
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[:200])  # inside the metadata
+    with pytest.raises(ModelLoadError, match="cut.gguf.*(truncated|damaged)"):
+        open_gguf(cut)
