@@ -177,7 +177,9 @@ def test_engine_rows_take_the_native_step_and_equal_the_modules_and_transformers
         want = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
                            pad_token_id=0)[0, len(prompt):].tolist()
         assert a.output_ids == b.output_ids == want
-        assert a.out.logprobs == pytest.approx(b.out.logprobs, abs=1e-5)
+        # float32 rounding of different sum orders over 12 steps (up to 5e-5 on Phi-3's scaled LongRoPE, Mixtral's
+        # experts); test_fused_families.py holds both to a float64 run of the modules
+        assert a.out.logprobs == pytest.approx(b.out.logprobs, abs=1e-4)
 
 
 @needs_kernel
