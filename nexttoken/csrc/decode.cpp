@@ -109,13 +109,13 @@ int64_t widest_mlp(const NtModel& m) {  // the widest gated MLP of any layer: de
 }
 
 struct Scratch {  // per calling thread, grown on demand and reused across steps
-  std::vector<float> h, h2, qkv, att, tmp, gu, act, cos, sin, cos_l, sin_l, moe_in, moe_out, moe_acc, route;
+  std::vector<float> h, qkv, att, tmp, gu, act, cos, sin, cos_l, sin_l, moe_in, moe_out, route;
   void fit(const NtModel& m, int64_t B) {
     const int64_t C = m.hidden, HD = m.n_heads * m.head_dim, I = widest_mlp(m);
-    grow(h, B * C), grow(h2, B * C), grow(tmp, B * C), grow(att, B * HD), grow(act, B * I), grow(gu, B * 2 * I);
+    grow(h, B * C), grow(tmp, B * C), grow(att, B * HD), grow(act, B * I), grow(gu, B * 2 * I);
     grow(qkv, B * (HD + 2 * m.n_kv_heads * m.head_dim)), grow(cos, B * m.head_dim), grow(sin, B * m.head_dim);
     grow(cos_l, B * m.head_dim), grow(sin_l, B * m.head_dim);
-    if (m.n_experts) grow(moe_in, B * C), grow(moe_out, B * C), grow(moe_acc, B * C), grow(route, B * (m.n_experts + 1));
+    if (m.n_experts) grow(moe_in, B * C), grow(moe_out, B * C), grow(route, B * m.n_experts);
   }
   static void grow(std::vector<float>& v, int64_t n) {
     if ((int64_t)v.size() < n) v.resize(n);
@@ -575,10 +575,11 @@ int nt_decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positio
   return decode_rows(m, x, B, positions, tables, table_stride, kv_lens, logits, false);
 }
 
-// One part of a step, for tensor-parallel ranks of Llama's plain block (model/fused.py), whose caller all-reduces the partial sums and
-// adds the residual between parts: part 0 is layer `layer`'s attention half, part 1 its MLP half (out: (B, C)
-// partial sums, x unchanged), part 2 the final norm and this rank's rows of the LM head (out: (B, vocab)). Rows as
-// in nt_decode_rows. Returns 0, or 1 for unsupported shapes.
+// One part of a step, for tensor-parallel ranks (model/fused.py), whose caller all-reduces the partial sums and
+// joins them to the residual between parts (post-norms, multipliers: fused._branch), and applies the embedding's
+// multipliers and the final soft-cap / scaling: part 0 is layer `layer`'s attention half, part 1 its MLP half
+// (out: (B, C) partial sums, x unchanged), part 2 the final norm and this rank's rows of the LM head
+// (out: (B, vocab)). Rows as in nt_decode_rows. Returns 0, or 1 for unsupported shapes.
 int nt_decode_part(const NtModel* m, int64_t layer, int64_t part, const float* x, int64_t B,
                    const int64_t* positions, const int64_t* tables, int64_t table_stride, const int64_t* kv_lens,
                    float* out) {
@@ -594,7 +595,7 @@ int nt_decode_part(const NtModel* m, int64_t layer, int64_t part, const float* x
   }
   if (part == 1) return mlp_half(m, L, x, B, out);
   if (part != 2) return 1;
-  rms_norm(x, m->final_norm, B, m->hidden, m->eps, s.h.data());
+  rms_norm(x, m->final_norm, B, m->hidden, m->eps, s.h.data(), m->flags & NT_PLUS_ONE);
   return linear(m->lm_head, s.h.data(), B, m->vocab, m->hidden, out);
 }
 }

@@ -77,8 +77,9 @@ class _Model(ctypes.Structure):
         ("flags", ctypes.c_int64), ("qk_norm", ctypes.c_int64)] + [(name, ctypes.c_double) for name in (
         "embed_mult", "embed_scale", "attn_scale", "attn_softcap", "residual", "final_softcap", "logits_scaling")] + [
         ("window", ctypes.c_int64), ("local_inv_freq", ctypes.c_void_p), ("long_inv_freq", ctypes.c_void_p),
-        ("rope_original_max", ctypes.c_int64), ("rope_scaling", ctypes.c_double)] + [(name, ctypes.c_int64) for name in (
-        "n_experts", "top_k", "norm_topk", "moe_intermediate", "shared_intermediate")]
+        ("rope_original_max", ctypes.c_int64), ("rope_scaling", ctypes.c_double)] + [
+        (name, ctypes.c_int64) for name in ("n_experts", "top_k", "norm_topk", "moe_intermediate",
+                                            "shared_intermediate")]
 
 
 # csrc/decode.cpp's NtModel.flags
@@ -189,16 +190,16 @@ class _Plan:
         if type(model.norm) is not RMSNorm or cfg.head_dim > 512 or cfg.hidden_act not in _ACTIVATIONS:
             return
         sharded = _sharded(model)
-        if sharded and not cfg.plain:  # a rank's parts are Llama's block (nt_decode_part); other families: modules
-            return
         layers, self.experts = [], []  # experts: each MoE layer's (E,) _Expert array, kept alive with the plan
         for i, block in enumerate(model.layers):
-            layer = self._layer(block, cache, i)
+            layer = self._layer(block, cache, i, sharded)
             if layer is None:
                 return
             layers.append(layer)
             # a rank's row-parallel o / down add their bias once, after the all-reduce (None in one process)
-            self.biases.append((block.attention.wo.bias, block.mlp.w2.bias) if sharded else (None, None))
+            dense = type(block.mlp) is MLP  # a MoE's experts have no bias (nor an all-reduce of their own)
+            self.biases.append((block.attention.wo.bias, block.mlp.w2.bias if dense else None) if sharded
+                               else (None, None))
         head = _linear(_local(model.lm_head))
         if head is None:
             return
@@ -231,7 +232,7 @@ class _Plan:
         self.no_window.window = 0
         self.ok = True
 
-    def _layer(self, block: torch.nn.Module, cache: KVCache, i: int) -> _Layer | None:
+    def _layer(self, block: torch.nn.Module, cache: KVCache, i: int, sharded: bool) -> _Layer | None:
         """Block i as csrc/decode.cpp's NtLayer, or None where it holds a part the native step does not compute."""
         att, mlp = block.attention, block.mlp
         if (type(block), type(att), type(block.attention_norm), type(block.ffn_norm)) != (Block, Attention, RMSNorm,
@@ -245,7 +246,7 @@ class _Plan:
         moe = dict(router=_Linear(None, 0, None, None), experts=None, shared=_Expert(), shared_gate=_Linear())
         if type(mlp) is MLP:
             linears += [_linear(_local(mlp.w13)), _linear(_local(mlp.w2))]
-        elif type(mlp) is MoE and mlp.reduce is None:
+        elif type(mlp) is MoE and (mlp.reduce is None) != sharded:  # a rank: _rank_step all-reduces its sum
             linears += [_Linear(), _Linear()]  # no dense MLP: the experts'
             experts = [_expert(e) for e in mlp.experts]
             shared = None if mlp.shared is None else _expert(mlp.shared)
@@ -359,8 +360,11 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardB
     x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
     B = x.shape[0]
     if _sharded(model):
+        if _longrope_straddles(model, positions):
+            return None  # a rank's parts choose LongRoPE's set row by row; this forward's rows choose by their max
         slots = torch.arange(B, dtype=torch.int64)
-        return _rank_step(plan, model, x, positions, (slots, 1), torch.full((B,), batch.kv_len, dtype=torch.int64))
+        return _rank_step(plan, description, model, x, positions, (slots, 1),
+                          torch.full((B,), batch.kv_len, dtype=torch.int64))
     logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
     rc = kernels.library().nt_decode_step(
         ctypes.byref(description), x.data_ptr(), B, positions.data_ptr(), batch.write_start, batch.kv_len,
@@ -421,7 +425,7 @@ def decode_rows(plan: RowsPlan, model: torch.nn.Module, input_ids: torch.Tensor,
     stride = tables.shape[1] if tables.dim() == 2 else 1
     positions, tables, kv_lens = (t.reshape(-1).to(torch.int64).contiguous() for t in (positions, tables, kv_lens))
     if _sharded(model):
-        return _rank_step(plan, model, x, positions, (tables, stride), kv_lens)
+        return _rank_step(plan, plan.model, model, x, positions, (tables, stride), kv_lens)
     logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
     rc = kernels.library().nt_decode_rows(
         ctypes.byref(plan.model), x.data_ptr(), B, positions.data_ptr(), tables.data_ptr(), stride,
@@ -430,26 +434,55 @@ def decode_rows(plan: RowsPlan, model: torch.nn.Module, input_ids: torch.Tensor,
     return logits if rc == 0 else None
 
 
-def _rank_step(plan: _Plan, model: torch.nn.Module, x: torch.Tensor, positions: torch.Tensor,
+def _rank_step(plan: _Plan, description: _Model, model: torch.nn.Module, x: torch.Tensor, positions: torch.Tensor,
                tables: tuple[torch.Tensor, int], kv_lens: torch.Tensor) -> torch.Tensor:
     """(B, V) logits of a tensor-parallel rank's step, rows as in decode_rows: x (B, C) is the all-reduced
     embedding. Every rank calls this in the same step, so each part's all-reduce meets the other ranks' (the same
     collectives, in the same order, as the modules' step). A refused part raises: every rank has the same rows and
-    shapes, so every rank raises at the same part."""
-    lib, ranks = kernels.library(), model.parallel.ranks
+    shapes, so every rank raises at the same part. What Block and Transformer do around the all-reduced sums (the
+    embedding's multipliers, the branch's post-norm or multiplier, the final soft-cap and scaling) runs here, with
+    the modules' own operations."""
+    lib, ranks, cfg = kernels.library(), model.parallel.ranks, model.config
     B = x.shape[0]
+    if cfg.embedding_multiplier != 1.0:  # _trunk's order
+        x = x * cfg.embedding_multiplier
+    if cfg.embed_scale is not None:
+        x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
     ptrs = (positions.data_ptr(), tables[0].data_ptr(), tables[1], kv_lens.data_ptr())
-    part = torch.empty_like(x)  # (B, C) this rank's partial sum of one o or down projection
-    for layer, biases in enumerate(plan.biases):
+    part = torch.empty_like(x)  # (B, C) this rank's partial sum of one o or down projection (or experts' sum)
+    for layer, (block, biases) in enumerate(zip(model.layers, plan.biases)):
         for half, bias in enumerate(biases):
-            if lib.nt_decode_part(ctypes.byref(plan.model), layer, half, x.data_ptr(), B, *ptrs, part.data_ptr()):
+            if lib.nt_decode_part(ctypes.byref(description), layer, half, x.data_ptr(), B, *ptrs, part.data_ptr()):
                 raise RuntimeError(f"the native step refused layer {layer} of this rank's step")
             y = ranks.all_reduce(part)
-            x += y if bias is None else y + bias  # the residual, as Block adds RowParallel's output
+            if bias is not None:  # RowParallel's bias, once after the all-reduce
+                y = y + bias
+            x += _branch(block, half, y)  # the residual, as Block adds the branch
     local = torch.empty((B, plan.model.vocab), dtype=torch.float32)  # this rank's rows of the head (padded)
-    if lib.nt_decode_part(ctypes.byref(plan.model), 0, 2, x.data_ptr(), B, *ptrs, local.data_ptr()):
+    if lib.nt_decode_part(ctypes.byref(description), 0, 2, x.data_ptr(), B, *ptrs, local.data_ptr()):
         raise RuntimeError("the native step refused the LM head of this rank's step")
-    return ranks.all_gather_last(local)[:, : model.config.vocab_size]
+    logits = ranks.all_gather_last(local)[:, : cfg.vocab_size]
+    if cfg.final_logit_softcapping is not None:  # Transformer._forward's order
+        logits = torch.tanh(logits / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
+    return logits / cfg.logits_scaling if cfg.logits_scaling != 1.0 else logits
+
+
+def _branch(block: torch.nn.Module, half: int, y: torch.Tensor) -> torch.Tensor:
+    """A branch's all-reduced output (half 0 attention, 1 MLP) as Block adds it to the residual: Gemma's post-norm,
+    OLMo 2's norm after, Granite's multiplier, or as it is."""
+    if block.sandwich:
+        return (block.attention_post_norm, block.ffn_post_norm)[half](y)
+    if block.norm_after:
+        return (block.attention_norm, block.ffn_norm)[half](y)
+    return y * block.residual if block.residual != 1.0 else y
+
+
+def _longrope_straddles(model: torch.nn.Module, positions: torch.Tensor) -> bool:
+    """Whether LongRoPE's per-forward choice (by the furthest row) differs from some row's own choice."""
+    if model.__dict__.get("long_inv_freq") is None:
+        return False
+    limit = model.config.rope.original_max_position_embeddings
+    return bool(int(positions.max()) + 1 > limit >= int(positions.min()) + 1)
 
 
 def _plan(model: torch.nn.Module, cache: KVCache) -> _Plan:
