@@ -129,3 +129,40 @@ def test_longrope_rows_choose_their_frequencies_one_by_one_in_the_engine(tmp_pat
     for a, b in zip(together, alone):
         assert a.output_ids == b.output_ids
         assert a.out.logprobs == pytest.approx(b.out.logprobs, abs=1e-4)
+
+
+@pytest.mark.parametrize("name", ["gemma2-softcap-sliding", "mixtral-moe"])
+def test_engine_int8_kv_pool_with_a_window_takes_the_native_step(name, folders, monkeypatch) -> None:
+    """The engine's native rows on an int8 KV pool (per token and head scales), past the sliding window (5 / 6
+    columns), with Gemma 2's soft-caps or Mixtral's experts: every decode row native, and the modules' tokens."""
+    from nexttoken.engine import EngineConfig, LLMEngine
+    from nexttoken.generation.config import GenerationConfig
+
+    model = load_model(folders(name))
+    prompts = [[1, 5, 17, 33, 9, 60], [1, 40], [1, 90, 3, 3, 8, 12, 7, 7, 7, 70, 71]]
+
+    def run() -> list:  # noqa: ANN202
+        engine = LLMEngine(model, None, EngineConfig(max_num_seqs=4, max_model_len=64, chunk_size=8,
+                                                     enable_prefix_caching=False, kv_cache_dtype="int8"))
+        seqs = [engine.add_request(p, GenerationConfig(max_new_tokens=12, eos_token_id=None, top_k=None))
+                for p in prompts]
+        while engine.has_unfinished():
+            engine.step()
+        return seqs
+
+    rows: list[bool] = []
+    real = fused.decode_rows
+
+    def counted(*args):  # noqa: ANN002, ANN202
+        out = real(*args)
+        rows.append(out is not None)
+        return out
+
+    monkeypatch.setattr(fused, "decode_rows", counted)
+    native = run()
+    assert rows and all(rows)
+    with fused.disabled():
+        modules = run()
+    for a, b in zip(native, modules):
+        assert a.output_ids == b.output_ids
+        assert a.out.logprobs == pytest.approx(b.out.logprobs, abs=1e-4)
