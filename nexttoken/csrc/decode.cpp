@@ -37,6 +37,12 @@ struct NtLinear {
   const float* bias;   // (out,) or NULL
 };
 
+struct NtLora {         // one matrix's LoRA adapters (model/lora/layers.py's LoraLinear), applied per row
+  const float* A;       // (slots, R, in) float32; NULL: no adapters on this matrix
+  const float* Bt;      // (slots, R, out) float32: B transposed
+  int64_t rank;         // R: the stack's padded width (zeros past an adapter's own rank)
+};
+
 struct NtExpert {  // one gated MLP of a mixture of experts
   NtLinear w13;     // (2*I, C): gate then up
   NtLinear w2;      // (C, I)
@@ -63,6 +69,7 @@ struct NtLayer {
   const NtExpert* experts;      // (E,) the experts' gated MLPs
   NtExpert shared;              // Qwen2-MoE's always-on expert (w13.weight NULL: none)
   NtLinear shared_gate;         // its (1, C) sigmoid gate
+  NtLora lora_qkv, lora_o, lora_w13, lora_w2;  // LoRA stacks of the four matrices (A NULL: none)
 };
 
 struct NtModel {
@@ -94,6 +101,7 @@ struct NtModel {
   double rope_scaling;          // cos and sin times this (LongRoPE's attention factor; 1.0: none)
   int64_t n_experts, top_k, norm_topk;        // MoE layers: route each row to top_k of n_experts (renormalised)
   int64_t moe_intermediate, shared_intermediate;  // an expert's width, the shared expert's (0: none)
+  const int64_t* lora_slots;  // (B,) this call's adapter slot per row (-1: the base alone); NULL: no adapters
 };
 
 enum : int64_t { NT_PLUS_ONE = 1, NT_SANDWICH = 2, NT_NORM_AFTER = 4, NT_GELU = 8 };
@@ -127,6 +135,36 @@ thread_local std::vector<float> scores;  // one head's attention scores, per Ope
 
 int linear(const NtLinear& l, const float* x, int64_t B, int64_t N, int64_t K, float* y) {
   return nt_linear(l.weight, (int)l.kind, x, l.bias, l.scale, B, N, K, y, 0);
+}
+
+// y (B, N) += each row's adapter product (x[b] @ A[slot]^T) @ Bt[slot] (x (B, K)), as LoraLinear adds it: the
+// low-rank product in float32, then added to the base product; rows with slot -1 (or no slots) unchanged.
+TARGET void add_lora(const NtLora& lora, const int64_t* slots, const float* x, int64_t B, int64_t K, int64_t N,
+                     float* y) {
+  if (!lora.A || !slots) return;
+  const int64_t R = lora.rank;
+  thread_local std::vector<float> t, d;
+  Scratch::grow(t, R), Scratch::grow(d, N);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t slot = slots[b];
+    if (slot < 0) continue;
+    const float *xr = x + b * K, *A = lora.A + slot * R * K, *Bt = lora.Bt + slot * R * N;
+    for (int64_t r = 0; r < R; ++r) {  // (R,) = A x
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t k = 0; k < K; k += 16) {
+        const __mmask16 m = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, xr + k), _mm512_maskz_loadu_ps(m, A + r * K + k), acc);
+      }
+      t[r] = _mm512_reduce_add_ps(acc);
+    }
+    for (int64_t n = 0; n < N; ++n) d[n] = 0.f;
+    for (int64_t r = 0; r < R; ++r) {  // (N,) = t @ Bt, rank by rank
+      const float tr = t[r], *row = Bt + r * N;
+      if (tr == 0.f) continue;  // a padded rank (zeros in A) adds nothing
+      for (int64_t n = 0; n < N; ++n) d[n] = d[n] + tr * row[n];
+    }
+    for (int64_t n = 0; n < N; ++n) y[b * N + n] = y[b * N + n] + d[n];
+  }
 }
 
 // out = weight * (x * rsqrt(mean(x^2) + eps)), row by row (RMSNorm's order: normalise, then scale); plus_one:
@@ -308,6 +346,7 @@ int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B
   const bool norm_first = !(m->flags & NT_NORM_AFTER);
   if (norm_first) rms_norm(x, L.attn_norm, B, C, m->eps, h, m->flags & NT_PLUS_ONE);
   if (linear(L.qkv, norm_first ? h : x, B, NQKV, C, qkv)) return 1;
+  add_lora(L.lora_qkv, m->lora_slots, norm_first ? h : x, B, C, NQKV, qkv);
   for (int64_t b = 0; b < B; ++b) {
     float* row = qkv + b * NQKV;
     qk_norms(m, L, row);
@@ -339,17 +378,20 @@ int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B
            m->kv_kind == 2 ? L.v_scale : nullptr, pages, first, kv_lens[b], D, how, scores.data(),
            att + b * HD + head * D);
   }
-  return linear(L.o, att, B, C, HD, out);
+  if (linear(L.o, att, B, C, HD, out)) return 1;
+  add_lora(L.lora_o, m->lora_slots, att, B, HD, C, out);
+  return 0;
 }
 
 // One gated MLP on n rows: out (n, C) = w2(act(gate(x)) * up(x)), act SiLU or GeGLU's tanh-approximated GELU (in
 // PyTorch's order: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))).
 TARGET int gated_mlp(const NtModel* m, const NtLinear& w13, const NtLinear& w2, int64_t I, const float* x, int64_t n,
-                     float* out) {
+                     float* out, const NtLayer* lora = nullptr) {
   const int64_t C = m->hidden;
   Scratch& s = scratch;
   float *gu = s.gu.data(), *act = s.act.data();
   if (linear(w13, x, n, 2 * I, C, gu)) return 1;
+  if (lora) add_lora(lora->lora_w13, m->lora_slots, x, n, C, 2 * I, gu);
   const bool gelu = m->flags & NT_GELU;
   const float beta = (float)(M_SQRT2 * M_2_SQRTPI * 0.5), kappa = 0.044715f;
   for (int64_t b = 0; b < n; ++b) {
@@ -363,7 +405,9 @@ TARGET int gated_mlp(const NtModel* m, const NtLinear& w13, const NtLinear& w2, 
       for (int64_t i = 0; i < I; ++i) act[b * I + i] = g[i] / (1.f + expf(-g[i])) * u[i];
     }
   }
-  return linear(w2, act, n, C, I, out);
+  if (linear(w2, act, n, C, I, out)) return 1;
+  if (lora) add_lora(lora->lora_w2, m->lora_slots, act, n, I, C, out);
+  return 0;
 }
 
 // A mixture-of-experts MLP on h (B, C), as model/moe.py computes it: router logits, softmax in float32, the top k
@@ -433,7 +477,7 @@ int mlp_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B, floa
     in = scratch.h.data();
   }
   if (L.router.weight) return moe_half(m, L, in, B, out);
-  return gated_mlp(m, L.w13, L.w2, m->intermediate, in, B, out);
+  return gated_mlp(m, L.w13, L.w2, m->intermediate, in, B, out, &L);  // the dense MLP's rows are the step's rows
 }
 
 // x += branch, the way Block joins a branch's output (B, C) to the residual: Gemma's post-norm of the branch,

@@ -54,6 +54,10 @@ class _Linear(ctypes.Structure):
                 ("bias", ctypes.c_void_p)]
 
 
+class _Lora(ctypes.Structure):
+    _fields_ = [("A", ctypes.c_void_p), ("Bt", ctypes.c_void_p), ("rank", ctypes.c_int64)]
+
+
 class _Expert(ctypes.Structure):
     _fields_ = [("w13", _Linear), ("w2", _Linear)]
 
@@ -64,7 +68,8 @@ class _Layer(ctypes.Structure):
                 ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p),
                 ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("attn_post_norm", ctypes.c_void_p),
                 ("ffn_post_norm", ctypes.c_void_p), ("sliding", ctypes.c_int64), ("router", _Linear),
-                ("experts", ctypes.POINTER(_Expert)), ("shared", _Expert), ("shared_gate", _Linear)]
+                ("experts", ctypes.POINTER(_Expert)), ("shared", _Expert), ("shared_gate", _Linear),
+                ("lora_qkv", _Lora), ("lora_o", _Lora), ("lora_w13", _Lora), ("lora_w2", _Lora)]
 
 
 class _Model(ctypes.Structure):
@@ -79,7 +84,7 @@ class _Model(ctypes.Structure):
         ("window", ctypes.c_int64), ("local_inv_freq", ctypes.c_void_p), ("long_inv_freq", ctypes.c_void_p),
         ("rope_original_max", ctypes.c_int64), ("rope_scaling", ctypes.c_double)] + [
         (name, ctypes.c_int64) for name in ("n_experts", "top_k", "norm_topk", "moe_intermediate",
-                                            "shared_intermediate")]
+                                            "shared_intermediate")] + [("lora_slots", ctypes.c_void_p)]
 
 
 # csrc/decode.cpp's NtModel.flags
@@ -262,9 +267,31 @@ class _Plan:
             return None
         if any(lin is None for lin in linears):
             return None
+        loras = [_lora(m) for m in (att.wqkv, att.wo, getattr(mlp, "w13", None), getattr(mlp, "w2", None))]
         return _Layer(block.attention_norm.weight.data_ptr(), block.ffn_norm.weight.data_ptr(), *linears,
                       cache.k[i].data_ptr(), cache.v[i].data_ptr(), *_scales(cache, i),
-                      *[None if n is None else n.weight.data_ptr() for n in norms], int(att.sliding), **moe)
+                      *[None if n is None else n.weight.data_ptr() for n in norms], int(att.sliding), **moe,
+                      lora_qkv=loras[0], lora_o=loras[1], lora_w13=loras[2], lora_w2=loras[3])
+
+
+def _lora(module: torch.nn.Module | None) -> _Lora:
+    """A LoraLinear's adapter stacks (lora/layers.py: A (slots, R, in), B^T (slots, R, out), float32, written in
+    place when adapters load, so their addresses hold), or none."""
+    buffers = {} if module is None else module._buffers
+    A, Bt = buffers.get("lora_A"), buffers.get("lora_Bt")
+    if A is None or Bt is None:
+        return _Lora()
+    return _Lora(A.data_ptr(), Bt.data_ptr(), A.shape[1])
+
+
+def _with_slots(description: "_Model", slots: torch.Tensor | None) -> "_Model":
+    """The description for one call whose rows apply the adapter slots `slots` ((B,) int64, kept alive by the
+    caller; -1: the base alone), or the description itself when no row has one."""
+    if slots is None:
+        return description
+    one = _Model.from_buffer_copy(description)
+    one.lora_slots = slots.data_ptr()
+    return one
 
 
 _ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the gates csrc/decode.cpp computes (layers.activation's)
@@ -309,7 +336,7 @@ def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch
         and input_ids.shape[1] == 1
         and input_ids.shape[0] <= kernels.MAX_ROWS
         and batch.last_only
-        and batch.lora is None  # rows with adapters run the modules (model/lora/layers.py adds their products)
+        and (batch.lora is None or not _sharded(model))  # the native step adds each row's adapter products
         and (batch.mask is None or batch.window_only)  # the native step computes a sliding window itself
         and batch.write_start == batch.kv_len - 1
         and input_ids.device.type == "cpu"
@@ -348,7 +375,8 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardB
     if not plan.ok:
         return None
     positions = batch.positions.reshape(-1).to(torch.int64).contiguous()  # (B,)
-    description = plan.model if batch.window_only else plan.no_window
+    slots = None if batch.lora is None else batch.lora.reshape(-1).to(torch.int64).contiguous()  # (B,)
+    description = _with_slots(plan.model if batch.window_only else plan.no_window, slots)
     if _reads_table(plan, model):  # no embedding operations here
         ids = input_ids.reshape(-1).to(torch.int64).contiguous()  # (B,)
         logits = torch.empty((ids.shape[0], model.config.vocab_size), dtype=torch.float32)
@@ -412,12 +440,13 @@ def rows_plan(model: torch.nn.Module, cache: KVCache) -> RowsPlan | None:
 
 
 def decode_rows(plan: RowsPlan, model: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
-                tables: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor | None:
+                tables: torch.Tensor, kv_lens: torch.Tensor, lora: torch.Tensor | None = None) -> torch.Tensor | None:
     """(B, V) float32 logits for B rows that each own cache blocks: row b's new token (input_ids (B, 1)) at
     rotary position positions[b] writes its K/V at column kv_lens[b] - 1 and attends over its first kv_lens[b]
     columns. `tables` (B, W): row b's column s lives in cache block tables[b, s // block_size] (a paged pool,
-    model/cache.py's PagedKVCache); or (B,): row b owns slot tables[b] of a slot cache. `plan` comes from rows_plan
-    for this step. None when the native step fails."""
+    model/cache.py's PagedKVCache); or (B,): row b owns slot tables[b] of a slot cache. `lora` (B,): the adapter
+    slot each row applies (-1: the base alone; None: no row has one). `plan` comes from rows_plan for this step.
+    None when the native step fails."""
     if input_ids.shape[0] > kernels.MAX_ROWS:
         return None
     x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
@@ -425,10 +454,13 @@ def decode_rows(plan: RowsPlan, model: torch.nn.Module, input_ids: torch.Tensor,
     stride = tables.shape[1] if tables.dim() == 2 else 1
     positions, tables, kv_lens = (t.reshape(-1).to(torch.int64).contiguous() for t in (positions, tables, kv_lens))
     if _sharded(model):
+        if lora is not None:
+            return None  # adapters are refused on tensor-parallel models (lora.attach)
         return _rank_step(plan, plan.model, model, x, positions, (tables, stride), kv_lens)
+    slots = None if lora is None else lora.reshape(-1).to(torch.int64).contiguous()  # (B,)
     logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
     rc = kernels.library().nt_decode_rows(
-        ctypes.byref(plan.model), x.data_ptr(), B, positions.data_ptr(), tables.data_ptr(), stride,
+        ctypes.byref(_with_slots(plan.model, slots)), x.data_ptr(), B, positions.data_ptr(), tables.data_ptr(), stride,
         kv_lens.data_ptr(), logits.data_ptr(),
     )
     return logits if rc == 0 else None
