@@ -1,18 +1,22 @@
-"""A whole decode step in one native call (csrc/decode.cpp): the fast path for small float32 models.
+"""A whole decode step in one native call (csrc/decode.cpp): the fast path for float32-activation models on CPU.
 
 A plain decode step of the PyTorch modules is ~280 small operations; for a 15M-parameter model their dispatch
 costs about as much as streaming the weights. `decode_step` instead hands the embedded tokens, the weights and
 the KV cache to one C++ function that runs every layer, the final norm and the LM head, and returns the logits.
 
-It takes only what it computes exactly like the modules: float32 activations on CPU, one new token per row at
-the last cache column with every column visible (no padding, no sliding window in reach), weights that are plain
-`Linear` or `Int8Linear` layers of the stock blocks. Everything else returns None and runs the modules, which
-are the reference the tests hold this path to (same tokens; logits within float32 rounding).
+It takes what it computes exactly like the modules: float32 activations on CPU, one new token per row at the
+last cache column with every column visible (no padding) but for the sliding layers' window, which the native
+attention computes itself, weights that are `Linear`, `BF16Linear`, `Int8Linear` or `Int4Linear` layers of the
+stock blocks. Every family's block is a set of switches there (q/k norms, Gemma's (1 + w) sandwich norms, OLMo 2's
+norms after each branch, Granite's multipliers, GeGLU, soft-caps, local RoPE, LongRoPE, MoE experts), and LoRA
+rows add their adapter's products. Everything else returns None and runs the modules, which are the reference the
+tests hold this path to (same tokens; logits within float32 rounding).
 
 A tensor-parallel rank (model/parallel.py) needs an all-reduce after every o and down projection, so it runs the
 same native code a part at a time (csrc/decode.cpp's nt_decode_part): per layer, the attention half and the MLP
-half each return this rank's partial sum, which Python all-reduces and adds to the residual; then the final norm
-and this rank's rows of the LM head, all-gathered. The same operations as the rank's modules, in their order.
+half each return this rank's partial sum, which Python all-reduces and joins to the residual (with the branch's
+post-norm or multiplier); then the final norm and this rank's rows of the LM head, all-gathered. The same
+operations as the rank's modules, in their order.
 """
 
 from __future__ import annotations
