@@ -88,7 +88,7 @@ def step_logits(model, rows: int = 2) -> torch.Tensor:  # noqa: ANN001
 
 @needs_kernel
 def test_step_logits_match_the_modules_within_float32_rounding(variant) -> None:
-    name, _, model = variant
+    _, _, model = variant
     with fused.disabled():
         reference = step_logits(model)
     got = step_logits(model)

@@ -288,7 +288,7 @@ def _lora(module: torch.nn.Module | None) -> _Lora:
     return _Lora(A.data_ptr(), Bt.data_ptr(), A.shape[1])
 
 
-def _with_slots(description: "_Model", slots: torch.Tensor | None) -> "_Model":
+def _with_slots(description: _Model, slots: torch.Tensor | None) -> _Model:
     """The description for one call whose rows apply the adapter slots `slots` ((B,) int64, kept alive by the
     caller; -1: the base alone), or the description itself when no row has one."""
     if slots is None:
