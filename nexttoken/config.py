@@ -108,8 +108,8 @@ class ModelConfig:
 
     @property
     def plain(self) -> bool:
-        """Llama's block exactly (what the fused native decode step computes): no q/k norms, norms before the
-        attention and the MLP, no multipliers, SiLU, no soft-capping, a dense MLP."""
+        """Llama's block exactly: no q/k norms, norms before the attention and the MLP, no multipliers, SiLU, no
+        soft-capping, a dense MLP (the fused native step computes this and every other family's block)."""
         return (self.qk_norm is None and not self.norm_after and self.embedding_multiplier == 1.0
                 and self.attention_multiplier is None and self.residual_multiplier == 1.0 and self.logits_scaling == 1.0
                 and self.hidden_act == "silu" and not self.norm_plus_one and not self.sandwich_norm

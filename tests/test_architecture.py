@@ -100,7 +100,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "quant": {"kernels", "linear", "memory"},
         "lora": {"quant"},  # PEFT adapters: read onto the fused matrices, applied per row, merged
         "layers": {"batch", "cache", "linear", "moe", "rope"},
-        "fused": {"batch", "cache", "kernels", "layers", "linear", "quant"},
+        "fused": {"batch", "cache", "kernels", "layers", "linear", "moe", "quant"},
         "llama": {"batch", "cache", "fused", "layers", "linear", "rope"},
         "parallel": {"linear", "memory", "moe", "quant"},
         "weights": {"llama", "memory", "moe", "parallel"},

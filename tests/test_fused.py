@@ -13,10 +13,8 @@ from tiny_models import VARIANTS, save_variant
 # Only the tests that compare against the native step need it; the others hold with or without it.
 needs_kernel = pytest.mark.skipif(not kernels.available(), reason="native kernel unavailable (no g++ or no AVX-512)")
 
-# Variants the native step does not cover (a sliding window; Qwen3's q/k norms): they run the modules.
-MODULES_ONLY = {"mistral-sliding", "qwen3-qk-norm", "olmo2-post-norm", "granite-multipliers", "gemma2-softcap-sliding",
-                "gemma3-local-global-rope", "mixtral-moe", "qwen2-moe-shared", "qwen3-moe-norm-topk", "phi3-longrope-short",
-                "phi3-longrope-long", "phi3-sliding-tied"}
+# Variants the native step does not cover: none (every family's block, windows and experts included, fuses).
+MODULES_ONLY: set[str] = set()
 
 # Unpadded prompts of one length: every decode step is a plain one, the case the fused step takes.
 PROMPTS = torch.tensor([[1, 5, 17, 33, 9, 60], [1, 40, 41, 42, 43, 44], [1, 90, 3, 3, 8, 12]])
@@ -75,25 +73,25 @@ def test_greedy_tokens_equal_transformers(variant) -> None:
 
 @torch.inference_mode()
 def step_logits(model, rows: int = 2) -> torch.Tensor:  # noqa: ANN001
-    """Logits of one plain decode step after a 6-token prefill (positions 0..5, new token at column 6)."""
+    """Logits of one plain decode step after a 6-token prefill (positions 0..5, new token at column 6): past the
+    sliding window (5) of the variants that have one."""
     P, S = 6, 12
+    window = model.config.sliding_window
     ids = torch.randint(5, model.config.vocab_size, (rows, P + 1), generator=torch.Generator().manual_seed(7))
     valid = torch.ones(rows, S, dtype=torch.bool)
     cache = model.new_cache(rows, S)
     cols = torch.arange(P).expand(rows, P)
-    model(ids[:, :P], ForwardBatch.build(cols, cols, valid, P, write_start=0), cache)
+    model(ids[:, :P], ForwardBatch.build(cols, cols, valid, P, window, write_start=0), cache)
     pos = torch.full((rows, 1), P)
-    return model(ids[:, P:], ForwardBatch.build(pos, pos, valid, P + 1, write_start=P), cache)
+    return model(ids[:, P:], ForwardBatch.build(pos, pos, valid, P + 1, window, write_start=P), cache)
 
 
 @needs_kernel
 def test_step_logits_match_the_modules_within_float32_rounding(variant) -> None:
-    name, _, model = variant
+    _, _, model = variant
     with fused.disabled():
         reference = step_logits(model)
     got = step_logits(model)
-    if name == "mistral-sliding":  # keeps the modules: the very same computation
-        assert torch.equal(got, reference)
     torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-5)
 
 
@@ -179,7 +177,9 @@ def test_engine_rows_take_the_native_step_and_equal_the_modules_and_transformers
         want = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
                            pad_token_id=0)[0, len(prompt):].tolist()
         assert a.output_ids == b.output_ids == want
-        assert a.out.logprobs == pytest.approx(b.out.logprobs, abs=1e-5)
+        # float32 rounding of different sum orders over 12 steps (up to 5e-5 on Phi-3's scaled LongRoPE, Mixtral's
+        # experts); test_fused_families.py holds both to a float64 run of the modules
+        assert a.out.logprobs == pytest.approx(b.out.logprobs, abs=1e-4)
 
 
 @needs_kernel

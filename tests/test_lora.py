@@ -267,3 +267,45 @@ def test_smollm2_adapters_match_peft_token_for_token(smollm2_dir: Path, tmp_path
     assert len({tuple(w) for w in want}) == 3
     merged = nexttoken.load(smollm2_dir, lora={"b": folders[1]}, merge=True)
     assert merged.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False).token_ids == want[1]
+
+
+@pytest.mark.parametrize("variant", ["llama-gqa", "qwen3-qk-norm"])
+def test_adapter_rows_take_the_native_step_and_equal_the_modules(family, variant: str, monkeypatch) -> None:
+    """The engine's native rows add each row's adapter products (csrc/decode.cpp's add_lora): three adapters and
+    the base in one batch run natively, and give the tokens and log-probs of the modules' per-row LoRA."""
+    if variant not in family:
+        pytest.skip(f"{variant} has no adapters in this module")
+    from nexttoken.model import fused, kernels
+
+    if not kernels.available():
+        pytest.skip("native kernel unavailable")
+    base, adapters = family[variant]
+    llm = nexttoken.load(base, lora={f"a{i}": a for i, a in enumerate(adapters)})
+    requests = [(p, name) for p in PROMPTS[:2] for name in ("a0", "a1", "a2", None)]
+    params = GenerationConfig(max_new_tokens=10, min_new_tokens=10, do_sample=False)
+
+    def run() -> list:  # noqa: ANN202
+        engine = _engine(llm)
+        seqs = [engine.add_request(p, params, lora=name) for p, name in requests]
+        while engine.has_unfinished():
+            engine.step()
+        return seqs
+
+    adapter_rows: list[int] = []
+    real = fused.decode_rows
+
+    def counted(*args):  # noqa: ANN002, ANN202
+        out = real(*args)
+        assert out is not None
+        if args[6] is not None:
+            adapter_rows.append(int((args[6] >= 0).sum()))
+        return out
+
+    monkeypatch.setattr(fused, "decode_rows", counted)
+    native = run()
+    assert sum(adapter_rows) >= 6 * 9  # every adapter row's decode steps ran natively
+    with fused.disabled():
+        modules = run()
+    for a, b in zip(native, modules):
+        assert a.output_ids == b.output_ids
+        assert a.out.logprobs == pytest.approx(b.out.logprobs, abs=1e-4)

@@ -1,12 +1,18 @@
-// One whole decode step of a Llama-family model in one call: every layer, the final norm and the LM head.
+// One whole decode step of a decoder in one call: every layer, the final norm and the LM head, for every family
+// nexttoken loads (Llama, Mistral, Qwen 2 / 3, OLMo 2, Granite, Gemma 2 / 3, Phi-3, the MoEs).
 //
 // For small models the weights stream in ~2 ms per token, while a step assembled from ~280 PyTorch operations
 // spends about as long again in dispatch and allocation. This file runs the step llama2.c's way: float32
 // activations in a few reused buffers, the matrix products through nt_linear (gemv.cpp, which splits them across
 // the OpenMP threads), and the small operations between them (RMSNorm, RoPE, the KV-cache write, attention,
-// SiLU) as plain loops. It applies to plain decode steps only (one new token per row, every cache column
-// visible, float32 activations); anything else takes the PyTorch path, which is the reference this is tested
-// against (same tokens, logits within float32 rounding).
+// SiLU) as plain loops. It applies to decode steps only (one new token per row, every cache column visible but
+// for the sliding layers' window, which is computed here, float32 activations); anything else takes the PyTorch
+// path, which is the reference this is tested against (same tokens, logits within float32 rounding).
+//
+// The families are switches on the one block (NtModel.flags and the fields after it): q/k norms before RoPE,
+// Gemma's (1 + w) norms around each branch, OLMo 2's norms after each branch, Granite's multipliers, GeGLU,
+// soft-caps, sliding-window layers with their own RoPE, LongRoPE, and mixture-of-experts MLPs that run only
+// the chosen experts' products.
 //
 // The arithmetic follows the PyTorch modules operation by operation (normalise then scale, rotate as
 // x*cos + roll(x)*signed_sin, softmax over scaled scores); it is built with -ffp-contract=off so the compiler
@@ -31,6 +37,17 @@ struct NtLinear {
   const float* bias;   // (out,) or NULL
 };
 
+struct NtLora {         // one matrix's LoRA adapters (model/lora/layers.py's LoraLinear), applied per row
+  const float* A;       // (slots, R, in) float32; NULL: no adapters on this matrix
+  const float* Bt;      // (slots, R, out) float32: B transposed
+  int64_t rank;         // R: the stack's padded width (zeros past an adapter's own rank)
+};
+
+struct NtExpert {  // one gated MLP of a mixture of experts
+  NtLinear w13;     // (2*I, C): gate then up
+  NtLinear w2;      // (C, I)
+};
+
 struct NtLayer {
   const float* attn_norm;  // (C,)
   const float* ffn_norm;   // (C,)
@@ -42,6 +59,17 @@ struct NtLayer {
   void* v_cache;           // and values; float32, or int8 (NtModel.kv_kind 2) with the scales below
   float* k_scale;          // int8: (N, Hkv, bs) one scale per token and head (absmax / 127); else NULL
   float* v_scale;
+  // The families' parts (model/layers.py); NULL / 0 where the block has none.
+  const float* q_norm;          // q's RMSNorm weight before RoPE: (D,) per head, or (H*D,) the whole projection
+  const float* k_norm;          // k's: (D,) or (Hkv*D,)
+  const float* attn_post_norm;  // Gemma's sandwich: the attention output's norm (C,) before the residual add
+  const float* ffn_post_norm;   // and the MLP output's
+  int64_t sliding;              // 1: this layer attends the last NtModel.window columns (with local_inv_freq's RoPE)
+  NtLinear router;              // a MoE layer: (E, C) float32 router (weight NULL: a dense MLP, w13 / w2 above)
+  const NtExpert* experts;      // (E,) the experts' gated MLPs
+  NtExpert shared;              // Qwen2-MoE's always-on expert (w13.weight NULL: none)
+  NtLinear shared_gate;         // its (1, C) sigmoid gate
+  NtLora lora_qkv, lora_o, lora_w13, lora_w2;  // LoRA stacks of the four matrices (A NULL: none)
 };
 
 struct NtModel {
@@ -55,18 +83,47 @@ struct NtModel {
   NtLinear lm_head;         // (V, C)
   const NtLayer* layers;
   int64_t kv_kind;  // the cache's elements: 0 float32, 2 int8 with per token and head scales
+  // The families' switches (config.py's ModelConfig; the neutral value where the family has none).
+  int64_t flags;            // NT_PLUS_ONE | NT_SANDWICH | NT_NORM_AFTER | NT_GELU
+  int64_t qk_norm;          // 0 none, 1 each head over D (Qwen3, Gemma 3), 2 the whole projection (OLMo 2)
+  double embed_mult;        // embeddings times this (Granite's embedding_multiplier; 1.0: none)
+  double embed_scale;       // then times this, already rounded to float32 (Gemma: sqrt(hidden); 1.0: none)
+  double attn_scale;        // attention scores' scale (Granite's multiplier, Gemma's query_pre_attn_scalar^-0.5);
+                            // 0: 1/sqrt(D)
+  double attn_softcap;      // scores = cap * tanh(scores / cap) before the softmax (Gemma 2); 0: none
+  double residual;          // each branch times this before the residual add (Granite; 1.0: none)
+  double final_softcap;     // logits = cap * tanh(logits / cap) (Gemma); 0: none
+  double logits_scaling;    // logits / this (Granite; 1.0: none)
+  int64_t window;           // a sliding layer's columns: the last `window` (0: no sliding layers)
+  const float* local_inv_freq;  // (D/2,) the sliding layers' own RoPE (Gemma 3); NULL: inv_freq
+  const float* long_inv_freq;   // (D/2,) Phi-3 LongRoPE's long set (NULL: none), taken past rope_original_max
+  int64_t rope_original_max;
+  double rope_scaling;          // cos and sin times this (LongRoPE's attention factor; 1.0: none)
+  int64_t n_experts, top_k, norm_topk;        // MoE layers: route each row to top_k of n_experts (renormalised)
+  int64_t moe_intermediate, shared_intermediate;  // an expert's width, the shared expert's (0: none)
+  const int64_t* lora_slots;  // (B,) this call's adapter slot per row (-1: the base alone); NULL: no adapters
 };
+
+enum : int64_t { NT_PLUS_ONE = 1, NT_SANDWICH = 2, NT_NORM_AFTER = 4, NT_GELU = 8 };
 
 namespace {
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 
+int64_t widest_mlp(const NtModel& m) {  // the widest gated MLP of any layer: dense, expert or shared expert
+  int64_t I = m.intermediate;
+  I = m.moe_intermediate > I ? m.moe_intermediate : I;
+  return m.shared_intermediate > I ? m.shared_intermediate : I;
+}
+
 struct Scratch {  // per calling thread, grown on demand and reused across steps
-  std::vector<float> h, qkv, att, tmp, gu, act, cos, sin;
-  void fit(const NtModel& m, int64_t B, int64_t kv_len) {
-    const int64_t C = m.hidden, HD = m.n_heads * m.head_dim, I = m.intermediate;
+  std::vector<float> h, qkv, att, tmp, gu, act, cos, sin, cos_l, sin_l, moe_in, moe_out, route;
+  void fit(const NtModel& m, int64_t B) {
+    const int64_t C = m.hidden, HD = m.n_heads * m.head_dim, I = widest_mlp(m);
     grow(h, B * C), grow(tmp, B * C), grow(att, B * HD), grow(act, B * I), grow(gu, B * 2 * I);
     grow(qkv, B * (HD + 2 * m.n_kv_heads * m.head_dim)), grow(cos, B * m.head_dim), grow(sin, B * m.head_dim);
+    grow(cos_l, B * m.head_dim), grow(sin_l, B * m.head_dim);
+    if (m.n_experts) grow(moe_in, B * C), grow(moe_out, B * C), grow(route, B * m.n_experts);
   }
   static void grow(std::vector<float>& v, int64_t n) {
     if ((int64_t)v.size() < n) v.resize(n);
@@ -80,14 +137,50 @@ int linear(const NtLinear& l, const float* x, int64_t B, int64_t N, int64_t K, f
   return nt_linear(l.weight, (int)l.kind, x, l.bias, l.scale, B, N, K, y, 0);
 }
 
-// out = weight * (x * rsqrt(mean(x^2) + eps)), row by row (RMSNorm's order: normalise, then scale).
-TARGET void rms_norm(const float* x, const float* weight, int64_t B, int64_t C, double eps, float* out) {
+// y (B, N) += each row's adapter product (x[b] @ A[slot]^T) @ Bt[slot] (x (B, K)), as LoraLinear adds it: the
+// low-rank product in float32, then added to the base product; rows with slot -1 (or no slots) unchanged.
+TARGET void add_lora(const NtLora& lora, const int64_t* slots, const float* x, int64_t B, int64_t K, int64_t N,
+                     float* y) {
+  if (!lora.A || !slots) return;
+  const int64_t R = lora.rank;
+  thread_local std::vector<float> t, d;
+  Scratch::grow(t, R), Scratch::grow(d, N);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t slot = slots[b];
+    if (slot < 0) continue;
+    const float *xr = x + b * K, *A = lora.A + slot * R * K, *Bt = lora.Bt + slot * R * N;
+    for (int64_t r = 0; r < R; ++r) {  // (R,) = A x
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t k = 0; k < K; k += 16) {
+        const __mmask16 m = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1u);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, xr + k), _mm512_maskz_loadu_ps(m, A + r * K + k), acc);
+      }
+      t[r] = _mm512_reduce_add_ps(acc);
+    }
+    for (int64_t n = 0; n < N; ++n) d[n] = 0.f;
+    for (int64_t r = 0; r < R; ++r) {  // (N,) = t @ Bt, rank by rank
+      const float tr = t[r], *row = Bt + r * N;
+      if (tr == 0.f) continue;  // a padded rank (zeros in A) adds nothing
+      for (int64_t n = 0; n < N; ++n) d[n] = d[n] + tr * row[n];
+    }
+    for (int64_t n = 0; n < N; ++n) y[b * N + n] = y[b * N + n] + d[n];
+  }
+}
+
+// out = weight * (x * rsqrt(mean(x^2) + eps)), row by row (RMSNorm's order: normalise, then scale); plus_one:
+// (x * rsqrt(...)) * (1 + weight), Gemma's order. out may be x (each element is read before it is written).
+TARGET void rms_norm(const float* x, const float* weight, int64_t B, int64_t C, double eps, float* out,
+                     bool plus_one = false) {
   for (int64_t b = 0; b < B; ++b) {
     const float* xr = x + b * C;
     float ss = 0.f;
     for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
     const float r = 1.f / sqrtf(ss / (float)C + (float)eps);
-    for (int64_t c = 0; c < C; ++c) out[b * C + c] = weight[c] * (xr[c] * r);
+    if (plus_one) {
+      for (int64_t c = 0; c < C; ++c) out[b * C + c] = (xr[c] * r) * (1.f + weight[c]);
+    } else {
+      for (int64_t c = 0; c < C; ++c) out[b * C + c] = weight[c] * (xr[c] * r);
+    }
   }
 }
 
@@ -107,9 +200,6 @@ struct Pages {
   int64_t at(int64_t s, int64_t D) const { return table[s / bs] * block_stride + head + (s % bs) * D; }
 };
 
-// One query head against cache columns [0, kv_len): softmax(q.k / sqrt(D)) @ v. Dot products in 16-lane
-// vectors (a head is 48-128 wide), the weighted sum of values likewise; columns in order, block by block, so
-// the sums are the same whatever the block size.
 // 16 (masked) cache values of the column at `at`, from element d: float32 loaded, or int8 widened and times the
 // column's scale (`scale`: NULL for float32) — the value the modules read back, q * scale rounded once.
 TARGET inline __m512 load_kv(const void* data, int64_t at, const float* scale, int64_t d, __mmask16 m) {
@@ -118,11 +208,21 @@ TARGET inline __m512 load_kv(const void* data, int64_t at, const float* scale, i
   return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(*scale));
 }
 
+// How one query head scores the columns: scores times `scale`, then soft-capped (cap * tanh(s / cap), Gemma 2)
+// where softcap > 0.
+struct Scoring {
+  float scale, softcap;
+};
+
+// One query head against cache columns [first, kv_len): softmax(score(q.k)) @ v (a sliding layer's window starts
+// at first > 0; the modules' window mask hides the columns before it). Dot products in 16-lane vectors (a head
+// is 48-256 wide), the weighted sum of values likewise; columns in order, block by block, so the sums are the same
+// whatever the block size.
 TARGET void attend(const float* q, const void* keys, const void* values, const float* k_scale,
-                   const float* v_scale, const Pages& pages, int64_t kv_len, int64_t D, float* scores, float* out) {
-  const float scale = 1.f / sqrtf((float)D);
+                   const float* v_scale, const Pages& pages, int64_t first, int64_t kv_len, int64_t D,
+                   const Scoring& how, float* scores, float* out) {
   float mx = -INFINITY;
-  for (int64_t s = 0; s < kv_len; ++s) {
+  for (int64_t s = first; s < kv_len; ++s) {
     const int64_t at = pages.at(s, D);
     const float* ks = k_scale ? k_scale + at / D : nullptr;  // this column's scale (int8)
     __m512 acc = _mm512_setzero_ps();
@@ -130,19 +230,21 @@ TARGET void attend(const float* q, const void* keys, const void* values, const f
       const __mmask16 m = D - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - d)) - 1u);
       acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), load_kv(keys, at, ks, d, m), acc);
     }
-    scores[s] = _mm512_reduce_add_ps(acc) * scale;
-    mx = scores[s] > mx ? scores[s] : mx;
+    float sc = _mm512_reduce_add_ps(acc) * how.scale;
+    if (how.softcap > 0.f) sc = tanhf(sc / how.softcap) * how.softcap;
+    scores[s - first] = sc;
+    mx = sc > mx ? sc : mx;
   }
   float sum = 0.f;
-  for (int64_t s = 0; s < kv_len; ++s) sum += (scores[s] = expf(scores[s] - mx));
+  for (int64_t s = first; s < kv_len; ++s) sum += (scores[s - first] = expf(scores[s - first] - mx));
   const float inv = 1.f / sum;
   for (int64_t d = 0; d < D; d += 16) {
     const __mmask16 m = D - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - d)) - 1u);
     __m512 acc = _mm512_setzero_ps();
-    for (int64_t s = 0; s < kv_len; ++s) {
+    for (int64_t s = first; s < kv_len; ++s) {
       const int64_t at = pages.at(s, D);
       const float* vs = v_scale ? v_scale + at / D : nullptr;
-      acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[s] * inv), load_kv(values, at, vs, d, m), acc);
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[s - first] * inv), load_kv(values, at, vs, d, m), acc);
     }
     _mm512_mask_storeu_ps(out + d, m, acc);
   }
@@ -168,6 +270,7 @@ int check_rows(const NtModel* m, int64_t B, const int64_t* kv_lens, int64_t tabl
   const int64_t D = m->head_dim;
   if (D > 512 || D % 2 || m->n_heads % m->n_kv_heads || table_stride < 1) return 1;
   if (m->kv_kind != 0 && m->kv_kind != 2) return 1;
+  if (m->n_experts && (m->top_k < 1 || m->top_k > m->n_experts || m->n_experts > 1024)) return 1;
   *total_kv = 0;
   for (int64_t b = 0; b < B; ++b) {
     if (kv_lens[b] < 1 || kv_lens[b] > table_stride * (m->cache_head_stride / D)) return 1;
@@ -176,14 +279,19 @@ int check_rows(const NtModel* m, int64_t B, const int64_t* kv_lens, int64_t tabl
   return 0;
 }
 
-// (B, D) cos and signed sin, as rope_cos_sin builds them.
-void rope_tables(const NtModel* m, int64_t B, const int64_t* positions, float* cos_t, float* sin_t) {
-  const int64_t D = m->head_dim, half = D / 2;
+// (B, D) cos and signed sin of one RoPE (inverse frequencies `inv_freq`, or per row `choose(b)`'s), as
+// rope_cos_sin builds them: angles pos * f in float32, cos and sin times `scaling` (LongRoPE's attention factor),
+// the sin table's first half negated.
+template <class Choose>
+void rope_tables(int64_t D, int64_t B, const int64_t* positions, Choose choose, float scaling, float* cos_t,
+                 float* sin_t) {
+  const int64_t half = D / 2;
   for (int64_t b = 0; b < B; ++b) {
     const float pos = (float)positions[b];
+    const float* inv_freq = choose(b);
     for (int64_t i = 0; i < half; ++i) {
-      const float f = pos * m->inv_freq[i];
-      const float c = cosf(f), sn = sinf(f);
+      const float f = pos * inv_freq[i];
+      const float c = cosf(f) * scaling, sn = sinf(f) * scaling;
       cos_t[b * D + i] = cos_t[b * D + half + i] = c;
       sin_t[b * D + i] = -sn;
       sin_t[b * D + half + i] = sn;
@@ -191,20 +299,57 @@ void rope_tables(const NtModel* m, int64_t B, const int64_t* positions, float* c
   }
 }
 
-// A layer's attention half without the residual add: out (B, C) = o(attention(rope(qkv(norm(x))))), writing the
-// new K/V of row b at column kv_lens[b] - 1 of its blocks (tables[b * table_stride ...], column s in block s / bs).
-// On a tensor-parallel rank these are this rank's heads and out is its partial sum of the o-projection.
+// The tables of every RoPE the layers use: the global one in s.cos / s.sin, and the sliding layers' own in
+// s.cos_l / s.sin_l (Gemma 3). LongRoPE takes the long frequencies once a position passes the original context:
+// row by row (by_max false: the engine's rows, each its own forward), or for every row by the furthest position
+// (by_max true: one forward of the rows together, as the modules decide it, rope.longrope_inv_freq).
+void all_rope_tables(const NtModel* m, int64_t B, const int64_t* positions, bool by_max, Scratch& s) {
+  int64_t furthest = 0;
+  for (int64_t b = 0; b < B; ++b) furthest = positions[b] > furthest ? positions[b] : furthest;
+  auto global = [&](int64_t b) {
+    const int64_t pos = by_max ? furthest : positions[b];
+    return m->long_inv_freq && pos + 1 > m->rope_original_max ? m->long_inv_freq : m->inv_freq;
+  };
+  rope_tables(m->head_dim, B, positions, global, (float)m->rope_scaling, s.cos.data(), s.sin.data());
+  if (m->local_inv_freq)
+    rope_tables(m->head_dim, B, positions, [&](int64_t) { return m->local_inv_freq; }, 1.f, s.cos_l.data(),
+                s.sin_l.data());
+}
+
+// The q and k norms before RoPE of one row's qkv (H + Hkv heads of D, then the values): each head over D with a
+// (D,) weight (Qwen3, Gemma 3), or q's and k's whole projections (OLMo 2).
+void qk_norms(const NtModel* m, const NtLayer& L, float* row) {
+  const int64_t H = m->n_heads, Hkv = m->n_kv_heads, D = m->head_dim;
+  const bool plus_one = m->flags & NT_PLUS_ONE;
+  if (m->qk_norm == 1) {
+    for (int64_t head = 0; head < H; ++head) rms_norm(row + head * D, L.q_norm, 1, D, m->eps, row + head * D, plus_one);
+    for (int64_t head = H; head < H + Hkv; ++head)
+      rms_norm(row + head * D, L.k_norm, 1, D, m->eps, row + head * D, plus_one);
+  } else if (m->qk_norm == 2) {
+    rms_norm(row, L.q_norm, 1, H * D, m->eps, row, plus_one);
+    rms_norm(row + H * D, L.k_norm, 1, Hkv * D, m->eps, row + H * D, plus_one);
+  }
+}
+
+// A layer's attention half without the residual add: out (B, C) = o(attention(rope(qkv(norm(x))))) (OLMo 2: of
+// x itself, its norm comes after), writing the new K/V of row b at column kv_lens[b] - 1 of its blocks
+// (tables[b * table_stride ...], column s in block s / bs). On a tensor-parallel rank these are this rank's heads
+// and out is its partial sum of the o-projection.
 int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B, const int64_t* tables,
-                   int64_t table_stride, const int64_t* kv_lens, const float* cos_t, const float* sin_t,
-                   bool parallel_attention, float* out) {
+                   int64_t table_stride, const int64_t* kv_lens, bool parallel_attention, float* out) {
   const int64_t C = m->hidden, H = m->n_heads, Hkv = m->n_kv_heads, D = m->head_dim;
   const int64_t HD = H * D, KVD = Hkv * D, NQKV = HD + 2 * KVD, group = H / Hkv;
   Scratch& s = scratch;
   float *h = s.h.data(), *qkv = s.qkv.data(), *att = s.att.data();
-  rms_norm(x, L.attn_norm, B, C, m->eps, h);
-  if (linear(L.qkv, h, B, NQKV, C, qkv)) return 1;
+  const bool local = L.sliding && m->local_inv_freq;
+  const float *cos_t = local ? s.cos_l.data() : s.cos.data(), *sin_t = local ? s.sin_l.data() : s.sin.data();
+  const bool norm_first = !(m->flags & NT_NORM_AFTER);
+  if (norm_first) rms_norm(x, L.attn_norm, B, C, m->eps, h, m->flags & NT_PLUS_ONE);
+  if (linear(L.qkv, norm_first ? h : x, B, NQKV, C, qkv)) return 1;
+  add_lora(L.lora_qkv, m->lora_slots, norm_first ? h : x, B, C, NQKV, qkv);
   for (int64_t b = 0; b < B; ++b) {
     float* row = qkv + b * NQKV;
+    qk_norms(m, L, row);
     for (int64_t head = 0; head < H + Hkv; ++head) rope(row + head * D, cos_t + b * D, sin_t + b * D, D);
     const Pages pages{tables + b * table_stride, m->cache_head_stride / D, m->cache_row_stride, 0};
     for (int64_t kh = 0; kh < Hkv; ++kh) {
@@ -218,59 +363,182 @@ int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B
       }
     }
   }
+  // The scale as SDPA / softcapped_attention take it: the given multiplier, else 1/sqrt(D); the cap as a float.
+  const Scoring how{m->attn_scale > 0 ? (float)m->attn_scale : 1.f / sqrtf((float)D), (float)m->attn_softcap};
+  const int64_t window = L.sliding ? m->window : 0;
 #pragma omp parallel for schedule(static) if (parallel_attention)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, head = bh % H;
     const Pages pages{tables + b * table_stride, m->cache_head_stride / D, m->cache_row_stride,
                       (head / group) * m->cache_head_stride};
-    Scratch::grow(scores, kv_lens[b]);  // this thread's own buffer
+    // the window mask's columns: s > query column - window, query column kv_len - 1 (model/batch.py)
+    const int64_t first = window > 0 && kv_lens[b] > window ? kv_lens[b] - window : 0;
+    Scratch::grow(scores, kv_lens[b] - first);  // this thread's own buffer
     attend(qkv + b * NQKV + head * D, L.k_cache, L.v_cache, m->kv_kind == 2 ? L.k_scale : nullptr,
-           m->kv_kind == 2 ? L.v_scale : nullptr, pages, kv_lens[b], D, scores.data(), att + b * HD + head * D);
+           m->kv_kind == 2 ? L.v_scale : nullptr, pages, first, kv_lens[b], D, how, scores.data(),
+           att + b * HD + head * D);
   }
-  return linear(L.o, att, B, C, HD, out);
+  if (linear(L.o, att, B, C, HD, out)) return 1;
+  add_lora(L.lora_o, m->lora_slots, att, B, HD, C, out);
+  return 0;
 }
 
-// A layer's MLP half without the residual add: out (B, C) = down(silu(gate(norm(x))) * up(norm(x))). On a rank:
-// its columns of gate/up, its partial sum of down.
-int mlp_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B, float* out) {
-  const int64_t C = m->hidden, I = m->intermediate;
+// One gated MLP on n rows: out (n, C) = w2(act(gate(x)) * up(x)), act SiLU or GeGLU's tanh-approximated GELU (in
+// PyTorch's order: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))).
+TARGET int gated_mlp(const NtModel* m, const NtLinear& w13, const NtLinear& w2, int64_t I, const float* x, int64_t n,
+                     float* out, const NtLayer* lora = nullptr) {
+  const int64_t C = m->hidden;
   Scratch& s = scratch;
-  float *h = s.h.data(), *gu = s.gu.data(), *act = s.act.data();
-  rms_norm(x, L.ffn_norm, B, C, m->eps, h);
-  if (linear(L.w13, h, B, 2 * I, C, gu)) return 1;
-  for (int64_t b = 0; b < B; ++b) {
+  float *gu = s.gu.data(), *act = s.act.data();
+  if (linear(w13, x, n, 2 * I, C, gu)) return 1;
+  if (lora) add_lora(lora->lora_w13, m->lora_slots, x, n, C, 2 * I, gu);
+  const bool gelu = m->flags & NT_GELU;
+  const float beta = (float)(M_SQRT2 * M_2_SQRTPI * 0.5), kappa = 0.044715f;
+  for (int64_t b = 0; b < n; ++b) {
     const float *g = gu + b * 2 * I, *u = g + I;
-    for (int64_t i = 0; i < I; ++i) act[b * I + i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    if (gelu) {
+      for (int64_t i = 0; i < I; ++i) {
+        const float v = g[i], inner = beta * (v + kappa * (v * v * v));
+        act[b * I + i] = 0.5f * v * (1.f + tanhf(inner)) * u[i];
+      }
+    } else {
+      for (int64_t i = 0; i < I; ++i) act[b * I + i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
   }
-  return linear(L.w2, act, B, C, I, out);
+  if (linear(w2, act, n, C, I, out)) return 1;
+  if (lora) add_lora(lora->lora_w2, m->lora_slots, act, n, I, C, out);
+  return 0;
+}
+
+// A mixture-of-experts MLP on h (B, C), as model/moe.py computes it: router logits, softmax in float32, the top k
+// (largest first; renormalised over the k where the family does), then each chosen expert, in ascending order,
+// on the rows that chose it (only those experts' weights are read), its output times the row's weight added into
+// the row's sum; Qwen2-MoE adds sigmoid(shared_gate(h)) * shared(h). out (B, C).
+int moe_half(const NtModel* m, const NtLayer& L, const float* h, int64_t B, float* out) {
+  const int64_t C = m->hidden, E = m->n_experts, k = m->top_k;
+  Scratch& s = scratch;
+  float *route = s.route.data(), *in = s.moe_in.data(), *y = s.moe_out.data();
+  if (linear(L.router, h, B, E, C, route)) return 1;
+  std::vector<int64_t> chosen(B * k);
+  std::vector<float> weight(B * k);
+  for (int64_t b = 0; b < B; ++b) {
+    float* p = route + b * E;  // softmax over the experts
+    float mx = -INFINITY, sum = 0.f;
+    for (int64_t e = 0; e < E; ++e) mx = p[e] > mx ? p[e] : mx;
+    for (int64_t e = 0; e < E; ++e) sum += (p[e] = expf(p[e] - mx));
+    for (int64_t e = 0; e < E; ++e) p[e] = p[e] / sum;
+    float total = 0.f;
+    for (int64_t j = 0; j < k; ++j) {  // the j-th largest; ties to the lower expert
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e) {
+        bool taken = false;
+        for (int64_t i = 0; i < j; ++i) taken |= chosen[b * k + i] == e;
+        if (!taken && (best < 0 || p[e] > p[best])) best = e;
+      }
+      chosen[b * k + j] = best, weight[b * k + j] = p[best];
+      total += p[best];
+    }
+    if (m->norm_topk)
+      for (int64_t j = 0; j < k; ++j) weight[b * k + j] = weight[b * k + j] / total;
+  }
+  for (int64_t i = 0; i < B * C; ++i) out[i] = 0.f;
+  std::vector<int64_t> rows;
+  std::vector<float> row_w;
+  for (int64_t e = 0; e < E; ++e) {
+    rows.clear(), row_w.clear();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < k; ++j)
+        if (chosen[b * k + j] == e) rows.push_back(b), row_w.push_back(weight[b * k + j]);
+    if (rows.empty()) continue;
+    const int64_t n = rows.size();
+    for (int64_t i = 0; i < n; ++i) memcpy(in + i * C, h + rows[i] * C, C * sizeof(float));
+    if (gated_mlp(m, L.experts[e].w13, L.experts[e].w2, m->moe_intermediate, in, n, y)) return 1;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < C; ++c) out[rows[i] * C + c] = out[rows[i] * C + c] + y[i * C + c] * row_w[i];
+  }
+  if (L.shared.w13.weight) {
+    float* gate = route;  // (B,) the router logits are used up
+    if (linear(L.shared_gate, h, B, 1, C, gate)) return 1;
+    if (gated_mlp(m, L.shared.w13, L.shared.w2, m->shared_intermediate, h, B, y)) return 1;
+    for (int64_t b = 0; b < B; ++b) {
+      const float g = 1.f / (1.f + expf(-gate[b]));
+      for (int64_t c = 0; c < C; ++c) out[b * C + c] = out[b * C + c] + g * y[b * C + c];
+    }
+  }
+  return 0;
+}
+
+// A layer's MLP half without the residual add: out (B, C) = mlp(norm(x)) (OLMo 2: mlp(x)), the dense gated MLP
+// or the layer's experts. On a rank: its columns of gate/up, its partial sum of down.
+int mlp_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B, float* out) {
+  const float* in = x;
+  if (!(m->flags & NT_NORM_AFTER)) {
+    rms_norm(x, L.ffn_norm, B, m->hidden, m->eps, scratch.h.data(), m->flags & NT_PLUS_ONE);
+    in = scratch.h.data();
+  }
+  if (L.router.weight) return moe_half(m, L, in, B, out);
+  return gated_mlp(m, L.w13, L.w2, m->intermediate, in, B, out, &L);  // the dense MLP's rows are the step's rows
+}
+
+// x += branch, the way Block joins a branch's output (B, C) to the residual: Gemma's post-norm of the branch,
+// OLMo 2's norm of it (`after`: the layer's pre-branch norm weight), Granite's multiplier, or a plain add.
+void join(const NtModel* m, float* x, float* branch, const float* post_norm, const float* after, int64_t B) {
+  const int64_t n = B * m->hidden;
+  const float* w = m->flags & NT_SANDWICH ? post_norm : (m->flags & NT_NORM_AFTER ? after : nullptr);
+  if (w) {
+    rms_norm(branch, w, B, m->hidden, m->eps, branch, m->flags & NT_PLUS_ONE);
+  } else if (m->residual != 1.0) {
+    const float r = (float)m->residual;
+    for (int64_t i = 0; i < n; ++i) branch[i] = branch[i] * r;
+  }
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] + branch[i];
 }
 
 // The step for B rows that each have their own cache blocks and length: row b writes its new K/V at column
-// kv_lens[b] - 1 and attends over columns [0, kv_lens[b]), column s living in block tables[b * table_stride + s / bs]
-// (a slot cache: one block per row, table_stride 1). Every number of row b depends on row b alone (the products
-// accumulate each row in the same order whatever the other rows, attention is per row and reads the columns in
-// order), so a row gives the same logits in any batch, and in any blocks: the engine's batch invariance.
+// kv_lens[b] - 1 and attends over columns [0, kv_lens[b]) (a sliding layer: the last `window` of them), column s
+// living in block tables[b * table_stride + s / bs] (a slot cache: one block per row, table_stride 1). Every
+// number of row b depends on row b alone (the products accumulate each row in the same order whatever the other
+// rows, attention is per row and reads the columns in order, the experts' products are row by row too), so a
+// row gives the same logits in any batch, and in any blocks: the engine's batch invariance. (rope_by_max: one
+// forward of rows together, whose LongRoPE choice the modules make by the furthest row; see all_rope_tables.)
 int decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positions, const int64_t* tables,
-                int64_t table_stride, const int64_t* kv_lens, float* logits) {
-  const int64_t C = m->hidden, H = m->n_heads, D = m->head_dim;
+                int64_t table_stride, const int64_t* kv_lens, float* logits, bool rope_by_max) {
+  const int64_t C = m->hidden, H = m->n_heads, D = m->head_dim, V = m->vocab;
   int64_t total_kv;
   if (check_rows(m, B, kv_lens, table_stride, &total_kv)) return 1;
   Scratch& s = scratch;
-  s.fit(*m, B, 0);
-  float *tmp = s.tmp.data(), *cos_t = s.cos.data(), *sin_t = s.sin.data();
-  rope_tables(m, B, positions, cos_t, sin_t);
+  s.fit(*m, B);
+  float* tmp = s.tmp.data();
+  all_rope_tables(m, B, positions, rope_by_max, s);
+  if (m->embed_mult != 1.0) {  // Granite's multiplier, then Gemma's sqrt(hidden) (float32), as _trunk applies them
+    const float f = (float)m->embed_mult;
+    for (int64_t i = 0; i < B * C; ++i) x[i] = x[i] * f;
+  }
+  if (m->embed_scale != 1.0) {
+    const float f = (float)m->embed_scale;
+    for (int64_t i = 0; i < B * C; ++i) x[i] = x[i] * f;
+  }
   // Attention fans out over (row, head) when there is enough of it to pay for waking the thread pool.
   const bool parallel_attention = total_kv * H * D >= (1 << 13);
 
   for (int64_t l = 0; l < m->n_layers; ++l) {
     const NtLayer& L = m->layers[l];
-    if (attention_half(m, L, x, B, tables, table_stride, kv_lens, cos_t, sin_t, parallel_attention, tmp)) return 1;
-    for (int64_t i = 0; i < B * C; ++i) x[i] = x[i] + tmp[i];
+    if (attention_half(m, L, x, B, tables, table_stride, kv_lens, parallel_attention, tmp)) return 1;
+    join(m, x, tmp, L.attn_post_norm, L.attn_norm, B);
     if (mlp_half(m, L, x, B, tmp)) return 1;
-    for (int64_t i = 0; i < B * C; ++i) x[i] = x[i] + tmp[i];
+    join(m, x, tmp, L.ffn_post_norm, L.ffn_norm, B);
   }
-  rms_norm(x, m->final_norm, B, C, m->eps, s.h.data());
-  return linear(m->lm_head, s.h.data(), B, m->vocab, C, logits);
+  rms_norm(x, m->final_norm, B, C, m->eps, s.h.data(), m->flags & NT_PLUS_ONE);
+  if (linear(m->lm_head, s.h.data(), B, V, C, logits)) return 1;
+  if (m->final_softcap > 0) {  // Gemma: cap * tanh(logits / cap)
+    const float cap = (float)m->final_softcap;
+    for (int64_t i = 0; i < B * V; ++i) logits[i] = tanhf(logits[i] / cap) * cap;
+  }
+  if (m->logits_scaling != 1.0) {  // Granite: logits / logits_scaling
+    const float f = (float)m->logits_scaling;
+    for (int64_t i = 0; i < B * V; ++i) logits[i] = logits[i] / f;
+  }
+  return 0;
 }
 
 // x (B, C) = the table's rows of ids, as float32: float32 copied, bfloat16 widened (exact), int8 times its row's
@@ -311,7 +579,7 @@ int nt_decode_step(const NtModel* m, float* x, int64_t B, const int64_t* positio
   if (col != kv_len - 1) return 1;
   std::vector<int64_t> slots(B), kv_lens(B, kv_len);
   for (int64_t b = 0; b < B; ++b) slots[b] = b;
-  return decode_rows(m, x, B, positions, slots.data(), 1, kv_lens.data(), logits);
+  return decode_rows(m, x, B, positions, slots.data(), 1, kv_lens.data(), logits, true);
 }
 
 // nt_decode_step from token ids (B,) instead of embeddings: the model's table (m->embed) is read here, so a step
@@ -348,30 +616,30 @@ int nt_decode_greedy(const NtModel* m, int64_t token, int64_t position, int64_t 
 // (or a slot cache's rows: table_stride 1, tables the slots), kv_lens[b] columns long after this token.
 int nt_decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positions, const int64_t* tables,
                    int64_t table_stride, const int64_t* kv_lens, float* logits) {
-  return decode_rows(m, x, B, positions, tables, table_stride, kv_lens, logits);
+  return decode_rows(m, x, B, positions, tables, table_stride, kv_lens, logits, false);
 }
 
 // One part of a step, for tensor-parallel ranks (model/fused.py), whose caller all-reduces the partial sums and
-// adds the residual between parts: part 0 is layer `layer`'s attention half, part 1 its MLP half (out: (B, C)
-// partial sums, x unchanged), part 2 the final norm and this rank's rows of the LM head (out: (B, vocab)). Rows as
-// in nt_decode_rows. Returns 0, or 1 for unsupported shapes.
+// joins them to the residual between parts (post-norms, multipliers: fused._branch), and applies the embedding's
+// multipliers and the final soft-cap / scaling: part 0 is layer `layer`'s attention half, part 1 its MLP half
+// (out: (B, C) partial sums, x unchanged), part 2 the final norm and this rank's rows of the LM head
+// (out: (B, vocab)). Rows as in nt_decode_rows. Returns 0, or 1 for unsupported shapes.
 int nt_decode_part(const NtModel* m, int64_t layer, int64_t part, const float* x, int64_t B,
                    const int64_t* positions, const int64_t* tables, int64_t table_stride, const int64_t* kv_lens,
                    float* out) {
   int64_t total_kv;
   if (check_rows(m, B, kv_lens, table_stride, &total_kv) || layer < 0 || layer >= m->n_layers) return 1;
   Scratch& s = scratch;
-  s.fit(*m, B, 0);
+  s.fit(*m, B);
   const NtLayer& L = m->layers[layer];
   if (part == 0) {
-    rope_tables(m, B, positions, s.cos.data(), s.sin.data());
+    all_rope_tables(m, B, positions, false, s);
     const bool parallel_attention = total_kv * m->n_heads * m->head_dim >= (1 << 16);
-    return attention_half(m, L, x, B, tables, table_stride, kv_lens, s.cos.data(), s.sin.data(), parallel_attention,
-                          out);
+    return attention_half(m, L, x, B, tables, table_stride, kv_lens, parallel_attention, out);
   }
   if (part == 1) return mlp_half(m, L, x, B, out);
   if (part != 2) return 1;
-  rms_norm(x, m->final_norm, B, m->hidden, m->eps, s.h.data());
+  rms_norm(x, m->final_norm, B, m->hidden, m->eps, s.h.data(), m->flags & NT_PLUS_ONE);
   return linear(m->lm_head, s.h.data(), B, m->vocab, m->hidden, out);
 }
 }

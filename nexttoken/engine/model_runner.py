@@ -15,9 +15,10 @@ MIN_ROWS rows (torch's GEMM with 1, 2-3 and >= 4 rows differs too), attention ru
 request alone with chunk boundaries at fixed multiples of the chunk size. A request's greedy output is then the
 same alone or among others.
 
-LoRA: a row with an adapter (Sequence.lora) runs the modules, in its bucket's group, and adds its adapter's
-low-rank products (model/lora/layers.py: a batched matmul computes each row alone, so its numbers do not depend
-on the others' adapters); the native step computes base rows only. A row's path depends on its own adapter alone.
+LoRA: a row with an adapter (Sequence.lora) adds its adapter's low-rank products to each of the four block
+matrices: in the native step (csrc/decode.cpp's add_lora, row by row) or, where the modules run, in its bucket's
+group (model/lora/layers.py: a batched matmul computes each row alone). Either way its numbers do not depend on
+the others' adapters.
 
 The fast path keeps that property by construction: where the model takes the fused native decode step
 (model/fused.py: a float32 model of the stock blocks on CPU), every decode row runs through it with its own block
@@ -192,7 +193,7 @@ class ModelRunner:
             extra = seq.hook_inputs()
             if extra:  # a hook's extra model inputs belong to this row alone: it runs in a forward of its own
                 out.append(([seq], self._decode_group([seq], _bucket(seq.num_tokens, self.max_len), extra, 1)))
-            elif plan is not None and _lora(seq) is None:  # adapter rows take the modules: they add their products
+            elif plan is not None:  # the native step adds an adapter row's products itself
                 native.append(seq)
             else:
                 groups.setdefault(_bucket(seq.num_tokens, self.max_len), []).append(seq)
@@ -220,7 +221,7 @@ class ModelRunner:
         """(rows, V) logits of the fused native step: each row through its own block table, over its own columns."""
         ids = torch.tensor([[s.last_token] for s in part])  # (rows, 1)
         cols = torch.tensor([s.num_tokens - 1 for s in part])  # (rows,) column = position of the new token
-        logits = fused.decode_rows(plan, self.model, ids, cols, _tables(part), cols + 1)
+        logits = fused.decode_rows(plan, self.model, ids, cols, _tables(part), cols + 1, self._lora_slots(part))
         assert logits is not None, "rows_plan said the native step takes this model and cache"
         for seq in part:
             seq.num_cached = seq.num_tokens

@@ -221,9 +221,9 @@ CHAIN = 16  # greedy steps per native call: a streamer sees tokens in bursts of 
 
 def chainable(model: Transformer, state: DecodeState, plan: DecodePlan, window: int | None) -> bool:
     """Whether the steps after the first can run as native greedy chains: one row, greedy, nothing per step in
-    Python (no processors, hooks or per-step logits; stopping on EOS ids only), no padding, no sliding window in
-    reach, and a model whose native step takes them (fused.chains). The tokens are the step-by-step loop's: each
-    chained step is the same native step and the same argmax."""
+    Python (no processors, hooks or per-step logits; stopping on EOS ids only), no padding, and a model whose
+    native step takes them (fused.chains; it computes a sliding window itself). The tokens are the step-by-step
+    loop's: each chained step is the same native step and the same argmax."""
     return (
         not plan.per_step_logits
         and state.tokens.shape[0] == 1
@@ -233,7 +233,6 @@ def chainable(model: Transformer, state: DecodeState, plan: DecodePlan, window: 
         and not plan.hooks
         and all(type(c) is EosToken for c in plan.stopping.criteria)
         and state.padding_free
-        and (window is None or state.tokens.shape[1] <= window)
         and state.tokens.device.type == "cpu"
         and fused.chains(model, state.cache)
     )

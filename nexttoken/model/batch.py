@@ -21,6 +21,10 @@ class ForwardBatch:
     rowwise: bool = False
     # LoRA (model/lora/): (B,) int64, the adapter slot each row applies (-1: the base model alone); None: no row does
     lora: torch.Tensor | None = None
+    # The masks say nothing but the sliding window: one new token per row at the last column, no padding, so every
+    # column is visible to the global layers and the last `sliding_window` to the sliding ones (model/fused.py's
+    # native step computes that window itself).
+    window_only: bool = False
 
     @classmethod
     def build(
@@ -36,7 +40,8 @@ class ForwardBatch:
     ) -> "ForwardBatch":
         """Masks from `key_valid` (B, >= kv_len): which cache columns hold real (non-padding) tokens.
         `padding_free`: the caller knows every column is real (key_valid is then not read)."""
-        if _sees_everything(write_index, key_valid, kv_len, sliding_window, write_start, padding_free):
+        plain = _sees_everything(write_index, key_valid, kv_len, write_start, padding_free)
+        if plain and (sliding_window is None or kv_len <= sliding_window):
             # A plain decode step (one new token per row at the last column, no padding): every column is visible,
             # so no mask is built and attention runs unmasked (adding an all-zero mask changes nothing).
             return cls(positions, write_index, kv_len, None, None, write_start, last_only)
@@ -50,18 +55,18 @@ class ForwardBatch:
         window_mask = None
         if sliding_window is not None:
             window_mask = ((allowed & (cols > query_col - sliding_window)) | itself)[:, None]
-        return cls(positions, write_index, kv_len, mask, window_mask, write_start, last_only)
+        return cls(positions, write_index, kv_len, mask, window_mask, write_start, last_only, window_only=plain)
 
 
 def _sees_everything(
-    write_index: torch.Tensor, key_valid: torch.Tensor, kv_len: int, sliding_window: int | None, write_start: int | None,
+    write_index: torch.Tensor, key_valid: torch.Tensor, kv_len: int, write_start: int | None,
     padding_free: bool = False,
 ) -> bool:
+    """One new token per row at the last column and no padding: every column is real and before the query."""
     # key_valid is only read on CPU, where reading it back costs a few microseconds, not a device sync.
     return (
         write_index.shape[1] == 1
         and write_start == kv_len - 1
-        and (sliding_window is None or kv_len <= sliding_window)
         and key_valid.device.type == "cpu"
         and (padding_free or bool(key_valid[:, :kv_len].all()))
     )

@@ -1,18 +1,22 @@
-"""A whole decode step in one native call (csrc/decode.cpp): the fast path for small float32 models.
+"""A whole decode step in one native call (csrc/decode.cpp): the fast path for float32-activation models on CPU.
 
 A plain decode step of the PyTorch modules is ~280 small operations; for a 15M-parameter model their dispatch
 costs about as much as streaming the weights. `decode_step` instead hands the embedded tokens, the weights and
 the KV cache to one C++ function that runs every layer, the final norm and the LM head, and returns the logits.
 
-It takes only what it computes exactly like the modules: float32 activations on CPU, one new token per row at
-the last cache column with every column visible (no padding, no sliding window in reach), weights that are plain
-`Linear` or `Int8Linear` layers of the stock blocks. Everything else returns None and runs the modules, which
-are the reference the tests hold this path to (same tokens; logits within float32 rounding).
+It takes what it computes exactly like the modules: float32 activations on CPU, one new token per row at the
+last cache column with every column visible (no padding) but for the sliding layers' window, which the native
+attention computes itself, weights that are `Linear`, `BF16Linear`, `Int8Linear` or `Int4Linear` layers of the
+stock blocks. Every family's block is a set of switches there (q/k norms, Gemma's (1 + w) sandwich norms, OLMo 2's
+norms after each branch, Granite's multipliers, GeGLU, soft-caps, local RoPE, LongRoPE, MoE experts), and LoRA
+rows add their adapter's products. Everything else returns None and runs the modules, which are the reference the
+tests hold this path to (same tokens; logits within float32 rounding).
 
 A tensor-parallel rank (model/parallel.py) needs an all-reduce after every o and down projection, so it runs the
 same native code a part at a time (csrc/decode.cpp's nt_decode_part): per layer, the attention half and the MLP
-half each return this rank's partial sum, which Python all-reduces and adds to the residual; then the final norm
-and this rank's rows of the LM head, all-gathered. The same operations as the rank's modules, in their order.
+half each return this rank's partial sum, which Python all-reduces and joins to the residual (with the branch's
+post-norm or multiplier); then the final norm and this rank's rows of the LM head, all-gathered. The same
+operations as the rank's modules, in their order.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from .quant.bf16 import BF16Embedding, BF16Linear
 from .quant.int4 import Int4Linear
 from .quant.int8 import Int8Embedding, Int8Linear
 from .layers import MLP, Attention, Block, RMSNorm
-from .linear import Linear
+from .linear import KeptLinear, Linear
+from .moe import MoE
 
 _ENABLED = os.environ.get("NEXTTOKEN_FUSED", "1") != "0"  # NEXTTOKEN_FUSED=0: decode steps run the modules
 _KIND = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
@@ -53,10 +58,22 @@ class _Linear(ctypes.Structure):
                 ("bias", ctypes.c_void_p)]
 
 
+class _Lora(ctypes.Structure):
+    _fields_ = [("A", ctypes.c_void_p), ("Bt", ctypes.c_void_p), ("rank", ctypes.c_int64)]
+
+
+class _Expert(ctypes.Structure):
+    _fields_ = [("w13", _Linear), ("w2", _Linear)]
+
+
 class _Layer(ctypes.Structure):
     _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("qkv", _Linear), ("o", _Linear),
                 ("w13", _Linear), ("w2", _Linear), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
-                ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p)]
+                ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p),
+                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("attn_post_norm", ctypes.c_void_p),
+                ("ffn_post_norm", ctypes.c_void_p), ("sliding", ctypes.c_int64), ("router", _Linear),
+                ("experts", ctypes.POINTER(_Expert)), ("shared", _Expert), ("shared_gate", _Linear),
+                ("lora_qkv", _Lora), ("lora_o", _Lora), ("lora_w13", _Lora), ("lora_w2", _Lora)]
 
 
 class _Model(ctypes.Structure):
@@ -65,7 +82,18 @@ class _Model(ctypes.Structure):
         (name, ctypes.c_int64) for name in ("cache_row_stride", "cache_head_stride")] + [
         ("eps", ctypes.c_double), ("inv_freq", ctypes.c_void_p),
                                  ("final_norm", ctypes.c_void_p), ("lm_head", _Linear),
-                                 ("layers", ctypes.POINTER(_Layer)), ("kv_kind", ctypes.c_int64)]
+                                 ("layers", ctypes.POINTER(_Layer)), ("kv_kind", ctypes.c_int64),
+        ("flags", ctypes.c_int64), ("qk_norm", ctypes.c_int64)] + [(name, ctypes.c_double) for name in (
+        "embed_mult", "embed_scale", "attn_scale", "attn_softcap", "residual", "final_softcap", "logits_scaling")] + [
+        ("window", ctypes.c_int64), ("local_inv_freq", ctypes.c_void_p), ("long_inv_freq", ctypes.c_void_p),
+        ("rope_original_max", ctypes.c_int64), ("rope_scaling", ctypes.c_double)] + [
+        (name, ctypes.c_int64) for name in ("n_experts", "top_k", "norm_topk", "moe_intermediate",
+                                            "shared_intermediate")] + [("lora_slots", ctypes.c_void_p)]
+
+
+# csrc/decode.cpp's NtModel.flags
+_PLUS_ONE, _SANDWICH, _NORM_AFTER, _GELU = 1, 2, 4, 8
+_QK_NORM = {None: 0, "head": 1, "projection": 2}
 
 
 def _linear(module: torch.nn.Module) -> _Linear | None:
@@ -107,7 +135,9 @@ def _key(model: torch.nn.Module, cache: KVCache) -> tuple:
     """What the native description depends on: the cache (shape too: a new cache of another length can be
     allocated where a freed one was) and every module and weight the step reads. Checked every step, so it reads
     the modules' own dicts (nn.Module attribute lookups and model.parameters() would cost ~0.1 ms a step)."""
+    d = model.__dict__
     key = [cache.k.shape, cache.k.dtype, cache.k.data_ptr(), cache.v.data_ptr(), model.inv_freq.data_ptr()]
+    key += [None if d.get(f) is None else d[f].data_ptr() for f in ("local_inv_freq", "long_inv_freq")]
     embed = model._modules["embed"]
     key += (id(embed), _table(embed).data_ptr())
     for m in (model._modules["norm"], model._modules["lm_head"]):
@@ -115,10 +145,28 @@ def _key(model: torch.nn.Module, cache: KVCache) -> tuple:
     for block in model._modules["layers"]._modules.values():
         parts = block._modules
         att, mlp = parts["attention"]._modules, parts["mlp"]._modules
-        for m in (parts["attention_norm"], parts["ffn_norm"], att["wqkv"], att["wo"], mlp.get("w13"), mlp.get("w2")):
-            if m is not None:  # a MoE block has no w13 / w2 of its own (the plan then says no)
+        for m in (parts["attention_norm"], parts["ffn_norm"], parts.get("attention_post_norm"),
+                  parts.get("ffn_post_norm"), att["wqkv"], att["wo"], att.get("q_norm"), att.get("k_norm"),
+                  mlp.get("w13"), mlp.get("w2")):
+            if m is not None:
                 key += (id(m), _weight(m).data_ptr())
+        if "experts" in mlp:  # a MoE block: its router, experts and shared expert
+            _key_modules(parts["mlp"], key)
     return tuple(key)
+
+
+def _key_modules(module: torch.nn.Module, key: list) -> None:
+    """Every module under `module` that holds a weight (routers, experts' linears), in order, into key."""
+    for m in module._modules.values():
+        if m is None:
+            continue
+        w = m._parameters.get("weight")
+        if w is None:
+            w = m._buffers.get("weight")
+        if w is not None:
+            key += (id(m), w.data_ptr())
+        elif m._modules:
+            _key_modules(m, key)
 
 
 def _weight(m: torch.nn.Module) -> torch.Tensor:
@@ -148,26 +196,19 @@ class _Plan:
         self.key = _key(model, cache)
         self.ok = False
         self.biases: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []  # a rank's o / down biases per layer
-        if type(model.norm) is not RMSNorm or cfg.head_dim > 512:
+        if type(model.norm) is not RMSNorm or cfg.head_dim > 512 or cfg.hidden_act not in _ACTIVATIONS:
             return
         sharded = _sharded(model)
-        layers = []
+        layers, self.experts = [], []  # experts: each MoE layer's (E,) _Expert array, kept alive with the plan
         for i, block in enumerate(model.layers):
-            parts = (type(block), type(block.attention), type(block.mlp), type(block.attention_norm),
-                     type(block.ffn_norm))
-            if parts != (Block, Attention, MLP, RMSNorm, RMSNorm) or block.attention.sliding:
+            layer = self._layer(block, cache, i, sharded)
+            if layer is None:
                 return
-            if not cfg.plain:  # q/k norms, other norms, multipliers, soft-caps, GeGLU, MoE: not in the native step
-                return
-            linears = [_linear(_local(m)) for m in (block.attention.wqkv, block.attention.wo, block.mlp.w13,
-                                                    block.mlp.w2)]
-            if any(lin is None for lin in linears):
-                return
-            scales = _scales(cache, i)
-            layers.append(_Layer(block.attention_norm.weight.data_ptr(), block.ffn_norm.weight.data_ptr(), *linears,
-                                 cache.k[i].data_ptr(), cache.v[i].data_ptr(), *scales))
+            layers.append(layer)
             # a rank's row-parallel o / down add their bias once, after the all-reduce (None in one process)
-            self.biases.append((block.attention.wo.bias, block.mlp.w2.bias) if sharded else (None, None))
+            dense = type(block.mlp) is MLP  # a MoE's experts have no bias (nor an all-reduce of their own)
+            self.biases.append((block.attention.wo.bias, block.mlp.w2.bias if dense else None) if sharded
+                               else (None, None))
         head = _linear(_local(model.lm_head))
         if head is None:
             return
@@ -176,13 +217,107 @@ class _Plan:
         self.layers = (_Layer * len(layers))(*layers)  # kept alive with the plan
         embed = None if sharded else _embedding(model.embed, vocab)
         self.embeds = embed is not None  # the native step then reads the token table itself
+        moe = cfg.moe
+        flags = ((_PLUS_ONE if cfg.norm_plus_one else 0) | (_SANDWICH if cfg.sandwich_norm else 0)
+                 | (_NORM_AFTER if cfg.norm_after else 0) | (_GELU if cfg.hidden_act == "gelu_pytorch_tanh" else 0))
+        # Gemma's sqrt(hidden) rounded to float32, as _trunk's torch.tensor(embed_scale, dtype=x.dtype) does
+        embed_scale = 1.0 if cfg.embed_scale is None else float(torch.tensor(cfg.embed_scale, dtype=torch.float32))
+        local, long = model.__dict__.get("local_inv_freq"), model.__dict__.get("long_inv_freq")
         self.model = _Model(
             cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
             cfg.intermediate_size, vocab, embed or _Linear(None, 0, None, None), Hkv * S * D, S * D,
             cfg.rms_norm_eps, model.inv_freq.data_ptr(), model.norm.weight.data_ptr(), head, self.layers,
-            _KIND[cache.k.dtype],
+            _KIND[cache.k.dtype], flags, _QK_NORM[cfg.qk_norm], cfg.embedding_multiplier, embed_scale,
+            cfg.attention_multiplier or 0.0, cfg.attn_logit_softcapping or 0.0, cfg.residual_multiplier,
+            cfg.final_logit_softcapping or 0.0, cfg.logits_scaling, cfg.sliding_window or 0,
+            None if local is None else local.data_ptr(), None if long is None else long.data_ptr(),
+            cfg.rope.original_max_position_embeddings or 0, cfg.rope.attention_factor,
+            moe.num_experts if moe else 0, moe.top_k if moe else 0, int(bool(moe and moe.norm_topk_prob)),
+            moe.intermediate_size if moe else 0, moe.shared_intermediate_size if moe else 0,
         )
+        # The same model for a forward whose batch carries no window (mask None past the window: the modules then
+        # attend over every column of the sliding layers too).
+        self.no_window = _Model.from_buffer_copy(self.model)
+        self.no_window.window = 0
         self.ok = True
+
+    def _layer(self, block: torch.nn.Module, cache: KVCache, i: int, sharded: bool) -> _Layer | None:
+        """Block i as csrc/decode.cpp's NtLayer, or None where it holds a part the native step does not compute."""
+        att, mlp = block.attention, block.mlp
+        if (type(block), type(att), type(block.attention_norm), type(block.ffn_norm)) != (Block, Attention, RMSNorm,
+                                                                                             RMSNorm):
+            return None
+        norms = [getattr(att, "q_norm", None), getattr(att, "k_norm", None),
+                 getattr(block, "attention_post_norm", None), getattr(block, "ffn_post_norm", None)]
+        if any(n is not None and type(n) is not RMSNorm for n in norms):
+            return None
+        linears = [_linear(_local(m)) for m in (att.wqkv, att.wo)]
+        moe = dict(router=_Linear(None, 0, None, None), experts=None, shared=_Expert(), shared_gate=_Linear())
+        if type(mlp) is MLP:
+            linears += [_linear(_local(mlp.w13)), _linear(_local(mlp.w2))]
+        elif type(mlp) is MoE and (mlp.reduce is None) != sharded:  # a rank: _rank_step all-reduces its sum
+            linears += [_Linear(), _Linear()]  # no dense MLP: the experts'
+            experts = [_expert(e) for e in mlp.experts]
+            shared = None if mlp.shared is None else _expert(mlp.shared)
+            router = _kept(mlp.gate)
+            gate = None if mlp.shared_gate is None else _kept(mlp.shared_gate)
+            if router is None or any(e is None for e in experts) or (mlp.shared is not None and (
+                    shared is None or gate is None)):
+                return None
+            self.experts.append((_Expert * len(experts))(*experts))
+            moe = dict(router=router, experts=self.experts[-1], shared=shared or _Expert(),
+                       shared_gate=gate or _Linear())
+        else:
+            return None
+        if any(lin is None for lin in linears):
+            return None
+        loras = [_lora(m) for m in (att.wqkv, att.wo, getattr(mlp, "w13", None), getattr(mlp, "w2", None))]
+        return _Layer(block.attention_norm.weight.data_ptr(), block.ffn_norm.weight.data_ptr(), *linears,
+                      cache.k[i].data_ptr(), cache.v[i].data_ptr(), *_scales(cache, i),
+                      *[None if n is None else n.weight.data_ptr() for n in norms], int(att.sliding), **moe,
+                      lora_qkv=loras[0], lora_o=loras[1], lora_w13=loras[2], lora_w2=loras[3])
+
+
+def _lora(module: torch.nn.Module | None) -> _Lora:
+    """A LoraLinear's adapter stacks (lora/layers.py: A (slots, R, in), B^T (slots, R, out), float32, written in
+    place when adapters load, so their addresses hold), or none."""
+    buffers = {} if module is None else module._buffers
+    A, Bt = buffers.get("lora_A"), buffers.get("lora_Bt")
+    if A is None or Bt is None:
+        return _Lora()
+    return _Lora(A.data_ptr(), Bt.data_ptr(), A.shape[1])
+
+
+def _with_slots(description: _Model, slots: torch.Tensor | None) -> _Model:
+    """The description for one call whose rows apply the adapter slots `slots` ((B,) int64, kept alive by the
+    caller; -1: the base alone), or the description itself when no row has one."""
+    if slots is None:
+        return description
+    one = _Model.from_buffer_copy(description)
+    one.lora_slots = slots.data_ptr()
+    return one
+
+
+_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the gates csrc/decode.cpp computes (layers.activation's)
+
+
+def _expert(mlp: torch.nn.Module) -> _Expert | None:
+    """One expert's (or the shared expert's) gated MLP as an NtExpert, or None."""
+    if type(mlp) is not MLP:
+        return None
+    w13, w2 = _linear(_local(mlp.w13)), _linear(_local(mlp.w2))
+    return None if w13 is None or w2 is None else _Expert(w13, w2)
+
+
+def _kept(module: torch.nn.Module) -> _Linear | None:
+    """A router (or shared-expert gate): a float32 KeptLinear without bias, as an NtLinear; else what _linear
+    makes of a replaced layer."""
+    if type(module) is KeptLinear:
+        w = module.weight
+        if w.dtype != torch.float32 or not w.is_contiguous() or module.bias is not None:
+            return None
+        return _Linear(w.data_ptr(), 0, None, None)
+    return _linear(_local(module))
 
 
 def _scales(cache: KVCache, layer: int) -> tuple[int | None, int | None]:
@@ -205,9 +340,8 @@ def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch
         and input_ids.shape[1] == 1
         and input_ids.shape[0] <= kernels.MAX_ROWS
         and batch.last_only
-        and batch.lora is None  # rows with adapters run the modules (model/lora/layers.py adds their products)
-        and batch.mask is None
-        and batch.window_mask is None
+        and (batch.lora is None or not _sharded(model))  # the native step adds each row's adapter products
+        and (batch.mask is None or batch.window_only)  # the native step computes a sliding window itself
         and batch.write_start == batch.kv_len - 1
         and input_ids.device.type == "cpu"
         and cache.k.dtype == torch.float32
@@ -245,22 +379,27 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardB
     if not plan.ok:
         return None
     positions = batch.positions.reshape(-1).to(torch.int64).contiguous()  # (B,)
+    slots = None if batch.lora is None else batch.lora.reshape(-1).to(torch.int64).contiguous()  # (B,)
+    description = _with_slots(plan.model if batch.window_only else plan.no_window, slots)
     if _reads_table(plan, model):  # no embedding operations here
         ids = input_ids.reshape(-1).to(torch.int64).contiguous()  # (B,)
         logits = torch.empty((ids.shape[0], model.config.vocab_size), dtype=torch.float32)
         rc = kernels.library().nt_decode_step_ids(
-            ctypes.byref(plan.model), ids.data_ptr(), ids.shape[0], positions.data_ptr(), batch.write_start,
+            ctypes.byref(description), ids.data_ptr(), ids.shape[0], positions.data_ptr(), batch.write_start,
             batch.kv_len, logits.data_ptr(),
         )
         return logits if rc == 0 else None
     x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
     B = x.shape[0]
     if _sharded(model):
+        if _longrope_straddles(model, positions):
+            return None  # a rank's parts choose LongRoPE's set row by row; this forward's rows choose by their max
         slots = torch.arange(B, dtype=torch.int64)
-        return _rank_step(plan, model, x, positions, (slots, 1), torch.full((B,), batch.kv_len, dtype=torch.int64))
+        return _rank_step(plan, description, model, x, positions, (slots, 1),
+                          torch.full((B,), batch.kv_len, dtype=torch.int64))
     logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
     rc = kernels.library().nt_decode_step(
-        ctypes.byref(plan.model), x.data_ptr(), B, positions.data_ptr(), batch.write_start, batch.kv_len,
+        ctypes.byref(description), x.data_ptr(), B, positions.data_ptr(), batch.write_start, batch.kv_len,
         logits.data_ptr(),
     )
     return logits if rc == 0 else None
@@ -305,12 +444,13 @@ def rows_plan(model: torch.nn.Module, cache: KVCache) -> RowsPlan | None:
 
 
 def decode_rows(plan: RowsPlan, model: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
-                tables: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor | None:
+                tables: torch.Tensor, kv_lens: torch.Tensor, lora: torch.Tensor | None = None) -> torch.Tensor | None:
     """(B, V) float32 logits for B rows that each own cache blocks: row b's new token (input_ids (B, 1)) at
     rotary position positions[b] writes its K/V at column kv_lens[b] - 1 and attends over its first kv_lens[b]
     columns. `tables` (B, W): row b's column s lives in cache block tables[b, s // block_size] (a paged pool,
-    model/cache.py's PagedKVCache); or (B,): row b owns slot tables[b] of a slot cache. `plan` comes from rows_plan
-    for this step. None when the native step fails."""
+    model/cache.py's PagedKVCache); or (B,): row b owns slot tables[b] of a slot cache. `lora` (B,): the adapter
+    slot each row applies (-1: the base alone; None: no row has one). `plan` comes from rows_plan for this step.
+    None when the native step fails."""
     if input_ids.shape[0] > kernels.MAX_ROWS:
         return None
     x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
@@ -318,35 +458,67 @@ def decode_rows(plan: RowsPlan, model: torch.nn.Module, input_ids: torch.Tensor,
     stride = tables.shape[1] if tables.dim() == 2 else 1
     positions, tables, kv_lens = (t.reshape(-1).to(torch.int64).contiguous() for t in (positions, tables, kv_lens))
     if _sharded(model):
-        return _rank_step(plan, model, x, positions, (tables, stride), kv_lens)
+        if lora is not None:
+            return None  # adapters are refused on tensor-parallel models (lora.attach)
+        return _rank_step(plan, plan.model, model, x, positions, (tables, stride), kv_lens)
+    slots = None if lora is None else lora.reshape(-1).to(torch.int64).contiguous()  # (B,)
     logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
     rc = kernels.library().nt_decode_rows(
-        ctypes.byref(plan.model), x.data_ptr(), B, positions.data_ptr(), tables.data_ptr(), stride,
+        ctypes.byref(_with_slots(plan.model, slots)), x.data_ptr(), B, positions.data_ptr(), tables.data_ptr(), stride,
         kv_lens.data_ptr(), logits.data_ptr(),
     )
     return logits if rc == 0 else None
 
 
-def _rank_step(plan: _Plan, model: torch.nn.Module, x: torch.Tensor, positions: torch.Tensor,
+def _rank_step(plan: _Plan, description: _Model, model: torch.nn.Module, x: torch.Tensor, positions: torch.Tensor,
                tables: tuple[torch.Tensor, int], kv_lens: torch.Tensor) -> torch.Tensor:
     """(B, V) logits of a tensor-parallel rank's step, rows as in decode_rows: x (B, C) is the all-reduced
     embedding. Every rank calls this in the same step, so each part's all-reduce meets the other ranks' (the same
     collectives, in the same order, as the modules' step). A refused part raises: every rank has the same rows and
-    shapes, so every rank raises at the same part."""
-    lib, ranks = kernels.library(), model.parallel.ranks
+    shapes, so every rank raises at the same part. What Block and Transformer do around the all-reduced sums (the
+    embedding's multipliers, the branch's post-norm or multiplier, the final soft-cap and scaling) runs here, with
+    the modules' own operations."""
+    lib, ranks, cfg = kernels.library(), model.parallel.ranks, model.config
     B = x.shape[0]
+    if cfg.embedding_multiplier != 1.0:  # _trunk's order
+        x = x * cfg.embedding_multiplier
+    if cfg.embed_scale is not None:
+        x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
     ptrs = (positions.data_ptr(), tables[0].data_ptr(), tables[1], kv_lens.data_ptr())
-    part = torch.empty_like(x)  # (B, C) this rank's partial sum of one o or down projection
-    for layer, biases in enumerate(plan.biases):
+    part = torch.empty_like(x)  # (B, C) this rank's partial sum of one o or down projection (or experts' sum)
+    for layer, (block, biases) in enumerate(zip(model.layers, plan.biases)):
         for half, bias in enumerate(biases):
-            if lib.nt_decode_part(ctypes.byref(plan.model), layer, half, x.data_ptr(), B, *ptrs, part.data_ptr()):
+            if lib.nt_decode_part(ctypes.byref(description), layer, half, x.data_ptr(), B, *ptrs, part.data_ptr()):
                 raise RuntimeError(f"the native step refused layer {layer} of this rank's step")
             y = ranks.all_reduce(part)
-            x += y if bias is None else y + bias  # the residual, as Block adds RowParallel's output
+            if bias is not None:  # RowParallel's bias, once after the all-reduce
+                y = y + bias
+            x += _branch(block, half, y)  # the residual, as Block adds the branch
     local = torch.empty((B, plan.model.vocab), dtype=torch.float32)  # this rank's rows of the head (padded)
-    if lib.nt_decode_part(ctypes.byref(plan.model), 0, 2, x.data_ptr(), B, *ptrs, local.data_ptr()):
+    if lib.nt_decode_part(ctypes.byref(description), 0, 2, x.data_ptr(), B, *ptrs, local.data_ptr()):
         raise RuntimeError("the native step refused the LM head of this rank's step")
-    return ranks.all_gather_last(local)[:, : model.config.vocab_size]
+    logits = ranks.all_gather_last(local)[:, : cfg.vocab_size]
+    if cfg.final_logit_softcapping is not None:  # Transformer._forward's order
+        logits = torch.tanh(logits / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
+    return logits / cfg.logits_scaling if cfg.logits_scaling != 1.0 else logits
+
+
+def _branch(block: torch.nn.Module, half: int, y: torch.Tensor) -> torch.Tensor:
+    """A branch's all-reduced output (half 0 attention, 1 MLP) as Block adds it to the residual: Gemma's post-norm,
+    OLMo 2's norm after, Granite's multiplier, or as it is."""
+    if block.sandwich:
+        return (block.attention_post_norm, block.ffn_post_norm)[half](y)
+    if block.norm_after:
+        return (block.attention_norm, block.ffn_norm)[half](y)
+    return y * block.residual if block.residual != 1.0 else y
+
+
+def _longrope_straddles(model: torch.nn.Module, positions: torch.Tensor) -> bool:
+    """Whether LongRoPE's per-forward choice (by the furthest row) differs from some row's own choice."""
+    if model.__dict__.get("long_inv_freq") is None:
+        return False
+    limit = model.config.rope.original_max_position_embeddings
+    return bool(int(positions.max()) + 1 > limit >= int(positions.min()) + 1)
 
 
 def _plan(model: torch.nn.Module, cache: KVCache) -> _Plan:
