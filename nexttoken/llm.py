@@ -26,6 +26,7 @@ from .generation.generate import length_budget, resolve_config
 from .generation.modes import GenerationMode, generation_mode
 from .generation.output_pipeline import Completion
 from .model import Transformer, load_model
+from .model.weights.loader import resolve_dtype
 from .model.lora import attach, merge_adapter, read_adapter
 from .model.quant.quantize import apply_quantization
 from .pretrained import DEFAULT_MODEL_DIR, Pretrained, load_pretrained, resolve_source
@@ -436,7 +437,9 @@ def load(
             raise LoraError(f"{source.path}: merge=True folds an adapter into a model folder's float weights, not a "
                             "GGUF file's: serve the adapter unmerged (lora= without merge)")
         (name, folder), = lora.items()  # type: ignore[union-attr]
-        model = load_model(source.path, dtype=dtype, device=device)
+        # The adapter is added to float weights (a bf16 checkpoint widened on CPU), then quantized as asked.
+        model = load_model(source.path, dtype=dtype or resolve_dtype(None, torch.device(device or "cpu")),
+                           device=device)
         merge_adapter(model, read_adapter(name, folder, model.config))
         model = apply_quantization(model, quantize)
     if tensor_parallel_size != 1:

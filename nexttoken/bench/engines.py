@@ -33,10 +33,9 @@ class StepClock:
 class NextTokenEngine:
     def __init__(self, path: Path, dtype: str, quantize: str | None = None) -> None:
         from ..model import load_model
-        from ..model.quant.quantize import apply_quantization
 
         self.name = "nexttoken" + (f"+{quantize}" if quantize not in (None, "none") else "")
-        self.model = apply_quantization(load_model(path, dtype=dtype), quantize)
+        self.model = load_model(path, dtype=dtype, quantize=quantize)
 
     def generate(self, ids: torch.Tensor, new_tokens: int, recorder: "StepClock | None" = None) -> torch.Tensor:
         from ..generation import generate
