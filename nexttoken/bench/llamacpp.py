@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,24 +131,31 @@ class ChildRun:
     peak_rss_mib: float
 
 
+# Runs argv[2:] as a grandchild and writes its ru_maxrss (KiB) to the file argv[1]. Why a launcher: Linux keeps
+# a process's peak RSS across exec, so a child spawned straight from this process (which holds a model) would
+# report this process's peak as its own; a grandchild forked from a bare interpreter (~10 MiB) starts clean.
+_LAUNCHER = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(str(usage.ru_maxrss))
+code = os.waitstatus_to_exitcode(status)
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
 def run_child(cmd: list[str], timeout: float = 1800) -> ChildRun:
-    """Run `cmd` to the end and read its peak RSS from wait4's rusage (ru_maxrss, KiB on Linux): this child's
-    alone, not the maximum over all children as getrusage(RUSAGE_CHILDREN) would give."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        child = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
-        timer = threading.Timer(timeout, child.kill)
-        timer.start()
-        try:
-            _, status, usage = os.wait4(child.pid, 0)
-        finally:
-            timer.cancel()
-        child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
-        out.seek(0)
-        err.seek(0)
-        done = ChildRun(out.read(), err.read(), usage.ru_maxrss / 1024)
-    if child.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {child.returncode}): {done.stderr.strip()[-500:]}")
-    return done
+    """Run `cmd` to the end; its own peak RSS from wait4's rusage (ru_maxrss), read by a bare launcher process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rss = Path(tmp) / "maxrss"
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", _LAUNCHER, str(rss), *cmd], capture_output=True,
+                              text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}): {done.stderr.strip()[-500:]}")
+        return ChildRun(done.stdout, done.stderr, int(rss.read_text()) / 1024)
 
 
 def parse_tests(output: str) -> list[dict]:
