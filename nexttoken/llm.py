@@ -412,6 +412,9 @@ def load(
     quantize="int8": weight-only int8 (per-row scales), about half of bf16's bytes read per token;
     quantize="int4": 4-bit groups of 32 with float16 scales (llama.cpp's Q4_0 scheme), 4.5 bits per weight;
     quantize="bf16": bfloat16 weights with float32 activations (llama.cpp's bf16), the float32 fast path.
+    dtype: by default on CPU a bf16 checkpoint keeps bf16 weights with float32 activations (what quantize="bf16"
+    builds; exact against transformers float32 on the same file), anything else float32; "float32" widens,
+    "bfloat16" runs every module in bf16 (docs/models.md, Precision).
     tool_call_parser: the format the model writes tool calls in (vLLM's names: "hermes", "llama3_json",
     "mistral"); by default it is read off the chat template.
     tensor_parallel_size=N: the model sharded over N ranks (docs/tensor_parallel.md): N-1 local worker
