@@ -218,4 +218,6 @@ class FilePeer:
         return {"gguf": str(self.gguf), "model_type": self.model_type, "prefill_tok_s": median(self.prefill),
                 "decode_tok_s": {b: median(v) for b, v in self.decode.items()},
                 "load_s": median(self.load_ms) / 1e3 if self.load_ms else None,
-                "peak_rss_mib": max(self.peak_rss_mib, default=None)}
+                "peak_rss_mib": max(self.peak_rss_mib, default=None),
+                "rounds": {"prefill_tok_s": self.prefill, "decode_tok_s": self.decode, "load_s": [
+                    ms / 1e3 for ms in self.load_ms]}}

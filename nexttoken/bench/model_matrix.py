@@ -15,6 +15,7 @@ weights (llama.cpp runs the file), and a .gguf model is compared with itself.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -111,7 +112,9 @@ def run_model(spec: ModelSpec, opts: Options, progress: Callable[[str], None]) -
     ours = {"precision": label, "prefill_tok_s": opts.prefill_len / median(prefill.prefill_s),
             "decode_tok_s": {b: median(m.decode_tps) for b, m in decode.items()},
             "load_s": probe.get("load_s"), "peak_rss_mib": probe.get("process_peak_mib"),
-            "peak_above_interpreter_mib": probe.get("peak_mib"), "probe_error": probe.get("error")}
+            "peak_above_interpreter_mib": probe.get("peak_mib"), "probe_error": probe.get("error"),
+            "rounds": {"prefill_tok_s": [opts.prefill_len / s for s in prefill.prefill_s],
+                       "decode_tok_s": {b: m.decode_tps for b, m in decode.items()}}}
     row = {"model": spec.label, "path": str(spec.path), "nexttoken": ours,
            "llama_cpp": peer.result() if peer is not None else None}
     row["ratios"] = ratios(ours, row["llama_cpp"])
@@ -138,8 +141,9 @@ def ratios(ours: dict, theirs: dict | None) -> dict:
 
 def run_model_matrix(specs: list[ModelSpec], opts: Options, progress: Callable[[str], None]) -> dict:
     """Every model's row (run_model), with the settings they were measured under."""
+    load_start = os.getloadavg()[0]  # other processes on the machine skew every figure
     rows = [run_model(s, opts, progress) for s in specs]
-    return {"prefill_len": opts.prefill_len, "decode_prompt": opts.decode_prompt, "new_tokens": opts.new_tokens,
+    return {"load_average": [load_start, os.getloadavg()[0]],"prefill_len": opts.prefill_len, "decode_prompt": opts.decode_prompt, "new_tokens": opts.new_tokens,
             "batch_sizes": opts.batch_sizes, "rounds": opts.rounds, "threads": opts.threads,
             "llama_bench": str(opts.llama_bench) if opts.llama_bench else None, "rows": rows}
 
@@ -165,7 +169,8 @@ def model_matrix_table(report: dict) -> str:
         f"\ndecode after a {report['decode_prompt']}-token prompt per sequence, {report['new_tokens']} new tokens; "
         f"prefill of one {report['prefill_len']}-token prompt; {report['threads']} threads; {report['rounds']} "
         "interleaved rounds (medians). Load: to the first token of a one-token prompt. Peak RSS: the whole process "
-        "at batch 1 (prefill + decode).")
+        "at batch 1 (prefill + decode)." + (" 1-minute load average {:.1f} -> {:.1f}.".format(*report["load_average"])
+                                           if report.get("load_average") else ""))
     return "\n".join(lines)
 
 
