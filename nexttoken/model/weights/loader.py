@@ -16,7 +16,7 @@ from ..llama import Transformer
 from ..memory import copy_into_arena, empty_in_arena, release_freed_memory
 from ..moe import checkpoint_parts as moe_parts, checkpoint_shapes as moe_shapes
 from ..quant.quantize import apply_quantization, quantize_bf16
-from .reader import Entry, Reader, read_headers, stored_dtype
+from .reader import Entry, Reader, check_dtypes, read_headers, stored_dtype
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Tensors some checkpoints carry that hold nothing we need (RoPE tables are recomputed from the config).
@@ -233,6 +233,7 @@ def load_model(
     path, device, cfg = _open_folder(path, device)
     entries = {n: e for n, e in read_headers(safetensors_files(path)).items() if not n.endswith(_IGNORED_SUFFIXES)}
     check_tensors(cfg, entries, path)
+    check_dtypes(entries)
     precision = resolve_precision(dtype, device, stored_dtype(entries), quantize)
     with torch.device("meta"):  # no throw-away random init: parameters are assigned from the checkpoint
         model = Transformer(cfg)

@@ -38,7 +38,7 @@ class Entry:
     """Where one tensor's bytes lie in a safetensors file."""
 
     file: Path
-    dtype: torch.dtype
+    dtype: torch.dtype  # (the safetensors name, e.g. "I64", for a dtype the loader does not read)
     shape: tuple[int, ...]
     start: int  # absolute byte offset of its first byte in the file
 
@@ -62,11 +62,17 @@ def read_headers(files: list[Path]) -> dict[str, Entry]:
         for name, info in header.items():
             if name == "__metadata__":
                 continue
-            if info["dtype"] not in DTYPES:
-                raise ModelLoadError(f"{f}: tensor {name} is stored as {info['dtype']}; nexttoken reads weights "
-                                     f"stored as {', '.join(DTYPES)}")
-            entries[name] = Entry(f, DTYPES[info["dtype"]], tuple(info["shape"]), 8 + size + info["data_offsets"][0])
+            entries[name] = Entry(f, DTYPES.get(info["dtype"], info["dtype"]), tuple(info["shape"]),
+                                  8 + size + info["data_offsets"][0])
     return entries
+
+
+def check_dtypes(entries: dict[str, Entry]) -> None:
+    """Every tensor is of a float dtype the loader reads (others, e.g. integer buffers, are named)."""
+    for name, e in entries.items():
+        if not isinstance(e.dtype, torch.dtype):
+            raise ModelLoadError(f"{e.file}: tensor {name} is stored as {e.dtype}; nexttoken reads weights stored as "
+                                 f"{', '.join(DTYPES)}")
 
 
 def stored_dtype(entries: dict[str, Entry]) -> torch.dtype:
