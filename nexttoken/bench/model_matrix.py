@@ -156,7 +156,7 @@ def model_matrix_table(report: dict) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in report["rows"]:
         ours, theirs, x = row["nexttoken"], row["llama_cpp"], row["ratios"]
-        lines.append(_line(row["model"], "nexttoken", ours["precision"], ours, batches))
+        lines.append(_line(_short(row["model"]), "nexttoken", ours["precision"], ours, batches))
         if theirs:
             lines.append(_line("", "llama.cpp", f"{theirs['model_type']} ({Path(theirs['gguf']).name})", theirs,
                                batches))
@@ -178,6 +178,11 @@ def _line(model: str, engine: str, prec: str, r: dict, batches: list[int]) -> st
     cells = [model, engine, prec] + [_f(r["decode_tok_s"].get(b), ".1f") for b in batches]
     cells += [_f(r["prefill_tok_s"], ".1f"), _f(r["load_s"], ".2f"), _f(r["peak_rss_mib"], ".0f")]
     return "| " + " | ".join(cells) + " |"
+
+
+def _short(label: str) -> str:
+    """A model's name for the table and plot: a path's last part (a Hub id stays whole)."""
+    return Path(label).name if Path(label).exists() else label
 
 
 def _f(x: float | None, fmt: str, suffix: str = "") -> str:
@@ -206,7 +211,7 @@ def plot_model_matrix(report: dict, path: Path) -> bool:
             if row["llama_cpp"]:
                 ax.bar(i + 0.2, get(row["llama_cpp"]) or 0, 0.4, color="lightgrey", hatch="//", edgecolor="k",
                        label="llama.cpp" if i == 0 else None)
-        ax.set_xticks(range(len(rows)), [r["model"][-28:] for r in rows], fontsize=6, rotation=30, ha="right")
+        ax.set_xticks(range(len(rows)), [_short(r["model"]) for r in rows], fontsize=6, rotation=30, ha="right")
         ax.set_title(title, fontsize=8)
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"{report['threads']} threads, {report['rounds']} interleaved rounds (medians)", fontsize=8)
