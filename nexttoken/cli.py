@@ -53,7 +53,9 @@ def _option_flags() -> list[tuple[str, dict[str, Any]]]:
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     add_source_args(p)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default float32 on CPU)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="weights dtype (default on CPU: a bf16 checkpoint keeps bf16 weights with float32 activations, "
+                        "anything else float32; bfloat16 on accelerators): docs/models.md#precision")
     p.add_argument("--device", help="cpu (default) or cuda")
     p.add_argument("--quantize", choices=["int8", "int4", "bf16"],
                    help="weight-only quantization of the linear layers: int8 (per row), int4 (groups of 32), or bf16 "

@@ -30,6 +30,7 @@ from .model import Transformer, load_model
 from .model.lora import attach, merge_adapter, read_adapter
 from .model.quant.quantize import apply_quantization
 from .model.weights.hub import resolve_adapter
+from .model.weights.loader import resolve_dtype
 from .pretrained import DEFAULT_MODEL_DIR, Pretrained, load_pretrained, resolve_source
 from .tokenizer import Tokenizer
 from .tools import TemplateSupport, ToolUse, format_named, template_messages, template_support, with_preamble
@@ -413,6 +414,9 @@ def load(
     quantize="int8": weight-only int8 (per-row scales), about half of bf16's bytes read per token;
     quantize="int4": 4-bit groups of 32 with float16 scales (llama.cpp's Q4_0 scheme), 4.5 bits per weight;
     quantize="bf16": bfloat16 weights with float32 activations (llama.cpp's bf16), the float32 fast path.
+    dtype: by default on CPU a bf16 checkpoint keeps bf16 weights with float32 activations (what quantize="bf16"
+    builds; exact against transformers float32 on the same file), anything else float32; "float32" widens,
+    "bfloat16" runs every module in bf16 (docs/models.md, Precision).
     tool_call_parser: the format the model writes tool calls in (vLLM's names: "hermes", "llama3_json",
     "mistral"); by default it is read off the chat template.
     tensor_parallel_size=N: the model sharded over N ranks (docs/tensor_parallel.md): N-1 local worker
@@ -439,7 +443,9 @@ def load(
             raise LoraError(f"{source.path}: merge=True folds an adapter into a model folder's float weights, not a "
                             "GGUF file's: serve the adapter unmerged (lora= without merge)")
         (name, folder), = lora.items()  # type: ignore[union-attr]
-        model = load_model(source.path, dtype=dtype, device=device)
+        # The adapter is added to float weights (a bf16 checkpoint widened on CPU), then quantized as asked.
+        model = load_model(source.path, dtype=dtype or resolve_dtype(None, torch.device(device or "cpu")),
+                           device=device)
         merge_adapter(model, read_adapter(name, folder, model.config, resolve=fetch_adapter))
         model = apply_quantization(model, quantize)
     if tensor_parallel_size != 1:

@@ -83,7 +83,7 @@ def load_pretrained(
         gen = GenerationConfig(bos_token_id=mc.bos_token_id, eos_token_id=eos, pad_token_id=mc.pad_token_id)
     else:
         if model is None:
-            model = apply_quantization(load_model(source.path, dtype=dtype, device=device), quantize)
+            model = load_model(source.path, dtype=dtype, device=device, quantize=quantize)
         mc = model.config
         gen = GenerationConfig(bos_token_id=mc.bos_token_id, eos_token_id=mc.eos_token_id,
                                pad_token_id=mc.pad_token_id)

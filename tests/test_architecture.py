@@ -103,7 +103,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "fused": {"batch", "cache", "kernels", "layers", "linear", "moe", "quant"},
         "llama": {"batch", "cache", "fused", "layers", "linear", "rope"},
         "parallel": {"linear", "memory", "moe", "quant"},
-        "weights": {"llama", "memory", "moe", "parallel"},
+        "weights": {"linear", "llama", "memory", "moe", "parallel", "quant"},
     },
     "engine": {
         "sequence": set(),

@@ -31,13 +31,18 @@ def add_parser(sub) -> None:  # noqa: ANN001
     src.add_argument("--shape", choices=list(SHAPES),
                      help="random-weight Llama: tiny 15M (the default), small 110M, 1b (Llama-3.2-1B, bf16); micro for "
                           "smoke tests")
-    src.add_argument("--model", help="a Hugging Face model folder, .gguf file or Hub id (org/name, org/name:Q4_K_M) "
-                                     "instead of a random shape (the speed table needs a folder or Hub id)")
+    src.add_argument("--model", action="append",
+                     help="a Hugging Face model folder, .gguf file or Hub id (org/name, org/name:Q4_K_M) instead of a "
+                          "random shape (the speed table needs a folder or Hub id). With --matrix: repeat it for each "
+                          "model; FOLDER::FILE.gguf runs llama.cpp on that GGUF of the folder's weights (a .gguf model "
+                          "is compared with itself)")
     p.add_argument("--revision", help="the Hub revision of --model (a branch, tag or commit)")
     p.add_argument("--gguf-file", metavar="FILE", help="the GGUF file of the Hub repository --model")
     p.add_argument("--download-dir", metavar="DIR", help="the Hugging Face cache folder for Hub ids")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: the shape's (1b: bfloat16, else float32)")
-    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--prompt-len", type=int, default=128,
+                   help="prompt tokens per sequence (with --matrix --model: the prompt decode follows)")
+    p.add_argument("--prefill-len", type=int, default=512, help="with --matrix --model: the prompt prefill is timed on")
     p.add_argument("--new-tokens", type=int, default=64, help="new tokens per run (>= 2 to measure decode)")
     p.add_argument("--batch-sizes", type=_int_list, default=[1, 8], help="comma-separated, e.g. 1,8")
     p.add_argument("--threads", type=int, default=2)
@@ -85,7 +90,8 @@ def add_parser(sub) -> None:  # noqa: ANN001
     p.add_argument("--precisions", default="none,bf16,int8,int4",
                    help="with --matrix: comma-separated, none (the checkpoint's dtype), bf16, int8, int4")
     p.add_argument("--llama-bench", help="with --matrix: a built llama.cpp llama-bench (or $NEXTTOKEN_LLAMA_BENCH) to run "
-                                        "as a peer on --gguf-dir's files")
+                                        "as a peer on --gguf-dir's files, or on each --model's GGUF file "
+                                        "(llama-batched-bench beside it for larger batches)")
     p.add_argument("--gguf-dir", help="with --matrix --llama-bench: GGUF files of the shapes' weights, named "
                                       "SHAPE-TYPE.gguf, TYPE one of f32, bf16, q8_0, q4_0")
     p.add_argument("--out", default="bench", help="output prefix: writes OUT.json and OUT.png")
@@ -106,6 +112,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     def progress(msg: str) -> None:
         print(f"[{time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
+    models = args.model or []
+    if args.matrix and models:
+        return _model_matrix(args, models, progress)
+    if len(models) > 1:
+        raise BenchError(f"--model is given {len(models)} times: only --matrix compares several models")
+    args.model = models[0] if models else None
     if args.model:  # a Hub id or GGUF file becomes the local folder / file every part below reads
         args.model = str(resolve_source(args.model, args.revision, args.download_dir, args.gguf_file).path)
     if args.draft:
@@ -334,6 +346,42 @@ def _matrix(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
     out.write_text(json.dumps(report, indent=1))
     wrote_plot = plot_matrix(report, out.with_suffix(".png"))
     progress(f"wrote {out}" + (f" and {out.with_suffix('.png')}" if wrote_plot else " (no plot: no matplotlib)"))
+    return 0
+
+
+def _model_matrix(args: argparse.Namespace, models: list[str], progress) -> int:  # noqa: ANN001
+    """Real model files beside llama.cpp on the same GGUF (model_matrix.py): table, JSON, markdown and plot."""
+    import json
+
+    from ..pretrained import resolve_source
+    from .llamacpp import find_llama_bench
+    from .model_matrix import Options, model_matrix_table, parse_spec, plot_model_matrix, run_model_matrix
+
+    if min(args.prefill_len, args.prompt_len) < 1 or args.new_tokens < 2:
+        raise BenchError("--prefill-len and --prompt-len must be >= 1 and --new-tokens >= 2 (decode is timed between "
+                         "tokens)")
+    try:
+        specs = [parse_spec(m, lambda text: resolve_source(text, args.revision, args.download_dir).path)
+                 for m in models]
+    except ValueError as e:
+        raise BenchError(str(e)) from None
+    llama_bench = find_llama_bench(args.llama_bench)
+    if args.llama_bench and llama_bench is None:
+        raise BenchError(f"--llama-bench {args.llama_bench}: no such file; pass a built llama.cpp llama-bench")
+    if llama_bench is None:
+        progress("llama.cpp not run: no --llama-bench PATH (or NEXTTOKEN_LLAMA_BENCH)")
+    opts = Options(args.prefill_len, args.prompt_len, args.new_tokens, args.batch_sizes, args.rounds, args.threads,
+                   llama_bench)
+    report = run_model_matrix(specs, opts, progress)
+    text = model_matrix_table(report)
+    print(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    out.with_suffix(".md").write_text(text + "\n")
+    wrote_plot = plot_model_matrix(report, out.with_suffix(".png"))
+    progress(f"wrote {out.with_suffix('.json')}, {out.with_suffix('.md')}" +
+             (f" and {out.with_suffix('.png')}" if wrote_plot else " (no plot: no matplotlib)"))
     return 0
 
 

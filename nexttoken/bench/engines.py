@@ -31,12 +31,18 @@ class StepClock:
 
 
 class NextTokenEngine:
-    def __init__(self, path: Path, dtype: str, quantize: str | None = None) -> None:
+    """nexttoken's padded decode loop on a model folder or a .gguf file (dtype None: the loader's default)."""
+
+    def __init__(self, path: Path, dtype: str | None, quantize: str | None = None) -> None:
         from ..model import load_model
         from ..model.quant.quantize import apply_quantization
+        from ..model.weights.gguf import load_gguf_model
 
         self.name = "nexttoken" + (f"+{quantize}" if quantize not in (None, "none") else "")
-        self.model = apply_quantization(load_model(path, dtype=dtype), quantize)
+        if Path(path).suffix == ".gguf":
+            self.model = apply_quantization(load_gguf_model(path, dtype=dtype)[0], quantize)
+        else:
+            self.model = load_model(path, dtype=dtype, quantize=quantize)
 
     def generate(self, ids: torch.Tensor, new_tokens: int, recorder: "StepClock | None" = None) -> torch.Tensor:
         from ..generation import generate

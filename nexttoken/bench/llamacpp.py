@@ -14,6 +14,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .runner import median
@@ -116,3 +120,104 @@ class Peer:
                              "decode_tok_s": median(self.decode[(kind, b)]),
                              "prefill_ms": 1e3 * self.prompt_len / pre if b == 1 and pre else None})
         return rows
+
+
+@dataclass
+class ChildRun:
+    """A finished llama.cpp process: its output and its own peak resident memory (the kernel's rusage of it)."""
+
+    stdout: str
+    stderr: str
+    peak_rss_mib: float
+
+
+# Runs argv[2:] as a grandchild and writes its ru_maxrss (KiB) to the file argv[1]. Why a launcher: Linux keeps
+# a process's peak RSS across exec, so a child spawned straight from this process (which holds a model) would
+# report this process's peak as its own; a grandchild forked from a bare interpreter (~10 MiB) starts clean.
+_LAUNCHER = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(str(usage.ru_maxrss))
+code = os.waitstatus_to_exitcode(status)
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
+def run_child(cmd: list[str], timeout: float = 1800) -> ChildRun:
+    """Run `cmd` to the end; its own peak RSS from wait4's rusage (ru_maxrss), read by a bare launcher process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rss = Path(tmp) / "maxrss"
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", _LAUNCHER, str(rss), *cmd], capture_output=True,
+                              text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}): {done.stderr.strip()[-500:]}")
+        return ChildRun(done.stdout, done.stderr, int(rss.read_text()) / 1024)
+
+
+def parse_tests(output: str) -> list[dict]:
+    """llama-bench's `-o json` tests, each as {n_prompt, n_gen, n_depth, avg_ts, model_type, model_size}."""
+    keys = ("n_prompt", "n_gen", "n_depth", "avg_ts", "model_type", "model_size")
+    return [{k: t.get(k) for k in keys} for t in json.loads(output)]
+
+
+class FilePeer:
+    """llama.cpp on one GGUF file, a round at a time (the model matrix interleaves its rounds with nexttoken's):
+    llama-bench's pp{prefill_len} (prefill) and tg{new_tokens} at depth {decode_prompt} (batch-1 decode after a
+    prompt, as nexttoken's decode rows are measured), and llama-batched-bench's decode of each larger batch, every
+    sequence with its own prompt of decode_prompt tokens. Peak RSS: the llama-bench runs' (batch 1). Load time:
+    the wall time of a llama-bench process that loads the file and computes one token of a one-token prompt, no
+    warm-up: the time until the weights are resident and a token is out (llama.cpp maps the file and faults its
+    pages in during that first token)."""
+
+    def __init__(self, bench: Path, gguf: Path, prefill_len: int, decode_prompt: int, new_tokens: int, threads: int,
+                 batch_sizes: list[int]) -> None:
+        self.bench, self.batched, self.gguf = bench, batched_bench_beside(bench), gguf
+        self.prefill_len, self.decode_prompt, self.new_tokens, self.threads = prefill_len, decode_prompt, new_tokens, threads
+        self.batch_sizes = [b for b in batch_sizes if b == 1 or self.batched is not None]
+        self.prefill: list[float] = []
+        self.decode: dict[int, list[float]] = {b: [] for b in self.batch_sizes}
+        self.load_ms: list[float] = []
+        self.peak_rss_mib: list[float] = []
+        self.model_type: str | None = None
+
+    def _bench(self, prompt: int, gen: int, depth: int) -> dict:
+        run = run_child([str(self.bench), "-m", str(self.gguf), "-p", str(prompt), "-n", str(gen), "-d", str(depth),
+                         "-t", str(self.threads), "-r", "1", "-o", "json"])
+        self.peak_rss_mib.append(run.peak_rss_mib)
+        (test,) = parse_tests(run.stdout)
+        self.model_type = test["model_type"]
+        return test
+
+    def measure_round(self) -> dict:
+        """One round of every figure; returns this round's {"prefill_tok_s", "decode_tok_s": {batch: rate}}."""
+        start = time.perf_counter()
+        run_child([str(self.bench), "-m", str(self.gguf), "-p", "1", "-n", "0", "-r", "1", "--no-warmup", "-t",
+                   str(self.threads), "-o", "json"])
+        self.load_ms.append(1e3 * (time.perf_counter() - start))
+        self.prefill.append(self._bench(self.prefill_len, 0, 0)["avg_ts"])
+        got = {"prefill_tok_s": self.prefill[-1], "decode_tok_s": {}}
+        for b in self.batch_sizes:
+            if b == 1:
+                rate = self._bench(0, self.new_tokens, self.decode_prompt)["avg_ts"]
+            else:
+                ctx = b * (self.decode_prompt + self.new_tokens) + 16
+                run = run_child([str(self.batched), "-m", str(self.gguf), "-c", str(ctx), "-b", "2048", "-ub", "512",
+                                 "-npp", str(self.decode_prompt), "-ntg", str(self.new_tokens), "-npl", str(b), "-t",
+                                 str(self.threads), "--output-format", "jsonl"])
+                rate = parse_batched(run.stdout + run.stderr)[b]
+            self.decode[b].append(rate)
+            got["decode_tok_s"][b] = rate
+        return got
+
+    def result(self) -> dict:
+        """Medians over the rounds (peak RSS: the largest)."""
+        return {"gguf": str(self.gguf), "model_type": self.model_type, "prefill_tok_s": median(self.prefill),
+                "decode_tok_s": {b: median(v) for b, v in self.decode.items()},
+                "load_s": median(self.load_ms) / 1e3 if self.load_ms else None,
+                "peak_rss_mib": max(self.peak_rss_mib, default=None),
+                "rounds": {"prefill_tok_s": self.prefill, "decode_tok_s": self.decode, "load_s": [
+                    ms / 1e3 for ms in self.load_ms]}}

@@ -1,7 +1,9 @@
 """Peak memory of one engine, in a fresh process: `python -m nexttoken.bench.memprobe '<json>'` prints JSON.
 
-Reported: the process's peak resident memory while generating minus its resident memory before the model was
-loaded (after a warm-up of the math libraries), both without the pages of shared libraries: so weights (also
+Reported: load_s, from the start of loading to the first token of a one-token prompt (weights resident,
+kernels ready; the interpreter's and torch's import before it not counted); process_peak_mib, the whole
+process's peak resident memory (ru_maxrss: what a peer process is compared with); and the process's peak
+resident memory while generating minus its resident memory before the model was loaded (after a warm-up of the math libraries), both without the pages of shared libraries: so weights (also
 when they stay memory-mapped from the checkpoint, as transformers keeps them) + KV cache + runtime buffers,
 without the interpreter and library code. Linux keeps a peak only for all resident memory (VmHWM, reset after
 loading), which includes library code pages that become resident the first time an operation runs (~8 MiB for
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -58,14 +61,23 @@ def probe(spec: dict) -> dict:
         a[0, 0] @ a[0, 0].T
         torch.nn.functional.linear(a[0, 0, :1], a[0, 0])
     base = _data_kib()
+    start = time.perf_counter()
     engine = make_engine(spec["engine"], Path(spec["path"]), spec["dtype"])
-    ids = torch.randint(3, spec["vocab"], (spec["batch"], spec["prompt_len"]), generator=torch.Generator().manual_seed(0))
+    engine.generate(torch.tensor([[1]]), 1)  # the first token: loaded, resident, kernels ready
+    load_s = time.perf_counter() - start
+    vocab = spec.get("vocab") or engine.model.config.vocab_size
+    ids = torch.randint(3, vocab, (spec["batch"], spec["prompt_len"]), generator=torch.Generator().manual_seed(0))
     engine.generate(ids, 2)  # warm: lazy allocations, kernel build
     load_peak = _data_kib("VmHWM")
+    whole_load_peak = _status_kib("VmHWM")
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak to the current resident size
     engine.generate(ids, spec["new_tokens"])
     peak = _data_kib("VmHWM")
-    return {"peak_mib": (peak - base) / 1024, "load_peak_mib": (load_peak - base) / 1024}
+    # The whole process's peak (interpreter, torch and libraries included): what ru_maxrss reports, and what
+    # llama.cpp's own process peak is compared with.
+    process_peak = max(whole_load_peak, _status_kib("VmHWM"))
+    return {"peak_mib": (peak - base) / 1024, "load_peak_mib": (load_peak - base) / 1024, "load_s": load_s,
+            "process_peak_mib": process_peak / 1024}
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ available (another OS, THP disabled, a small model) the tensors get ordinary mem
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import os
 
@@ -63,6 +64,21 @@ def copy_into_arena(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None 
             offset += _padded(sizes[name])
         del source
     return tensors
+
+
+def empty_in_arena(specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor]:
+    """Uninitialised CPU tensors of the given (shape, dtype) by name, packed into one huge-page arena (plain
+    allocations where there is none): the slots a loader reads the checkpoint's bytes straight into."""
+    sizes = {name: math.prod(shape) * dtype.itemsize for name, (shape, dtype) in specs.items()}
+    arena = huge_page_arena(sum(_padded(n) for n in sizes.values()))
+    out, offset = {}, 0
+    for name, (shape, dtype) in specs.items():
+        if arena is None:
+            out[name] = torch.empty(shape, dtype=dtype)
+        else:
+            out[name] = arena[offset : offset + sizes[name]].view(dtype).view(shape)
+            offset += _padded(sizes[name])
+    return out
 
 
 @torch.no_grad()

@@ -75,22 +75,23 @@ def checkpoint_shapes(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]
     return shapes
 
 
-def checkpoint_state(cfg: ModelConfig, t: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Tensor]:
-    """A sparse layer's checkpoint tensors -> our names under layers.{layer}.mlp, gate and up fused per expert."""
+def checkpoint_parts(cfg: ModelConfig, layer: int) -> dict[str, list[str]]:
+    """A sparse layer's tensors under layers.{layer}.mlp, each as the checkpoint tensors it is made of
+    (concatenated along dim 0): gate and up fused per expert."""
     moe = cfg.moe
     assert moe is not None
     p, o = _prefix(cfg, layer), f"layers.{layer}.mlp."
     gate, up, down = _expert_names(cfg)
-    sd = {o + "gate.weight": t[p + "gate.weight"]}
+    sd = {o + "gate.weight": [p + "gate.weight"]}
     for e in range(moe.num_experts):
         x = f"{p}experts.{e}."
-        sd[f"{o}experts.{e}.w13.weight"] = torch.cat([t[x + gate + ".weight"], t[x + up + ".weight"]])
-        sd[f"{o}experts.{e}.w2.weight"] = t[x + down + ".weight"]
+        sd[f"{o}experts.{e}.w13.weight"] = [x + gate + ".weight", x + up + ".weight"]
+        sd[f"{o}experts.{e}.w2.weight"] = [x + down + ".weight"]
     if moe.shared_intermediate_size:
         x = p + "shared_expert."
-        sd[o + "shared.w13.weight"] = torch.cat([t[x + "gate_proj.weight"], t[x + "up_proj.weight"]])
-        sd[o + "shared.w2.weight"] = t[x + "down_proj.weight"]
-        sd[o + "shared_gate.weight"] = t[p + "shared_expert_gate.weight"]
+        sd[o + "shared.w13.weight"] = [x + "gate_proj.weight", x + "up_proj.weight"]
+        sd[o + "shared.w2.weight"] = [x + "down_proj.weight"]
+        sd[o + "shared_gate.weight"] = [p + "shared_expert_gate.weight"]
     return sd
 
 

@@ -35,7 +35,9 @@ def _bytes(text: str) -> int:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
     add_source_args(p)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="weights dtype (default float32 on CPU)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="weights dtype (default on CPU: a bf16 checkpoint keeps bf16 weights with float32 activations, "
+                        "anything else float32; bfloat16 on accelerators): docs/models.md#precision")
     p.add_argument("--device", help="cpu (default) or cuda")
     p.add_argument("--quantize", choices=["int8", "int4", "bf16"],
                    help="weight-only quantization: int8 (per row), int4 (groups of 32), bf16 (bf16 weights, float32 "

@@ -50,17 +50,18 @@ def quantize_int4(model: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def quantize_bf16(model: nn.Module) -> nn.Module:
+def quantize_bf16(model: nn.Module, repack: bool = True) -> nn.Module:
     """bfloat16 weights, float32 everything else (bf16.py), in place: every linear layer and the embedding keep
     bf16 weights (shared, not copied, when they are bf16 already) and the remaining parameters (norms) become
-    float32, so the activations are float32."""
+    float32, so the activations are float32. repack=False: the weights stay where they are (the loader read them
+    into their arena already as bf16 / float32; moving them would be a second copy)."""
     tied = model.lm_head.weight is model.embed.weight
     _replace_linears(model, BF16Linear.from_linear)
     table = model.lm_head if tied else BF16Linear.from_linear(_as_linear(model.embed.weight))
     model.embed = BF16Embedding(table)
     for p in model.parameters():  # buffers (the bf16 weights) stay as they are
         p.data = p.data.float()
-    return _finish(model, "bf16")
+    return _finish(model, "bf16", repack)
 
 
 def _replace_linears(root: nn.Module, make: Callable[[Linear], nn.Module]) -> None:
@@ -71,11 +72,12 @@ def _replace_linears(root: nn.Module, make: Callable[[Linear], nn.Module]) -> No
                 setattr(module, name, make(child))
 
 
-def _finish(model: nn.Module, kind: str) -> nn.Module:
+def _finish(model: nn.Module, kind: str, move: bool = True) -> nn.Module:
     model.quantization = kind
     release_freed_memory()  # the float weights just replaced
-    repack(model)  # the new weights onto huge pages too (memory.py), like the loader's float ones
-    release_freed_memory()
+    if move:
+        repack(model)  # the new weights onto huge pages too (memory.py), like the loader's float ones
+        release_freed_memory()
     return model
 
 
@@ -92,4 +94,10 @@ def apply_quantization(model: nn.Module, quantize: str | None) -> nn.Module:
         return model
     if quantize not in QUANTIZATIONS:
         raise ModelLoadError(f"quantize={quantize!r} is not supported; use one of {', '.join(QUANTIZATIONS)} or None")
+    done = getattr(model, "quantization", None)
+    if done == quantize:  # e.g. a bf16 checkpoint, loaded with bf16 weights by default
+        return model
+    if done is not None:
+        raise ModelLoadError(f"the model's weights are {done} already, so they cannot become {quantize}: load the "
+                             f"checkpoint with quantize={quantize!r} (or dtype='float32') instead")
     return {"int8": quantize_int8, "int4": quantize_int4, "bf16": quantize_bf16}[quantize](model)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -10,9 +11,12 @@ from safetensors import SafetensorError, safe_open
 
 from ...config import ModelConfig
 from ...errors import MissingFileError, ModelLoadError
+from ..linear import KeptLinear, Linear
 from ..llama import Transformer
-from ..memory import copy_into_arena, release_freed_memory
-from ..moe import checkpoint_shapes as moe_shapes, checkpoint_state as moe_state
+from ..memory import copy_into_arena, empty_in_arena, release_freed_memory
+from ..moe import checkpoint_parts as moe_parts, checkpoint_shapes as moe_shapes
+from ..quant.quantize import apply_quantization, quantize_bf16
+from .reader import Entry, Reader, check_dtypes, read_headers, stored_dtype
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Tensors some checkpoints carry that hold nothing we need (RoPE tables are recomputed from the config).
@@ -60,6 +64,7 @@ def safetensors_files(path: Path) -> list[Path]:
 
 
 def read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
+    """Every tensor of the files by name, read whole (a test's or tool's view; loading reads into place)."""
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
         try:
@@ -141,10 +146,11 @@ def check_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: Pa
         )
 
 
-def to_state_dict(cfg: ModelConfig, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Checkpoint names -> our module names, fusing q/k/v and gate/up."""
-    sd = {"embed.weight": t["model.embed_tokens.weight"], "norm.weight": t["model.norm.weight"]}
-    sd["lm_head.weight"] = sd["embed.weight"] if cfg.tie_word_embeddings else t["lm_head.weight"]
+def state_parts(cfg: ModelConfig, names: set[str] | dict) -> dict[str, list[str]]:
+    """Our module names -> the checkpoint tensors each is made of, concatenated along dim 0 (q/k/v and gate/up
+    fused; one name: the tensor as it is). `names`: the checkpoint's tensor names (optional biases)."""
+    sd = {"embed.weight": ["model.embed_tokens.weight"], "norm.weight": ["model.norm.weight"]}
+    sd["lm_head.weight"] = sd["embed.weight"] if cfg.tie_word_embeddings else ["lm_head.weight"]
     for i in range(cfg.num_hidden_layers):
         p, o = f"model.layers.{i}.", f"layers.{i}."
         # The block's two norms: before attention and MLP (Llama), or after them (OLMo 2's post norms).
@@ -152,39 +158,125 @@ def to_state_dict(cfg: ModelConfig, t: dict[str, torch.Tensor]) -> dict[str, tor
             "input_layernorm", "post_attention_layernorm")
         if cfg.sandwich_norm:  # Gemma 2 / 3: four norms, before and after each branch
             first, second = "input_layernorm", "pre_feedforward_layernorm"
-            sd[o + "attention_post_norm.weight"] = t[p + "post_attention_layernorm.weight"]
-            sd[o + "ffn_post_norm.weight"] = t[p + "post_feedforward_layernorm.weight"]
-        sd[o + "attention_norm.weight"] = t[p + first + ".weight"]
-        sd[o + "ffn_norm.weight"] = t[p + second + ".weight"]
+            sd[o + "attention_post_norm.weight"] = [p + "post_attention_layernorm.weight"]
+            sd[o + "ffn_post_norm.weight"] = [p + "post_feedforward_layernorm.weight"]
+        sd[o + "attention_norm.weight"] = [p + first + ".weight"]
+        sd[o + "ffn_norm.weight"] = [p + second + ".weight"]
         if cfg.moe and cfg.moe.sparse_layers[i]:
-            sd |= moe_state(cfg, t, i)
+            sd |= moe_parts(cfg, i)
         if cfg.qk_norm:
-            sd[o + "attention.q_norm.weight"] = t[p + "self_attn.q_norm.weight"]
-            sd[o + "attention.k_norm.weight"] = t[p + "self_attn.k_norm.weight"]
+            sd[o + "attention.q_norm.weight"] = [p + "self_attn.q_norm.weight"]
+            sd[o + "attention.k_norm.weight"] = [p + "self_attn.k_norm.weight"]
         if _fused_checkpoint(cfg):  # [q; k; v] and [gate; up] rows: our fused matrices as they are
-            sd[o + "attention.wqkv.weight"] = t[p + "self_attn.qkv_proj.weight"]
-            sd[o + "attention.wo.weight"] = t[p + "self_attn.o_proj.weight"]
-            sd[o + "mlp.w13.weight"] = t[p + "mlp.gate_up_proj.weight"]
-            sd[o + "mlp.w2.weight"] = t[p + "mlp.down_proj.weight"]
+            sd[o + "attention.wqkv.weight"] = [p + "self_attn.qkv_proj.weight"]
+            sd[o + "attention.wo.weight"] = [p + "self_attn.o_proj.weight"]
+            sd[o + "mlp.w13.weight"] = [p + "mlp.gate_up_proj.weight"]
+            sd[o + "mlp.w2.weight"] = [p + "mlp.down_proj.weight"]
             continue
         for kind in ("weight", "bias"):
-            names = [p + f"self_attn.{x}_proj.{kind}" for x in "qkv"]
-            if names[0] in t:
-                sd[o + f"attention.wqkv.{kind}"] = torch.cat([t[n] for n in names])
-            if p + f"self_attn.o_proj.{kind}" in t:
-                sd[o + f"attention.wo.{kind}"] = t[p + f"self_attn.o_proj.{kind}"]
-            if p + f"mlp.gate_proj.{kind}" in t:
-                sd[o + f"mlp.w13.{kind}"] = torch.cat([t[p + f"mlp.gate_proj.{kind}"], t[p + f"mlp.up_proj.{kind}"]])
-                sd[o + f"mlp.w2.{kind}"] = t[p + f"mlp.down_proj.{kind}"]
+            qkv = [p + f"self_attn.{x}_proj.{kind}" for x in "qkv"]
+            if qkv[0] in names:
+                sd[o + f"attention.wqkv.{kind}"] = qkv
+            if p + f"self_attn.o_proj.{kind}" in names:
+                sd[o + f"attention.wo.{kind}"] = [p + f"self_attn.o_proj.{kind}"]
+            if p + f"mlp.gate_proj.{kind}" in names:
+                sd[o + f"mlp.w13.{kind}"] = [p + f"mlp.gate_proj.{kind}", p + f"mlp.up_proj.{kind}"]
+                sd[o + f"mlp.w2.{kind}"] = [p + f"mlp.down_proj.{kind}"]
     return sd
 
 
+def to_state_dict(cfg: ModelConfig, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Checkpoint tensors -> our module names, fusing q/k/v and gate/up (tied names share one tensor)."""
+    sd: dict[str, torch.Tensor] = {}
+    made: dict[tuple[str, ...], torch.Tensor] = {}
+    for name, parts in state_parts(cfg, t).items():
+        key = tuple(parts)
+        if key not in made:
+            made[key] = t[parts[0]] if len(parts) == 1 else torch.cat([t[n] for n in parts])
+        sd[name] = made[key]
+    return sd
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a load builds: `dtype` for activations, norms, the KV cache and (unless bf16_weights) the weights;
+    `bf16_weights`: the matrices and the embedding stored bfloat16 (quant/bf16.py), activations float32."""
+
+    dtype: torch.dtype
+    bf16_weights: bool = False
+
+
+def resolve_precision(dtype: str | torch.dtype | None, device: torch.device, stored: torch.dtype | None,
+                      quantize: str | None = None) -> Precision:
+    """The one rule for a checkpoint's default precision. An explicit dtype keeps its meaning (float32: the
+    weights widened, exact against transformers float32; bfloat16: every module in bf16, exact against
+    transformers bf16). By default on CPU a checkpoint stored in bfloat16 keeps bf16 weights with float32
+    activations (memory about the file's size, the fused native step reading half the bytes; exact against
+    transformers float32 on the same file, since widening bf16 to float32 is exact), anything else loads float32;
+    on accelerators bfloat16. quantize="bf16" reads any checkpoint as bf16 weights straight from the file; int8 /
+    int4 quantize the float32 (CPU default) model."""
+    if quantize == "bf16":
+        return Precision(torch.float32, True)
+    if dtype is None or dtype == "auto":
+        if device.type == "cpu" and stored == torch.bfloat16 and quantize in (None, "none"):
+            return Precision(torch.float32, True)
+    return Precision(resolve_dtype(dtype, device))
+
+
 def load_model(
-    path: str | Path, dtype: str | torch.dtype | None = None, device: str | torch.device | None = None
+    path: str | Path, dtype: str | torch.dtype | None = None, device: str | torch.device | None = None,
+    quantize: str | None = None,
 ) -> Transformer:
-    """Build our Transformer from a Hugging Face model folder (config.json + safetensors)."""
-    path, device, torch_dtype, cfg = _open_folder(path, dtype, device)
-    return build_model(cfg, read_tensors(safetensors_files(path)), path, device, torch_dtype)
+    """Build our Transformer from a Hugging Face model folder (config.json + safetensors), each weight read from
+    the file straight into its place (reader.py). `dtype` / `quantize`: resolve_precision's rule (by default a
+    bf16 checkpoint keeps bf16 weights with float32 activations on CPU); `quantize` is applied here."""
+    path, device, cfg = _open_folder(path, device)
+    entries = {n: e for n, e in read_headers(safetensors_files(path)).items() if not n.endswith(_IGNORED_SUFFIXES)}
+    check_tensors(cfg, entries, path)
+    check_dtypes(entries)
+    precision = resolve_precision(dtype, device, stored_dtype(entries), quantize)
+    with torch.device("meta"):  # no throw-away random init: parameters are assigned from the checkpoint
+        model = Transformer(cfg)
+    parts = state_parts(cfg, entries)
+    dtypes = {name: _weight_dtype(model, name, precision) for name in parts}
+    model.load_state_dict(_read_state(parts, entries, dtypes, device), assign=True, strict=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed.weight
+    model = model.to(device).eval()
+    if precision.bf16_weights:  # the Linear modules already hold bf16 tensors: wrapped, not copied
+        model = quantize_bf16(model, repack=False)
+    return apply_quantization(model, quantize)
+
+
+def _weight_dtype(model: Transformer, name: str, precision: Precision) -> torch.dtype:
+    """bfloat16 for a matrix of a `Linear` (not a KeptLinear router) and the embedding when the precision keeps
+    bf16 weights, else the precision's dtype."""
+    if not precision.bf16_weights:
+        return precision.dtype
+    owner = model.get_submodule(name.rsplit(".", 1)[0])
+    is_matrix = name.endswith(".weight") and (isinstance(owner, Linear) and not isinstance(owner, KeptLinear))
+    return torch.bfloat16 if is_matrix or name == "embed.weight" else torch.float32
+
+
+def _read_state(parts: dict[str, list[str]], entries: dict[str, Entry], dtypes: dict[str, torch.dtype],
+                device: torch.device) -> dict[str, torch.Tensor]:
+    """Our state dict, every tensor read from the files into its slot of one huge-page arena (tied names share
+    one); on an accelerator each is moved there as soon as it is read."""
+    first: dict[tuple[str, ...], str] = {}
+    owner = {name: first.setdefault(tuple(p), name) for name, p in parts.items()}
+    specs = {}
+    for name, p in parts.items():
+        if owner[name] == name:
+            shape = entries[p[0]].shape
+            specs[name] = ((sum(entries[n].shape[0] for n in p), *shape[1:]), dtypes[name])
+    slots = empty_in_arena(specs) if device.type == "cpu" else None
+    state: dict[str, torch.Tensor] = {}
+    with Reader() as reader:
+        for name, (shape, dtype) in specs.items():
+            t = slots[name] if slots is not None else torch.empty(shape, dtype=dtype)
+            reader.fill(t, [entries[n] for n in parts[name]])
+            state[name] = t if slots is not None else t.to(device)
+    return {name: state[owner[name]] for name in parts}
 
 
 def build_model(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: Path, device: torch.device,
@@ -203,13 +295,12 @@ def build_model(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: Path
     return model.to(device).eval()
 
 
-def _open_folder(path: str | Path, dtype: str | torch.dtype | None, device: str | torch.device | None):  # noqa: ANN202
-    """(folder, device, torch dtype, ModelConfig) of a model folder, checked."""
+def _open_folder(path: str | Path, device: str | torch.device | None):  # noqa: ANN202
+    """(folder, device, ModelConfig) of a model folder, checked."""
     path = Path(path)
     if not path.is_dir():
         raise MissingFileError(f"model folder {path} does not exist")
-    device = torch.device(device or "cpu")
-    return path, device, resolve_dtype(dtype, device), ModelConfig.from_dir(path)
+    return path, torch.device(device or "cpu"), ModelConfig.from_dir(path)
 
 
 def _owned(state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -11,7 +11,8 @@ from safetensors import SafetensorError, safe_open
 from ...config import ModelConfig
 from ...errors import ModelLoadError
 from ..llama import Transformer
-from .loader import _IGNORED_SUFFIXES, _open_folder, _owned, check_tensors, safetensors_files, to_state_dict
+from .loader import (_IGNORED_SUFFIXES, _open_folder, _owned, check_tensors, resolve_dtype, safetensors_files,
+                     to_state_dict)
 from ..memory import release_freed_memory
 from ..parallel import ParallelInfo, Shards, shard_modules
 
@@ -84,7 +85,8 @@ def load_model_shard(
     device: str | torch.device | None = None,
 ) -> Transformer:
     """This rank's part of a tensor-parallel Transformer (model/parallel.py): only its slices are read."""
-    path, device, torch_dtype, cfg = _open_folder(path, dtype, device)
+    path, device, cfg = _open_folder(path, device)
+    torch_dtype = resolve_dtype(dtype, device)  # a bf16 checkpoint widened by default: the shards' int8 starts here
     shards = Shards.plan(cfg, ranks.rank, ranks.size)
     tensors = read_shard(safetensors_files(path), cfg, shards)
     state = to_state_dict(cfg, tensors)
