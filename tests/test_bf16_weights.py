@@ -12,6 +12,7 @@ import nexttoken
 from nexttoken.generation import generate
 from nexttoken.model import fused, kernels, load_model
 from nexttoken.model.quant.bf16 import BF16Linear
+from nexttoken.model.quant import tiles
 from nexttoken.model.quant import quantize_bf16
 from tiny_models import save_variant
 
@@ -66,13 +67,18 @@ def test_equals_transformers_in_float32_on_the_rounded_weights(tmp_path) -> None
     assert torch.equal(generate(model, ids, max_new_tokens=24, do_sample=False, eos_token_id=None), expected)
 
 
-def test_prefill_blocks_equal_one_float32_product() -> None:
+def test_prefill_blocks_equal_one_product() -> None:
+    """Prefill (quant/tiles.py): the float32 product of the widened weights when exactness is asked for; by
+    default the bf16 product of bf16-rounded activations (llama.cpp's BF16 matmul), widened."""
     lin = torch.nn.Linear(96, 4000, bias=True)
     layer = BF16Linear.from_linear(lin)
     x = torch.randn(70, 96)
     with torch.no_grad():
         expected = torch.nn.functional.linear(x, layer.weight.float(), layer.bias)
-        assert torch.allclose(layer(x), expected, atol=1e-5)
+        with tiles.precision("float32"):
+            assert torch.allclose(layer(x), expected, atol=1e-5)
+        fast = torch.nn.functional.linear(x.bfloat16(), layer.weight).float() + layer.bias
+        assert torch.equal(layer(x), fast)
 
 
 @needs_stories

@@ -147,15 +147,20 @@ def test_dequantize_rounds_like_torch(dtype) -> None:
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int8_prefill_in_blocks_equals_one_dequantized_matrix(dtype, monkeypatch) -> None:
-    from nexttoken.model.quant import int8
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_int8_prefill_in_blocks_equals_one_dequantized_matrix(dtype, precision, monkeypatch) -> None:
+    """Prefill in blocks (quant/tiles.py) is torch's one product with the whole dequantized matrix: in float32,
+    exactly the float32 product; in bfloat16 (the default), the bf16 product of bf16-rounded activations."""
+    from nexttoken.model.quant import int8, tiles
 
-    monkeypatch.setattr(int8, "PREFILL_BLOCK_BYTES", 64 * 96 * 4)  # several blocks and a short last one
+    monkeypatch.setattr(tiles, "BLOCK_BYTES", 64 * 96 * 4)  # several blocks and a short last one
     gen = torch.Generator().manual_seed(6)
     layer = int8.Int8Linear.from_linear(torch.nn.Linear(96, 300).to(dtype))
     x = torch.randn(80, 96, generator=gen).to(dtype)  # 80 rows: past the few-row kernels, the prefill path
-    with torch.no_grad():
-        expected = F.linear(x, (layer.weight.float() * layer.scale[:, None]).to(dtype)) + layer.bias.to(dtype)
+    gemm = torch.bfloat16 if precision == "bfloat16" else dtype
+    with torch.no_grad(), tiles.precision(precision):
+        w = (layer.weight.float() * layer.scale[:, None]).to(gemm)
+        expected = F.linear(x.to(gemm), w).to(dtype) + layer.bias.to(dtype)
         torch.testing.assert_close(layer(x), expected, rtol=0, atol=0)
 
 

@@ -15,6 +15,7 @@ from nexttoken.model.quant.int4 import (
     Int4Linear, dequantize_groups, linear_reference, quantize_activations, quantize_groups
 )
 from nexttoken.model.quant.int8 import Int8Linear
+from nexttoken.model.quant import tiles
 from nexttoken.model.quant import quantize_int4
 from tiny_models import save_variant
 
@@ -121,11 +122,15 @@ def test_layer_decode_prefill_and_fallback_agree(monkeypatch) -> None:
     layer = Int4Linear.from_linear(lin)
     x = torch.randn(2, 40, 200, generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
-        prefill = layer(x)  # 80 rows: dequantized blocks + GEMM
+        with tiles.precision("float32"):
+            prefill = layer(x)  # 80 rows: dequantized blocks + GEMM
+        fast = layer(x)  # the default: bf16 activations and tiles, bf16 GEMM (quant/tiles.py)
         decode = layer(x[:, :1])  # 2 rows: the native kernel
         monkeypatch.setattr(kernels, "int4_available", lambda: False)
         fallback = layer(x)  # torch on the whole dequantized matrix
+        bf16 = torch.nn.functional.linear(x.bfloat16(), layer.dequantized().bfloat16()).float() + layer.bias
     assert torch.allclose(prefill, fallback, atol=1e-5)
+    assert torch.equal(fast, bf16)
     # decode multiplies int8 activations (quantize_activations): its own arithmetic exactly, float activations
     # within half an activation step per column
     exact = linear_reference(x[:, 0], layer.weight, layer.scale, 200) + layer.bias.double()  # (2, 300)
@@ -139,7 +144,7 @@ def test_layer_decode_prefill_and_fallback_agree(monkeypatch) -> None:
 def test_rows_longer_than_the_decode_buffer_take_the_prefill_path() -> None:
     layer = Int4Linear.from_linear(torch.nn.Linear(33000, 3, bias=False))  # Kp = 33024 > 32768
     x = torch.randn(1, 33000, generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
+    with torch.no_grad(), tiles.precision("float32"):
         y = layer(x)
     ref = x.double() @ layer.dequantized().double().T
     assert torch.allclose(y.double(), ref, atol=1e-4)

@@ -16,9 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
-
-PREFILL_BLOCK_BYTES = 4 << 20  # widened weights per GEMM in prefill: cache-sized, large enough to run fast
-
+from . import tiles
 
 class BF16Linear(nn.Module):
     """y = x @ W^T + bias for float32 x with W (N, K) stored as bfloat16 (a plain buffer, widened when used)."""
@@ -39,11 +37,11 @@ class BF16Linear(nn.Module):
             return kernels.linear(x, self.weight, self.bias)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # (M, K)
-        N, K = self.weight.shape
-        rows = max(64, PREFILL_BLOCK_BYTES // (K * 4))
-        y = torch.empty((x2.shape[0], N), dtype=x.dtype, device=x.device)
-        for n0 in range(0, N, rows):  # a block of rows widened at a time: no full float32 copy of the matrix
-            y[:, n0 : n0 + rows] = F.linear(x2, self.weight[n0 : n0 + rows].to(x.dtype))
+        N = self.out_features
+        if x.device.type == "cpu":  # prefill: the stored rows as they are (bf16 GEMM) or widened a block at a time
+            y = tiles.matmul(x2, N, lambda n0, n1, dtype, out: self.weight[n0:n1].to(dtype))
+        else:
+            y = F.linear(x2, self.weight.to(x.dtype))
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.view(*lead, N)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
+from . import tiles
 
 GROUP = 32  # columns per scale
 CHUNK = 128  # columns per 64 packed bytes (four groups); K is padded to a multiple of this
@@ -35,7 +36,6 @@ COLUMN_OF = torch.tensor([32 * ((b // 4) % 4) + 8 * (b // 16) + 2 * (2 * (b % 2)
                           for h in (0, 1) for b in range(64)])
 POSITION_OF = torch.argsort(COLUMN_OF)  # chunk column -> nibble position
 MAX_DECODE_K = 32768  # the decode kernel's activation buffer (csrc/int4.cpp); longer rows take the prefill path
-PREFILL_BLOCK_BYTES = 4 << 20  # dequantized weights per GEMM in prefill: cache-sized, large enough to run fast
 
 
 def padded(K: int) -> int:
@@ -163,12 +163,6 @@ class Int4Linear(nn.Module):
         return y.view(*lead, self.out_features)
 
     def _prefill_in_blocks(self, x: torch.Tensor) -> torch.Tensor:
-        """x (M, K) @ dequantized weights^T, a cache-sized block of output rows at a time (no full float copy)."""
-        N, K = self.out_features, self.in_features
-        rows = max(64, PREFILL_BLOCK_BYTES // (K * x.element_size()))
-        y = torch.empty((x.shape[0], N), dtype=x.dtype)
-        buffer = torch.empty(min(rows, N) * K, dtype=x.dtype)
-        for n0 in range(0, N, rows):
-            w = kernels.dequantize_int4(self.weight[n0 : n0 + rows], self.scale[n0 : n0 + rows], K, x.dtype, out=buffer)
-            y[:, n0 : n0 + w.shape[0]] = F.linear(x, w)
-        return y
+        """x (M, K) @ dequantized weights^T, a block of output rows at a time (quant/tiles.py)."""
+        return tiles.matmul(x, self.out_features, lambda n0, n1, dtype, out: kernels.dequantize_int4(
+            self.weight[n0:n1], self.scale[n0:n1], self.in_features, dtype, out=out))

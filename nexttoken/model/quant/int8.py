@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
+from . import tiles
 
 
 class Int8Linear(nn.Module):
@@ -47,20 +48,9 @@ class Int8Linear(nn.Module):
         return y.view(*lead, self.out_features)
 
     def _prefill_in_blocks(self, x: torch.Tensor) -> torch.Tensor:
-        """x (M, K) @ dequantized weights^T, a block of output rows at a time: the dequantized block (a few MB)
-        stays in cache for its GEMM, and no full-size float copy of the matrix (1 GB for a 1B model's LM head
-        in float32) ever exists."""
-        N, K = self.weight.shape
-        rows = max(64, PREFILL_BLOCK_BYTES // (K * x.element_size()))
-        y = torch.empty((x.shape[0], N), dtype=x.dtype)
-        buffer = torch.empty(min(rows, N) * K, dtype=x.dtype)
-        for n0 in range(0, N, rows):
-            w = kernels.dequantize(self.weight[n0 : n0 + rows], self.scale[n0 : n0 + rows], x.dtype, out=buffer)
-            y[:, n0 : n0 + w.shape[0]] = F.linear(x, w)
-        return y
-
-
-PREFILL_BLOCK_BYTES = 4 << 20  # dequantized weights per GEMM in int8 prefill: cache-sized, large enough to run fast
+        """x (M, K) @ dequantized weights^T, a block of output rows at a time (quant/tiles.py)."""
+        return tiles.matmul(x, self.out_features, lambda n0, n1, dtype, out: kernels.dequantize(
+            self.weight[n0:n1], self.scale[n0:n1], dtype, out=out))
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
