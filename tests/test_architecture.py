@@ -103,7 +103,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "fused": {"batch", "cache", "kernels", "layers", "linear", "quant"},
         "llama": {"batch", "cache", "fused", "layers", "linear", "rope"},
         "parallel": {"linear", "memory", "moe", "quant"},
-        "weights": {"llama", "memory", "moe", "parallel"},
+        "weights": {"llama", "memory", "moe", "parallel", "quant"},  # GGUF blocks kept packed (quant/ggml.py)
     },
     "engine": {
         "sequence": set(),

@@ -28,6 +28,7 @@ from . import kernels
 from .batch import ForwardBatch
 from .cache import KVCache
 from .quant.bf16 import BF16Embedding, BF16Linear
+from .quant.ggml import GGUFLinear
 from .quant.int4 import Int4Linear
 from .quant.int8 import Int8Embedding, Int8Linear
 from .layers import MLP, Attention, Block, RMSNorm
@@ -73,6 +74,11 @@ def _linear(module: torch.nn.Module) -> _Linear | None:
         w, scale, bias = module.weight, None, module.bias
     elif type(module) is Int8Linear:
         w, scale, bias = module.weight, module.scale, module.bias
+    elif type(module) is GGUFLinear and kernels.ggml_available():  # kind 16 + ggml type: csrc/ggml.cpp's blocks
+        if module.bias is not None and module.bias.dtype != torch.float32:
+            return None
+        return _Linear(module.native_weight.data_ptr(), module.native_kind, None,
+                       None if module.bias is None else module.bias.data_ptr())
     elif type(module) is Int4Linear and kernels.int4_available():  # kind 3: csrc/int4.cpp's layout
         if module.bias is not None and module.bias.dtype != torch.float32:
             return None

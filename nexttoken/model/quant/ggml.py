@@ -30,6 +30,11 @@ MIXED = 255  # csrc/ggml.cpp's type for a matrix of several parts
 PREFILL_BLOCK_BYTES = 4 << 20  # dequantized weights per GEMM in prefill: cache-sized, large enough to run fast
 
 
+def native_blocks() -> bool:
+    """Whether GGUF blocks are multiplied natively here (csrc/ggml.cpp: AVX-512 VNNI and F16C)."""
+    return kernels.ggml_available()
+
+
 def block_shape(name: str) -> tuple[int, int]:
     """(elements, bytes) of one block of the ggml type `name` (gguf's GGML_QUANT_SIZES)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
