@@ -256,12 +256,13 @@ def ggml_available() -> bool:
 
 
 def linear_ggml(x: torch.Tensor, packed: torch.Tensor, ggml_type: int, K: int,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
+                bias: torch.Tensor | None = None, N: int | None = None) -> torch.Tensor:
     """x (..., K) @ W^T (+ bias (N,) float32) for W stored as GGUF blocks: packed (N, row bytes) uint8 of ggml type
-    `ggml_type` (csrc/ggml.cpp); at most MAX_ROWS rows of x. Output in x's dtype."""
+    `ggml_type` (csrc/ggml.cpp; type 255: packed is the int64 description of parts of several types, and N must be
+    given); at most MAX_ROWS rows of x. Output in x's dtype."""
     lib = library()
     assert lib is not None and x.shape[-1] == K and packed.is_contiguous()
-    N = packed.shape[0]
+    N = packed.shape[0] if N is None else N
     xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()  # (..., K)
     y = torch.empty((*x.shape[:-1], N), dtype=x.dtype)  # (..., N)
     rc = lib.nt_linear_ggml(ggml_type, packed.data_ptr(), xf.data_ptr(), None if bias is None else bias.data_ptr(),

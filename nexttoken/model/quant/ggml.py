@@ -106,7 +106,8 @@ class GGUFLinear(nn.Module):
         native = (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and not torch.is_grad_enabled()
                   and kernels.ggml_available())
         if native and x2.shape[0] <= kernels.MAX_ROWS:  # decode: the blocks streamed once for all rows
-            return kernels.linear_ggml(x, self.native_weight, self.native_kind - kernels.GGML_KIND, K, self.bias)
+            return kernels.linear_ggml(x, self.native_weight, self.native_kind - kernels.GGML_KIND, K, self.bias,
+                                       self.out_features)
         y = torch.empty((x2.shape[0], self.out_features), dtype=x.dtype, device=x.device)
         n0 = 0
         for rows, t in self.parts:  # a cache-sized block of rows dequantized at a time: no float copy of W

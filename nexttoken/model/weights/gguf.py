@@ -336,6 +336,7 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
                 gname = dense[hf]
                 return _as_checkpoint(g, cfg, gname, file_rows(g, gname)), g.tensors[gname].tensor_type.name
 
-            return build_packed_model(g, cfg, floats, kept, rows_of), g
+            shapes = {hf: tuple(int(d) for d in reversed(g.tensors[dense[hf]].shape)) for hf in kept}
+            return build_packed_model(g, cfg, floats, shapes, rows_of), g
     tensors = checkpoint_tensors(g, cfg, names, torch_dtype)
     return build_model(cfg, tensors, g.path, device, torch_dtype), g

@@ -61,16 +61,14 @@ def _groups(cfg: ModelConfig, i: int) -> dict[str, list[str]]:
             "mlp.w13": [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], "mlp.w2": [p + "mlp.down_proj.weight"]}
 
 
-def build_packed_model(g, cfg: ModelConfig, floats: dict[str, torch.Tensor], kept: dict[str, str],  # noqa: ANN001
+def build_packed_model(g, cfg: ModelConfig, floats: dict[str, torch.Tensor], kept: dict[str, tuple[int, int]],  # noqa: ANN001
                        rows_of) -> Transformer:  # noqa: ANN001 - rows_of(hf name) -> (rows tensor, GGUF type name)
-    """The Transformer with the `kept` matrices as stored (rows_of gives each one's rows: uint8 blocks, or bfloat16
-    values, in PyTorch's row order) and the `floats` (checkpoint name -> float32 tensor) for the rest."""
+    """The Transformer with the `kept` matrices (checkpoint name -> the file's (rows, columns)) as stored (rows_of
+    gives each one's rows: uint8 blocks, or bfloat16 values, in PyTorch's row order) and the `floats` (checkpoint
+    name -> float32 tensor) for the rest."""
     shapes = dict(floats)
-    from .loader import _expected_shapes
-
-    expected = _expected_shapes(cfg)
-    for hf in kept:  # stand-ins with the float shape: the checks and the state dict's names, no memory
-        shapes[hf] = torch.empty(expected[hf], device="meta")
+    for hf, shape in kept.items():  # stand-ins of the file's shapes: the checks and the state dict's names, no memory
+        shapes[hf] = torch.empty(shape, device="meta")
     check_tensors(cfg, shapes, g.path)
     state = to_state_dict(cfg, shapes)
     real = {n: t for n, t in state.items() if t.device.type != "meta"}
