@@ -99,6 +99,9 @@ def gguf_accuracy(path: str | Path, texts: list[str] | None = None, chunk: int =
         agree += int((p.argmax(-1) == q.argmax(-1)).sum())
         total += len(ids)
         kl_sum += float((p.exp() * (p - q)).sum(-1).sum())
-    kinds = sorted({m.type_name for m in packed.modules() if hasattr(m, "type_name")})
+    from ..model.quant.ggml import GGML_TYPES, GGUFLinear
+
+    names = {v: k for k, v in GGML_TYPES.items()}
+    kinds = sorted({names[t] for m in packed.modules() if isinstance(m, GGUFLinear) for t in m.types})
     return {"model": str(path), "blocks": "+".join(kinds), "tokens": total, "top1_agreement": agree / total,
             "kl_mean": kl_sum / total}
