@@ -94,6 +94,14 @@ TARGET inline __m512i fields(__m256i v, int s0, int s1, int bits) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
+// 32 bytes -> 64 single bits in natural order: bit s of each byte, then bit s + 1 (as 0 / 1 bytes; shifting
+// 16-bit lanes is safe: only bits below 8 - s of the neighbouring byte could enter, and the mask drops them).
+TARGET inline __m512i bits(__m256i v, int s) {
+  const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1);
+  const __m512i counts = _mm512_inserti64x4(_mm512_set1_epi16((short)s), _mm256_set1_epi16((short)(s + 1)), 1);
+  return _mm512_and_si512(_mm512_srlv_epi16(w, counts), _mm512_set1_epi8(1));
+}
+
 // Lane i of the result = v[i / 4]: four values per 16-element sub-block (the K-quants with 16 scales per block).
 TARGET inline __m512 by_quarter(__m128 v) {
   const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
@@ -192,12 +200,9 @@ template <> TARGET Chunk decode<Q3_K>(const uint8_t* row, int64_t c, bool) {
   const int j = (int)(c % 4), h = j / 2, s = 4 * (j % 2);
   const float d = half(blk + 108);
   const __m256i q = _mm256_loadu_si256((const __m256i*)(blk + 32 + 32 * h));
-  const __m256i hm = _mm256_loadu_si256((const __m256i*)blk);
-  const int bit = 2 * j;  // element e's high bit is bit e / 32 of hmask[e % 32]
-  const __mmask64 high = (__mmask64)_mm256_test_epi8_mask(hm, _mm256_set1_epi8((char)(1 << bit))) |
-                         ((__mmask64)_mm256_test_epi8_mask(hm, _mm256_set1_epi8((char)(1 << (bit + 1)))) << 32);
-  __m512i u = fields(q, s, s + 2, 2);
-  u = _mm512_mask_add_epi8(u, high, u, _mm512_set1_epi8(4));
+  // element e's high bit is bit e / 32 of hmask[e % 32]: bits 2j (first half) and 2j + 1 (second), worth 4
+  const __m512i u = _mm512_or_si512(fields(q, s, s + 2, 2),
+                                    _mm512_slli_epi16(bits(_mm256_loadu_si256((const __m256i*)blk), 2 * j), 2));
   float a[4];
   for (int i = 0; i < 4; ++i) a[i] = d * (float)scale_q3k(4 * j + i, blk + 96);
   return {u, by_quarter(_mm_loadu_ps(a)), _mm512_setzero_ps()};
@@ -224,11 +229,9 @@ template <> TARGET Chunk decode<Q5_K>(const uint8_t* row, int64_t c, bool) {
   scale_min_k4(2 * j, blk + 4, &sc0, &m0);
   scale_min_k4(2 * j + 1, blk + 4, &sc1, &m1);
   const __m256i q = _mm256_loadu_si256((const __m256i*)(blk + 48 + 32 * j));
-  const __m256i qh = _mm256_loadu_si256((const __m256i*)(blk + 16));
-  const __mmask64 high = (__mmask64)_mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << (2 * j)))) |
-                         ((__mmask64)_mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << (2 * j + 1)))) << 32);
-  __m512i u = fields(q, 0, 4, 4);
-  u = _mm512_mask_add_epi8(u, high, u, _mm512_set1_epi8(16));
+  // the fifth bits: bit 2j (first half) and 2j + 1 (second half) of qh[l], worth 16
+  const __m512i u = _mm512_or_si512(fields(q, 0, 4, 4),
+                                    _mm512_slli_epi16(bits(_mm256_loadu_si256((const __m256i*)(blk + 16)), 2 * j), 4));
   return {u, _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d * (float)sc0), _mm512_set1_ps(d * (float)sc1)),
           _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(-(dmin * (float)m0)), _mm512_set1_ps(-(dmin * (float)m1)))};
 }

@@ -48,6 +48,7 @@ class GGUFFile:
     path: Path
     metadata: dict[str, Any]
     tensors: dict[str, Any]  # name -> gguf ReaderTensor
+    mapped: Any = None  # the whole file's memory map (numpy), whose pages gguf_packed.release_pages gives back
 
     @property
     def arch(self) -> str:
@@ -85,7 +86,7 @@ def open_gguf(path: str | Path) -> GGUFFile:
         raise ModelLoadError(f"{path} is part {int(metadata.get('split.no', 0)) + 1} of a GGUF split into "
                              f"{metadata['split.count']} files; merge them first with llama.cpp's "
                              "`llama-gguf-split --merge FIRST.gguf OUT.gguf`")
-    return GGUFFile(path, metadata, {t.name: t for t in reader.tensors})
+    return GGUFFile(path, metadata, {t.name: t for t in reader.tensors}, reader.data)
 
 
 # ---- metadata -> config --------------------------------------------------------------------------------------
@@ -325,7 +326,7 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
     cfg = ModelConfig.from_dict(config_dict(g), source=str(g.path))
     names = list(expected_shapes(cfg))
     if not dequantize and device.type == "cpu" and torch_dtype == torch.float32 and native_blocks():
-        from .gguf_packed import build_packed_model, file_rows, keepable
+        from .gguf_packed import build_packed_model, file_rows, keepable, release_pages
 
         dense = gguf_names(g, cfg, names)
         kept = keepable(g, cfg, dense)
@@ -337,6 +338,8 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
                 return _as_checkpoint(g, cfg, gname, file_rows(g, gname)), g.tensors[gname].tensor_type.name
 
             shapes = {hf: tuple(int(d) for d in reversed(g.tensors[dense[hf]].shape)) for hf in kept}
-            return build_packed_model(g, cfg, floats, shapes, rows_of), g
+            model = build_packed_model(g, cfg, floats, shapes, rows_of)
+            release_pages(g.mapped)  # the pages read while copying: decode faults back the ones it uses
+            return model, g
     tensors = checkpoint_tensors(g, cfg, names, torch_dtype)
     return build_model(cfg, tensors, g.path, device, torch_dtype), g

@@ -11,6 +11,7 @@ permutation for Llama-style RoPE moves whole rows, so it is undone on the packed
 
 from __future__ import annotations
 
+import os
 from itertools import groupby
 
 import numpy as np
@@ -126,3 +127,22 @@ def file_rows(g, name: str) -> torch.Tensor:  # noqa: ANN001 - a GGUFFile
     if t.tensor_type.name == "BF16":
         return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(data)
+
+
+def release_pages(mapped: np.ndarray | None) -> None:
+    """Give back the resident pages of the file's private, never-written mapping (madvise MADV_DONTNEED): the
+    copies made at load (fused q/k/v, gate/up) read most of the file, and those pages would otherwise stay in this
+    process's RSS beside the copies. Views into the mapping stay valid: their pages come back from the page cache
+    when decode reads them (what llama.cpp's mmap holds resident). Linux only; elsewhere nothing is done."""
+    if mapped is None or not hasattr(os, "sysconf"):
+        return
+    import ctypes
+    import ctypes.util
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = mapped.ctypes.data
+    lo, hi = (start + page - 1) // page * page, (start + mapped.nbytes) // page * page
+    if hi <= lo:
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # 4: MADV_DONTNEED; a failure changes nothing
