@@ -139,6 +139,12 @@ class GGUFEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)  # (T,)
+        if ((flat < 0) | (flat >= self.table.out_features)).any():
+            raise IndexError(f"token id out of range for an embedding of {self.table.out_features} rows")
+        parts = self.table.parts
+        if len(parts) == 1:  # the usual table: one type
+            rows, t = parts[0]
+            return self.table._rows(rows.index_select(0, flat), t, torch.float32).view(*ids.shape, -1)  # (..., C)
         out = torch.empty((flat.shape[0], self.table.in_features), dtype=torch.float32, device=ids.device)
         n0 = 0
         for rows, t in self.table.parts:
@@ -147,6 +153,4 @@ class GGUFEmbedding(nn.Module):
                 picked = rows.index_select(0, flat[hit] - n0)  # (t, row bytes): the looked-up rows' blocks
                 out[hit] = self.table._rows(picked, t, torch.float32)
             n0 += rows.shape[0]
-        if ((flat < 0) | (flat >= n0)).any():
-            raise IndexError(f"token id out of range for an embedding of {n0} rows")
         return out.view(*ids.shape, -1)  # (..., C)
