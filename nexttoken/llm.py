@@ -403,6 +403,7 @@ def load(
     max_loras: int | None = None,
     max_lora_rank: int | None = None,
     dequantize: bool = False,
+    gguf_activations: str = "int8",
 ) -> LLM:
     """Load a model (the packaged default model when path is None): a Hugging Face model folder, a GGUF file
     ("model.gguf"), or a Hugging Face Hub id ("org/name" at `revision`; "org/name:Q4_K_M" or `gguf_file=` for one
@@ -413,7 +414,8 @@ def load(
     quantize="int4": 4-bit groups of 32 with float16 scales (llama.cpp's Q4_0 scheme), 4.5 bits per weight;
     quantize="bf16": bfloat16 weights with float32 activations (llama.cpp's bf16), the float32 fast path.
     A GGUF file's quantized matrices stay in their blocks (Q4_K, Q8_0, ...) and are multiplied natively with 8-bit
-    activations, as llama.cpp does; dequantize=True loads the float32 model of their exact dequantized values.
+    activations, as llama.cpp does (gguf_activations="int16": int16 activations, close to the float model's
+    choices); dequantize=True loads the float32 model of their exact dequantized values.
     tool_call_parser: the format the model writes tool calls in (vLLM's names: "hermes", "llama3_json",
     "mistral"); by default it is read off the chat template.
     tensor_parallel_size=N: the model sharded over N ranks (docs/tensor_parallel.md): N-1 local worker
@@ -449,7 +451,7 @@ def load(
             raise ModelLoadError(f"{source.path}: tensor parallelism loads Hugging Face folders, not GGUF files")
         model = load_sharded(source.path, tensor_parallel_size, dtype, device, quantize, tensor_parallel_timeout)
     llm = LLM.from_pretrained(load_pretrained(source, dtype, device, quantize, model=model, tokenizer=tokenizer,
-                                              dequantize=dequantize,
+                                              dequantize=dequantize, gguf_activations=gguf_activations,
                                               download_dir=download_dir))
     if tool_call_parser is not None:
         format_named(tool_call_parser)  # an unknown name fails here, not at the first chat

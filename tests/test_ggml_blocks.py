@@ -49,6 +49,33 @@ def test_dequantized_rows_equal_gguf(name: str) -> None:
         assert torch.equal(bf, want.to(torch.bfloat16))
 
 
+def quantize_activations16(x: torch.Tensor) -> torch.Tensor:
+    """(M, K) float64: what the int16 activations stand for (per block of 32: scale = max |x| / 32767, values
+    rounded half to even)."""
+    M, K = x.shape
+    g = x.view(M, K // 32, 32)
+    scale = g.abs().amax(-1, keepdim=True) / 32767
+    q = torch.where(scale > 0, torch.round(g / torch.where(scale > 0, scale, 1.0)), 0.0)
+    return (q.double() * scale.double()).view(M, K)
+
+
+@pytest.mark.parametrize("name", GGML_TYPES)
+def test_int16_activations_product(name: str) -> None:
+    """Type | 256: int16 activations per block of 32 (vpdpwssd): the float product within ~2^-15 per block."""
+    block, _ = block_shape(name)
+    K, N = (2 * block if block == 256 else 5 * block), 21
+    packed = random_blocks(name, N, K, seed=3)
+    w = reference(packed, name, K).double()
+    gen = torch.Generator().manual_seed(1)
+    for M in (1, 4, 11):
+        x = torch.randn(M, K, generator=gen)
+        got = kernels.linear_ggml(x, packed, GGML_TYPES[name] | 256, K).double()
+        xq = quantize_activations16(x)
+        size = xq.abs() @ w.abs().T
+        assert ((got - xq @ w.T).abs() <= 2e-6 * size + 1e-6).all(), name
+        assert ((got - x.double() @ w.T).abs() <= 1e-4 * size + 1e-6).all(), name  # ~2^-15 of each block's max
+
+
 @pytest.mark.parametrize("name", GGML_TYPES)
 def test_product_is_quantized_activations_times_the_blocks(name: str) -> None:
     block, _ = block_shape(name)

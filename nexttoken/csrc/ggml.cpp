@@ -256,41 +256,47 @@ template <int T> inline int element_at(int p) {
   return (p & ~48) | ((p & 16) << 1) | ((p & 32) >> 1);  // bits 4 and 5 of p swapped
 }
 
-// Quantized activations of up to 8 rows, in type T's chunk order. Kp = K rounded up to 64.
+// Quantized activations of up to 8 rows, in type T's chunk order. Kp = K rounded up to 64. Q8: int8 per block of
+// 32, 4 per int32 lane of vpdpbusd (the default). Q16: int16 per block of 32 (scale = the largest magnitude /
+// 32767), 2 per int32 lane of vpdpwssd: ~2^-16 relative rounding instead of ~2^-8, for a run that agrees with the
+// float model (twice the multiply instructions per weight).
+template <typename Q>
 struct Acts {
-  std::vector<int8_t> q;     // (M, Kp)
-  std::vector<float> xd;     // (M, Kp/4): the block scale of each lane
-  std::vector<int32_t> off;  // (M, Kp/4): -OFFSET * the lane's sum of q (the products' starting value)
-  std::vector<float> xs;     // (M, Kp/4): xd * the lane's sum of q (times b, for the types with MIN)
+  std::vector<Q> q;          // (M, Kp)
+  std::vector<float> xd;     // (M, Kp/LANE): the block scale of each lane
+  std::vector<int32_t> off;  // (M, Kp/LANE): -OFFSET * the lane's sum of q (the products' starting value)
+  std::vector<float> xs;     // (M, Kp/LANE): xd * the lane's sum of q (times b, for the types with MIN)
 };
 
-template <int T>
-void quantize_acts(const float* x, int64_t M, int64_t K, int64_t Kp, Acts& a) {
-  const size_t lanes = (size_t)Kp / 4;
+template <int T, typename Q>
+void quantize_acts(const float* x, int64_t M, int64_t K, int64_t Kp, Acts<Q>& a) {
+  constexpr int LANE = sizeof(Q) == 1 ? 4 : 2;          // elements per int32 lane
+  constexpr float QMAX = sizeof(Q) == 1 ? 127.f : 32767.f;
+  const size_t lanes = (size_t)Kp / LANE;
   if (a.q.size() < (size_t)M * Kp) a.q.resize((size_t)M * Kp);
   if (a.xd.size() < M * lanes) a.xd.resize(M * lanes), a.off.resize(M * lanes), a.xs.resize(M * lanes);
-  int8_t nat[64];
+  Q nat[64];
   float scale[2];
   for (int64_t m = 0; m < M; ++m) {
     const float* row = x + (size_t)m * K;
-    int8_t* q = a.q.data() + (size_t)m * Kp;
+    Q* q = a.q.data() + (size_t)m * Kp;
     for (int64_t c = 0; c < Kp; c += 64) {
       for (int blk = 0; blk < 2; ++blk) {  // the chunk's two 32-element blocks, natural order
         float amax = 0.f;
         for (int64_t k = c + 32 * blk; k < c + 32 * blk + 32 && k < K; ++k)
           amax = row[k] > amax ? row[k] : (-row[k] > amax ? -row[k] : amax);
-        scale[blk] = amax / 127.f;
+        scale[blk] = amax / QMAX;
         for (int64_t i = 0; i < 32; ++i) {
           const int64_t k = c + 32 * blk + i;
-          nat[32 * blk + i] = k < K && scale[blk] > 0.f ? (int8_t)__builtin_lrintf(row[k] / scale[blk]) : (int8_t)0;
+          nat[32 * blk + i] = k < K && scale[blk] > 0.f ? (Q)__builtin_lrintf(row[k] / scale[blk]) : (Q)0;
         }
       }
       for (int p = 0; p < 64; ++p) q[c + p] = nat[element_at<T>(p)];
-      for (int l = 0; l < 16; ++l) {
+      for (int l = 0; l < 64 / LANE; ++l) {
         int32_t sum = 0;
-        for (int i = 0; i < 4; ++i) sum += q[c + 4 * l + i];
-        const float d = scale[element_at<T>(4 * l) / 32];
-        const size_t at = (size_t)m * lanes + (size_t)(c / 4 + l);
+        for (int i = 0; i < LANE; ++i) sum += q[c + LANE * l + i];
+        const float d = scale[element_at<T>(LANE * l) / 32];
+        const size_t at = (size_t)m * lanes + (size_t)(c / LANE + l);
         a.xd[at] = d;
         a.off[at] = -(int32_t)Traits<T>::OFFSET * sum;
         a.xs[at] = d * (float)sum;
@@ -301,7 +307,7 @@ void quantize_acts(const float* x, int64_t M, int64_t K, int64_t Kp, Acts& a) {
 
 // One weight row times M activation rows: out[m] = the 16 lanes of partial sums (summed by over_rows).
 template <int T, int M>
-TARGET void tile(const uint8_t* W, size_t row_bytes, const Acts& a, int64_t Kp, int64_t blocks, int64_t n,
+TARGET void tile(const uint8_t* W, size_t row_bytes, const Acts<int8_t>& a, int64_t Kp, int64_t blocks, int64_t n,
                  __m512* out) {
   const uint8_t* row = W + (size_t)n * row_bytes;
   const size_t lanes = (size_t)Kp / 4;
@@ -326,37 +332,83 @@ TARGET void tile(const uint8_t* W, size_t row_bytes, const Acts& a, int64_t Kp, 
   for (int m = 0; m < M; ++m) out[m] = _mm512_add_ps(acc[m][0], acc[m][1]);
 }
 
+// The same with Q16 activations: the chunk's 64 bytes widened to two vectors of 32 int16 (bytes 0-31, 32-63), each
+// vpdpwssd'd with its 32 activations into 16 lanes of 2 elements; lane i of the first half is the 4-byte lane
+// i / 2, of the second 8 + i / 2 (their a and b permuted so).
 template <int T, int M>
-TARGET void run(const uint8_t* W, const Acts& a, const float* bias, int64_t N, int64_t K, int64_t Kp, void* y,
+TARGET void tile16(const uint8_t* W, size_t row_bytes, const Acts<int16_t>& a, int64_t Kp, int64_t blocks, int64_t n,
+                   __m512* out) {
+  const uint8_t* row = W + (size_t)n * row_bytes;
+  const size_t lanes = (size_t)Kp / 2;
+  const __m512i first = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
+  __m512 acc[M][2];
+  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  const int64_t chunks = Kp / 64;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const bool two = Traits<T>::BLOCK == 256 || 2 * c + 1 < blocks;
+    const Chunk w = decode<T>(row, c, two);
+    const __m512i u[2] = {_mm512_cvtepu8_epi16(_mm512_castsi512_si256(w.u)),
+                          _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(w.u, 1))};
+    const __m512 wa[2] = {_mm512_permutexvar_ps(first, w.a), _mm512_permutexvar_ps(second, w.a)};
+    __m512 wb[2];
+    if (Traits<T>::MIN) wb[0] = _mm512_permutexvar_ps(first, w.b), wb[1] = _mm512_permutexvar_ps(second, w.b);
+    for (int m = 0; m < M; ++m)
+      for (int h = 0; h < 2; ++h) {
+        const size_t at = (size_t)m * lanes + (size_t)c * 32 + 16 * h;
+        const __m512i start = Traits<T>::OFFSET ? _mm512_loadu_si512((const void*)(a.off.data() + at))
+                                                : _mm512_setzero_si512();
+        const __m512i x = _mm512_loadu_si512((const void*)(a.q.data() + (size_t)m * Kp + 64 * c + 32 * h));
+        const __m512i dot = _mm512_dpwssd_epi32(start, u[h], x);
+        const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_loadu_ps(a.xd.data() + at));
+        __m512& s = acc[m][h];
+        s = _mm512_fmadd_ps(t, wa[h], s);
+        if (Traits<T>::MIN) s = _mm512_fmadd_ps(wb[h], _mm512_loadu_ps(a.xs.data() + at), s);
+      }
+  }
+  for (int m = 0; m < M; ++m) out[m] = _mm512_add_ps(acc[m][0], acc[m][1]);
+}
+
+template <int T, int M, typename Q>
+TARGET void run(const uint8_t* W, const Acts<Q>& a, const float* bias, int64_t N, int64_t K, int64_t Kp, void* y,
                 int out_kind) {
   const int64_t blocks = K / Traits<T>::BLOCK;
   const size_t row_bytes = (size_t)blocks * Traits<T>::BYTES;
-  auto one = [&](int64_t n, __m512* v) { tile<T, M>(W, row_bytes, a, Kp, blocks, n, v); };
+  auto one = [&](int64_t n, __m512* v) {
+    if constexpr (sizeof(Q) == 1) tile<T, M>(W, row_bytes, a, Kp, blocks, n, v);
+    else tile16<T, M>(W, row_bytes, a, Kp, blocks, n, v);
+  };
   over_rows<M, 1>(one, one, N, K, nullptr, nullptr, bias, y, out_kind);
 }
 
-template <int T>
+template <int T, typename Q>
 int linear(const uint8_t* W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K, void* y,
            int out_kind) {
   if (K % Traits<T>::BLOCK || M > 16) return 1;
   const int64_t Kp = (K + 63) / 64 * 64;
-  static thread_local Acts a;
+  static thread_local Acts<Q> a;
   for (int64_t m0 = 0; m0 < M; m0 += 8) {  // up to 8 activation rows per pass over the weights
     const int64_t rows = M - m0 < 8 ? M - m0 : 8;
-    quantize_acts<T>(x + (size_t)m0 * K, rows, K, Kp, a);
+    quantize_acts<T, Q>(x + (size_t)m0 * K, rows, K, Kp, a);
     char* yo = (char*)y + (size_t)m0 * N * (out_kind == OUT_F32 ? 4 : 2);
     switch (rows) {
-      case 1: run<T, 1>(W, a, bias, N, K, Kp, yo, out_kind); break;
-      case 2: run<T, 2>(W, a, bias, N, K, Kp, yo, out_kind); break;
-      case 3: run<T, 3>(W, a, bias, N, K, Kp, yo, out_kind); break;
-      case 4: run<T, 4>(W, a, bias, N, K, Kp, yo, out_kind); break;
-      case 5: run<T, 5>(W, a, bias, N, K, Kp, yo, out_kind); break;
-      case 6: run<T, 6>(W, a, bias, N, K, Kp, yo, out_kind); break;
-      case 7: run<T, 7>(W, a, bias, N, K, Kp, yo, out_kind); break;
-      default: run<T, 8>(W, a, bias, N, K, Kp, yo, out_kind); break;
+      case 1: run<T, 1, Q>(W, a, bias, N, K, Kp, yo, out_kind); break;
+      case 2: run<T, 2, Q>(W, a, bias, N, K, Kp, yo, out_kind); break;
+      case 3: run<T, 3, Q>(W, a, bias, N, K, Kp, yo, out_kind); break;
+      case 4: run<T, 4, Q>(W, a, bias, N, K, Kp, yo, out_kind); break;
+      case 5: run<T, 5, Q>(W, a, bias, N, K, Kp, yo, out_kind); break;
+      case 6: run<T, 6, Q>(W, a, bias, N, K, Kp, yo, out_kind); break;
+      case 7: run<T, 7, Q>(W, a, bias, N, K, Kp, yo, out_kind); break;
+      default: run<T, 8, Q>(W, a, bias, N, K, Kp, yo, out_kind); break;
     }
   }
   return 0;
+}
+
+template <int T>
+int linear_any(const uint8_t* W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K, void* y,
+               int out_kind, bool q16) {
+  return q16 ? linear<T, int16_t>(W, x, bias, M, N, K, y, out_kind) : linear<T, int8_t>(W, x, bias, M, N, K, y, out_kind);
 }
 
 // One row dequantized: element e = a * (u - o) (+ b), each product and sum rounded once in float32 as gguf-py's
@@ -413,9 +465,10 @@ namespace {
 // rows are Q6_K in some layers): desc = [count, then per part: rows, type, address of its blocks]. Each part's
 // product goes through a buffer into its columns of y.
 const int MIXED = 255;
+const int Q16 = 256;  // flag on the type: int16 activations (Acts<int16_t>) instead of int8
 
 int linear_mixed(const int64_t* desc, const float* x, const float* bias, int64_t M, int64_t N, int64_t K, void* y,
-                 int out_kind) {
+                 int out_kind, bool q16) {
   const size_t es = out_kind == OUT_F32 ? 4 : 2;
   static thread_local std::vector<char> part;
   int64_t n0 = 0;
@@ -424,7 +477,9 @@ int linear_mixed(const int64_t* desc, const float* x, const float* bias, int64_t
     const uint8_t* W = (const uint8_t*)(intptr_t)desc[3 + 3 * i];
     if (type == MIXED || n0 + rows > N) return 1;
     part.resize((size_t)M * rows * es);
-    if (nt_linear_ggml((int)type, W, x, bias ? bias + n0 : nullptr, M, rows, K, part.data(), out_kind)) return 1;
+    if (nt_linear_ggml((int)type | (q16 ? Q16 : 0), W, x, bias ? bias + n0 : nullptr, M, rows, K, part.data(),
+                       out_kind))
+      return 1;
     for (int64_t m = 0; m < M; ++m) memcpy((char*)y + ((size_t)m * N + n0) * es, part.data() + (size_t)m * rows * es,
                                            (size_t)rows * es);
     n0 += rows;
@@ -444,21 +499,24 @@ int nt_ggml_supported(void) {
 
 // W: (N, K / block * block bytes) ggml blocks of `type` (ggml's type id); x: (M, K) float32; bias (N,) or NULL;
 // y: (M, N) float32 or bfloat16. Returns 0, or 1 for an unknown type, K not whole blocks, or M > 16. Type 255: W is
-// a description of row ranges of different types (linear_mixed).
+// a description of row ranges of different types (linear_mixed). type | 256: int16 activations per block of 32
+// (vpdpwssd) instead of int8: within ~2^-16 of the float product, for a run that must agree with the float model.
 int nt_linear_ggml(int type, const uint8_t* W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K,
                    void* y, int out_kind) {
-  switch (type) {
-    case Q4_0: return linear<Q4_0>(W, x, bias, M, N, K, y, out_kind);
-    case Q4_1: return linear<Q4_1>(W, x, bias, M, N, K, y, out_kind);
-    case Q5_0: return linear<Q5_0>(W, x, bias, M, N, K, y, out_kind);
-    case Q5_1: return linear<Q5_1>(W, x, bias, M, N, K, y, out_kind);
-    case Q8_0: return linear<Q8_0>(W, x, bias, M, N, K, y, out_kind);
-    case Q2_K: return linear<Q2_K>(W, x, bias, M, N, K, y, out_kind);
-    case Q3_K: return linear<Q3_K>(W, x, bias, M, N, K, y, out_kind);
-    case Q4_K: return linear<Q4_K>(W, x, bias, M, N, K, y, out_kind);
-    case Q5_K: return linear<Q5_K>(W, x, bias, M, N, K, y, out_kind);
-    case Q6_K: return linear<Q6_K>(W, x, bias, M, N, K, y, out_kind);
-    case MIXED: return linear_mixed((const int64_t*)W, x, bias, M, N, K, y, out_kind);
+  const bool q16 = type & Q16;
+  if (type == MIXED) return linear_mixed((const int64_t*)W, x, bias, M, N, K, y, out_kind, false);
+  if (type == (MIXED | Q16)) return linear_mixed((const int64_t*)W, x, bias, M, N, K, y, out_kind, true);
+  switch (type & ~Q16) {
+    case Q4_0: return linear_any<Q4_0>(W, x, bias, M, N, K, y, out_kind, q16);
+    case Q4_1: return linear_any<Q4_1>(W, x, bias, M, N, K, y, out_kind, q16);
+    case Q5_0: return linear_any<Q5_0>(W, x, bias, M, N, K, y, out_kind, q16);
+    case Q5_1: return linear_any<Q5_1>(W, x, bias, M, N, K, y, out_kind, q16);
+    case Q8_0: return linear_any<Q8_0>(W, x, bias, M, N, K, y, out_kind, q16);
+    case Q2_K: return linear_any<Q2_K>(W, x, bias, M, N, K, y, out_kind, q16);
+    case Q3_K: return linear_any<Q3_K>(W, x, bias, M, N, K, y, out_kind, q16);
+    case Q4_K: return linear_any<Q4_K>(W, x, bias, M, N, K, y, out_kind, q16);
+    case Q5_K: return linear_any<Q5_K>(W, x, bias, M, N, K, y, out_kind, q16);
+    case Q6_K: return linear_any<Q6_K>(W, x, bias, M, N, K, y, out_kind, q16);
     default: return 1;
   }
 }

@@ -27,6 +27,8 @@ from .. import kernels
 GGML_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12,
               "Q5_K": 13, "Q6_K": 14}
 MIXED = 255  # csrc/ggml.cpp's type for a matrix of several parts
+Q16 = 256  # csrc/ggml.cpp's flag on the type: int16 activations instead of int8
+ACTIVATIONS = ("int8", "int16")  # how the activations are quantized per block of 32 for the product
 PREFILL_BLOCK_BYTES = 4 << 20  # dequantized weights per GEMM in prefill: cache-sized, large enough to run fast
 
 
@@ -55,9 +57,12 @@ class GGUFLinear(nn.Module):
     """y = x @ W^T + bias with W (N, K) as GGUF blocks: `parts` [(rows (n, row bytes) uint8, ggml type id)], whose
     row ranges stacked make W."""
 
-    def __init__(self, parts: list[tuple[torch.Tensor, int]], in_features: int, bias: torch.Tensor | None) -> None:
+    def __init__(self, parts: list[tuple[torch.Tensor, int]], in_features: int, bias: torch.Tensor | None,
+                 activations: str = "int8") -> None:
         super().__init__()
-        self.in_features = in_features
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations={activations!r}: use one of {', '.join(ACTIVATIONS)}")
+        self.in_features, self.activations = in_features, activations
         self.out_features = sum(int(rows.shape[0]) for rows, _ in parts)
         self.types = [int(t) for _, t in parts]
         for i, (rows, _) in enumerate(parts):  # (n_i, row bytes_i) uint8: "weight" is the first (often only) part
@@ -77,14 +82,15 @@ class GGUFLinear(nn.Module):
 
     def _describe(self) -> None:
         """native_kind / native_weight: what nt_linear reads (one part: its blocks; several: a description)."""
-        parts = self.parts
+        parts, flag = self.parts, Q16 if self.activations == "int16" else 0
         if len(parts) == 1:
-            self.native_kind, self.native_weight = kernels.GGML_KIND + parts[0][1], parts[0][0]
+            self.native_kind, self.native_weight = kernels.GGML_KIND + (parts[0][1] | flag), parts[0][0]
             return
         desc = [len(parts)]
         for rows, t in parts:
             desc += [rows.shape[0], t, rows.data_ptr()]
-        self.native_kind, self.native_weight = kernels.GGML_KIND + MIXED, torch.tensor(desc, dtype=torch.int64)
+        self.native_kind = kernels.GGML_KIND + (MIXED | flag)
+        self.native_weight = torch.tensor(desc, dtype=torch.int64)
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's: a move re-points the description
         out = super()._apply(fn, recurse)
@@ -122,7 +128,8 @@ class GGUFLinear(nn.Module):
         return y.view(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, blocks={self.type_name}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, blocks={self.type_name}, "
+                f"activations={self.activations}")
 
 
 class GGUFEmbedding(nn.Module):

@@ -63,10 +63,10 @@ def _groups(cfg: ModelConfig, i: int) -> dict[str, list[str]]:
 
 
 def build_packed_model(g, cfg: ModelConfig, floats: dict[str, torch.Tensor], kept: dict[str, tuple[int, int]],  # noqa: ANN001
-                       rows_of) -> Transformer:  # noqa: ANN001 - rows_of(hf name) -> (rows tensor, GGUF type name)
+                       rows_of, activations: str = "int8") -> Transformer:  # noqa: ANN001 - rows_of(hf name) -> (rows, type name)
     """The Transformer with the `kept` matrices (checkpoint name -> the file's (rows, columns)) as stored (rows_of
     gives each one's rows: uint8 blocks, or bfloat16 values, in PyTorch's row order) and the `floats` (checkpoint
-    name -> float32 tensor) for the rest."""
+    name -> float32 tensor) for the rest. `activations`: how GGUFLinear quantizes its inputs (quant/ggml.py)."""
     shapes = dict(floats)
     for hf, shape in kept.items():  # stand-ins of the file's shapes: the checks and the state dict's names, no memory
         shapes[hf] = torch.empty(shape, device="meta")
@@ -81,15 +81,16 @@ def build_packed_model(g, cfg: ModelConfig, floats: dict[str, torch.Tensor], kep
         for module_name, group in _groups(cfg, i).items():
             if group[0] in kept:
                 parent, attr = _parent(block, module_name)
-                setattr(parent, attr, _kept_linear([rows_of(n) for n in group], getattr(parent, attr)))
+                setattr(parent, attr, _kept_linear([rows_of(n) for n in group], getattr(parent, attr),
+                                                   activations=activations))
     tied = cfg.tie_word_embeddings
     if "model.embed_tokens.weight" in kept:
-        table = _kept_linear([rows_of("model.embed_tokens.weight")], None, cfg.hidden_size)
+        table = _kept_linear([rows_of("model.embed_tokens.weight")], None, cfg.hidden_size, activations)
         model.embed = BF16Embedding(table) if isinstance(table, BF16Linear) else GGUFEmbedding(table)
         if tied:
             model.lm_head = table
     if not tied and "lm_head.weight" in kept:
-        model.lm_head = _kept_linear([rows_of("lm_head.weight")], model.lm_head)
+        model.lm_head = _kept_linear([rows_of("lm_head.weight")], model.lm_head, activations=activations)
     elif tied and "model.embed_tokens.weight" not in kept:
         model.lm_head.weight = model.embed.weight
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.device.type == "meta"]
@@ -103,7 +104,8 @@ def _parent(block: nn.Module, dotted: str) -> tuple[nn.Module, str]:
     return getattr(block, first), attr
 
 
-def _kept_linear(parts: list[tuple[torch.Tensor, str]], old: nn.Module | None, K: int | None = None) -> nn.Module:
+def _kept_linear(parts: list[tuple[torch.Tensor, str]], old: nn.Module | None, K: int | None = None,
+                 activations: str = "int8") -> nn.Module:
     """One layer of the row ranges `parts` (rows, GGUF type name), stacked; the bias of `old` (the float layer it
     replaces) kept. Consecutive parts of one type are concatenated (one copy); a single part stays a view."""
     bias = None if old is None or old.bias is None else old.bias.detach()
@@ -116,7 +118,7 @@ def _kept_linear(parts: list[tuple[torch.Tensor, str]], old: nn.Module | None, K
         merged.append((rows[0] if len(rows) == 1 else torch.cat(rows), GGML_TYPES[name]))
     block, size = block_shape(parts[0][1])
     K = K if K is not None else old.in_features
-    return GGUFLinear(merged, K, bias)
+    return GGUFLinear(merged, K, bias, activations)
 
 
 def file_rows(g, name: str) -> torch.Tensor:  # noqa: ANN001 - a GGUFFile
