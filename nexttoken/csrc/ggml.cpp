@@ -425,8 +425,7 @@ TARGET void dequant_row(const uint8_t* row, int64_t K, void* out, int out_kind) 
       if (e >= K) continue;
       const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
       const __m512i lane = _mm512_add_epi32(idx, _mm512_set1_epi32(4 * part));
-      const __m128i bytes = _mm512_extracti32x4_epi32(w.u, 0);
-      __m128i u16 = bytes;
+      __m128i u16 = _mm512_extracti32x4_epi32(w.u, 0);
       switch (part) {  // the extract's lane index must be a constant
         case 1: u16 = _mm512_extracti32x4_epi32(w.u, 1); break;
         case 2: u16 = _mm512_extracti32x4_epi32(w.u, 2); break;

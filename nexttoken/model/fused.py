@@ -6,7 +6,7 @@ the KV cache to one C++ function that runs every layer, the final norm and the L
 
 It takes only what it computes exactly like the modules: float32 activations on CPU, one new token per row at
 the last cache column with every column visible (no padding, no sliding window in reach), weights that are plain
-`Linear` or `Int8Linear` layers of the stock blocks. Everything else returns None and runs the modules, which
+`Linear`, `BF16Linear`, `Int8Linear`, `Int4Linear` or GGUF's packed `GGUFLinear` layers of the stock blocks. Everything else returns None and runs the modules, which
 are the reference the tests hold this path to (same tokens; logits within float32 rounding).
 
 A tensor-parallel rank (model/parallel.py) needs an all-reduce after every o and down projection, so it runs the

@@ -116,7 +116,6 @@ def _kept_linear(parts: list[tuple[torch.Tensor, str]], old: nn.Module | None, K
     for name, run in groupby(parts, key=lambda p: p[1]):
         rows = [p for p, _ in run]
         merged.append((rows[0] if len(rows) == 1 else torch.cat(rows), GGML_TYPES[name]))
-    block, size = block_shape(parts[0][1])
     K = K if K is not None else old.in_features
     return GGUFLinear(merged, K, bias, activations)
 
