@@ -136,6 +136,14 @@ def smollm2():
     return nexttoken.load(SMOLLM2_GGUF)
 
 
+@pytest.fixture(scope="module")
+def smollm2_int16():
+    """The same file with int16 activations (gguf_activations="int16")."""
+    if not SMOLLM2_GGUF.is_file():
+        pytest.skip("needs ../shared/models/smollm2-135m-instruct")
+    return nexttoken.load(SMOLLM2_GGUF, gguf_activations="int16")
+
+
 @requires_shared
 def test_real_file_is_multiplied_from_its_mapped_blocks(smollm2) -> None:
     model = smollm2.model
@@ -188,14 +196,23 @@ def test_real_file_fused_step_is_the_modules_up_to_their_own_rounding(smollm2) -
 
 
 @requires_shared
-def test_real_file_packed_agrees_with_its_dequantized_run(smollm2) -> None:
+def test_real_file_int16_fused_step_gives_the_modules_tokens(smollm2_int16) -> None:
+    """With int16 activations an ulp of difference moves the products ~256x less: the native step and the
+    modules give the same tokens on the real file, a batch of three chat prompts."""
+    prompts = [smollm2_int16.chat_prompt([{"role": "user", "content": q}]) for q in
+               ("What is the capital of France?", "Name three primary colors.", "Write a haiku about the sea.")]
+    _fused_equals_modules(smollm2_int16, prompts, 24)
+
+
+@requires_shared
+def test_real_file_packed_agrees_with_its_dequantized_run(smollm2, smollm2_int16) -> None:
     """Top-1 agreement with the float32 run of the same dequantized weights, over the human-readable stories of
     ../shared/reference: the default packed run (8-bit activations per block of 32, llama.cpp's arithmetic) and
     the int16-activation run (gguf_activations="int16")."""
     from nexttoken.bench.accuracy import all_logits
 
     ref, _ = load_gguf_model(SMOLLM2_GGUF, dequantize=True)
-    wide, _ = load_gguf_model(SMOLLM2_GGUF, activations="int16")
+    wide = smollm2_int16.model
     assert wide.layers[0].mlp.w13.activations == "int16"
     runs = json.loads((SHARED_DIR / "reference" / "stories260k_llama2c_greedy.json").read_text())["runs"]
     texts = sorted({r["text"] for r in runs})[:3]
