@@ -405,6 +405,8 @@ def load(
     merge: bool = False,
     max_loras: int | None = None,
     max_lora_rank: int | None = None,
+    dequantize: bool = False,
+    gguf_activations: str = "int8",
 ) -> LLM:
     """Load a model (the packaged default model when path is None): a Hugging Face model folder, a GGUF file
     ("model.gguf"), or a Hugging Face Hub id ("org/name" at `revision`; "org/name:Q4_K_M" or `gguf_file=` for one
@@ -417,6 +419,9 @@ def load(
     dtype: by default on CPU a bf16 checkpoint keeps bf16 weights with float32 activations (what quantize="bf16"
     builds; exact against transformers float32 on the same file), anything else float32; "float32" widens,
     "bfloat16" runs every module in bf16 (docs/models.md, Precision).
+    A GGUF file's quantized matrices stay in their blocks (Q4_K, Q8_0, ...) and are multiplied natively with 8-bit
+    activations, as llama.cpp does (gguf_activations="int16": int16 activations, close to the float model's
+    choices); dequantize=True loads the float32 model of their exact dequantized values.
     tool_call_parser: the format the model writes tool calls in (vLLM's names: "hermes", "llama3_json",
     "mistral"); by default it is read off the chat template.
     tensor_parallel_size=N: the model sharded over N ranks (docs/tensor_parallel.md): N-1 local worker
@@ -455,6 +460,7 @@ def load(
             raise ModelLoadError(f"{source.path}: tensor parallelism loads Hugging Face folders, not GGUF files")
         model = load_sharded(source.path, tensor_parallel_size, dtype, device, quantize, tensor_parallel_timeout)
     llm = LLM.from_pretrained(load_pretrained(source, dtype, device, quantize, model=model, tokenizer=tokenizer,
+                                              dequantize=dequantize, gguf_activations=gguf_activations,
                                               download_dir=download_dir))
     if tool_call_parser is not None:
         format_named(tool_call_parser)  # an unknown name fails here, not at the first chat

@@ -61,18 +61,23 @@ def load_pretrained(
     download_dir: str | Path | None = None,
     gguf_file: str | None = None,
     tokenizer: str | Path | None = None,
+    dequantize: bool = False,
+    gguf_activations: str = "int8",
 ) -> Pretrained:
     """Read a model (the packaged default model when path is None): a Hugging Face folder, a .gguf file, or a
     Hub id ("org/name", "org/name:Q4_K_M"; `revision`, `download_dir` = the Hub cache, `gguf_file`). `tokenizer`:
     a folder or Hub id whose tokenizer replaces the model's. `model`: the network loaded already (a
-    tensor-parallel rank's shard); its tokenizer and defaults are read here."""
+    tensor-parallel rank's shard); its tokenizer and defaults are read here. A quantized GGUF file's blocks stay
+    packed (model/quant/ggml.py) unless `dequantize` (or `quantize`, which starts from float weights) is given."""
     from .model.quant.quantize import apply_quantization
 
     source = resolve_source(path, revision, download_dir, gguf_file)
     if source.is_gguf:
         if model is not None:
             raise ModelLoadError(f"{source.path}: GGUF files load on one rank; tensor parallelism needs a folder")
-        network, g = load_gguf_model(source.path, dtype=dtype, device=device)
+        network, g = load_gguf_model(source.path, dtype=dtype, device=device,
+                                     dequantize=dequantize or quantize not in (None, "none"),
+                                     activations=gguf_activations)
         model = apply_quantization(network, quantize)
         tok = None  # a file without tokenizer.ggml.* is used with token ids, like a folder without tokenizer.json
         if tokenizer is None and "tokenizer.ggml.model" in g.metadata:
@@ -116,6 +121,12 @@ def add_source_args(p) -> None:  # noqa: ANN001 - an argparse parser or group
     p.add_argument("--download-dir", metavar="DIR",
                    help="the Hugging Face cache folder to find and download Hub models in (default: huggingface_hub's, "
                         "~/.cache/huggingface/hub or $HF_HUB_CACHE)")
+    p.add_argument("--dequantize", action="store_true",
+                   help="a quantized GGUF file loaded as the float32 model of its dequantized weights (the exact "
+                        "reference) instead of multiplying its blocks as stored (the default: the file's size and speed)")
+    p.add_argument("--gguf-activations", choices=["int8", "int16"], default="int8",
+                   help="how a packed GGUF's products quantize their inputs per block of 32: int8 (llama.cpp's "
+                        "arithmetic, the default) or int16 (close to the dequantized float model, more arithmetic)")
     p.add_argument("--tokenizer", metavar="DIR_OR_ID", help="use this folder's or Hub id's tokenizer instead of the "
                    "model's (e.g. for a GGUF file whose own tokenizer is not supported)")
 
@@ -123,4 +134,4 @@ def add_source_args(p) -> None:  # noqa: ANN001 - an argparse parser or group
 def source_options(args) -> dict:  # noqa: ANN001 - argparse.Namespace
     """`load` / `load_pretrained` keyword arguments from add_source_args' flags."""
     return {"revision": args.revision, "download_dir": args.download_dir, "gguf_file": args.gguf_file,
-            "tokenizer": args.tokenizer}
+            "tokenizer": args.tokenizer, "dequantize": args.dequantize, "gguf_activations": args.gguf_activations}

@@ -103,7 +103,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "fused": {"batch", "cache", "kernels", "layers", "linear", "moe", "quant"},
         "llama": {"batch", "cache", "fused", "layers", "linear", "rope"},
         "parallel": {"linear", "memory", "moe", "quant"},
-        "weights": {"linear", "llama", "memory", "moe", "parallel", "quant"},
+        "weights": {"linear", "llama", "memory", "moe", "parallel", "quant"},  # GGUF blocks kept packed (quant/ggml.py)
     },
     "engine": {
         "sequence": set(),

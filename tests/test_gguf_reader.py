@@ -17,7 +17,8 @@ from nexttoken.model.weights.gguf_reader import read_gguf  # noqa: E402
 
 
 def _same_as_gguf(path: Path) -> None:
-    metadata, tensors = read_gguf(path)
+    metadata, tensors, mapped = read_gguf(path)
+    assert mapped.shape[0] == path.stat().st_size
     reader = gguf.GGUFReader(str(path), mode="c")
     assert metadata == {key: field.contents() for key, field in reader.fields.items()}
     assert [t.name for t in tensors] == [t.name for t in reader.tensors]

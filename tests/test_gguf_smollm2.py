@@ -34,7 +34,9 @@ REFERENCE = json.loads((SMOLLM2_GGUF.parent / "llamacpp_reference.json").read_te
 
 @pytest.fixture(scope="module")
 def llm():
-    return nexttoken.load(SMOLLM2_GGUF)
+    """The float32 model of the file's dequantized weights: transformers' GGUF loader computes the same numbers.
+    (The default, packed load is tested against this one in test_gguf_packed.py.)"""
+    return nexttoken.load(SMOLLM2_GGUF, dequantize=True)
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +136,7 @@ def test_structured_output_on_the_real_model(llm) -> None:
 def served(expected):
     from test_server import start_server, stop_server
 
-    proc, url = start_server(SMOLLM2_GGUF)
+    proc, url = start_server(SMOLLM2_GGUF, "--dequantize")  # the exact float model, as `llm`
     yield url, openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
     stop_server(proc)
 

@@ -392,6 +392,18 @@ def _accuracy(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
 
     if not args.model:
         raise BenchError("--accuracy needs --model DIR with a tokenizer (e.g. shared/models/stories260k)")
+    if str(args.model).endswith(".gguf"):  # the file's packed blocks (8-bit activations) vs its dequantized run
+        from .accuracy import gguf_accuracy
+
+        progress(f"packed vs dequantized float32 on {args.model} ...")
+        report = gguf_accuracy(args.model)
+        print(f"{report['blocks']} blocks (8-bit activations) vs the dequantized float32 model on {report['tokens']} "
+              f"tokens of text: top-1 agreement {100 * report['top1_agreement']:.2f}%, mean KL "
+              f"{report['kl_mean']:.2e} nats")
+        out = Path(args.out).with_suffix(".json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1))
+        return 0
     variants = [v.strip() for v in args.quantize.split(",") if v.strip() not in ("", "none")] or ["int8"]
     bad = [v for v in variants if v not in ("int8", "int4", "bf16")]
     if bad:

@@ -76,3 +76,33 @@ def quantized_accuracy(path: str | Path, quantize: str, texts: list[str] | None 
         total += len(ids)
         kl_sum += float((p.exp() * (p - q)).sum(-1).sum())
     return {"model": str(path), "quantize": quantize, "tokens": total, "top1_agreement": agree / total, "kl_mean": kl_sum / total}
+
+
+@torch.inference_mode()
+def gguf_accuracy(path: str | Path, texts: list[str] | None = None, chunk: int = 16,
+                  activations: str = "int8") -> dict:
+    """A GGUF file's packed run (its blocks multiplied natively, 8-bit activations: the default) against its own
+    dequantized float32 run (`dequantize=True`) on every next-token prediction of the texts: top-1 agreement and KL.
+    The packed logits come from decode-sized steps of `chunk` tokens (the native kernels' path); the float ones
+    from one prefill."""
+    from ..gguf_tokenizer import tokenizer_from_gguf
+    from ..model.weights.gguf import load_gguf_model
+
+    packed, g = load_gguf_model(path, activations=activations)
+    ref, _ = load_gguf_model(path, dequantize=True)
+    tokenizer = tokenizer_from_gguf(g.metadata, str(path))
+    agree = total = 0
+    kl_sum = 0.0
+    for text in texts or TEXTS:
+        ids = tokenizer.encode(text)
+        p = all_logits(ref, ids, chunk=len(ids)).log_softmax(-1)  # (T, V)
+        q = all_logits(packed, ids, chunk=chunk).log_softmax(-1)
+        agree += int((p.argmax(-1) == q.argmax(-1)).sum())
+        total += len(ids)
+        kl_sum += float((p.exp() * (p - q)).sum(-1).sum())
+    from ..model.quant.ggml import GGML_TYPES, GGUFLinear
+
+    names = {v: k for k, v in GGML_TYPES.items()}
+    kinds = sorted({names[t] for m in packed.modules() if isinstance(m, GGUFLinear) for t in m.types})
+    return {"model": str(path), "blocks": "+".join(kinds), "activations": activations, "tokens": total, "top1_agreement": agree / total,
+            "kl_mean": kl_sum / total}

@@ -25,7 +25,8 @@
 // At one row it changes nothing measurable, so it is not issued there.
 static const size_t PF_BYTES = 4096;
 
-enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2, W_I4 = 3 };  // W_I4: int4.cpp's grouped 4-bit layout, float16 scales
+// W_I4: int4.cpp's grouped 4-bit layout, float16 scales; W_GGML + t: GGUF's blocks of ggml type t (ggml.cpp)
+enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2, W_I4 = 3, W_GGML = 16 };
 
 template <int KIND>
 TARGET static inline __m512 load_w(const void* w, int64_t k, __mmask16 m) {
@@ -254,11 +255,15 @@ int nt_dequantize_i8(const int8_t* q, const float* scale, int64_t N, int64_t K, 
 
 int nt_linear_i4(const uint8_t* W, const uint16_t* S, const float* x, const float* bias, int64_t M, int64_t N,
                  int64_t K, void* y, int out_kind);  // int4.cpp
+int nt_linear_ggml(int type, const uint8_t* W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K,
+                   void* y, int out_kind);  // ggml.cpp
 
 // x: (M, K) float32 contiguous; W: (N, K) contiguous of `kind`; bias/scale: (N,) float32 or NULL;
 // y: (M, N) contiguous of `out_kind`. Returns 0 on success. W_I4: W and scale as int4.cpp lays them out.
+// kind >= W_GGML: W is GGUF's packed blocks of ggml type kind - W_GGML (ggml.cpp; scale unused).
 int nt_linear(const void* W, int kind, const float* x, const float* bias, const float* scale, int64_t M, int64_t N,
               int64_t K, void* y, int out_kind) {
+  if (kind >= W_GGML) return nt_linear_ggml(kind - W_GGML, (const uint8_t*)W, x, bias, M, N, K, y, out_kind);
   if (kind == W_I4) return nt_linear_i4((const uint8_t*)W, (const uint16_t*)scale, x, bias, M, N, K, y, out_kind);
   if (kind == W_I8 && scale && K <= 16384 && has_vnni()) {
     const int64_t Kp = (K + 31) / 32 * 32;

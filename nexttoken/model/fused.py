@@ -6,8 +6,8 @@ the KV cache to one C++ function that runs every layer, the final norm and the L
 
 It takes what it computes exactly like the modules: float32 activations on CPU, one new token per row at the
 last cache column with every column visible (no padding) but for the sliding layers' window, which the native
-attention computes itself, weights that are `Linear`, `BF16Linear`, `Int8Linear` or `Int4Linear` layers of the
-stock blocks. Every family's block is a set of switches there (q/k norms, Gemma's (1 + w) sandwich norms, OLMo 2's
+attention computes itself, weights that are `Linear`, `BF16Linear`, `Int8Linear`, `Int4Linear` or GGUF's packed `GGUFLinear` layers
+of the stock blocks. Every family's block is a set of switches there (q/k norms, Gemma's (1 + w) sandwich norms, OLMo 2's
 norms after each branch, Granite's multipliers, GeGLU, soft-caps, local RoPE, LongRoPE, MoE experts), and LoRA
 rows add their adapter's products. Everything else returns None and runs the modules, which are the reference the
 tests hold this path to (same tokens; logits within float32 rounding).
@@ -32,6 +32,7 @@ from . import kernels
 from .batch import ForwardBatch
 from .cache import KVCache
 from .quant.bf16 import BF16Embedding, BF16Linear
+from .quant.ggml import GGUFLinear
 from .quant.int4 import Int4Linear
 from .quant.int8 import Int8Embedding, Int8Linear
 from .layers import MLP, Attention, Block, RMSNorm
@@ -101,6 +102,11 @@ def _linear(module: torch.nn.Module) -> _Linear | None:
         w, scale, bias = module.weight, None, module.bias
     elif type(module) is Int8Linear:
         w, scale, bias = module.weight, module.scale, module.bias
+    elif type(module) is GGUFLinear and kernels.ggml_available():  # kind 16 + ggml type: csrc/ggml.cpp's blocks
+        if module.bias is not None and module.bias.dtype != torch.float32:
+            return None
+        return _Linear(module.native_weight.data_ptr(), module.native_kind, None,
+                       None if module.bias is None else module.bias.data_ptr())
     elif type(module) is Int4Linear and kernels.int4_available():  # kind 3: csrc/int4.cpp's layout
         if module.bias is not None and module.bias.dtype != torch.float32:
             return None

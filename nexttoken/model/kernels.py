@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
-SOURCES = (CSRC / "gemv.cpp", CSRC / "decode.cpp", CSRC / "int4.cpp")  # one library
+SOURCES = (CSRC / "gemv.cpp", CSRC / "decode.cpp", CSRC / "int4.cpp", CSRC / "ggml.cpp")  # one library
 HEADERS = (CSRC / "rows.h",)  # included by the sources: part of the cache key
 MAX_ROWS = 16  # activation rows per call; beyond that torch's GEMM is the faster choice
 _W_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
@@ -122,6 +122,11 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.nt_quantize_i4.restype = i
     lib.nt_dequantize_i4.argtypes = [p, p, i64, i64, p, i]
     lib.nt_dequantize_i4.restype = i
+    lib.nt_ggml_supported.restype = i
+    lib.nt_linear_ggml.argtypes = [i, p, p, p, i64, i64, i64, p, i]
+    lib.nt_linear_ggml.restype = i
+    lib.nt_dequantize_ggml.argtypes = [i, p, i64, i64, p, i]
+    lib.nt_dequantize_ggml.restype = i
     return lib, ""
 
 
@@ -238,6 +243,44 @@ def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, K: int, dtype: t
     N = packed.shape[0]
     out = torch.empty((N, K), dtype=dtype) if out is None else out[: N * K].view(N, K)
     lib.nt_dequantize_i4(packed.data_ptr(), scales.data_ptr(), N, K, out.data_ptr(), _OUT_KIND[dtype])
+    return out
+
+
+GGML_KIND = 16  # nt_linear's kind for GGUF blocks: GGML_KIND + the ggml type id (csrc/ggml.cpp)
+
+
+def ggml_available() -> bool:
+    """Whether the GGUF block kernels (ggml.cpp: AVX-512 VNNI and F16C) run here."""
+    lib = library()
+    return lib is not None and bool(lib.nt_ggml_supported())
+
+
+def linear_ggml(x: torch.Tensor, packed: torch.Tensor, ggml_type: int, K: int,
+                bias: torch.Tensor | None = None, N: int | None = None) -> torch.Tensor:
+    """x (..., K) @ W^T (+ bias (N,) float32) for W stored as GGUF blocks: packed (N, row bytes) uint8 of ggml type
+    `ggml_type` (csrc/ggml.cpp; type 255: packed is the int64 description of parts of several types, and N must be
+    given); at most MAX_ROWS rows of x. Output in x's dtype."""
+    lib = library()
+    assert lib is not None and x.shape[-1] == K and packed.is_contiguous()
+    N = packed.shape[0] if N is None else N
+    xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()  # (..., K)
+    y = torch.empty((*x.shape[:-1], N), dtype=x.dtype)  # (..., N)
+    rc = lib.nt_linear_ggml(ggml_type, packed.data_ptr(), xf.data_ptr(), None if bias is None else bias.data_ptr(),
+                            xf.numel() // K, N, K, y.data_ptr(), _OUT_KIND[x.dtype])
+    assert rc == 0, f"nt_linear_ggml refused type {ggml_type}, K={K}"
+    return y
+
+
+def dequantize_ggml(packed: torch.Tensor, ggml_type: int, K: int, dtype: torch.dtype,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """GGUF block rows packed (N, row bytes) as (N, K) `dtype` (float32: exactly gguf.quants.dequantize's values;
+    bfloat16: those rounded once); into `out` when given."""
+    lib = library()
+    assert lib is not None and packed.is_contiguous()
+    N = packed.shape[0]
+    out = torch.empty((N, K), dtype=dtype) if out is None else out[: N * K].view(N, K)
+    rc = lib.nt_dequantize_ggml(ggml_type, packed.data_ptr(), N, K, out.data_ptr(), _OUT_KIND[dtype])
+    assert rc == 0, f"nt_dequantize_ggml refused type {ggml_type}, K={K}"
     return out
 
 

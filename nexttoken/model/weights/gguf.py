@@ -51,6 +51,7 @@ class GGUFFile:
     path: Path
     metadata: dict[str, Any]
     tensors: dict[str, Any]  # name -> gguf ReaderTensor
+    mapped: Any = None  # the whole file's memory map (numpy), whose pages gguf_packed.release_pages gives back
 
     @property
     def arch(self) -> str:
@@ -75,11 +76,11 @@ def open_gguf(path: str | Path) -> GGUFFile:
                              "pass a .gguf written by llama.cpp, or a Hugging Face model folder")
     try:
         try:
-            metadata, tensors = read_gguf(path)  # a one-pass header reader: GGUFReader takes seconds on a vocabulary
+            metadata, tensors, mapped = read_gguf(path)  # one pass: GGUFReader takes seconds on a vocabulary
         except BigEndian:
             reader = GGUFReader(str(path), mode="c")  # copy-on-write: writable views, the file untouched
             metadata = {key: field.contents() for key, field in reader.fields.items()}
-            tensors = reader.tensors
+            tensors, mapped = reader.tensors, reader.data
     except (ValueError, IndexError, KeyError, OSError, EOFError, TypeError, OverflowError, struct.error) as e:
         raise ModelLoadError(f"{path} is a damaged or truncated GGUF file ({type(e).__name__}: {e}); "
                              "download it again") from e
@@ -87,7 +88,7 @@ def open_gguf(path: str | Path) -> GGUFFile:
         raise ModelLoadError(f"{path} is part {int(metadata.get('split.no', 0)) + 1} of a GGUF split into "
                              f"{metadata['split.count']} files; merge them first with llama.cpp's "
                              "`llama-gguf-split --merge FIRST.gguf OUT.gguf`")
-    return GGUFFile(path, metadata, {t.name: t for t in tensors})
+    return GGUFFile(path, metadata, {t.name: t for t in tensors}, mapped)
 
 
 # ---- metadata -> config --------------------------------------------------------------------------------------
@@ -252,13 +253,37 @@ def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)  # (H, half, 2, ...) -> (H, 2, half, ...)
 
 
-def checkpoint_tensors(g: GGUFFile, cfg: ModelConfig, names: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The GGUF's tensors under the Hugging Face checkpoint names `names` (what loader.py expects for `cfg`),
-    dequantized into `dtype`. A checkpoint name with no GGUF tensor is left out (the shape check then names it)."""
+def gguf_names(g: GGUFFile, cfg: ModelConfig, names: list[str]) -> dict[str, str]:
+    """Checkpoint name -> the GGUF tensor holding it, for the dense names (not the experts' slices) the file has."""
     import gguf
 
     arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == g.arch)
     name_map = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
+    out = {}
+    for hf in names:
+        base, suffix = hf.rsplit(".", 1)
+        if ".experts." in base:
+            continue
+        gname = name_map.get_name(base)
+        if gname is None and base.endswith("block_sparse_moe.gate"):  # Mixtral's router
+            gname = f"blk.{base.split('.')[2]}.ffn_gate_inp"
+        if gname is not None and f"{gname}.{suffix}" in g.tensors:
+            out[hf] = f"{gname}.{suffix}"
+    return out
+
+
+def _as_checkpoint(g: GGUFFile, cfg: ModelConfig, gname: str, t: torch.Tensor) -> torch.Tensor:
+    """A GGUF tensor's rows (float values or packed rows) in the checkpoint's layout: llama.cpp's q / k row
+    permutation undone (it moves whole rows, so packed rows too)."""
+    if g.arch in _PERMUTED and gname.rsplit(".", 1)[0].endswith(("attn_q", "attn_k")):
+        t = _unpermute(t, cfg.num_attention_heads if "attn_q" in gname else cfg.num_key_value_heads)
+    return t
+
+
+def checkpoint_tensors(g: GGUFFile, cfg: ModelConfig, names: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The GGUF's tensors under the Hugging Face checkpoint names `names` (what loader.py expects for `cfg`),
+    dequantized into `dtype`. A checkpoint name with no GGUF tensor is left out (the shape check then names it)."""
+    dense = gguf_names(g, cfg, names)
     out: dict[str, torch.Tensor] = {}
     stacked: dict[str, torch.Tensor] = {}  # ffn_{gate,up,down}_exps, read once per layer
     for hf in names:
@@ -274,15 +299,11 @@ def checkpoint_tensors(g: GGUFFile, cfg: ModelConfig, names: list[str], dtype: t
                 stacked[key] = _tensor(g, key, dtype)  # (experts, out, in)
             out[hf] = stacked[key][expert]
             continue
-        gname = name_map.get_name(base)
-        if gname is None and base.endswith("block_sparse_moe.gate"):  # Mixtral's router
-            gname = f"blk.{base.split('.')[2]}.ffn_gate_inp"
-        if gname is None or f"{gname}.{suffix}" not in g.tensors:
+        if hf not in dense:
             continue
-        t = _tensor(g, f"{gname}.{suffix}", torch.float32)
-        if g.arch in _PERMUTED and gname.endswith(("attn_q", "attn_k")):
-            t = _unpermute(t, cfg.num_attention_heads if gname.endswith("attn_q") else cfg.num_key_value_heads)
-        if g.arch in _NORM_SHIFTED and gname.endswith("norm") and suffix == "weight":
+        gname = dense[hf]
+        t = _as_checkpoint(g, cfg, gname, _tensor(g, gname, torch.float32))
+        if g.arch in _NORM_SHIFTED and gname.endswith("norm.weight"):
             t = t - 1
         if hf.endswith("shared_expert_gate.weight") and t.dim() == 1:  # llama.cpp keeps the (C,) vector
             t = t.unsqueeze(0)
@@ -291,11 +312,41 @@ def checkpoint_tensors(g: GGUFFile, cfg: ModelConfig, names: list[str], dtype: t
 
 
 def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
-                    device: str | torch.device | None = None) -> tuple[Transformer, GGUFFile]:
-    """Build our Transformer from a GGUF file; returns it with the opened file (its tokenizer metadata)."""
+                    device: str | torch.device | None = None,
+                    dequantize: bool = False, activations: str = "int8") -> tuple[Transformer, GGUFFile]:
+    """Build our Transformer from a GGUF file; returns it with the opened file (its tokenizer metadata).
+
+    By default a quantized file's matrices stay in their ggml blocks (and BF16 ones in bfloat16), multiplied
+    natively with float32 activations (gguf_packed.py): the file's size in memory and llama.cpp's arithmetic.
+    dequantize=True (also implied by a dtype other than float32, a non-CPU device, or no AVX-512 VNNI here) gives
+    the float model of exactly gguf's dequantized values, the reference transformers' GGUF loader agrees with.
+    activations="int16": the packed product quantizes its inputs to int16 per block of 32 instead of llama.cpp's
+    int8: close to the float model's choices, at up to twice the kernel's arithmetic (docs/performance.md)."""
+    from ..quant.ggml import ACTIVATIONS, native_blocks
+
+    if activations not in ACTIVATIONS:
+        raise ModelLoadError(f"gguf_activations={activations!r} is not supported; use one of {', '.join(ACTIVATIONS)}")
+
     g = open_gguf(path)
     device = torch.device(device or "cpu")
     torch_dtype = resolve_dtype(dtype, device)
     cfg = ModelConfig.from_dict(config_dict(g), source=str(g.path))
-    tensors = checkpoint_tensors(g, cfg, list(expected_shapes(cfg)), torch_dtype)
+    names = list(expected_shapes(cfg))
+    if not dequantize and device.type == "cpu" and torch_dtype == torch.float32 and native_blocks():
+        from .gguf_packed import build_packed_model, file_rows, keepable, release_pages
+
+        dense = gguf_names(g, cfg, names)
+        kept = keepable(g, cfg, dense)
+        if kept:
+            floats = checkpoint_tensors(g, cfg, [n for n in names if n not in kept], torch.float32)
+
+            def rows_of(hf: str) -> tuple[torch.Tensor, str]:
+                gname = dense[hf]
+                return _as_checkpoint(g, cfg, gname, file_rows(g, gname)), g.tensors[gname].tensor_type.name
+
+            shapes = {hf: tuple(int(d) for d in reversed(g.tensors[dense[hf]].shape)) for hf in kept}
+            model = build_packed_model(g, cfg, floats, shapes, rows_of, activations)
+            release_pages(g.mapped)  # the pages read while copying: decode faults back the ones it uses
+            return model, g
+    tensors = checkpoint_tensors(g, cfg, names, torch_dtype)
     return build_model(cfg, tensors, g.path, device, torch_dtype), g

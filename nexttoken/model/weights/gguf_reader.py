@@ -32,8 +32,8 @@ class BigEndian(Exception):
     """The file is big-endian: read it with the gguf package instead."""
 
 
-def read_gguf(path: Path) -> tuple[dict[str, Any], list[Any]]:
-    """(metadata key -> value, [gguf.ReaderTensor]) of the file. Raises ValueError / struct.error / EOFError /
+def read_gguf(path: Path) -> tuple[dict[str, Any], list[Any], np.memmap]:
+    """(metadata key -> value, [gguf.ReaderTensor], the file's copy-on-write map) of the file. Raises ValueError / struct.error / EOFError /
     UnicodeDecodeError on a damaged file, BigEndian for a file of the other byte order."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, ReaderTensor
     from gguf.quants import quant_shape_to_byte_shape
@@ -70,7 +70,7 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], list[Any]]:
         view = data[at:end].view(item).reshape(shape)
         tensors.append(ReaderTensor(name=name, tensor_type=kind, shape=dims, n_elements=n_elems, n_bytes=n_bytes,
                                     data_offset=at, data=view, field=None))
-    return metadata, tensors
+    return metadata, tensors, data
 
 
 class _Header:

@@ -1,0 +1,539 @@
+// GGUF's quantized blocks multiplied as they are stored: y (M, N) = x (M, K) @ W (N, K)^T (+ bias), M <= 16, and
+// rows dequantized for prefill and embedding lookups.
+//
+// Block layouts are ggml's (ggml-common.h), one row of W = K / (elements per block) blocks back to back:
+//   Q4_0 (32 elements, 18 bytes): d f16, qs[16]            w = d * (q - 8),  q = nibble (low: 0..15, high: 16..31)
+//   Q4_1 (32, 20): d, m f16, qs[16]                        w = d * q + m
+//   Q5_0 (32, 22): d, qh[4], qs[16]                        w = d * (q - 16), bit 4 of element j = bit j of qh
+//   Q5_1 (32, 24): d, m, qh[4], qs[16]                     w = d * q + m
+//   Q8_0 (32, 34): d, qs[32] int8                          w = d * q
+//   Q2_K (256, 84): scales[16] (4-bit scale | 4-bit min << 4), qs[64], d, dmin     w = d*sc * q - dmin*m, q 2 bits
+//   Q3_K (256, 110): hmask[32], qs[64], scales[12] (6-bit, -32), d                  w = d*sc * (q - 4), q 3 bits
+//   Q4_K (256, 144): d, dmin, scales[12] (6-bit scales and mins), qs[128]          w = d*sc * q - dmin*m
+//   Q5_K (256, 176): d, dmin, scales[12], qh[32], qs[128]                           w = d*sc * q - dmin*m, q 5 bits
+//   Q6_K (256, 210): ql[128], qh[64], scales[16] int8, d                            w = d*sc * (q - 32), q 6 bits
+// (gguf-py's gguf/quants.py writes the same definitions in numpy; tests/test_ggml_blocks.py holds this file to it.)
+//
+// Every type is read 64 elements (a "chunk") at a time into one vector of 64 unsigned bytes u (the stored q, with
+// the offset o of the type left in: w = a * (u - o) + b), in an order the type's bits unpack into cheaply (byte
+// position p holds chunk element perm(p): the natural order, or for the 32-blocks of 4/5 bits the low nibbles of
+// both blocks, then their high nibbles), and two vectors of 16 floats: the weight scale a and offset b of each
+// 4-byte lane (a lane never straddles a sub-block). The activations are quantized once per call, in that order:
+// int8 per block of 32 elements (scale = the block's largest magnitude / 127, values rounded half to even: ggml's
+// Q8_0; Q8_1's block sums for the types with a float offset), so a chunk's product is VNNI's vpdpbusd (64 byte
+// products summed in fours into 16 int32 lanes), started from -o * (the lane's activation sum) to take off the
+// integer offset exactly, then per lane a * xd * sum (+ b * xd * lane sum where b is a float offset). The K-quants
+// use the same 32-element activation blocks (ggml uses one scale per 256, Q8_K): finer, so closer to float32,
+// at the same speed. Products are float32 FMAs over the chunks; the lanes are summed at the end (rows.h).
+//
+// Decode is bound by reading the weights: each row is streamed once per call for all (up to 8, then again for
+// 9..16) activation rows, the rows split over the OpenMP threads in blocks of 16 (rows.h's over_rows).
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <vector>
+
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+
+#include "rows.h"
+
+namespace {
+
+enum Type { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+
+// Per type: elements and bytes per block, the integer offset o, whether b (a float offset) is used, and whether
+// the chunk order is the split one (bytes 0-15: block 0 elements 0-15, 16-31: block 1's 0-15, 32-47: block 0's
+// 16-31, 48-63: block 1's 16-31) or the natural one.
+template <int T> struct Traits;
+template <> struct Traits<Q4_0> { enum { BLOCK = 32, BYTES = 18, OFFSET = 8, MIN = 0, SPLIT = 1 }; };
+template <> struct Traits<Q4_1> { enum { BLOCK = 32, BYTES = 20, OFFSET = 0, MIN = 1, SPLIT = 1 }; };
+template <> struct Traits<Q5_0> { enum { BLOCK = 32, BYTES = 22, OFFSET = 16, MIN = 0, SPLIT = 1 }; };
+template <> struct Traits<Q5_1> { enum { BLOCK = 32, BYTES = 24, OFFSET = 0, MIN = 1, SPLIT = 1 }; };
+template <> struct Traits<Q8_0> { enum { BLOCK = 32, BYTES = 34, OFFSET = 128, MIN = 0, SPLIT = 0 }; };
+template <> struct Traits<Q2_K> { enum { BLOCK = 256, BYTES = 84, OFFSET = 0, MIN = 1, SPLIT = 0 }; };
+template <> struct Traits<Q3_K> { enum { BLOCK = 256, BYTES = 110, OFFSET = 4, MIN = 0, SPLIT = 0 }; };
+template <> struct Traits<Q4_K> { enum { BLOCK = 256, BYTES = 144, OFFSET = 0, MIN = 1, SPLIT = 0 }; };
+template <> struct Traits<Q5_K> { enum { BLOCK = 256, BYTES = 176, OFFSET = 0, MIN = 1, SPLIT = 0 }; };
+template <> struct Traits<Q6_K> { enum { BLOCK = 256, BYTES = 210, OFFSET = 32, MIN = 0, SPLIT = 0 }; };
+
+struct Chunk {
+  __m512i u;  // 64 stored values (q + offset as unsigned bytes), in the type's chunk order
+  __m512 a;   // (16,) weight scale of each 4-byte lane
+  __m512 b;   // (16,) weight offset of each lane (types with MIN; else unset)
+};
+
+TARGET inline float half(const uint8_t* p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+TARGET inline uint32_t u32(const uint8_t* p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+// Two 16-byte nibble arrays -> the split order's 64 values: [lo0, lo1, hi0, hi1].
+TARGET inline __m512i nibbles_split(const uint8_t* qs0, const uint8_t* qs1, bool two) {
+  const __m128i a = _mm_loadu_si128((const __m128i*)qs0);
+  const __m128i b = _mm_maskz_loadu_epi8(two ? (__mmask16)0xffff : (__mmask16)0, qs1);  // masked: never past the row
+  const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
+  const __m256i m = _mm256_set1_epi8(0x0f);
+  const __m256i lo = _mm256_and_si256(v, m), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// 32 bytes -> natural-order 64 values: their bits [s0, s0+bits) then [s1, s1+bits).
+TARGET inline __m512i fields(__m256i v, int s0, int s1, int bits) {
+  const __m256i m = _mm256_set1_epi8((char)((1 << bits) - 1));
+  const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(s0)), m);
+  const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(s1)), m);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// 32 bytes -> 64 single bits in natural order: bit s of each byte, then bit s + 1 (as 0 / 1 bytes; shifting
+// 16-bit lanes is safe: only bits below 8 - s of the neighbouring byte could enter, and the mask drops them).
+TARGET inline __m512i bits(__m256i v, int s) {
+  const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1);
+  const __m512i counts = _mm512_inserti64x4(_mm512_set1_epi16((short)s), _mm256_set1_epi16((short)(s + 1)), 1);
+  return _mm512_and_si512(_mm512_srlv_epi16(w, counts), _mm512_set1_epi8(1));
+}
+
+// Lane i of the result = v[i / 4]: four values per 16-element sub-block (the K-quants with 16 scales per block).
+TARGET inline __m512 by_quarter(__m128 v) {
+  const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
+}
+
+// Q4_K / Q5_K's 6-bit scale and min of sub-block j (ggml's get_scale_min_k4).
+inline void scale_min_k4(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Q3_K's signed scale of sub-block j (16 of them, 6 bits each, stored + 32).
+inline int scale_q3k(int j, const uint8_t* s) {
+  const int lo = j < 8 ? s[j] & 0xF : s[j - 8] >> 4;
+  const int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return (lo | (hi << 4)) - 32;
+}
+
+// Chunk c (elements [64c, 64c + 64)) of a row. `two`: for the 32-blocks, whether block 2c + 1 exists.
+template <int T> TARGET Chunk decode(const uint8_t* row, int64_t c, bool two);
+
+template <> TARGET Chunk decode<Q4_0>(const uint8_t* row, int64_t c, bool two) {
+  const uint8_t* b0 = row + 2 * c * 18;
+  const uint8_t* b1 = b0 + 18;
+  const float d0 = half(b0), d1 = two ? half(b1) : 0.f;
+  return {nibbles_split(b0 + 2, b1 + 2, two), _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(d0), _mm512_set1_ps(d1)),
+          _mm512_setzero_ps()};
+}
+
+template <> TARGET Chunk decode<Q4_1>(const uint8_t* row, int64_t c, bool two) {
+  const uint8_t* b0 = row + 2 * c * 20;
+  const uint8_t* b1 = b0 + 20;
+  const float d0 = half(b0), d1 = two ? half(b1) : 0.f, m0 = half(b0 + 2), m1 = two ? half(b1 + 2) : 0.f;
+  return {nibbles_split(b0 + 4, b1 + 4, two), _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(d0), _mm512_set1_ps(d1)),
+          _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(m0), _mm512_set1_ps(m1))};
+}
+
+// The fifth bits of two Q5 blocks (qh: bit j = element j's) as a byte mask in the split order.
+inline __mmask64 fifth_bits(uint32_t h0, uint32_t h1) {
+  return (__mmask64)((uint64_t)(h0 & 0xffff) | ((uint64_t)(h1 & 0xffff) << 16) | ((uint64_t)(h0 >> 16) << 32) |
+                     ((uint64_t)(h1 >> 16) << 48));
+}
+
+template <> TARGET Chunk decode<Q5_0>(const uint8_t* row, int64_t c, bool two) {
+  const uint8_t* b0 = row + 2 * c * 22;
+  const uint8_t* b1 = b0 + 22;
+  const float d0 = half(b0), d1 = two ? half(b1) : 0.f;
+  __m512i u = nibbles_split(b0 + 6, b1 + 6, two);
+  u = _mm512_mask_add_epi8(u, fifth_bits(u32(b0 + 2), two ? u32(b1 + 2) : 0), u, _mm512_set1_epi8(16));
+  return {u, _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(d0), _mm512_set1_ps(d1)), _mm512_setzero_ps()};
+}
+
+template <> TARGET Chunk decode<Q5_1>(const uint8_t* row, int64_t c, bool two) {
+  const uint8_t* b0 = row + 2 * c * 24;
+  const uint8_t* b1 = b0 + 24;
+  const float d0 = half(b0), d1 = two ? half(b1) : 0.f, m0 = half(b0 + 2), m1 = two ? half(b1 + 2) : 0.f;
+  __m512i u = nibbles_split(b0 + 8, b1 + 8, two);
+  u = _mm512_mask_add_epi8(u, fifth_bits(u32(b0 + 4), two ? u32(b1 + 4) : 0), u, _mm512_set1_epi8(16));
+  return {u, _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(d0), _mm512_set1_ps(d1)),
+          _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(m0), _mm512_set1_ps(m1))};
+}
+
+template <> TARGET Chunk decode<Q8_0>(const uint8_t* row, int64_t c, bool two) {
+  const uint8_t* b0 = row + 2 * c * 34;
+  const uint8_t* b1 = b0 + 34;
+  const float d0 = half(b0), d1 = two ? half(b1) : 0.f;
+  const __m256i q0 = _mm256_loadu_si256((const __m256i*)(b0 + 2));
+  const __m256i q1 = _mm256_maskz_loadu_epi8(two ? 0xffffffffu : 0u, b1 + 2);
+  // int8 q as unsigned q + 128 (the sign bit flipped); the offset 128 comes off with the activation sums
+  const __m512i u = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1), _mm512_set1_epi8(-128));
+  return {u, _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d0), _mm512_set1_ps(d1)), _mm512_setzero_ps()};
+}
+
+template <> TARGET Chunk decode<Q2_K>(const uint8_t* row, int64_t c, bool) {
+  const uint8_t* blk = row + (c / 4) * 84;
+  const int j = (int)(c % 4), h = j / 2, s = 4 * (j % 2);  // half h of the block; bit pairs s, s + 2
+  const float d = half(blk + 80), dmin = half(blk + 82);
+  const __m256i q = _mm256_loadu_si256((const __m256i*)(blk + 16 + 32 * h));
+  float a[4], b[4];
+  for (int i = 0; i < 4; ++i) {  // sub-blocks 4j .. 4j + 3 (16 elements each)
+    const uint8_t sc = blk[4 * j + i];
+    a[i] = d * (float)(sc & 0xF);
+    b[i] = -(dmin * (float)(sc >> 4));
+  }
+  return {fields(q, s, s + 2, 2), by_quarter(_mm_loadu_ps(a)), by_quarter(_mm_loadu_ps(b))};
+}
+
+template <> TARGET Chunk decode<Q3_K>(const uint8_t* row, int64_t c, bool) {
+  const uint8_t* blk = row + (c / 4) * 110;
+  const int j = (int)(c % 4), h = j / 2, s = 4 * (j % 2);
+  const float d = half(blk + 108);
+  const __m256i q = _mm256_loadu_si256((const __m256i*)(blk + 32 + 32 * h));
+  // element e's high bit is bit e / 32 of hmask[e % 32]: bits 2j (first half) and 2j + 1 (second), worth 4
+  const __m512i u = _mm512_or_si512(fields(q, s, s + 2, 2),
+                                    _mm512_slli_epi16(bits(_mm256_loadu_si256((const __m256i*)blk), 2 * j), 2));
+  float a[4];
+  for (int i = 0; i < 4; ++i) a[i] = d * (float)scale_q3k(4 * j + i, blk + 96);
+  return {u, by_quarter(_mm_loadu_ps(a)), _mm512_setzero_ps()};
+}
+
+template <> TARGET Chunk decode<Q4_K>(const uint8_t* row, int64_t c, bool) {
+  const uint8_t* blk = row + (c / 4) * 144;
+  const int j = (int)(c % 4);
+  const float d = half(blk), dmin = half(blk + 2);
+  int sc0, m0, sc1, m1;
+  scale_min_k4(2 * j, blk + 4, &sc0, &m0);
+  scale_min_k4(2 * j + 1, blk + 4, &sc1, &m1);
+  const __m256i q = _mm256_loadu_si256((const __m256i*)(blk + 16 + 32 * j));
+  return {fields(q, 0, 4, 4),
+          _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d * (float)sc0), _mm512_set1_ps(d * (float)sc1)),
+          _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(-(dmin * (float)m0)), _mm512_set1_ps(-(dmin * (float)m1)))};
+}
+
+template <> TARGET Chunk decode<Q5_K>(const uint8_t* row, int64_t c, bool) {
+  const uint8_t* blk = row + (c / 4) * 176;
+  const int j = (int)(c % 4);
+  const float d = half(blk), dmin = half(blk + 2);
+  int sc0, m0, sc1, m1;
+  scale_min_k4(2 * j, blk + 4, &sc0, &m0);
+  scale_min_k4(2 * j + 1, blk + 4, &sc1, &m1);
+  const __m256i q = _mm256_loadu_si256((const __m256i*)(blk + 48 + 32 * j));
+  // the fifth bits: bit 2j (first half) and 2j + 1 (second half) of qh[l], worth 16
+  const __m512i u = _mm512_or_si512(fields(q, 0, 4, 4),
+                                    _mm512_slli_epi16(bits(_mm256_loadu_si256((const __m256i*)(blk + 16)), 2 * j), 4));
+  return {u, _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d * (float)sc0), _mm512_set1_ps(d * (float)sc1)),
+          _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(-(dmin * (float)m0)), _mm512_set1_ps(-(dmin * (float)m1)))};
+}
+
+template <> TARGET Chunk decode<Q6_K>(const uint8_t* row, int64_t c, bool) {
+  const uint8_t* blk = row + (c / 4) * 210;
+  const int j = (int)(c % 4), h = j / 2, odd = j % 2;
+  const float d = half(blk + 208);
+  const __m512i ql = _mm512_loadu_si512((const void*)(blk + 64 * h));
+  const __m512i low = odd ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), _mm512_set1_epi8(0x0f))
+                          : _mm512_and_si512(ql, _mm512_set1_epi8(0x0f));
+  const __m256i qh = _mm256_loadu_si256((const __m256i*)(blk + 128 + 32 * h));
+  const __m512i high = fields(qh, 4 * odd, 4 * odd + 2, 2);
+  const __m512i u = _mm512_or_si512(low, _mm512_slli_epi16(high, 4));  // high <= 3: stays inside each byte
+  const __m128i s = _mm_cvtepi8_epi32(_mm_cvtsi32_si128((int)u32(blk + 192 + 4 * j)));  // sub-blocks 4j .. 4j + 3
+  return {u, by_quarter(_mm_mul_ps(_mm_set1_ps(d), _mm_cvtepi32_ps(s))), _mm512_setzero_ps()};
+}
+
+// The chunk element at byte position p (0..63).
+template <int T> inline int element_at(int p) {
+  if (!Traits<T>::SPLIT) return p;
+  return (p & ~48) | ((p & 16) << 1) | ((p & 32) >> 1);  // bits 4 and 5 of p swapped
+}
+
+// Quantized activations of up to 8 rows, in type T's chunk order. Kp = K rounded up to 64. Q8: int8 per block of
+// 32, 4 per int32 lane of vpdpbusd (the default). Q16: int16 per block of 32 (scale = the largest magnitude /
+// 32767), 2 per int32 lane of vpdpwssd: ~2^-16 relative rounding instead of ~2^-8, for a run that agrees with the
+// float model (twice the multiply instructions per weight).
+template <typename Q>
+struct Acts {
+  std::vector<Q> q;          // (M, Kp)
+  std::vector<float> xd;     // (M, Kp/LANE): the block scale of each lane
+  std::vector<int32_t> off;  // (M, Kp/LANE): -OFFSET * the lane's sum of q (the products' starting value)
+  std::vector<float> xs;     // (M, Kp/LANE): xd * the lane's sum of q (times b, for the types with MIN)
+};
+
+template <int T, typename Q>
+void quantize_acts(const float* x, int64_t M, int64_t K, int64_t Kp, Acts<Q>& a) {
+  constexpr int LANE = sizeof(Q) == 1 ? 4 : 2;          // elements per int32 lane
+  constexpr float QMAX = sizeof(Q) == 1 ? 127.f : 32767.f;
+  const size_t lanes = (size_t)Kp / LANE;
+  if (a.q.size() < (size_t)M * Kp) a.q.resize((size_t)M * Kp);
+  if (a.xd.size() < M * lanes) a.xd.resize(M * lanes), a.off.resize(M * lanes), a.xs.resize(M * lanes);
+  Q nat[64];
+  float scale[2];
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = x + (size_t)m * K;
+    Q* q = a.q.data() + (size_t)m * Kp;
+    for (int64_t c = 0; c < Kp; c += 64) {
+      for (int blk = 0; blk < 2; ++blk) {  // the chunk's two 32-element blocks, natural order
+        float amax = 0.f;
+        for (int64_t k = c + 32 * blk; k < c + 32 * blk + 32 && k < K; ++k)
+          amax = row[k] > amax ? row[k] : (-row[k] > amax ? -row[k] : amax);
+        scale[blk] = amax / QMAX;
+        for (int64_t i = 0; i < 32; ++i) {
+          const int64_t k = c + 32 * blk + i;
+          nat[32 * blk + i] = k < K && scale[blk] > 0.f ? (Q)__builtin_lrintf(row[k] / scale[blk]) : (Q)0;
+        }
+      }
+      for (int p = 0; p < 64; ++p) q[c + p] = nat[element_at<T>(p)];
+      for (int l = 0; l < 64 / LANE; ++l) {
+        int32_t sum = 0;
+        for (int i = 0; i < LANE; ++i) sum += q[c + LANE * l + i];
+        const float d = scale[element_at<T>(LANE * l) / 32];
+        const size_t at = (size_t)m * lanes + (size_t)(c / LANE + l);
+        a.xd[at] = d;
+        a.off[at] = -(int32_t)Traits<T>::OFFSET * sum;
+        a.xs[at] = d * (float)sum;
+      }
+    }
+  }
+}
+
+// One weight row times M activation rows: out[m] = the 16 lanes of partial sums (summed by over_rows).
+template <int T, int M>
+TARGET void tile(const uint8_t* W, size_t row_bytes, const Acts<int8_t>& a, int64_t Kp, int64_t blocks, int64_t n,
+                 __m512* out) {
+  const uint8_t* row = W + (size_t)n * row_bytes;
+  const size_t lanes = (size_t)Kp / 4;
+  __m512 acc[M][2];
+  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  const int64_t chunks = Kp / 64;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const bool two = Traits<T>::BLOCK == 256 || 2 * c + 1 < blocks;
+    const Chunk w = decode<T>(row, c, two);
+    for (int m = 0; m < M; ++m) {
+      const size_t at = (size_t)m * lanes + (size_t)c * 16;
+      const __m512i start = Traits<T>::OFFSET ? _mm512_loadu_si512((const void*)(a.off.data() + at))
+                                              : _mm512_setzero_si512();
+      const __m512i dot = _mm512_dpbusd_epi32(start, w.u,
+                                              _mm512_loadu_si512((const void*)(a.q.data() + (size_t)m * Kp + 64 * c)));
+      const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_loadu_ps(a.xd.data() + at));
+      __m512& s = acc[m][c & 1];  // two chains: the FMA latency is not the limit
+      s = _mm512_fmadd_ps(t, w.a, s);
+      if (Traits<T>::MIN) s = _mm512_fmadd_ps(w.b, _mm512_loadu_ps(a.xs.data() + at), s);
+    }
+  }
+  for (int m = 0; m < M; ++m) out[m] = _mm512_add_ps(acc[m][0], acc[m][1]);
+}
+
+// The same with Q16 activations: the chunk's 64 bytes widened to two vectors of 32 int16 (bytes 0-31, 32-63), each
+// vpdpwssd'd with its 32 activations into 16 lanes of 2 elements; lane i of the first half is the 4-byte lane
+// i / 2, of the second 8 + i / 2 (their a and b permuted so).
+template <int T, int M>
+TARGET void tile16(const uint8_t* W, size_t row_bytes, const Acts<int16_t>& a, int64_t Kp, int64_t blocks, int64_t n,
+                   __m512* out) {
+  const uint8_t* row = W + (size_t)n * row_bytes;
+  const size_t lanes = (size_t)Kp / 2;
+  const __m512i first = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
+  __m512 acc[M][2];
+  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  const int64_t chunks = Kp / 64;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const bool two = Traits<T>::BLOCK == 256 || 2 * c + 1 < blocks;
+    const Chunk w = decode<T>(row, c, two);
+    const __m512i u[2] = {_mm512_cvtepu8_epi16(_mm512_castsi512_si256(w.u)),
+                          _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(w.u, 1))};
+    const __m512 wa[2] = {_mm512_permutexvar_ps(first, w.a), _mm512_permutexvar_ps(second, w.a)};
+    __m512 wb[2];
+    if (Traits<T>::MIN) wb[0] = _mm512_permutexvar_ps(first, w.b), wb[1] = _mm512_permutexvar_ps(second, w.b);
+    for (int m = 0; m < M; ++m)
+      for (int h = 0; h < 2; ++h) {
+        const size_t at = (size_t)m * lanes + (size_t)c * 32 + 16 * h;
+        const __m512i start = Traits<T>::OFFSET ? _mm512_loadu_si512((const void*)(a.off.data() + at))
+                                                : _mm512_setzero_si512();
+        const __m512i x = _mm512_loadu_si512((const void*)(a.q.data() + (size_t)m * Kp + 64 * c + 32 * h));
+        const __m512i dot = _mm512_dpwssd_epi32(start, u[h], x);
+        const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_loadu_ps(a.xd.data() + at));
+        __m512& s = acc[m][h];
+        s = _mm512_fmadd_ps(t, wa[h], s);
+        if (Traits<T>::MIN) s = _mm512_fmadd_ps(wb[h], _mm512_loadu_ps(a.xs.data() + at), s);
+      }
+  }
+  for (int m = 0; m < M; ++m) out[m] = _mm512_add_ps(acc[m][0], acc[m][1]);
+}
+
+template <int T, int M, typename Q>
+TARGET void run(const uint8_t* W, const Acts<Q>& a, const float* bias, int64_t N, int64_t K, int64_t Kp, void* y,
+                int out_kind) {
+  const int64_t blocks = K / Traits<T>::BLOCK;
+  const size_t row_bytes = (size_t)blocks * Traits<T>::BYTES;
+  auto one = [&](int64_t n, __m512* v) {
+    if constexpr (sizeof(Q) == 1) tile<T, M>(W, row_bytes, a, Kp, blocks, n, v);
+    else tile16<T, M>(W, row_bytes, a, Kp, blocks, n, v);
+  };
+  over_rows<M, 1>(one, one, N, K, nullptr, nullptr, bias, y, out_kind);
+}
+
+template <int T, typename Q>
+int linear(const uint8_t* W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K, void* y,
+           int out_kind) {
+  if (K % Traits<T>::BLOCK || M > 16) return 1;
+  const int64_t Kp = (K + 63) / 64 * 64;
+  static thread_local Acts<Q> a;
+  for (int64_t m0 = 0; m0 < M; m0 += 8) {  // up to 8 activation rows per pass over the weights
+    const int64_t rows = M - m0 < 8 ? M - m0 : 8;
+    quantize_acts<T, Q>(x + (size_t)m0 * K, rows, K, Kp, a);
+    char* yo = (char*)y + (size_t)m0 * N * (out_kind == OUT_F32 ? 4 : 2);
+    switch (rows) {
+      case 1: run<T, 1, Q>(W, a, bias, N, K, Kp, yo, out_kind); break;
+      case 2: run<T, 2, Q>(W, a, bias, N, K, Kp, yo, out_kind); break;
+      case 3: run<T, 3, Q>(W, a, bias, N, K, Kp, yo, out_kind); break;
+      case 4: run<T, 4, Q>(W, a, bias, N, K, Kp, yo, out_kind); break;
+      case 5: run<T, 5, Q>(W, a, bias, N, K, Kp, yo, out_kind); break;
+      case 6: run<T, 6, Q>(W, a, bias, N, K, Kp, yo, out_kind); break;
+      case 7: run<T, 7, Q>(W, a, bias, N, K, Kp, yo, out_kind); break;
+      default: run<T, 8, Q>(W, a, bias, N, K, Kp, yo, out_kind); break;
+    }
+  }
+  return 0;
+}
+
+template <int T>
+int linear_any(const uint8_t* W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K, void* y,
+               int out_kind, bool q16) {
+  return q16 ? linear<T, int16_t>(W, x, bias, M, N, K, y, out_kind) : linear<T, int8_t>(W, x, bias, M, N, K, y, out_kind);
+}
+
+// One row dequantized: element e = a * (u - o) (+ b), each product and sum rounded once in float32 as gguf-py's
+// numpy does it.
+template <int T>
+TARGET void dequant_row(const uint8_t* row, int64_t K, void* out, int out_kind) {
+  const int64_t blocks = K / Traits<T>::BLOCK;
+  const __m512i off = _mm512_set1_epi32(Traits<T>::OFFSET);
+  for (int64_t c = 0; c < (K + 63) / 64; ++c) {
+    const bool two = Traits<T>::BLOCK == 256 || 2 * c + 1 < blocks;
+    const Chunk w = decode<T>(row, c, two);
+    for (int part = 0; part < 4; ++part) {  // byte positions [16 part, 16 part + 16): 16 consecutive elements
+      const int64_t e = 64 * c + element_at<T>(16 * part);
+      if (e >= K) continue;
+      const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+      const __m512i lane = _mm512_add_epi32(idx, _mm512_set1_epi32(4 * part));
+      __m128i u16 = _mm512_extracti32x4_epi32(w.u, 0);
+      switch (part) {  // the extract's lane index must be a constant
+        case 1: u16 = _mm512_extracti32x4_epi32(w.u, 1); break;
+        case 2: u16 = _mm512_extracti32x4_epi32(w.u, 2); break;
+        case 3: u16 = _mm512_extracti32x4_epi32(w.u, 3); break;
+      }
+      const __m512 q = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(u16), off));
+      __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(lane, w.a), q);
+      if (Traits<T>::MIN) v = _mm512_add_ps(v, _mm512_permutexvar_ps(lane, w.b));
+      const __mmask16 mask = K - e >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - e)) - 1u);
+      if (out_kind == OUT_F32)
+        _mm512_mask_storeu_ps((float*)out + e, mask, v);
+      else
+        _mm256_mask_storeu_epi16((uint16_t*)out + e, mask, to_bf16x16(v));
+    }
+  }
+}
+
+template <int T>
+int dequantize(const uint8_t* W, int64_t N, int64_t K, void* out, int out_kind) {
+  if (K % Traits<T>::BLOCK) return 1;
+  const size_t row_bytes = (size_t)(K / Traits<T>::BLOCK) * Traits<T>::BYTES;
+  const size_t out_row = (size_t)K * (out_kind == OUT_F32 ? 4 : 2);
+#pragma omp parallel for schedule(static) if (N * K >= (1 << 18))
+  for (int64_t n = 0; n < N; ++n) dequant_row<T>(W + n * row_bytes, K, (char*)out + n * out_row, out_kind);
+  return 0;
+}
+
+}  // namespace
+
+extern "C" int nt_linear_ggml(int type, const uint8_t* W, const float* x, const float* bias, int64_t M, int64_t N,
+                              int64_t K, void* y, int out_kind);
+
+namespace {
+
+// A matrix whose row ranges are of different types (a fused q/k/v or gate/up of a Q4_K_M file, whose v and down
+// rows are Q6_K in some layers): desc = [count, then per part: rows, type, address of its blocks]. Each part's
+// product goes through a buffer into its columns of y.
+const int MIXED = 255;
+const int Q16 = 256;  // flag on the type: int16 activations (Acts<int16_t>) instead of int8
+
+int linear_mixed(const int64_t* desc, const float* x, const float* bias, int64_t M, int64_t N, int64_t K, void* y,
+                 int out_kind, bool q16) {
+  const size_t es = out_kind == OUT_F32 ? 4 : 2;
+  static thread_local std::vector<char> part;
+  int64_t n0 = 0;
+  for (int64_t i = 0; i < desc[0]; ++i) {
+    const int64_t rows = desc[1 + 3 * i], type = desc[2 + 3 * i];
+    const uint8_t* W = (const uint8_t*)(intptr_t)desc[3 + 3 * i];
+    if (type == MIXED || n0 + rows > N) return 1;
+    part.resize((size_t)M * rows * es);
+    if (nt_linear_ggml((int)type | (q16 ? Q16 : 0), W, x, bias ? bias + n0 : nullptr, M, rows, K, part.data(),
+                       out_kind))
+      return 1;
+    for (int64_t m = 0; m < M; ++m) memcpy((char*)y + ((size_t)m * N + n0) * es, part.data() + (size_t)m * rows * es,
+                                           (size_t)rows * es);
+    n0 += rows;
+  }
+  return n0 == N ? 0 : 1;
+}
+
+}  // namespace
+
+extern "C" {
+
+int nt_ggml_supported(void) {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c");
+}
+
+// W: (N, K / block * block bytes) ggml blocks of `type` (ggml's type id); x: (M, K) float32; bias (N,) or NULL;
+// y: (M, N) float32 or bfloat16. Returns 0, or 1 for an unknown type, K not whole blocks, or M > 16. Type 255: W is
+// a description of row ranges of different types (linear_mixed). type | 256: int16 activations per block of 32
+// (vpdpwssd) instead of int8: within ~2^-16 of the float product, for a run that must agree with the float model.
+int nt_linear_ggml(int type, const uint8_t* W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K,
+                   void* y, int out_kind) {
+  const bool q16 = type & Q16;
+  if (type == MIXED) return linear_mixed((const int64_t*)W, x, bias, M, N, K, y, out_kind, false);
+  if (type == (MIXED | Q16)) return linear_mixed((const int64_t*)W, x, bias, M, N, K, y, out_kind, true);
+  switch (type & ~Q16) {
+    case Q4_0: return linear_any<Q4_0>(W, x, bias, M, N, K, y, out_kind, q16);
+    case Q4_1: return linear_any<Q4_1>(W, x, bias, M, N, K, y, out_kind, q16);
+    case Q5_0: return linear_any<Q5_0>(W, x, bias, M, N, K, y, out_kind, q16);
+    case Q5_1: return linear_any<Q5_1>(W, x, bias, M, N, K, y, out_kind, q16);
+    case Q8_0: return linear_any<Q8_0>(W, x, bias, M, N, K, y, out_kind, q16);
+    case Q2_K: return linear_any<Q2_K>(W, x, bias, M, N, K, y, out_kind, q16);
+    case Q3_K: return linear_any<Q3_K>(W, x, bias, M, N, K, y, out_kind, q16);
+    case Q4_K: return linear_any<Q4_K>(W, x, bias, M, N, K, y, out_kind, q16);
+    case Q5_K: return linear_any<Q5_K>(W, x, bias, M, N, K, y, out_kind, q16);
+    case Q6_K: return linear_any<Q6_K>(W, x, bias, M, N, K, y, out_kind, q16);
+    default: return 1;
+  }
+}
+
+// Rows [0, N) of W dequantized to (N, K) float32 or bfloat16 (bfloat16: the float32 value rounded once).
+int nt_dequantize_ggml(int type, const uint8_t* W, int64_t N, int64_t K, void* out, int out_kind) {
+  switch (type) {
+    case Q4_0: return dequantize<Q4_0>(W, N, K, out, out_kind);
+    case Q4_1: return dequantize<Q4_1>(W, N, K, out, out_kind);
+    case Q5_0: return dequantize<Q5_0>(W, N, K, out, out_kind);
+    case Q5_1: return dequantize<Q5_1>(W, N, K, out, out_kind);
+    case Q8_0: return dequantize<Q8_0>(W, N, K, out, out_kind);
+    case Q2_K: return dequantize<Q2_K>(W, N, K, out, out_kind);
+    case Q3_K: return dequantize<Q3_K>(W, N, K, out, out_kind);
+    case Q4_K: return dequantize<Q4_K>(W, N, K, out, out_kind);
+    case Q5_K: return dequantize<Q5_K>(W, N, K, out, out_kind);
+    case Q6_K: return dequantize<Q6_K>(W, N, K, out, out_kind);
+    default: return 1;
+  }
+}
+}

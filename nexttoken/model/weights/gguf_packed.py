@@ -1,0 +1,149 @@
+"""A GGUF file's matrices kept as the file stores them (the default for a quantized file): ggml blocks become
+quant/ggml.py's GGUFLinear / GGUFEmbedding, BF16 matrices BF16Linear / BF16Embedding (float32 activations, as
+llama.cpp runs them); everything else (norms, biases, F32 / F16 matrices, MoE experts, a fused matrix whose parts are
+not all blocks or all BF16) is dequantized to float32 as gguf.py does for the whole model with dequantize=True.
+
+No float copy of a kept matrix is made: o, down, the LM head and the token table are views of the reader's
+memory map (a private, copy-on-write mapping: pages are read from the page cache as decode touches them, as
+llama.cpp's mmap does); fused q/k/v and gate/up rows are one copy of the packed bytes (llama.cpp's q/k row
+permutation for Llama-style RoPE moves whole rows, so it is undone on the packed rows).
+"""
+
+from __future__ import annotations
+
+import os
+from itertools import groupby
+
+import numpy as np
+import torch
+from torch import nn
+
+from ...config import ModelConfig
+from ..llama import Transformer
+from ..quant.bf16 import BF16Embedding, BF16Linear
+from ..quant.ggml import GGML_TYPES, GGUFEmbedding, GGUFLinear, block_shape
+from .loader import _owned, check_tensors, to_state_dict
+
+
+def keepable(g, cfg: ModelConfig, gguf_names: dict[str, str]) -> dict[str, str]:  # noqa: ANN001 - a GGUFFile
+    """Checkpoint name -> "blocks" or "bf16" for the matrices kept as stored: the dense layers' and the
+    embedding's 2-D weights whose GGUF type the kernels read, with every part of a fused matrix of one kind."""
+    kinds = {}
+    for hf, gname in gguf_names.items():
+        if not hf.endswith(".weight") or "expert" in hf or not _dense(hf):
+            continue
+        t = g.tensors[gname]
+        name = t.tensor_type.name
+        if name in GGML_TYPES and int(t.shape[0]) % block_shape(name)[0] == 0:
+            kinds[hf] = "blocks"
+        elif name == "BF16":
+            kinds[hf] = "bf16"
+    for i in range(cfg.num_hidden_layers):
+        for group in _groups(cfg, i).values():
+            if len({kinds.get(n) for n in group}) != 1:  # mixed kinds (or missing): the whole group is dequantized
+                for n in group:
+                    kinds.pop(n, None)
+    return kinds
+
+
+def _dense(hf: str) -> bool:
+    return hf in ("model.embed_tokens.weight", "lm_head.weight") or hf.rsplit(".", 2)[-2] in (
+        "q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "gate_proj", "up_proj", "down_proj", "gate_up_proj")
+
+
+def _groups(cfg: ModelConfig, i: int) -> dict[str, list[str]]:
+    """Our fused module (under layers.{i}.) -> the checkpoint weights whose rows it stacks (loader.to_state_dict)."""
+    p = f"model.layers.{i}."
+    if cfg.architecture == "Phi3ForCausalLM":
+        return {"attention.wqkv": [p + "self_attn.qkv_proj.weight"], "attention.wo": [p + "self_attn.o_proj.weight"],
+                "mlp.w13": [p + "mlp.gate_up_proj.weight"], "mlp.w2": [p + "mlp.down_proj.weight"]}
+    return {"attention.wqkv": [p + f"self_attn.{x}_proj.weight" for x in "qkv"],
+            "attention.wo": [p + "self_attn.o_proj.weight"],
+            "mlp.w13": [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], "mlp.w2": [p + "mlp.down_proj.weight"]}
+
+
+def build_packed_model(g, cfg: ModelConfig, floats: dict[str, torch.Tensor], kept: dict[str, tuple[int, int]],  # noqa: ANN001
+                       rows_of, activations: str = "int8") -> Transformer:  # noqa: ANN001 - rows_of(hf name) -> (rows, type name)
+    """The Transformer with the `kept` matrices (checkpoint name -> the file's (rows, columns)) as stored (rows_of
+    gives each one's rows: uint8 blocks, or bfloat16 values, in PyTorch's row order) and the `floats` (checkpoint
+    name -> float32 tensor) for the rest. `activations`: how GGUFLinear quantizes its inputs (quant/ggml.py)."""
+    shapes = dict(floats)
+    for hf, shape in kept.items():  # stand-ins of the file's shapes: the checks and the state dict's names, no memory
+        shapes[hf] = torch.empty(shape, device="meta")
+    check_tensors(cfg, shapes, g.path)
+    state = to_state_dict(cfg, shapes)
+    real = {n: t for n, t in state.items() if t.device.type != "meta"}
+    state = _owned(real, torch.device("cpu"), torch.float32)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.load_state_dict(state, assign=True, strict=False)
+    for i, block in enumerate(model.layers):
+        for module_name, group in _groups(cfg, i).items():
+            if group[0] in kept:
+                parent, attr = _parent(block, module_name)
+                setattr(parent, attr, _kept_linear([rows_of(n) for n in group], getattr(parent, attr),
+                                                   activations=activations))
+    tied = cfg.tie_word_embeddings
+    if "model.embed_tokens.weight" in kept:
+        table = _kept_linear([rows_of("model.embed_tokens.weight")], None, cfg.hidden_size, activations)
+        model.embed = BF16Embedding(table) if isinstance(table, BF16Linear) else GGUFEmbedding(table)
+        if tied:
+            model.lm_head = table
+    if not tied and "lm_head.weight" in kept:
+        model.lm_head = _kept_linear([rows_of("lm_head.weight")], model.lm_head, activations=activations)
+    elif tied and "model.embed_tokens.weight" not in kept:
+        model.lm_head.weight = model.embed.weight
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.device.type == "meta"]
+    assert not left, f"not loaded: {left[:3]}"
+    model.quantization = "gguf"
+    return model.eval()
+
+
+def _parent(block: nn.Module, dotted: str) -> tuple[nn.Module, str]:
+    first, attr = dotted.split(".")
+    return getattr(block, first), attr
+
+
+def _kept_linear(parts: list[tuple[torch.Tensor, str]], old: nn.Module | None, K: int | None = None,
+                 activations: str = "int8") -> nn.Module:
+    """One layer of the row ranges `parts` (rows, GGUF type name), stacked; the bias of `old` (the float layer it
+    replaces) kept. Consecutive parts of one type are concatenated (one copy); a single part stays a view."""
+    bias = None if old is None or old.bias is None else old.bias.detach()
+    if parts[0][1] == "BF16":
+        w = parts[0][0] if len(parts) == 1 else torch.cat([p for p, _ in parts])
+        return BF16Linear(w, bias)
+    merged = []
+    for name, run in groupby(parts, key=lambda p: p[1]):
+        rows = [p for p, _ in run]
+        merged.append((rows[0] if len(rows) == 1 else torch.cat(rows), GGML_TYPES[name]))
+    K = K if K is not None else old.in_features
+    return GGUFLinear(merged, K, bias, activations)
+
+
+def file_rows(g, name: str) -> torch.Tensor:  # noqa: ANN001 - a GGUFFile
+    """A tensor's rows as the file stores them, without a copy: (rows, row bytes) uint8 for ggml blocks, (rows,
+    columns) bfloat16 for BF16."""
+    t = g.tensors[name]
+    data = t.data.view(np.ndarray)  # (rows, row bytes) uint8 / (rows, columns) for BF16's uint16
+    if t.tensor_type.name == "BF16":
+        return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(data)
+
+
+def release_pages(mapped: np.ndarray | None) -> None:
+    """Give back the resident pages of the file's private, never-written mapping (madvise MADV_DONTNEED): the
+    copies made at load (fused q/k/v, gate/up) read most of the file, and those pages would otherwise stay in this
+    process's RSS beside the copies. Views into the mapping stay valid: their pages come back from the page cache
+    when decode reads them (what llama.cpp's mmap holds resident). Linux only; elsewhere nothing is done."""
+    if mapped is None or not hasattr(os, "sysconf"):
+        return
+    import ctypes
+    import ctypes.util
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = mapped.ctypes.data
+    lo, hi = (start + page - 1) // page * page, (start + mapped.nbytes) // page * page
+    if hi <= lo:
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # 4: MADV_DONTNEED; a failure changes nothing
