@@ -17,6 +17,7 @@ from tiny_models import build_hf_model
 import nexttoken
 from nexttoken.model import ForwardBatch, fused, kernels
 from nexttoken.model.quant.bf16 import BF16Linear
+from nexttoken.model.quant import tiles
 from nexttoken.model.quant.ggml import GGUFEmbedding, GGUFLinear
 from nexttoken.model.weights.gguf import load_gguf_model
 
@@ -68,8 +69,12 @@ def test_tiny_packed_model_keeps_the_blocks_and_its_steps_agree(quant: str, tmp_
     assert model.layers[0].mlp.w13.type_name == quant
     ref = nexttoken.load(path, dequantize=True).model
     ids = [5, 17, 33, 8, 61, 2, 40, 12, 9, 30, 3, 7, 1, 19, 22, 50, 11, 4]
-    # prefill multiplies exactly dequantized tiles: the float model's logits up to summation order
-    assert torch.allclose(_prefill_logits(model, ids), _prefill_logits(ref, ids), atol=1e-4, rtol=1e-4)
+    # prefill multiplies exactly dequantized tiles: in float32, the float model's logits up to summation order;
+    # by default on bf16 GEMMs (quant/tiles.py): within bf16 rounding of them
+    want = _prefill_logits(ref, ids)
+    with tiles.precision("float32"):
+        assert torch.allclose(_prefill_logits(model, ids), want, atol=1e-4, rtol=1e-4)
+    assert (_prefill_logits(model, ids) - want).norm() < 0.03 * want.norm()
     # decode: the native step and the modules give the same tokens, alone and in a batch of rows
     prompts = [ids[:8], ids[3:9], ids[:5]]
     batched = _fused_equals_modules(llm, prompts, 12)

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
+from . import tiles
 
 # ggml type name -> id (ggml.h's enum ggml_type): the block types csrc/ggml.cpp multiplies.
 GGML_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12,
@@ -29,7 +30,6 @@ GGML_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10,
 MIXED = 255  # csrc/ggml.cpp's type for a matrix of several parts
 Q16 = 256  # csrc/ggml.cpp's flag on the type: int16 activations instead of int8
 ACTIVATIONS = ("int8", "int16")  # how the activations are quantized per block of 32 for the product
-PREFILL_BLOCK_BYTES = 4 << 20  # dequantized weights per GEMM in prefill: cache-sized, large enough to run fast
 
 
 def native_blocks() -> bool:
@@ -114,15 +114,10 @@ class GGUFLinear(nn.Module):
         if native and x2.shape[0] <= kernels.MAX_ROWS:  # decode: the blocks streamed once for all rows
             return kernels.linear_ggml(x, self.native_weight, self.native_kind - kernels.GGML_KIND, K, self.bias,
                                        self.out_features)
-        y = torch.empty((x2.shape[0], self.out_features), dtype=x.dtype, device=x.device)
-        n0 = 0
-        for rows, t in self.parts:  # a cache-sized block of rows dequantized at a time: no float copy of W
-            step = max(64, PREFILL_BLOCK_BYTES // (K * x.element_size()))
-            buffer = torch.empty(min(step, rows.shape[0]) * K, dtype=x.dtype) if native else None
-            for r0 in range(0, rows.shape[0], step):
-                w = self._rows(rows[r0 : r0 + step], t, x.dtype, out=buffer)
-                y[:, n0 + r0 : n0 + r0 + w.shape[0]] = F.linear(x2, w)
-            n0 += rows.shape[0]
+        # prefill: a cache-sized block of rows dequantized at a time (quant/tiles.py), no float copy of W
+        products = [tiles.matmul(x2, rows.shape[0], lambda a, b, dtype, out, rows=rows, t=t: self._rows(
+            rows[a:b], t, dtype, out=out if native else None)) for rows, t in self.parts]  # [(M, rows)]
+        y = products[0] if len(products) == 1 else torch.cat(products, dim=1)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.view(*lead, self.out_features)
