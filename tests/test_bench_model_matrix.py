@@ -86,3 +86,22 @@ def test_matrix_runs_real_models_end_to_end(tmp_path: Path, monkeypatch, capsys)
 def test_several_models_need_the_matrix(tmp_path: Path, capsys) -> None:
     assert main(["bench", "--model", str(tmp_path), "--model", str(tmp_path)]) == 2
     assert "only --matrix compares several models" in capsys.readouterr().err
+
+
+def test_a_file_llama_cpp_refuses_keeps_our_row_and_says_why(tmp_path: Path, capsys) -> None:
+    """A llama-bench that fails on the file (a real child exiting 1, as llama.cpp does on a file it cannot load)
+    leaves that row with nexttoken's figures and llama.cpp's error; the run goes on."""
+    save_variant("llama-gqa", tmp_path / "f32")
+    fake = tmp_path / "llama-bench"
+    fake.write_text("#!/bin/sh\necho \"llama_bench: error: failed to load model '$3'\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    gguf = tmp_path / "same.gguf"
+    gguf.write_bytes(b"GGUF")
+    out = tmp_path / "mm"
+    rc = main(["bench", "--matrix", "--llama-bench", str(fake), "--model", f"{tmp_path / 'f32'}::{gguf}",
+               "--rounds", "2", "--prefill-len", "12", "--prompt-len", "6", "--new-tokens", "3", "--out", str(out)])
+    assert rc == 0
+    (row,) = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert row["llama_cpp"] is None and "failed to load model" in row["llama_cpp_error"]
+    assert len(row["nexttoken"]["rounds"]["prefill_tok_s"]) == 2  # both rounds measured
+    assert "llama.cpp failed, measured alone" in capsys.readouterr().err

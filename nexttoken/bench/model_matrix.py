@@ -91,6 +91,7 @@ def run_model(spec: ModelSpec, opts: Options, progress: Callable[[str], None]) -
     if opts.llama_bench is not None and spec.peer is not None:
         peer = FilePeer(opts.llama_bench, spec.peer, opts.prefill_len, opts.decode_prompt, opts.new_tokens,
                         opts.threads, opts.batch_sizes)
+    peer_error = None
     prefill, decode = Measurement("nexttoken", 1), {b: Measurement("nexttoken", b) for b in opts.batch_sizes}
     engine.generate(prefill_ids[:, :8], 2)  # warm-up
     for r in range(opts.rounds):
@@ -101,7 +102,12 @@ def run_model(spec: ModelSpec, opts: Options, progress: Callable[[str], None]) -
         progress(f"{spec.label} round {r + 1}/{opts.rounds} nexttoken: prefill "
                  f"{opts.prefill_len / prefill.prefill_s[-1]:.1f} tok/s, decode {ours} tok/s")
         if peer is not None:
-            got = peer.measure_round()
+            try:
+                got = peer.measure_round()
+            except RuntimeError as e:  # llama.cpp refuses the file: the row keeps nexttoken's figures and says why
+                progress(f"{spec.label}: llama.cpp failed, measured alone: {e}")
+                peer, peer_error = None, str(e)
+                continue
             theirs = ", ".join(f"b{b} {v:.1f}" for b, v in got["decode_tok_s"].items())
             progress(f"{spec.label} round {r + 1}/{opts.rounds} llama.cpp: prefill {got['prefill_tok_s']:.1f} tok/s, "
                      f"decode {theirs} tok/s")
@@ -116,7 +122,7 @@ def run_model(spec: ModelSpec, opts: Options, progress: Callable[[str], None]) -
             "rounds": {"prefill_tok_s": [opts.prefill_len / s for s in prefill.prefill_s],
                        "decode_tok_s": {b: m.decode_tps for b, m in decode.items()}}}
     row = {"model": spec.label, "path": str(spec.path), "nexttoken": ours,
-           "llama_cpp": peer.result() if peer is not None else None}
+           "llama_cpp": peer.result() if peer is not None else None, "llama_cpp_error": peer_error}
     row["ratios"] = ratios(ours, row["llama_cpp"])
     return row
 
