@@ -208,32 +208,32 @@ template <> TARGET Chunk decode<Q3_K>(const uint8_t* row, int64_t c, bool) {
   return {u, by_quarter(_mm_loadu_ps(a)), _mm512_setzero_ps()};
 }
 
-template <> TARGET Chunk decode<Q4_K>(const uint8_t* row, int64_t c, bool) {
-  const uint8_t* blk = row + (c / 4) * 144;
-  const int j = (int)(c % 4);
+// Chunk j (0..3) of a Q4_K / Q5_K super-block: its two 32-element sub-blocks' scales d * sc and offsets
+// -dmin * m (the 6-bit pairs at blk + 4), lanes 0-7 the first sub-block's, 8-15 the second's.
+TARGET inline Chunk k4_chunk(__m512i u, const uint8_t* blk, int j) {
   const float d = half(blk), dmin = half(blk + 2);
   int sc0, m0, sc1, m1;
   scale_min_k4(2 * j, blk + 4, &sc0, &m0);
   scale_min_k4(2 * j + 1, blk + 4, &sc1, &m1);
-  const __m256i q = _mm256_loadu_si256((const __m256i*)(blk + 16 + 32 * j));
-  return {fields(q, 0, 4, 4),
-          _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d * (float)sc0), _mm512_set1_ps(d * (float)sc1)),
+  return {u, _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d * (float)sc0), _mm512_set1_ps(d * (float)sc1)),
           _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(-(dmin * (float)m0)), _mm512_set1_ps(-(dmin * (float)m1)))};
+}
+
+template <> TARGET Chunk decode<Q4_K>(const uint8_t* row, int64_t c, bool) {
+  const uint8_t* blk = row + (c / 4) * 144;
+  const int j = (int)(c % 4);
+  const __m256i q = _mm256_loadu_si256((const __m256i*)(blk + 16 + 32 * j));
+  return k4_chunk(fields(q, 0, 4, 4), blk, j);
 }
 
 template <> TARGET Chunk decode<Q5_K>(const uint8_t* row, int64_t c, bool) {
   const uint8_t* blk = row + (c / 4) * 176;
   const int j = (int)(c % 4);
-  const float d = half(blk), dmin = half(blk + 2);
-  int sc0, m0, sc1, m1;
-  scale_min_k4(2 * j, blk + 4, &sc0, &m0);
-  scale_min_k4(2 * j + 1, blk + 4, &sc1, &m1);
   const __m256i q = _mm256_loadu_si256((const __m256i*)(blk + 48 + 32 * j));
   // the fifth bits: bit 2j (first half) and 2j + 1 (second half) of qh[l], worth 16
   const __m512i u = _mm512_or_si512(fields(q, 0, 4, 4),
                                     _mm512_slli_epi16(bits(_mm256_loadu_si256((const __m256i*)(blk + 16)), 2 * j), 4));
-  return {u, _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d * (float)sc0), _mm512_set1_ps(d * (float)sc1)),
-          _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(-(dmin * (float)m0)), _mm512_set1_ps(-(dmin * (float)m1)))};
+  return k4_chunk(u, blk, j);
 }
 
 template <> TARGET Chunk decode<Q6_K>(const uint8_t* row, int64_t c, bool) {

@@ -47,16 +47,21 @@ class BF16Linear(nn.Module):
         return y.view(*lead, N)
 
 
-class BF16Embedding(nn.Module):
-    """Embedding rows read from a BF16Linear's weights (tied embeddings share them), returned as float32."""
+class TableEmbedding(nn.Module):
+    """Embedding rows read from a weight-only layer's matrix (`table`; a tied LM head shares it), returned as
+    float32: the base of BF16Embedding and ggml.GGUFEmbedding."""
 
-    def __init__(self, table: BF16Linear) -> None:
+    def __init__(self, table: nn.Module) -> None:
         super().__init__()
         self.table = table
 
     @property
     def weight(self) -> torch.Tensor:  # the model's dtype/device are read from embed.weight: float32
         return torch.empty(0, dtype=torch.float32, device=self.table.weight.device)
+
+
+class BF16Embedding(TableEmbedding):
+    """Embedding rows read from a BF16Linear's weights (tied embeddings share them), returned as float32."""
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.table.weight).to(torch.float32)  # (B, T, C)

@@ -23,6 +23,7 @@ from torch import nn
 
 from .. import kernels
 from . import tiles
+from .bf16 import TableEmbedding
 
 # ggml type name -> id (ggml.h's enum ggml_type): the block types csrc/ggml.cpp multiplies.
 GGML_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12,
@@ -127,17 +128,9 @@ class GGUFLinear(nn.Module):
                 f"activations={self.activations}")
 
 
-class GGUFEmbedding(nn.Module):
+class GGUFEmbedding(TableEmbedding):
     """Embedding rows read from a GGUFLinear's blocks (a tied LM head shares them): only the looked-up rows are
     dequantized, as float32."""
-
-    def __init__(self, table: GGUFLinear) -> None:
-        super().__init__()
-        self.table = table
-
-    @property
-    def weight(self) -> torch.Tensor:  # the model's dtype/device are read from embed.weight: float32
-        return torch.empty(0, dtype=torch.float32, device=self.table.weight.device)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)  # (T,)
