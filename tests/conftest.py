@@ -1,9 +1,14 @@
-"""Shared test helpers: where the `shared/` data folder is, and how tests skip without it."""
+"""Shared fixtures: where the `shared/` data folder is (and how tests skip without it), the real SmolLM2 as a
+folder, and the stories260K server every server test drives. Helpers that are not fixtures live in `support/`."""
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
+
+import nexttoken
+from support.server import CHAT_TEMPLATE, start_server, stop_server
 
 # The `shared` folder beside the repository root (tokenizers, tiny models, reference outputs).
 SHARED_DIR = (Path(__file__).resolve().parents[1] / ".." / "shared").resolve()
@@ -49,3 +54,39 @@ def smollm2_dir(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
         script = SMOLLM2_GGUF.parent / "make_folder.py"
         subprocess.run([sys.executable, str(script), str(out)], check=True, capture_output=True, timeout=600)
     return out
+
+
+# ---- the stories260K server (a chat template added) and the same model in this process ----------------------
+
+@pytest.fixture(scope="module")
+def model_dir(shared_dir, tmp_path_factory) -> Path:
+    """stories260k with a chat template: the weights are symlinked, tokenizer_config.json gets the template."""
+    src = shared_dir / "models" / "stories260k"
+    folder = tmp_path_factory.mktemp("stories-chat")
+    for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json"):
+        (folder / name).symlink_to(src / name)
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    config["chat_template"] = CHAT_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    proc, url = start_server(model_dir)
+    yield url
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir):
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield nexttoken.load(model_dir)
+    torch.set_num_threads(before)

@@ -11,7 +11,7 @@ import torch
 import nexttoken
 from nexttoken.errors import GenerationConfigError
 
-from test_server import _model, client, llm, model_dir, server  # noqa: F401 - fixtures, shared with test_server
+from support.server import model_id
 
 PROMPT, OTHER = "The little bird", "Tom saw a"
 MESSAGES = [{"role": "user", "content": "Tell me about a cat"}]
@@ -48,7 +48,7 @@ def test_every_entry_point_gives_the_same_sequence(llm, client, options, fields)
     assert second.token_ids == llm.generate(OTHER, **{**options, **seed}).token_ids
     assert "".join(llm.stream(PROMPT, **options)) == alone.text
 
-    r = client.completions.create(model=_model(client), prompt=PROMPT, max_tokens=NEW, logprobs=3, **fields)
+    r = client.completions.create(model=model_id(client), prompt=PROMPT, max_tokens=NEW, logprobs=3, **fields)
     choice = r.choices[0]
     assert choice.text == alone.text and choice.finish_reason == alone.finish_reason
     assert choice.logprobs.tokens == _pieces(llm, alone.token_ids)
@@ -58,13 +58,13 @@ def test_every_entry_point_gives_the_same_sequence(llm, client, options, fields)
         assert [dict(t) for t in choice.logprobs.top_logprobs] == [pytest.approx(w, abs=1e-4) for w in want]
 
     said = llm.chat(MESSAGES, **options)
-    chat = client.chat.completions.create(model=_model(client), messages=MESSAGES, max_tokens=NEW, logprobs=True,
+    chat = client.chat.completions.create(model=model_id(client), messages=MESSAGES, max_tokens=NEW, logprobs=True,
                                           **fields)
     c = chat.choices[0]
     assert c.message.content == said.text and c.finish_reason == said.finish_reason
     assert [t.token for t in c.logprobs.content] == _pieces(llm, said.token_ids)
     assert [t.logprob for t in c.logprobs.content] == pytest.approx(said.logprobs, abs=1e-4)
-    streamed = client.chat.completions.create(model=_model(client), messages=MESSAGES, max_tokens=NEW, stream=True,
+    streamed = client.chat.completions.create(model=model_id(client), messages=MESSAGES, max_tokens=NEW, stream=True,
                                               **fields)
     assert "".join(ch.choices[0].delta.content or "" for ch in streamed if ch.choices) == said.text
 
@@ -145,7 +145,7 @@ def test_every_library_option_works_over_http(llm, client, name, options, fields
         assert (ours.token_ids, ours.text) != (plain.token_ids, plain.text), f"{name} changed nothing: pick a value"
     sampled = options.get("do_sample", False)
     top = dict(temperature=options.get("temperature", 1.0), seed=options["seed"]) if sampled else dict(temperature=0)
-    r = client.completions.create(model=_model(client), prompt=prompt, max_tokens=NEW, logprobs=0, **top,
+    r = client.completions.create(model=model_id(client), prompt=prompt, max_tokens=NEW, logprobs=0, **top,
                                   extra_body=fields)
     choice = r.choices[0]
     assert choice.logprobs.tokens == _pieces(llm, ours.token_ids), name
@@ -161,7 +161,7 @@ def test_options_are_checked_once_with_one_set_of_bounds(llm, client) -> None:
         with pytest.raises(GenerationConfigError) as lib_error:
             llm.generate(PROMPT, **{lib: value})
         with pytest.raises(openai.BadRequestError) as http_error:
-            client.completions.create(model=_model(client), prompt=PROMPT, max_tokens=4, extra_body={field: value})
+            client.completions.create(model=model_id(client), prompt=PROMPT, max_tokens=4, extra_body={field: value})
         assert http_error.value.body["param"] == field
         assert str(lib_error.value) in http_error.value.body["message"]
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 import nexttoken
-from chain_model import build_chain_model, chain_ids
-from test_server import start_server, stop_server
+from support.chain_model import build_chain_model, chain_ids
+from support.server import start_server, stop_server
 
 # (tokenizer family, the chain's text, a prompt that ends with the chain's last token, its EOS id)
 CASES = {
