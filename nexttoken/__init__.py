@@ -16,7 +16,7 @@ from .errors import (
 )
 from .generation import GenerateOutput, GenerationConfig, generate
 from .llm import LLM, Completion, load
-from .tokenizer import Tokenizer
+from .text.tokenizer import Tokenizer
 
 __version__ = "0.1.0"
 

@@ -32,9 +32,9 @@ from .model.quant.quantize import apply_quantization
 from .model.weights.hub import resolve_adapter
 from .model.weights.loader import resolve_dtype
 from .pretrained import DEFAULT_MODEL_DIR, Pretrained, load_pretrained, resolve_source
-from .tokenizer import Tokenizer
-from .tools import TemplateSupport, ToolUse, format_named, template_messages, template_support, with_preamble
-from .tools.request import tool_options
+from .text.tokenizer import Tokenizer
+from .chat import TemplateSupport, ToolUse, format_named, template_messages, template_support, with_preamble
+from .chat.tools.request import tool_options
 
 Prompt = Union[str, Sequence[int]]
 Message = dict[str, Any]

@@ -10,11 +10,11 @@ import torch
 
 from .errors import MissingFileError, ModelLoadError
 from .generation.config import GenerationConfig
-from .gguf_tokenizer import end_of_generation_ids, tokenizer_from_gguf
+from .text.gguf_vocab import end_of_generation_ids, tokenizer_from_gguf
 from .model import Transformer, load_model
 from .model.weights.gguf import load_gguf_model
 from .model.weights.hub import TOKENIZER_FILES, ModelSource, resolve_model
-from .tokenizer import Tokenizer
+from .text.tokenizer import Tokenizer
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
 

@@ -11,23 +11,18 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nexttoken"
 
 # Each part of the package and the parts it may import (besides itself). Lower layers first.
 BASE = {"errors", "config"}
-TEXT = {"tokenizer", "chat_template", "detokenizer", "infill", "gguf_tokenizer"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "extras": {"errors"},
     "config": {"errors"},
     "model": BASE,
-    "tokenizer": {"errors", "chat_template"},
-    "chat_template": {"errors"},
-    "detokenizer": {"errors", "tokenizer"},
-    "infill": {"errors", "tokenizer"},
-    "gguf_tokenizer": {"errors", "tokenizer"},
-    "generation": BASE | TEXT | {"model"},
-    "engine": BASE | TEXT | {"model", "generation"},
-    "pretrained": BASE | TEXT | {"model", "generation"},
-    "tools": BASE | TEXT | {"generation"},
-    "llm": BASE | TEXT | {"model", "generation", "engine", "pretrained", "tools"},
-    "server": BASE | TEXT | {"model", "generation", "engine", "pretrained", "tools"},
+    "text": {"errors"},  # tokenizer, chat template, detokenizer, GGUF vocabulary, infill
+    "generation": BASE | {"model", "text"},
+    "engine": BASE | {"model", "generation", "text"},
+    "pretrained": BASE | {"model", "generation", "text"},
+    "chat": BASE | {"generation", "text"},  # messages, reasoning, tool calls, the answer split
+    "llm": BASE | {"model", "generation", "text", "engine", "pretrained", "chat"},
+    "server": BASE | {"model", "generation", "text", "engine", "pretrained", "chat"},
 }
 # The shells on top may use everything: the CLI, benchmarks, the load generator, the training recipe.
 TOP = {"cli", "__main__", "__init__", "bench", "loadtest", "training"}
@@ -119,8 +114,9 @@ ROOMS: dict[str, dict[str, set[str]]] = {
                        "sequence", "speculation"},
         "async_engine": {"llm_engine", "sequence"},
     },
-    "tools": {"parser": set(), "reasoning": set(), "messages": set(), "formats": {"parser"},
-              "preamble": {"formats", "messages"}, "request": {"formats", "parser"}, "answer": {"parser", "reasoning"}},
+    "text": {"chat_template": set(), "tokenizer": {"chat_template"}, "detokenizer": {"tokenizer"},
+             "infill": {"tokenizer"}, "gguf_vocab": {"tokenizer"}},
+    "chat": {"messages": set(), "reasoning": set(), "tools": {"messages"}, "answer": {"reasoning", "tools"}},
     "server": {
         "settings": set(),
         "metrics": set(),
@@ -222,3 +218,31 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
         assert "engine" not in ALLOWED["generation"]
     finally:
         bad.unlink()
+
+
+# ---- the tests mirror the tree ------------------------------------------------------------------------------------
+
+TESTS = Path(__file__).resolve().parent
+NOT_MIRRORS = {"support", "data", "__pycache__"}  # helpers shared by the tests, recorded peer outputs
+
+
+def test_test_folders_mirror_the_package() -> None:
+    """tests/model/weights/ holds the tests of nexttoken/model/weights/, and so on: every test folder names a
+    package of nexttoken (the tests of a top-level module sit in tests/ itself)."""
+    folders = [p for p in TESTS.rglob("*") if p.is_dir() and not NOT_MIRRORS & set(p.relative_to(TESTS).parts)]
+    strays = [str(p.relative_to(TESTS)) for p in folders if not (PACKAGE / p.relative_to(TESTS) / "__init__.py").is_file()]
+    assert not strays, f"test folders with no nexttoken package of the same path: {strays}"
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared helpers live in tests/support/ and fixtures in tests/conftest.py, never in a test module that
+    other test modules import (importing one re-registers its tests and fixtures in the importer)."""
+    offenders = []
+    for path in TESTS.rglob("test_*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1].startswith("test_"):
+                offenders.append(f"{path.relative_to(TESTS)} imports {node.module}")
+            elif isinstance(node, ast.Import):
+                offenders += [f"{path.relative_to(TESTS)} imports {a.name}" for a in node.names
+                              if a.name.split(".")[-1].startswith("test_")]
+    assert not offenders, offenders

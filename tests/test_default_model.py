@@ -15,7 +15,7 @@ import torch
 
 import nexttoken
 from nexttoken.llm import DEFAULT_MODEL_DIR
-from nexttoken.tokenizer import Tokenizer
+from nexttoken.text.tokenizer import Tokenizer
 
 PROMPTS = ["Once upon a time", "Lily went to the park", "The little dog"]
 WORD = re.compile(r"[A-Za-z]+(?:'[a-z]+)?")

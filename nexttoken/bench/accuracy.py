@@ -8,7 +8,7 @@ import torch
 
 from ..model import ForwardBatch, Transformer, load_model
 from ..model.quant.quantize import apply_quantization
-from ..tokenizer import Tokenizer
+from ..text.tokenizer import Tokenizer
 
 # Human-written text in the TinyStories register (what stories260k was trained on).
 TEXTS = [
@@ -85,7 +85,7 @@ def gguf_accuracy(path: str | Path, texts: list[str] | None = None, chunk: int =
     dequantized float32 run (`dequantize=True`) on every next-token prediction of the texts: top-1 agreement and KL.
     The packed logits come from decode-sized steps of `chunk` tokens (the native kernels' path); the float ones
     from one prefill."""
-    from ..gguf_tokenizer import tokenizer_from_gguf
+    from ..text.gguf_vocab import tokenizer_from_gguf
     from ..model.weights.gguf import load_gguf_model
 
     packed, g = load_gguf_model(path, activations=activations)

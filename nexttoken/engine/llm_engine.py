@@ -24,7 +24,7 @@ from typing import Sequence as Seq
 
 import torch
 
-from ..detokenizer import IncrementalDetokenizer
+from ..text.detokenizer import IncrementalDetokenizer
 from ..errors import GenerationConfigError, LoraError, PromptTooLongError, TensorParallelError, UnknownLoraError
 from ..generation.config import GenerationConfig
 from ..generation.decode import StepHook

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..detokenizer import IncrementalDetokenizer
+from ..text.detokenizer import IncrementalDetokenizer
 from ..model import Transformer
 from .config import GenerationConfig
 from .generate import generate, left_pad

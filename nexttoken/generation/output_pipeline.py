@@ -41,7 +41,7 @@ class Completion:
     # With prompt_logprobs=True (or echo=True): log p(prompt token | the ones before); None for the first.
     prompt_logprobs: list[float | None] | None = None
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
-    # LLM.chat with tools: the calls the model made (nexttoken.tools.ToolCall); `text` is then the content
+    # LLM.chat with tools: the calls the model made (nexttoken.chat.ToolCall); `text` is then the content
     # outside them and finish_reason "tool_calls".
     tool_calls: list[Any] | None = None
     # With trace=True: why each token came out (generation/trace/recorder.py; nexttoken.generation.trace.page renders it).

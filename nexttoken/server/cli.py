@@ -8,8 +8,8 @@ import json
 import sys
 
 from ..pretrained import add_source_args, source_options
-from ..tools.formats import FORMATS
-from ..tools.reasoning import FORMATS as REASONING_FORMATS
+from ..chat.tools.formats import FORMATS
+from ..chat.reasoning import FORMATS as REASONING_FORMATS
 
 # engine/llm_engine.py's KV_CACHE_DTYPES and POLICIES, engine/block_manager.py's DEFAULT_MEMORY_FRACTION (named here
 # so that the parser does not import torch; tests/test_kv_pool.py checks they agree)

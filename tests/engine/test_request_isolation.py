@@ -189,7 +189,7 @@ def test_a_tool_call_parser_failure_ends_its_request_alone(model_dir, monkeypatc
     from nexttoken.engine import EngineConfig
     from nexttoken.pretrained import load_pretrained
     from nexttoken.server import ServerSettings, build_app
-    from nexttoken.tools.parser import ToolCallParser
+    from nexttoken.chat.tools.parser import ToolCallParser
     from support.server import free_port
 
     loaded = load_pretrained(model_dir)

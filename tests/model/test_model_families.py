@@ -251,7 +251,7 @@ def test_server_serves_a_moe_model_as_transformers_generates(shared_dir, tmp_pat
     from support.tiny_models import build_chat_model
     from transformers import AutoModelForCausalLM
 
-    from nexttoken.tokenizer import Tokenizer
+    from nexttoken.text.tokenizer import Tokenizer
 
     folder = build_chat_model(tmp_path / "moe", shared_dir / "tokenizers" / "qwen2.5-instruct", "qwen3_moe",
                               num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)

@@ -257,8 +257,8 @@ def test_a_template_that_renders_tools_is_left_alone(shared_dir) -> None:
     """Qwen2.5's template renders tools itself: no preamble, the prompt is transformers' own."""
     from transformers import AutoTokenizer
 
-    from nexttoken.tokenizer import Tokenizer
-    from nexttoken.tools import ToolUse, template_support
+    from nexttoken.text.tokenizer import Tokenizer
+    from nexttoken.chat import ToolUse, template_support
 
     folder = shared_dir / "tokenizers" / "qwen2.5-instruct"
     ours = Tokenizer.from_dir(folder)
@@ -283,8 +283,8 @@ def _with_objects(messages: list) -> list:
 
 
 def test_smollm2s_template_renders_no_tools(smollm2_dir) -> None:
-    from nexttoken.tokenizer import Tokenizer
-    from nexttoken.tools import template_support
+    from nexttoken.text.tokenizer import Tokenizer
+    from nexttoken.chat import template_support
 
     support = template_support(Tokenizer.from_dir(smollm2_dir))
     assert not support.tools and not support.calls and support.results  # ChatML renders any role, "tool" too

@@ -322,7 +322,7 @@ def test_content_as_text_changes_nothing_else(shared_dir, name) -> None:
     encode_special_tokens on that stretch), the template's special tokens kept."""
     from nexttoken.server.openai.prompts import chat_prompt
     from nexttoken.server.openai.protocol import TokenizeRequest
-    from nexttoken.tokenizer import Tokenizer
+    from nexttoken.text.tokenizer import Tokenizer
 
     tk = Tokenizer.from_dir(shared_dir / "tokenizers" / name)
     plain = TokenizeRequest(messages=[{"role": "system", "content": "Be brief."},

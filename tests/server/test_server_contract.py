@@ -591,7 +591,7 @@ def test_echoed_token_texts_and_offsets_on_real_tokenizers(shared_dir, name) -> 
     is exactly what the returned text holds at its offset; the byte tokens of one character (byte fallback or
     byte-level pieces) point at that character, and their bytes are the character's; offsets never go back."""
     from nexttoken.server.openai.outputs import echo_token_texts
-    from nexttoken.tokenizer import Tokenizer
+    from nexttoken.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(shared_dir / "tokenizers" / name)
     cases = json.loads((shared_dir / "tokenizers" / "conformance_cases.json").read_text())[name]["cases"]

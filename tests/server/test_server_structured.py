@@ -62,7 +62,7 @@ def test_streamed_chunks_join_to_valid_json(server, client) -> None:  # noqa: F8
 def test_langchain_with_structured_output(server, client, model_dir) -> None:  # noqa: F811
     from langchain_openai import ChatOpenAI
 
-    from nexttoken.tokenizer import Tokenizer
+    from nexttoken.text.tokenizer import Tokenizer
 
     chat = ChatOpenAI(base_url=server + "/v1", api_key="unused", model=model_id(client), max_tokens=60, seed=2,
                       max_retries=0)

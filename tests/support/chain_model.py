@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from nexttoken.tokenizer import Tokenizer
+from nexttoken.text.tokenizer import Tokenizer
 
 HIDDEN = 32
 LOGIT = 10.0  # (before the final norm's sqrt(HIDDEN) gain): the chain's next token wins by ~56 nats

@@ -6,7 +6,6 @@ import functools
 import tempfile
 from pathlib import Path
 
-import torch
 
 from nexttoken.model import load_model
 from support.tiny_models import PROMPTS, left_padded, save_variant  # noqa: F401 - PROMPTS and left_padded for the tests

@@ -146,7 +146,7 @@ def build_chat_model(folder: Path, tokenizer_dir: Path, arch: str, seed: int = 0
     import json
     import shutil
 
-    from nexttoken.tokenizer import Tokenizer
+    from nexttoken.text.tokenizer import Tokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
     for file in tokenizer_dir.iterdir():

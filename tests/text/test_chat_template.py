@@ -10,9 +10,9 @@ from datetime import datetime
 import pytest
 from conftest import requires_shared
 
-from nexttoken.chat_template import render_chat_template
+from nexttoken.text.chat_template import render_chat_template
 from nexttoken.errors import ChatTemplateError
-from nexttoken.tokenizer import Tokenizer
+from nexttoken.text.tokenizer import Tokenizer
 
 pytestmark = requires_shared
 

@@ -8,8 +8,8 @@ import random
 import pytest
 from conftest import requires_shared
 
-from nexttoken.detokenizer import IncrementalDetokenizer, detokenize_stream
-from nexttoken.tokenizer import Tokenizer
+from nexttoken.text.detokenizer import IncrementalDetokenizer, detokenize_stream
+from nexttoken.text.tokenizer import Tokenizer
 
 pytestmark = requires_shared
 
@@ -157,7 +157,7 @@ def test_work_per_token_is_bounded(load, name, monkeypatch):
 @pytest.mark.parametrize("name", ["llama-2-chat", "qwen2.5-instruct"])
 def test_without_anchor_token(load, name, monkeypatch):
     """A vocabulary with no usable anchor falls back to decoding all final ids as context: still exact."""
-    monkeypatch.setattr("nexttoken.detokenizer._find_anchor", lambda tok, byte_ids: [])
+    monkeypatch.setattr("nexttoken.text.detokenizer._find_anchor", lambda tok, byte_ids: [])
     tok = load(name)
     rng = random.Random(7)
     for text in TEXTS[:4]:

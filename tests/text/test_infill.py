@@ -17,8 +17,8 @@ from support.server import start_server, stop_server
 from support.tiny_models import build_chat_model
 
 import nexttoken
-from nexttoken.infill import fim_format, fim_prompt
-from nexttoken.tokenizer import Tokenizer
+from nexttoken.text.infill import fim_format, fim_prompt
+from nexttoken.text.tokenizer import Tokenizer
 
 pytestmark = requires_shared
 transformers = pytest.importorskip("transformers")

@@ -12,7 +12,7 @@ import tokenizers
 from conftest import requires_shared
 
 from nexttoken.errors import MissingFileError, TokenizerError
-from nexttoken.tokenizer import Tokenizer
+from nexttoken.text.tokenizer import Tokenizer
 
 pytestmark = requires_shared
 

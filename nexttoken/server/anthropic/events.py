@@ -9,7 +9,7 @@ import json
 import uuid
 from typing import Any
 
-from ...tools import ToolCallDelta
+from ...chat import ToolCallDelta
 
 # (finish_reason, whether calls were made) -> Anthropic's stop_reason
 def stop_reason(finish_reason: str | None, stop: int | str | None, calls: bool) -> tuple[str, str | None]:

@@ -16,9 +16,9 @@ from fastapi.responses import JSONResponse, Response
 from ...engine import expand
 from ...engine.async_engine import EngineClosedError, EngineDeadError
 from ...errors import NextTokenError
-from ...tools import ToolUse
-from ...tools.answer import AnswerParser, Thinking
-from ...tools.reasoning import ReasoningFormat
+from ...chat import ToolUse
+from ...chat.answer import AnswerParser, Thinking
+from ...chat.reasoning import ReasoningFormat
 from ..http.errors import bad_request
 from ..http.streams import Job, SSEResponse, run_jobs, sse
 from ..openai.outputs import usage

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from ...engine import expand
 from ...engine.async_engine import EngineClosedError, EngineDeadError
 from ...errors import NextTokenError
-from ...infill import InfillError, fim_prompt
+from ...text.infill import InfillError, fim_prompt
 from ..http.errors import bad_request
 from ..http.streams import Job, SSEResponse, run_jobs, sse
 from ..openai.outputs import TokenTexts, echo_logprobs, echo_token_texts, usage

@@ -1,5 +1,5 @@
 """POST /infill: llama.cpp's fill-in-the-middle endpoint (llama.vim, llama.vscode), over the completions request
-path: the FIM prompt laid out by nexttoken/infill.py (context files, prefix, suffix, the middle's start), sampled
+path: the FIM prompt laid out by nexttoken/text/infill.py (context files, prefix, suffix, the middle's start), sampled
 as a Completions request would be, answered in llama.cpp's body (`content`, `stop`, `stop_type`, token counts)."""
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from fastapi.responses import JSONResponse, Response
 
 from ...engine.async_engine import EngineClosedError, EngineDeadError
 from ...errors import NextTokenError
-from ...tools import ToolCallDelta
-from ...tools.answer import Thinking
+from ...chat import ToolCallDelta
+from ...chat.answer import Thinking
 from ..anthropic.events import ContentBlocks, message_id, message_object, sse_event, stop_reason
 from ..anthropic.protocol import CountTokensRequest, MessagesRequest, chat_body
 from ..http.errors import APIError, anthropic_error_body, bad_request

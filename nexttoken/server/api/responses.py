@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse, Response
 
 from ...engine.async_engine import EngineClosedError, EngineDeadError
 from ...errors import NextTokenError
-from ...tools import ToolCallDelta
-from ...tools.answer import Thinking
+from ...chat import ToolCallDelta
+from ...chat.answer import Thinking
 from ..http.errors import APIError, bad_request
 from ..http.streams import SSEResponse
 from ..openai.protocol import ChatCompletionRequest

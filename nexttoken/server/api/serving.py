@@ -17,10 +17,10 @@ from ...engine.async_engine import AsyncEngine, EngineClosedError, EngineDeadErr
 from ...errors import NextTokenError
 from ...generation.processors.structured import CONSTRAINTS, compile_for, constraint_of
 from ...generation.values import Thinking
-from ...tools import TemplateSupport, ToolsError, ToolUse, format_named, template_support
-from ...tools.reasoning import EFFORT_BUDGETS, ReasoningFormat, detect_format
-from ...tools.reasoning import format_named as reasoning_format_named
-from ...tools.request import tool_options
+from ...chat import TemplateSupport, ToolsError, ToolUse, format_named, template_support
+from ...chat.reasoning import EFFORT_BUDGETS, ReasoningFormat, detect_format
+from ...chat.reasoning import format_named as reasoning_format_named
+from ...chat.tools.request import tool_options
 from ..http.errors import APIError, bad_request, from_validation_error
 from ..http.shutdown import MESSAGE as SHUTTING_DOWN
 from ..http.streams import ClientGone, collect
@@ -58,7 +58,7 @@ class Serving:
         self.created = int(time.time())
         self.traces = traces or TraceStore(settings.model_name)  # traced requests' explain pages (one per server)
         # What the chat template renders of tool use, probed once per API: a template without a tools section gets
-        # the tools preamble of the call format (tools/preamble.py), said in each response's header and, once, in
+        # the tools preamble of the call format (chat/tools/preamble.py), said in each response's header and, once, in
         # the log (`preamble_notice`).
         self.template_support: TemplateSupport | None = template_support(core.tokenizer) if core.tokenizer else None
         self.reasoning, self.markers = self._reasoning_format()

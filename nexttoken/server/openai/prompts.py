@@ -7,10 +7,10 @@ import threading
 import weakref
 from typing import Any
 
-from ...chat_template import RenderLimits
+from ...text.chat_template import RenderLimits
 from ...errors import NextTokenError
 from ..http.errors import bad_request
-from ...tools import TemplateSupport, ToolUse, template_messages, with_preamble
+from ...chat import TemplateSupport, ToolUse, template_messages, with_preamble
 from .protocol import ChatCompletionRequest, ChatMessage, TokenizeRequest
 
 # The response header that says a request's tools reached the model through the tools preamble (the chat template

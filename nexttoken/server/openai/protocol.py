@@ -278,7 +278,7 @@ class ChatCompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
     logprobs: bool = False
     top_logprobs: Int | None = Field(None, ge=0, le=20)
     add_generation_prompt: bool = True
-    # Tools: OpenAI's function definitions, passed to the chat template as sent (nexttoken.tools checks them).
+    # Tools: OpenAI's function definitions, passed to the chat template as sent (nexttoken.chat checks them).
     tools: list[dict[str, Any]] | None = None
     tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
     parallel_tool_calls: bool | None = None

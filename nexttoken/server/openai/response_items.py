@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any
 
-from ...tools import ToolCallDelta
+from ...chat import ToolCallDelta
 
 
 def _id(prefix: str) -> str:

@@ -117,7 +117,7 @@ def chat_body(req: Any, conversation: list[dict[str, Any]]) -> dict[str, Any]:
     if req.max_output_tokens is not None:
         body["max_completion_tokens"] = req.max_output_tokens
     if req.reasoning is not None and req.reasoning.effort is not None:
-        body["reasoning_effort"] = req.reasoning.effort  # a thinking budget (tools/reasoning.py EFFORT_BUDGETS)
+        body["reasoning_effort"] = req.reasoning.effort  # a thinking budget (chat/reasoning.py EFFORT_BUDGETS)
     if req.top_logprobs or "message.output_text.logprobs" in (req.include or []):
         body["logprobs"], body["top_logprobs"] = True, req.top_logprobs or 0
     if req.tools:

@@ -100,7 +100,7 @@ def _write_tokenizer(w, folder: Path, pre: str | None) -> None:  # noqa: ANN001
 def test_tokenizer_from_gguf_matches_the_original(name: str, shared_dir: Path, tmp_path: Path) -> None:
     import tokenizers
 
-    from nexttoken.gguf_tokenizer import tokenizer_from_gguf
+    from nexttoken.text.gguf_vocab import tokenizer_from_gguf
     from nexttoken.model.weights.gguf import open_gguf
 
     folder = shared_dir / "tokenizers" / name

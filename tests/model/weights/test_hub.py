@@ -113,7 +113,7 @@ def test_the_command_line_names_a_missing_hub_model(tmp_path: Path) -> None:
 
 
 def test_transformers5_template_files(tmp_path: Path) -> None:
-    from nexttoken.tokenizer import Tokenizer
+    from nexttoken.text.tokenizer import Tokenizer
 
     src = Path(__file__).resolve().parents[3] / "nexttoken" / "default_model"
     folder = tmp_path / "m"
@@ -133,7 +133,7 @@ def test_tokenizer_override(cache: Path, tmp_path: Path, offline) -> None:
 
     from nexttoken.errors import ModelLoadError
     from nexttoken.pretrained import DEFAULT_MODEL_DIR
-    from nexttoken.tokenizer import Tokenizer
+    from nexttoken.text.tokenizer import Tokenizer
 
     with pytest.raises(ModelLoadError, match="its 2048 ids do not fit the model's vocabulary of 96"):
         nexttoken.load("tiny-org/tiny-llama-GGUF:Q8_0", download_dir=cache, tokenizer=DEFAULT_MODEL_DIR)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .parser import ToolCallDelta, ToolCallParser
+from .tools.parser import ToolCallDelta, ToolCallParser
 from .reasoning import ReasoningParser
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .formats import ToolFormat
-from .messages import arguments_text
+from ..messages import arguments_text
 
 _PROBE = "nexttoken_probe_7f3a"  # a name no template writes by itself
 _PROBE_TOOL = {"type": "function", "function": {"name": _PROBE, "description": "probe",

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .errors import NextTokenError
+from ..errors import NextTokenError
 
 
 class InfillError(NextTokenError):

@@ -19,8 +19,8 @@ from support.tiny_models import build_chat_model
 import nexttoken
 from nexttoken.errors import GenerationConfigError
 from nexttoken.generation.processors.structured import GRAMMARS, Constraint, allowed_tokens
-from nexttoken.tokenizer import Tokenizer
-from nexttoken.tools import FORMATS, ToolCallDelta, ToolsError, ToolUse, template_messages
+from nexttoken.text.tokenizer import Tokenizer
+from nexttoken.chat import FORMATS, ToolCallDelta, ToolsError, ToolUse, template_messages
 from support.tools import QUESTION, SCHEMAS, TOOLS, WEATHER
 
 pytestmark = requires_shared

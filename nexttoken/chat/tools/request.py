@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..errors import GenerationConfigError
+from ...errors import GenerationConfigError
 from .formats import ToolFormat, detect_format, format_named
 from .parser import ToolCallParser
 
@@ -162,7 +162,7 @@ def _choice(choice: Any, names: list[str]) -> str:
 def tool_options(use: ToolUse, tokenizer: Any, options: Mapping[str, Any]) -> dict[str, Any]:
     """Generation options (GenerationConfig's names) with what `use` needs: the grammar that keeps calls valid,
     and special tokens kept in the text when a call marker is one."""
-    from ..generation.processors.structured import CONSTRAINTS
+    from ...generation.processors.structured import CONSTRAINTS
 
     options = dict(options)
     grammar = use.grammar(tokenizer)

@@ -21,7 +21,7 @@ from typing import Any
 import tokenizers
 
 from .chat_template import RenderLimits, render_chat_template
-from .errors import ChatTemplateError, MissingFileError, TokenizerError
+from ..errors import ChatTemplateError, MissingFileError, TokenizerError
 
 # transformers' named special tokens, in its order (which is the order of `all_special_ids`).
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")

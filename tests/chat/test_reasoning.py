@@ -23,8 +23,8 @@ from support.server import start_server, stop_server
 
 from nexttoken.generation.processors.thinking import ThinkingBudget
 from nexttoken.generation.values import Thinking
-from nexttoken.tokenizer import Tokenizer
-from nexttoken.tools.reasoning import FORMATS, ReasoningParser, detect_format
+from nexttoken.text.tokenizer import Tokenizer
+from nexttoken.chat.reasoning import FORMATS, ReasoningParser, detect_format
 
 pytestmark = requires_shared
 

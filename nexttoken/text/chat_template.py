@@ -26,7 +26,7 @@ import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import ChatTemplateError
+from ..errors import ChatTemplateError
 
 # Older jinja2 releases have known sandbox escapes; transformers refuses them for the same reason.
 MIN_JINJA2 = (3, 1, 6)

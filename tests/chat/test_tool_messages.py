@@ -1,5 +1,5 @@
-"""OpenAI messages as chat templates read them (nexttoken.tools.template_messages), and the tools preamble for
-templates that render no tools (nexttoken.tools.with_preamble), with real chat templates: SmolLM2's ChatML (no
+"""OpenAI messages as chat templates read them (nexttoken.chat.template_messages), and the tools preamble for
+templates that render no tools (nexttoken.chat.with_preamble), with real chat templates: SmolLM2's ChatML (no
 tools section), Qwen2.5's and Llama 3.2's (tools rendered by the template), against transformers' rendering."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from conftest import requires_shared
 from transformers import AutoTokenizer
 
-from nexttoken.tokenizer import Tokenizer
-from nexttoken.tools import FORMATS, ToolUse, template_messages, template_support, with_preamble
+from nexttoken.text.tokenizer import Tokenizer
+from nexttoken.chat import FORMATS, ToolUse, template_messages, template_support, with_preamble
 
 pytestmark = requires_shared
 

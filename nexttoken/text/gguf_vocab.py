@@ -21,7 +21,7 @@ from typing import Any
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
-from .errors import TokenizerError
+from ..errors import TokenizerError
 from .tokenizer import Tokenizer
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
