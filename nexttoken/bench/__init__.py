@@ -1,18 +1,19 @@
-"""`nexttoken bench`: nexttoken vs transformers' generate on the same weights, against this machine's limits."""
+"""`nexttoken bench`: nexttoken vs transformers' generate on the same weights, against this machine's limits; and
+its subcommands, a module each: `load` (a running server under concurrent clients, load.py), `decode` (the fused
+native step vs the PyTorch modules on family shapes, decode.py), `gguf` (GGUF files beside llama.cpp, gguf.py),
+`lora` (decode steps with adapters, lora.py), `tp-memory` (a tensor-parallel model's memory per rank,
+tp_memory.py)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-from ..errors import NextTokenError
+from .output import BenchError, progress_printer, write_report
 from .shapes import SHAPES, random_checkpoint
 
-
-class BenchError(NextTokenError):
-    pass
+__all__ = ["BenchError", "add_parser", "cmd_bench"]
 
 
 def _int_list(text: str) -> list[int]:
@@ -98,6 +99,17 @@ def add_parser(sub) -> None:  # noqa: ANN001
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "nexttoken" / "bench"),
                    help="where random-weight checkpoints are written (reused across runs)")
     p.set_defaults(run=cmd_bench)
+    _add_subcommands(p)
+
+
+def _add_subcommands(p: argparse.ArgumentParser) -> None:
+    """`nexttoken bench SUBCOMMAND ...`; without one, `nexttoken bench [flags]` is the speed table above."""
+    from . import decode, gguf, load, lora, tp_memory
+
+    sub = p.add_subparsers(dest="bench_command", metavar="{load,decode,gguf,lora,tp-memory}",
+                           title="subcommands (without one: the speed table vs transformers)")
+    for module in (load, decode, gguf, lora, tp_memory):
+        module.add_parser(sub)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -107,11 +119,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from ..pretrained import resolve_source
 
-    start = time.perf_counter()
-
-    def progress(msg: str) -> None:
-        print(f"[{time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
-
+    progress = progress_printer()
     models = args.model or []
     if args.matrix and models:
         return _model_matrix(args, models, progress)
