@@ -13,6 +13,7 @@ import queue
 import threading
 from typing import AsyncIterator, Callable, TypeVar
 
+from ..errors import NextTokenError
 from .llm_engine import EngineStats, LLMEngine
 from ..generation.config import GenerationConfig
 from .sequence import TokenEvent
@@ -27,11 +28,11 @@ def _settle(future: asyncio.Future, result: object, error: BaseException | None)
         future.set_exception(error) if error is not None else future.set_result(result)
 
 
-class EngineDeadError(RuntimeError):
+class EngineDeadError(NextTokenError, RuntimeError):
     """The engine thread stopped on an unexpected error; requests cannot be served."""
 
 
-class EngineClosedError(RuntimeError):
+class EngineClosedError(NextTokenError, RuntimeError):
     """The engine was closed (the server is shutting down): the request was refused, or aborted unfinished."""
 
 
