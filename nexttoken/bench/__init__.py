@@ -309,8 +309,9 @@ def _speculative_report(args: argparse.Namespace, label: str, prompt: list[int],
     print(f"{label}, greedy, {args.new_tokens} new tokens, {args.threads} threads, best of {args.rounds} rounds, "
           f"{args.clock} clock:")
     print(spec.table(rows))
-    out = write_report({"model": label, "threads": args.threads, "new_tokens": args.new_tokens,
-                               "prompt_tokens": len(prompt), **extra, "rows": rows}, Path(args.out).with_suffix(".json"))
+    report = {"model": label, "threads": args.threads, "new_tokens": args.new_tokens, "prompt_tokens": len(prompt),
+              **extra, "rows": rows}
+    out = write_report(report, Path(args.out).with_suffix(".json"))
     progress(f"wrote {out}")
     return 0
 

@@ -114,8 +114,9 @@ def run(args: argparse.Namespace) -> int:
                 got["nexttoken_dequantized"].append(ours(path, True, args.activations, args.threads, args.new_tokens))
             if binary:
                 got["llama_cpp"].append(llama(binary, path, args.threads, args.new_tokens))
-            progress(f"{path.name} round {r}: " + " | ".join(f"{k} {v[-1]['decode_tok_s']:.1f} tok/s, peak RSS "
-                                                             f"{v[-1]['peak_rss_mib']:.0f} MiB" for k, v in got.items() if v))
+            figures = [f"{k} {v[-1]['decode_tok_s']:.1f} tok/s, peak RSS {v[-1]['peak_rss_mib']:.0f} MiB"
+                       for k, v in got.items() if v]
+            progress(f"{path.name} round {r}: " + " | ".join(figures))
         row = {"file": str(path), **{k: _medians(v) if v else None for k, v in got.items()}}
         rows.append(row)
         for k in ("nexttoken", "nexttoken_dequantized", "llama_cpp"):

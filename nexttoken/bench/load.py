@@ -1,4 +1,5 @@
-"""`nexttoken bench load` (alias `nexttoken loadtest`): drive a running server with N concurrent streaming clients and measure it.
+"""`nexttoken bench load` (alias `nexttoken loadtest`): drive a running server with N concurrent streaming clients
+and measure it.
 
 Each client sends streaming /v1/completions requests (greedy, `ignore_eos`, a fixed max_tokens, so every run
 does the same work) and records the time to first token and the gaps between tokens. With `--compare`, the
