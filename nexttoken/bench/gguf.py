@@ -1,6 +1,6 @@
 """`nexttoken bench gguf FILE.gguf ...`: batch-1 decode tokens/s, load time and peak RSS of nexttoken on GGUF files
 (their blocks kept packed; `--dequantize` adds the float32 model) beside llama.cpp's `llama-bench` on the same
-files, interleaved round by round (docs/performance.md's GGUF table).
+files, interleaved round by round (docs/performance.md).
 
 Each nexttoken round runs in a fresh process, its peak RSS the whole process's (Python and torch included); the
 llama-bench rounds too, each peak read the same way (llamacpp.run_child). llama.cpp is not built by nexttoken:
