@@ -1,89 +1,79 @@
-"""Backticked file paths and nexttoken names in docs and code comments that do not exist in the tree."""
-import ast, re, sys
+"""List references in docs and code comments to files or nexttoken names that no longer exist.
+
+    python scripts/stale_references.py [ROOT]
+
+Looks at backticked text in Markdown and in Python comments and strings: a `path.py` (or .md, .cpp, .h, .sh,
+.json, .jinja) that no file of the tree ends with, and a dotted `module.name` / `Class.method` starting with a
+nexttoken module or class whose later parts nexttoken never defines. External names (torch, gguf, llama.cpp's
+files) show up too and are for a reader to dismiss; the output is a list to read, not a test.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
 from pathlib import Path
 
-ROOT = Path(sys.argv[1]).resolve()
-files = [p for p in ROOT.rglob("*") if p.is_file() and ".git" not in p.parts and ".venv" not in p.parts
-         and p.suffix in (".py", ".md", ".cpp", ".h", ".toml", ".sh", ".js", ".html")]
-all_paths = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if ".git" not in p.parts]
-# every name defined in the package: modules, classes, functions, attributes, methods
-defined = set()
-modules = set()
-for p in (ROOT / "nexttoken").rglob("*.py"):
-    modules.add(p.stem)
-    modules.update(p.relative_to(ROOT).with_suffix("").parts)
-    try:
-        tree = ast.parse(p.read_text())
-    except SyntaxError:
-        continue
-    for n in ast.walk(tree):
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            defined.add(n.name)
-        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-            defined.add(n.id)
-        elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
-            defined.add(n.attr)
-        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
-            defined.add(n.target.id)
-        elif isinstance(n, ast.arg):
-            defined.add(n.arg)
-        elif isinstance(n, ast.alias):
-            defined.add((n.asname or n.name).split(".")[-1])
-classes = {n for n in defined if n[:1].isupper()}
+SUFFIXES = (".py", ".md", ".cpp", ".h", ".toml", ".sh", ".js", ".html")
 PATH = re.compile(r"^[\w./-]*\w\.(py|md|cpp|h|sh|jinja|json)$")
 DOTTED = re.compile(r"^([A-Za-z_]\w*)(\.[A-Za-z_]\w*)+(\(\))?$")
-def texts(p):
-    s = p.read_text(errors="replace")
-    if p.suffix == ".py":  # comments and string literals only
-        out = [m.group(0) for m in re.finditer(r"#.*", s)]
-        try:
-            for n in ast.walk(ast.parse(s)):
-                if isinstance(n, ast.Constant) and isinstance(n.value, str):
-                    out.append(n.value)
-        except SyntaxError:
-            pass
-        return "\n".join(out)
-    return s
-for p in sorted(files):
-    rel = p.relative_to(ROOT)
-    for m in re.finditer(r"`([^`\n]{2,120})`", texts(p)):
-        tok = m.group(1).strip()
-        if PATH.match(tok):
-            t = tok.lstrip("./")
-            if t.startswith("shared/") or "*" in t or "{" in t or t.startswith("~"):
-                continue
-            if not any(a == t or a.endswith("/" + t) for a in all_paths):
-                print(f"{rel}: path `{tok}`")
-        elif DOTTED.match(tok):
-            parts = tok.removesuffix("()").split(".")
-            if parts[0] not in modules and parts[0] not in classes and parts[0] != "nexttoken":
-                continue
-            for name in parts[1:]:
-                if name not in defined and name not in modules and name not in ("py", "md"):
-                    print(f"{rel}: name `{tok}` ({name} undefined)")
-                    break
-print("--- unquoted .py mentions")
-for p in sorted(files):
-    rel = p.relative_to(ROOT)
-    for m in re.finditer(r"(?<![\w./`-])((?:[\w-]+/)*[\w]+\.(?:py|cpp|h))\b", texts(p)):
-        t = m.group(1)
-        if not any(a == t or a.endswith("/" + t) for a in all_paths):
-            print(f"{rel}: bare path {t}")
-print("--- backticked calls")
-for p in sorted(files):
-    rel = p.relative_to(ROOT)
-    for m in re.finditer(r"`([A-Za-z_]\w*)\(\)`|`([A-Za-z_]\w*)\([^`)]*\)`", texts(p)):
-        name = m.group(1) or m.group(2)
-        if name not in defined and name not in modules:
-            print(f"{rel}: call `{name}()`")
-print("--- dotted in comments (unquoted)")
-for p in sorted(files):
-    rel = p.relative_to(ROOT)
-    for m in re.finditer(r"(?<![\w.`])([a-z_]\w*)\.([A-Za-z_]\w*)(?:\.([A-Za-z_]\w*))?\b", texts(p)):
-        first = m.group(1)
-        if first not in modules or first in ("self", "torch", "np", "os", "sys", "json", "re"):
-            continue
-        for name in filter(None, m.groups()[1:]):
-            if name not in defined and name not in modules and name not in ("py", "md", "cpp", "h", "json", "gguf", "html", "png", "safetensors", "jinja", "txt", "js", "css", "com", "org", "io", "so"):
-                print(f"{rel}: dotted {m.group(0)}")
-                break
+
+
+def defined_names(package: Path) -> tuple[set[str], set[str]]:
+    """(every name the package defines or binds, every module / folder name in it)."""
+    names, modules = set(), set()
+    for path in package.rglob("*.py"):
+        modules.update(path.relative_to(package.parent).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+            elif isinstance(node, ast.alias):
+                names.add((node.asname or node.name).split(".")[-1])
+    return names, modules
+
+
+def prose(path: Path) -> str:
+    """A Markdown file whole; of a Python file, its comments and string literals."""
+    text = path.read_text(errors="replace")
+    if path.suffix != ".py":
+        return text
+    parts = re.findall(r"#.*", text)
+    parts += [n.value for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    return "\n".join(parts)
+
+
+def stale(root: Path) -> list[str]:
+    files = [p for p in root.rglob("*") if p.is_file() and p.suffix in SUFFIXES
+             and not {".git", ".venv"} & set(p.relative_to(root).parts)]
+    tree = [str(p.relative_to(root)) for p in root.rglob("*") if ".git" not in p.parts]
+    names, modules = defined_names(root / "nexttoken")
+    classes = {n for n in names if n[:1].isupper()}
+    found = []
+    for path in sorted(files):
+        for match in re.finditer(r"`([^`\n]{2,120})`", prose(path)):
+            ref = match.group(1).strip()
+            if PATH.match(ref):
+                name = ref.lstrip("./")
+                if name.startswith(("shared/", "~")) or "*" in name or "{" in name:
+                    continue
+                if not any(t == name or t.endswith("/" + name) for t in tree):
+                    found.append(f"{path.relative_to(root)}: no file `{ref}`")
+            elif DOTTED.match(ref):
+                parts = ref.removesuffix("()").split(".")
+                if parts[0] not in modules | classes | {"nexttoken"}:
+                    continue
+                missing = next((p for p in parts[1:] if p not in names | modules | {"py", "md"}), None)
+                if missing:
+                    found.append(f"{path.relative_to(root)}: `{ref}` ({missing} is defined nowhere)")
+    return found
+
+
+if __name__ == "__main__":
+    print("\n".join(stale(Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve())))
