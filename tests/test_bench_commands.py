@@ -52,7 +52,10 @@ def stories_server(shared_dir: Path):
         yield url
     finally:
         proc.terminate()
-        proc.wait(timeout=15)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def test_bench_load_reports_each_concurrency(stories_server: str, tmp_path: Path) -> None:
