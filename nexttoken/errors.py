@@ -2,11 +2,17 @@
 
 Every message names the bad value and says what is allowed or how to fix it. They subclass the builtin
 that a caller would naturally catch (ValueError, FileNotFoundError) so plain `except ValueError` works too.
+
+Every exception class nexttoken defines derives from NextTokenError (tests/test_errors.py walks the package),
+those defined beside their owners too: the engine's EngineDeadError / EngineClosedError (RuntimeErrors; the server
+answers them with a 503, so it catches them before NextTokenError), model/kernels.py's NativeKernelError, the
+server's APIError (an error body with its status) and ClientGone, the bench's BenchError.
 """
 
 
 class NextTokenError(Exception):
-    """Base class of every error nexttoken raises on bad input."""
+    """Base class of every error nexttoken raises: bad input (the classes below), and the typed run-time errors
+    defined beside their owners."""
 
 
 class ModelLoadError(NextTokenError, ValueError):

@@ -1,18 +1,19 @@
-"""`nexttoken bench`: nexttoken vs transformers' generate on the same weights, against this machine's limits."""
+"""`nexttoken bench`: nexttoken vs transformers' generate on the same weights, against this machine's limits; and
+its subcommands, a module each: `load` (a running server under concurrent clients, load.py), `decode` (the fused
+native step vs the PyTorch modules on family shapes, decode.py), `gguf` (GGUF files beside llama.cpp, gguf.py),
+`lora` (decode steps with adapters, lora.py), `tp-memory` (a tensor-parallel model's memory per rank,
+tp_memory.py)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-from ..errors import NextTokenError
+from .output import BenchError, progress_printer, write_report
 from .shapes import SHAPES, random_checkpoint
 
-
-class BenchError(NextTokenError):
-    pass
+__all__ = ["BenchError", "add_parser", "cmd_bench"]
 
 
 def _int_list(text: str) -> list[int]:
@@ -98,20 +99,27 @@ def add_parser(sub) -> None:  # noqa: ANN001
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "nexttoken" / "bench"),
                    help="where random-weight checkpoints are written (reused across runs)")
     p.set_defaults(run=cmd_bench)
+    _add_subcommands(p)
+
+
+def _add_subcommands(p: argparse.ArgumentParser) -> None:
+    """`nexttoken bench SUBCOMMAND ...`; without one, `nexttoken bench [flags]` is the speed table above."""
+    from . import decode, gguf, load, lora, tp_memory
+
+    sub = p.add_subparsers(dest="bench_command", metavar="{load,decode,gguf,lora,tp-memory}",
+                           title="subcommands (without one: the speed table vs transformers)")
+    for module in (load, decode, gguf, lora, tp_memory):
+        module.add_parser(sub)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from .engines import transformers_available
-    from .report import plot, summarize, table, write_json
+    from .report import plot, summarize, table
     from .runner import Workload, run
 
     from ..pretrained import resolve_source
 
-    start = time.perf_counter()
-
-    def progress(msg: str) -> None:
-        print(f"[{time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
-
+    progress = progress_printer()
     models = args.model or []
     if args.matrix and models:
         return _model_matrix(args, models, progress)
@@ -167,7 +175,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   f"{r['vs_padded_loop']:.2f}x the padded loop at batch {r['batch']}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(summary, out.with_suffix(".json"))
+    write_report(summary, out.with_suffix(".json"))
     wrote_plot = plot(summary, out.with_suffix(".png"))
     progress(f"wrote {out.with_suffix('.json')}" + (f" and {out.with_suffix('.png')}" if wrote_plot else
                                                      " (no plot: matplotlib is not installed)"))
@@ -175,7 +183,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _structured(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
-    import json
     import shutil
 
     import torch
@@ -210,9 +217,7 @@ def _structured(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
               f"(p99 {r['mask_us_p99']:.1f})")
         for kw, verdict in r["unsupported"].items():
             print(f"  {kw}: {verdict}")
-    out = Path(args.out).with_suffix(".json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    out = write_report(report, Path(args.out).with_suffix(".json"))
     progress(f"wrote {out}")
     return 0
 
@@ -299,24 +304,19 @@ def _speculative_tail(args: argparse.Namespace, llm, path, dtype, label: str, pr
 def _speculative_report(args: argparse.Namespace, label: str, prompt: list[int], rows: list[dict], progress,  # noqa: ANN001
                         **extra) -> int:
     """The speculative bench's table on stdout and its JSON at --out."""
-    import json
-
     from . import speculative as spec
 
     print(f"{label}, greedy, {args.new_tokens} new tokens, {args.threads} threads, best of {args.rounds} rounds, "
           f"{args.clock} clock:")
     print(spec.table(rows))
-    out = Path(args.out).with_suffix(".json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": label, "threads": args.threads, "new_tokens": args.new_tokens,
-                               "prompt_tokens": len(prompt), **extra, "rows": rows}, indent=1))
+    report = {"model": label, "threads": args.threads, "new_tokens": args.new_tokens, "prompt_tokens": len(prompt),
+              **extra, "rows": rows}
+    out = write_report(report, Path(args.out).with_suffix(".json"))
     progress(f"wrote {out}")
     return 0
 
 
 def _matrix(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
-    import json
-
     from .engines import transformers_available
     from .matrix import PRECISIONS, matrix_table, plot_matrix, run_matrix
 
@@ -341,9 +341,7 @@ def _matrix(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
     report = run_matrix(shapes, precisions, base, Path(args.cache_dir), with_transformers, progress, llama_bench,
                         Path(args.gguf_dir) if args.gguf_dir else None, args.dtype)
     print(matrix_table(report))
-    out = Path(args.out).with_suffix(".json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+    out = write_report(report, Path(args.out).with_suffix(".json"))
     wrote_plot = plot_matrix(report, out.with_suffix(".png"))
     progress(f"wrote {out}" + (f" and {out.with_suffix('.png')}" if wrote_plot else " (no plot: no matplotlib)"))
     return 0
@@ -351,8 +349,6 @@ def _matrix(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
 
 def _model_matrix(args: argparse.Namespace, models: list[str], progress) -> int:  # noqa: ANN001
     """Real model files beside llama.cpp on the same GGUF (model_matrix.py): table, JSON, markdown and plot."""
-    import json
-
     from ..pretrained import resolve_source
     from .llamacpp import find_llama_bench
     from .model_matrix import Options, model_matrix_table, parse_spec, plot_model_matrix, run_model_matrix
@@ -377,7 +373,7 @@ def _model_matrix(args: argparse.Namespace, models: list[str], progress) -> int:
     print(text)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    write_report(report, out.with_suffix(".json"))
     out.with_suffix(".md").write_text(text + "\n")
     wrote_plot = plot_model_matrix(report, out.with_suffix(".png"))
     progress(f"wrote {out.with_suffix('.json')}, {out.with_suffix('.md')}" +
@@ -386,8 +382,6 @@ def _model_matrix(args: argparse.Namespace, models: list[str], progress) -> int:
 
 
 def _accuracy(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
-    import json
-
     from .accuracy import quantized_accuracy
 
     if not args.model:
@@ -400,9 +394,7 @@ def _accuracy(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
         print(f"{report['blocks']} blocks (8-bit activations) vs the dequantized float32 model on {report['tokens']} "
               f"tokens of text: top-1 agreement {100 * report['top1_agreement']:.2f}%, mean KL "
               f"{report['kl_mean']:.2e} nats")
-        out = Path(args.out).with_suffix(".json")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=1))
+        write_report(report, Path(args.out).with_suffix(".json"))
         return 0
     variants = [v.strip() for v in args.quantize.split(",") if v.strip() not in ("", "none")] or ["int8"]
     bad = [v for v in variants if v not in ("int8", "int4", "bf16")]
@@ -415,8 +407,6 @@ def _accuracy(args: argparse.Namespace, progress) -> int:  # noqa: ANN001
         print(f"{quantize} weight-only vs float32 on {report['tokens']} tokens of text: top-1 agreement "
               f"{100 * report['top1_agreement']:.2f}%, mean KL {report['kl_mean']:.2e} nats")
         reports.append(report)
-    out = Path(args.out).with_suffix(".json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(reports[0] if len(reports) == 1 else reports, indent=1))
+    out = write_report(reports[0] if len(reports) == 1 else reports, Path(args.out).with_suffix(".json"))
     progress(f"wrote {out}")
     return 0

@@ -15,6 +15,7 @@ from typing import Callable
 
 from ..config import ModelConfig
 from . import llamacpp
+from .output import pyplot
 from .report import _linear_bytes, linear_params, summarize
 from .runner import Workload, run
 from .shapes import SHAPES, random_checkpoint
@@ -109,12 +110,8 @@ def matrix_table(report: dict) -> str:
 def plot_matrix(report: dict, path: Path) -> bool:
     """Decode tokens/s at batch 1 per size (one panel each), a bar per precision with its bandwidth bound dotted;
     False without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     shapes = report["shapes"]
     fig, axes = plt.subplots(1, len(shapes), figsize=(4.5 * len(shapes), 4.6), squeeze=False)

@@ -26,6 +26,7 @@ import torch
 
 from .engines import make_engine
 from .llamacpp import FilePeer
+from .output import pyplot
 from .runner import Measurement, measure_round, median
 
 
@@ -198,12 +199,8 @@ def _f(x: float | None, fmt: str, suffix: str = "") -> str:
 def plot_model_matrix(report: dict, path: Path) -> bool:
     """One panel per figure (decode per batch, prefill, load time, peak RSS), a pair of bars per model:
     nexttoken and llama.cpp (hatched). False without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     figures = [(f"decode tok/s, batch {b}", lambda r, b=b: r["decode_tok_s"].get(b)) for b in report["batch_sizes"]]
     figures += [(f"prefill tok/s ({report['prefill_len']} tokens)", lambda r: r["prefill_tok_s"]),

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from pathlib import Path
 
 from ..config import ModelConfig
+from .output import pyplot
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -144,18 +144,10 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def write_json(summary: dict, path: Path) -> None:
-    path.write_text(json.dumps(summary, indent=1))
-
-
 def plot(summary: dict, path: Path) -> bool:
     """Bars of decode tokens/s per engine and batch, the bandwidth bound marked; False without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     rows = summary["rows"]
     batches = sorted({r["batch"] for r in rows})

@@ -1,4 +1,4 @@
-"""The serving engine: continuous batching over a slot KV cache (see llm_engine.py)."""
+"""The serving engine: continuous batching over a paged KV pool (block_manager.py; see llm_engine.py)."""
 
 from .llm_engine import EngineConfig, EngineStats, LLMEngine, expand
 from .sequence import Sequence, SequenceStatus, TokenEvent

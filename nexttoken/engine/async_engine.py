@@ -1,8 +1,8 @@
 """AsyncEngine: the synchronous LLMEngine stepping on its own thread, fed and drained from an asyncio loop.
 
 Requests and cancellations go in through a thread-safe inbox that the engine thread empties before every step,
-so a cancelled request (a client that went away) frees its slot at the next step. Events come back through one
-asyncio.Queue per request.
+so a cancelled request (a client that went away) frees its place and its KV blocks at the next step. Events come
+back through one asyncio.Queue per request.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import queue
 import threading
 from typing import AsyncIterator, Callable, TypeVar
 
+from ..errors import NextTokenError
 from .llm_engine import EngineStats, LLMEngine
 from ..generation.config import GenerationConfig
 from .sequence import TokenEvent
@@ -27,11 +28,11 @@ def _settle(future: asyncio.Future, result: object, error: BaseException | None)
         future.set_exception(error) if error is not None else future.set_result(result)
 
 
-class EngineDeadError(RuntimeError):
+class EngineDeadError(NextTokenError, RuntimeError):
     """The engine thread stopped on an unexpected error; requests cannot be served."""
 
 
-class EngineClosedError(RuntimeError):
+class EngineClosedError(NextTokenError, RuntimeError):
     """The engine was closed (the server is shutting down): the request was refused, or aborted unfinished."""
 
 
@@ -70,8 +71,8 @@ class AsyncEngine:
 
     @property
     def num_waiting(self) -> int:
-        """Sequences waiting for a cache slot: the engine's queue as of its last step, and those on their way to
-        it (the admission bound reads this)."""
+        """Sequences waiting for a place in the running batch (and its KV blocks): the engine's queue as of its last
+        step, and those on their way to it (the admission bound reads this)."""
         return self._stats.num_waiting + self._inbox_adds
 
     def reserve(self, count: int, limit: int) -> bool:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from ..errors import NextTokenError
+
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 SOURCES = (CSRC / "gemv.cpp", CSRC / "decode.cpp", CSRC / "int4.cpp", CSRC / "ggml.cpp")  # one library
 HEADERS = (CSRC / "rows.h",)  # included by the sources: part of the cache key
@@ -36,7 +38,7 @@ def _cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-class NativeKernelError(RuntimeError):
+class NativeKernelError(NextTokenError, RuntimeError):
     """NEXTTOKEN_REQUIRE_NATIVE=1 and the native kernel cannot be built or used here."""
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import NextTokenError
+
 # GGUF value types (gguf.md): id -> struct format of a scalar, numpy dtype of an array of them
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
@@ -28,7 +30,7 @@ _PLAIN = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8
           "I64": np.int64}  # tensor types GGUFReader returns as elements; the others as (..., row bytes) uint8
 
 
-class BigEndian(Exception):
+class BigEndian(NextTokenError):
     """The file is big-endian: read it with the gguf package instead."""
 
 

@@ -147,10 +147,10 @@ class Chat(Serving):
                     choices[-1].update(self._trace_field(event.trace))
                 for choice in choices:
                     yield sse(json.dumps({**head, "choices": [choice]}))
+        except (EngineClosedError, EngineDeadError) as e:  # before NextTokenError, their base: a 503
+            yield sse(json.dumps(unavailable(e).body()))
         except NextTokenError as e:
             yield sse(json.dumps(bad_request(str(e)).body()))
-        except (EngineClosedError, EngineDeadError) as e:
-            yield sse(json.dumps(unavailable(e).body()))
         if req.stream_options and req.stream_options.include_usage:
             yield sse(json.dumps({**head, "choices": [], "usage": usage(len(jobs[0].prompt_ids), completion_tokens,
                                                                         list(speculated.values()))}))

@@ -123,10 +123,10 @@ class Completions(Serving):
                 choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": event.finish_reason,
                           "stop_reason": event.stop_reason, **self._trace_field(event.trace)}
                 yield sse(json.dumps({**head, "choices": [choice]}))
+        except (EngineClosedError, EngineDeadError) as e:  # before NextTokenError, their base: a 503
+            yield sse(json.dumps(unavailable(e).body()))
         except NextTokenError as e:
             yield sse(json.dumps(bad_request(str(e)).body()))
-        except (EngineClosedError, EngineDeadError) as e:
-            yield sse(json.dumps(unavailable(e).body()))
         if req.stream_options and req.stream_options.include_usage:
             n_prompt = sum(len(j.prompt_ids) for j in jobs[:: req.n])
             yield sse(json.dumps({**head, "choices": [],

@@ -63,7 +63,7 @@ class Infill(Completions):
                 if event.text or event.finished:
                     yield sse(json.dumps(self._body(event.text, event.finished, prompt, predicted,
                                                     event.finish_reason, event.stop_reason)))
+        except (EngineClosedError, EngineDeadError) as e:  # before NextTokenError, their base: a 503
+            yield sse(json.dumps(unavailable(e).body()))
         except NextTokenError as e:
             yield sse(json.dumps(bad_request(str(e)).body()))
-        except (EngineClosedError, EngineDeadError) as e:
-            yield sse(json.dumps(unavailable(e).body()))

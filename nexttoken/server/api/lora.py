@@ -9,12 +9,13 @@ import asyncio
 from fastapi import Request
 from fastapi.responses import Response
 
+from ...engine.async_engine import EngineClosedError, EngineDeadError
 from ...errors import NextTokenError, UnknownLoraError
 from ...model.lora import Resolver, read_adapter
 from ...model.weights.hub import resolve_adapter
 from ..http.errors import APIError, bad_request
 from ..openai.protocol import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
-from .serving import Serving, parse_body
+from .serving import Serving, parse_body, unavailable
 
 
 class LoraAdapters(Serving):
@@ -34,6 +35,8 @@ class LoraAdapters(Serving):
             adapter = await asyncio.to_thread(read_adapter, req.lora_name, req.lora_path, self.network.config,
                                               adapters.max_rank, self.resolve)
             await self.engine.call(lambda engine: engine.add_lora(adapter))
+        except (EngineClosedError, EngineDeadError) as e:  # before NextTokenError, their base: a 503
+            raise unavailable(e) from e
         except NextTokenError as e:
             raise bad_request(str(e), "lora_path") from e
         return Response(f"Success: LoRA adapter '{req.lora_name}' added successfully.", media_type="text/plain")
@@ -44,6 +47,8 @@ class LoraAdapters(Serving):
             await self.engine.call(lambda engine: engine.unload_lora(req.lora_name))
         except UnknownLoraError as e:
             raise APIError(404, str(e), "lora_name", type="not_found_error", code="lora_not_found") from e
+        except (EngineClosedError, EngineDeadError) as e:
+            raise unavailable(e) from e
         except NextTokenError as e:
             raise bad_request(str(e), "lora_name") from e
         return Response(f"Success: LoRA adapter '{req.lora_name}' removed successfully.", media_type="text/plain")

@@ -66,11 +66,11 @@ class Messages(Chat):
                 for e in blocks.drain():
                     yield sse_event(e)
                 finish = (event.finish_reason, event.stop_reason)
+        except (EngineClosedError, EngineDeadError) as e:  # before NextTokenError, their base: a 503
+            yield _error(unavailable(e))
+            return
         except NextTokenError as e:
             yield _error(bad_request(str(e)))
-            return
-        except (EngineClosedError, EngineDeadError) as e:
-            yield _error(unavailable(e))
             return
         blocks.close()
         for e in blocks.drain():

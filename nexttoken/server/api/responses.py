@@ -127,11 +127,11 @@ class Responses(Chat):
                 for e in items.drain():
                     yield numbered(e)
                 finish_reason = event.finish_reason
+        except (EngineClosedError, EngineDeadError) as e:  # before NextTokenError, their base: a 503
+            yield numbered(_error_event(unavailable(e)))
+            return
         except NextTokenError as e:
             yield numbered(_error_event(bad_request(str(e))))
-            return
-        except (EngineClosedError, EngineDeadError) as e:
-            yield numbered(_error_event(unavailable(e)))
             return
         items.close()
         for e in items.drain():

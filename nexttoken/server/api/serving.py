@@ -187,10 +187,10 @@ async def collect_choices(request: Request, n: int, events: AsyncIterator) -> li
             choices[index].add(event)
     except ClientGone:
         return None
+    except (EngineClosedError, EngineDeadError) as e:  # before NextTokenError, their base: a 503
+        raise unavailable(e) from e
     except NextTokenError as e:
         raise bad_request(str(e)) from e
-    except (EngineClosedError, EngineDeadError) as e:
-        raise unavailable(e) from e
     failed = next((c for c in choices if c.finish_reason == "error"), None)
     if failed is not None:
         raise engine_failure(failed)

@@ -7,8 +7,10 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from ...errors import NextTokenError
 
-class APIError(Exception):
+
+class APIError(NextTokenError):
     """A request the server refuses; becomes an OpenAI error body with `status`."""
 
     def __init__(

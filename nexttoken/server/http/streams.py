@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 from ...engine.async_engine import AsyncEngine
 from ...engine.sequence import TokenEvent
 from ...generation.config import GenerationConfig
+from ...errors import NextTokenError
 from ..metrics import ServerMetrics
 
 
@@ -82,7 +83,7 @@ async def _merge(tasks: list[asyncio.Task], merged: asyncio.Queue) -> AsyncItera
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-class ClientGone(Exception):
+class ClientGone(NextTokenError):
     """The client closed the connection before the response was ready."""
 
 
