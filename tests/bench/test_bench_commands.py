@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from nexttoken.cli import main
-from tiny_models import save_variant
+from support.tiny_models import save_variant
 
 RECORDED_TG8 = Path(__file__).parent / "data" / "llama_bench_tg8_depth16_q4_0.json"
 

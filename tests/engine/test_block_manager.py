@@ -14,7 +14,7 @@ import torch
 
 from nexttoken.engine.block_manager import BlockManager, pool_blocks
 from nexttoken.errors import GenerationConfigError
-from sequences import make_seq
+from support.sequences import make_seq
 
 PROMPT = list(range(10, 19))  # 9 tokens: blocks of 2 -> [10 11] [12 13] [14 15] [16 17] [18]
 

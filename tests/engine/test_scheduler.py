@@ -9,7 +9,7 @@ from __future__ import annotations
 from nexttoken.engine.block_manager import BlockManager
 from nexttoken.engine.scheduler import PrefillChunk, Replay, Scheduler
 from nexttoken.engine.sequence import SequenceStatus
-from sequences import make_seq, run_plan
+from support.sequences import make_seq, run_plan
 
 
 def chunks(plan) -> list[tuple[str, int, int]]:  # noqa: ANN001

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from nexttoken.detokenizer import IncrementalDetokenizer
+from nexttoken.text.detokenizer import IncrementalDetokenizer
 from nexttoken.generation.config import GenerationConfig
 from nexttoken.generation.output_pipeline import OutputPipeline, replay, token_logprobs
-from nexttoken.tokenizer import Tokenizer
+from nexttoken.text.tokenizer import Tokenizer
 
 PROMPT = [1, 403, 407, 261, 378]
 STORY = [432, 383, 286, 261, 376, 298, 315, 421, 426]
