@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from ...engine import expand
 from ...engine.async_engine import EngineClosedError, EngineDeadError
 from ...errors import NextTokenError
-from ..http.errors import bad_request
+from ..http.errors import client_error
 from ..http.streams import Job, SSEResponse, run_jobs, sse
 from ..llamacpp.protocol import InfillRequest, completion_body, stop_type
 from ..openai.protocol import CompletionRequest
@@ -64,6 +64,6 @@ class Infill(Completions):
                     yield sse(json.dumps(self._body(event.text, event.finished, prompt, predicted,
                                                     event.finish_reason, event.stop_reason)))
         except NextTokenError as e:
-            yield sse(json.dumps(bad_request(str(e)).body()))
+            yield sse(json.dumps(client_error(e).body()))
         except (EngineClosedError, EngineDeadError) as e:
             yield sse(json.dumps(unavailable(e).body()))
