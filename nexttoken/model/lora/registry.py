@@ -166,6 +166,12 @@ class AdapterRegistry:
         with self._lock:
             return dict(self._resident)
 
+    @property
+    def held(self) -> dict[str, int]:
+        """Adapters held by running sequences -> how many hold each (their slots cannot be taken)."""
+        with self._lock:
+            return dict(self._users)
+
     def rows(self, slots: torch.Tensor | None) -> contextlib.AbstractContextManager:
         """The slots' rows context for one forward (AdapterSet.rows): what the Transformer enters."""
         assert self.slots is not None, "a forward names adapter slots, and this model has none"
