@@ -443,10 +443,11 @@ def load(
     of different adapters share batches, each row applying its own (docs/lora.md). max_loras (default: len(lora),
     at least 1) adapter slots of rank max_lora_rank (default: the largest adapter's) serve them; llm.load_lora adds
     more adapters than slots (a slot is taken when a request runs, the least recently used idle adapter's when none
-    is free), up to max_cpu_loras (default: max_loras when that is given, else no limit: vLLM's pair). merge=True folds the one adapter into the weights
-    (no per-row products: the base model's speed; lora="name" then names the model itself). With quantize, the
-    adapter is merged into the float weights first and the sum quantized once; a quantized base serving unmerged
-    adapters keeps its quantized product and adds the low-rank products in float32 beside it.
+    is free), up to max_cpu_loras (default: max_loras when that is given, else no limit: vLLM's pair). merge=True
+    folds the one adapter into the weights (no per-row products: the base model's speed; lora="name" then names the
+    model itself). With quantize, the adapter is merged into the float weights first and the sum quantized once; a
+    quantized base serving unmerged adapters keeps its quantized product and adds the low-rank products in float32
+    beside it.
     """
     source = resolve_source(path, revision, download_dir, gguf_file)
     fetch_adapter = functools.partial(resolve_adapter, download_dir=download_dir)  # lora= values that are Hub ids

@@ -130,7 +130,8 @@ def test_a_request_racing_its_adapters_unload_is_a_404(folders) -> None:
 
             async def race() -> tuple[httpx.Response, httpx.Response]:
                 async with httpx.AsyncClient(timeout=60) as c:
-                    unload = asyncio.create_task(c.post(url + "/v1/unload_lora_adapter", json={"lora_name": name}))  # noqa: B023
+                    gone = {"lora_name": name}  # noqa: B023
+                    unload = asyncio.create_task(c.post(url + "/v1/unload_lora_adapter", json=gone))
                     await asyncio.sleep(0.3)  # the unload waits on the engine thread first
                     body = {"model": name, "prompt": PROMPTS[0], "max_tokens": 4, "stream": stream}  # noqa: B023
                     request = await c.post(url + "/v1/completions", json=body)

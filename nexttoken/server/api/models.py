@@ -22,8 +22,8 @@ class Models(Serving):
         return {"object": "list", "data": cards + [self._adapter_card(a) for a in self.adapters()]}
 
     async def model(self, model_id: str) -> dict:
-        adapter = self._adapter(model_id)
-        return self._model_card(model_id or self.settings.model_name) if adapter is None else self._adapter_card(adapter)
+        adapter = self._adapter(model_id)  # an unknown name: 404
+        return self._model_card(model_id) if adapter is None else self._adapter_card(adapter)
 
     def _model_card(self, name: str) -> dict:
         return {"id": name, "object": "model", "created": self.created, "owned_by": "nexttoken",
