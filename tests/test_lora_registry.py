@@ -145,6 +145,19 @@ def test_a_sequence_whose_adapter_finds_every_slot_held_waits_in_the_scheduler(t
     assert {name: s.output_ids for name, s in seqs.items()} == {name: reference[(0, name)] for name in seqs}
 
 
+def test_max_cpu_loras_bounds_the_adapters_registered(tiny) -> None:
+    base, folders = tiny
+    llm = nexttoken.load(base, lora={"a": folders["a"]}, max_loras=1, max_cpu_loras=2)
+    llm.load_lora("b", folders["b"])
+    with pytest.raises(LoraError, match="2 LoRA adapters are loaded, the limit"):
+        llm.load_lora("c", folders["c"])
+    llm.unload_lora("a")
+    llm.load_lora("c", folders["c"])
+    assert llm.loras == ["b", "c"]
+    with pytest.raises(LoraError, match="must be an integer >= max_loras"):
+        nexttoken.load(base, lora={"a": folders["a"]}, max_loras=2, max_cpu_loras=1)
+
+
 def test_an_adapter_unloaded_after_a_request_named_it_is_unknown_to_the_engine(tiny) -> None:
     base, folders = tiny
     llm = nexttoken.load(base, lora={"a": folders["a"], "b": folders["b"]})

@@ -38,10 +38,7 @@ class AdapterRegistry:
     registers, acquires and releases."""
 
     def __init__(self, slots: AdapterSet | None, max_adapters: int | None = None) -> None:
-        if max_adapters is not None and (isinstance(max_adapters, bool) or not isinstance(max_adapters, int)
-                                         or slots is not None and max_adapters < slots.max_loras):
-            raise LoraError(f"max_cpu_loras (adapters registered) must be an integer >= max_loras (the slots, "
-                            f"{slots.max_loras if slots else 1}), got {max_adapters!r}")
+        _check_limit(max_adapters, slots.max_loras if slots is not None else 1)
         self.slots, self.max_adapters = slots, max_adapters
         self._adapters: dict[str, LoraAdapter] = {}  # registered, in the order they came
         self._versions: dict[str, int] = {}  # name -> which load it is: a reloaded name never matches old prefixes
@@ -192,6 +189,7 @@ def attach(model: nn.Module, max_loras: int, max_rank: int, max_adapters: int | 
             raise LoraError(f"this model serves adapters with max_loras={slots.max_loras}, "
                             f"max_lora_rank={slots.max_rank} already")
         return existing
+    _check_limit(max_adapters, max_loras)  # before the matrices are wrapped
     registry = AdapterRegistry(wrap(model, max_loras, max_rank), max_adapters)
     model.adapters = registry
     return registry
@@ -202,3 +200,9 @@ def registry_of(model: nn.Module) -> AdapterRegistry:
     registry = getattr(model, "adapters", None)
     return registry if registry is not None else AdapterRegistry(None)
 
+
+def _check_limit(max_adapters: int | None, max_loras: int) -> None:
+    if max_adapters is not None and (isinstance(max_adapters, bool) or not isinstance(max_adapters, int)
+                                     or max_adapters < max_loras):
+        raise LoraError(f"max_cpu_loras (adapters registered) must be an integer >= max_loras (the slots, "
+                        f"{max_loras}), got {max_adapters!r}")
