@@ -20,14 +20,14 @@ from .engine.embedding import embed, model_pooling
 from .engine import EngineConfig, LLMEngine, TokenEvent, expand
 from .engine.postprocess import traced
 from .engine.sequence import Sequence as EngineSequence
-from .errors import GenerationConfigError, LoraError, ModelLoadError, TokenizerError, UnknownLoraError
+from .errors import GenerationConfigError, LoraError, ModelLoadError, TokenizerError
 from .generation.completions import searched_completions
 from .generation.config import GenerationConfig
 from .generation.generate import length_budget, resolve_config
 from .generation.modes import GenerationMode, generation_mode
 from .generation.output_pipeline import Completion
 from .model import Transformer, load_model
-from .model.lora import attach, merge_adapter, read_adapter
+from .model.lora import attach, merge_adapter, read_adapter, registry_of
 from .model.quant.quantize import apply_quantization
 from .model.weights.hub import resolve_adapter
 from .model.weights.loader import resolve_dtype
@@ -54,7 +54,8 @@ class _Request:
     stopping_criteria: list
     hooks: list | Callable[[int], list]  # StepHooks of one sequence, or sequence index -> a fresh set
     assistant: Transformer | None = None  # the draft model of speculative decoding (assistant_model)
-    lora: str | None = None  # the LoRA adapter the call decodes under (a name given to load); None: the base
+    # the LoRA adapter every prompt decodes under, or a list with each prompt's (a name given to load; None: the base)
+    lora: str | list[str | None] | None = None
 
     def hooks_for(self, index: int, count: int) -> list:
         """The hooks of sequence `index` of `count`: a hook holds one sequence's state, so never shared."""
@@ -66,6 +67,16 @@ class _Request:
                 "hooks=lambda i: [YourHook(...)] to give each sequence its own"
             )
         return self.hooks
+
+    def lora_for(self, prompt: int) -> str | None:
+        """The adapter prompt `prompt` decodes under."""
+        return self.lora[prompt] if isinstance(self.lora, list) else self.lora
+
+    def check_lora(self, count: int) -> None:
+        """A per-prompt list of adapters has one entry per prompt."""
+        if isinstance(self.lora, list) and len(self.lora) != count:
+            raise GenerationConfigError(f"lora= lists {len(self.lora)} adapters for {count} prompt(s): give one "
+                                        "name (or None for the base model) per prompt, or one name for all")
 
     @property
     def searched(self) -> bool:
@@ -203,7 +214,7 @@ class LLM:
         lora = self._lora(options.pop("lora", None))
         request = _Request(resolve_config(self.model, None, options), hooks=hooks, assistant=assistant, lora=lora,
                            **objects)
-        if request.searched and lora is not None:
+        if request.searched and any(n is not None for n in (lora if isinstance(lora, list) else [lora])):
             raise GenerationConfigError(
                 f"lora= works with greedy decoding and sampling, not {generation_mode(request.cfg).value}: load "
                 "the adapter with merge=True to run search strategies under it")
@@ -213,43 +224,38 @@ class LLM:
                 f"sampling, not {generation_mode(request.cfg).value}")
         return request
 
-    def _lora(self, name: Any) -> str | None:
-        """The adapter a call names (None: the base model); the merged adapter's name is the model itself."""
-        if name is None or name == self.merged_lora:
-            return None
-        if not isinstance(name, str):
-            raise GenerationConfigError(f"lora must be the name of a loaded adapter (a string), got {name!r}")
-        if self.model.adapters is None:
-            raise UnknownLoraError(f"LoRA adapter {name!r} is not loaded: this model was loaded without adapters "
-                                   "(nexttoken.load(path, lora={name: folder}))")
-        self.model.adapters.slot(name)  # an unknown name raises, naming the loaded ones
-        return name
+    def _lora(self, lora: Any) -> str | list[str | None] | None:
+        """The adapters a call names: one name (or None) for every prompt, or a list with one per prompt (vLLM's
+        lora_request list), each resolved by the model's registry (the merged adapter's name is the base model's);
+        None when no prompt has one. A list's length is checked against the prompts (_Request.check_lora)."""
+        names = list(lora) if isinstance(lora, (list, tuple)) else [lora]
+        bad = [n for n in names if n is not None and not isinstance(n, str)]
+        if bad:
+            raise GenerationConfigError(f"lora must name a loaded adapter (a string), or give one name (or None) per "
+                                        f"prompt in a list, got {bad[0]!r}")
+        registry, base = registry_of(self.model), [self.merged_lora] if self.merged_lora else []
+        resolved = [registry.resolve(n, base) for n in names]  # an unknown name raises, naming the loaded ones
+        return resolved if isinstance(lora, (list, tuple)) else resolved[0]
 
     # ---- LoRA adapters -----------------------------------------------------------------------------------------
     @property
     def loras(self) -> list[str]:
         """The names of the adapters calls may choose with lora=name."""
-        return [] if self.model.adapters is None else self.model.adapters.names
+        return registry_of(self.model).names
 
     def load_lora(self, name: str, path: str | Path) -> None:
-        """Serve one more PEFT LoRA adapter (a folder, or a Hub id fetched into the Hub cache) under `name`, in a free slot (load's max_loras)."""
-        if self._driver is not None:
-            self._driver.engine.load_lora(name, path, resolve_adapter)
-            return
-        adapters = self.model.adapters
-        if adapters is None:
-            raise LoraError("this model was loaded without adapter slots: nexttoken.load(path, max_loras=N) or "
-                            "lora={...}")
-        adapters.add(read_adapter(name, path, self.model.config, adapters.max_rank, resolve_adapter))
+        """Serve one more PEFT LoRA adapter (a folder, or a Hub id fetched into the Hub cache) under `name`. More
+        adapters than load's max_loras slots may be loaded: a request's adapter takes a slot when it runs."""
+        registry = registry_of(self.model)
+        adapter = read_adapter(name, path, self.model.config, registry.max_rank, resolve_adapter)
+        registry.register(adapter, [self.merged_lora] if self.merged_lora else [])
 
     def unload_lora(self, name: str) -> None:
         """Stop serving adapter `name` (refused while a stream decodes under it)."""
         if self._driver is not None:
             self._driver.engine.unload_lora(name)
-        elif self.model.adapters is None:
-            raise UnknownLoraError(f"LoRA adapter {name!r} is not loaded")
         else:
-            self.model.adapters.remove(name)
+            registry_of(self.model).unregister(name)
 
     def _assistant(self, assistant: Any) -> Transformer | None:
         """transformers' assistant_model: an LLM (or a bare model) that shares this one's tokenizer."""
@@ -274,9 +280,11 @@ class LLM:
                 raise GenerationConfigError(f"hooks work with greedy decoding and sampling, not {generation_mode(cfg).value}")
             return searched_completions(self.model, self.tokenizer, prompts, cfg, self._pad_id(cfg),
                                         request.logits_processor, request.stopping_criteria)
+        request.check_lora(len(prompts))
         driver = self._driver_for(prompts, cfg)
-        each = expand(prompts, cfg)
-        seqs = [driver.submit(p, c, request, request.hooks_for(i, len(each))) for i, (p, c) in enumerate(each)]
+        each = expand(prompts, cfg)  # prompt-major: sequence i is prompt i // num_return_sequences's
+        seqs = [driver.submit(p, c, request, request.hooks_for(i, len(each)),
+                              request.lora_for(i // cfg.num_return_sequences)) for i, (p, c) in enumerate(each)]
         driver.run(seqs)
         return [self._completion(s) for s in seqs]
 
@@ -290,8 +298,9 @@ class LLM:
             raise GenerationConfigError("stream() yields text and has nowhere to put a trace: use generate() or "
                                         "chat() with trace=True (the server's streams carry it on the last chunk)")
         self._need_tokenizer()
+        request.check_lora(1)
         driver = self._driver_for([prompt], request.cfg)
-        seq = driver.submit(prompt, request.cfg, request, request.hooks_for(0, 1))
+        seq = driver.submit(prompt, request.cfg, request, request.hooks_for(0, 1), request.lora_for(0))
         for event in driver.events(seq):
             _check_event(event)
             if event.text:
@@ -343,10 +352,11 @@ class _Driver:
         self.engine = engine
         self.queues: dict[str, deque[TokenEvent]] = {}
 
-    def submit(self, prompt: list[int], cfg: GenerationConfig, request: _Request, hooks: list) -> EngineSequence:
+    def submit(self, prompt: list[int], cfg: GenerationConfig, request: _Request, hooks: list,
+               lora: str | None = None) -> EngineSequence:
         return self.engine.add_request(prompt, cfg, logits_processor=request.logits_processor,
                                        stopping_criteria=request.stopping_criteria, hooks=hooks,
-                                       draft_model=request.assistant, lora=request.lora)
+                                       draft_model=request.assistant, lora=lora)
 
     def run(self, seqs: list[EngineSequence]) -> None:
         """Step until every one of seqs has finished."""
@@ -405,6 +415,7 @@ def load(
     merge: bool = False,
     max_loras: int | None = None,
     max_lora_rank: int | None = None,
+    max_cpu_loras: int | None = None,
     dequantize: bool = False,
     gguf_activations: str = "int8",
 ) -> LLM:
@@ -428,12 +439,15 @@ def load(
     processes are started (under torchrun, the ranks torchrun started are used); `LLM.close()` stops them. A rank
     that dies or stays silent for tensor_parallel_timeout seconds makes every later call raise.
     lora={"name": folder, ...}: PEFT LoRA adapters (adapter_config.json + adapter_model.safetensors) that each
-    call may choose with generate(..., lora="name"); requests of different adapters share batches, each row
-    applying its own (docs/lora.md). max_loras (default: len(lora)) and max_lora_rank (default: the largest
-    adapter's rank) size the slots for llm.load_lora later. merge=True folds the one adapter into the weights
-    (no per-row products: the base model's speed; lora="name" then names the model itself). With quantize, the
-    adapter is merged into the float weights first and the sum quantized once; a quantized base serving unmerged
-    adapters keeps its quantized product and adds the low-rank products in float32 beside it.
+    call may choose with generate(..., lora="name"), or per prompt with a list (lora=["a", None, "b"]); requests
+    of different adapters share batches, each row applying its own (docs/lora.md). max_loras (default: len(lora),
+    at least 1) adapter slots of rank max_lora_rank (default: the largest adapter's) serve them; llm.load_lora adds
+    more adapters than slots (a slot is taken when a request runs, the least recently used idle adapter's when none
+    is free), up to max_cpu_loras (default: max_loras when that is given, else no limit: vLLM's pair). merge=True
+    folds the one adapter into the weights (no per-row products: the base model's speed; lora="name" then names the
+    model itself). With quantize, the adapter is merged into the float weights first and the sum quantized once; a
+    quantized base serving unmerged adapters keeps its quantized product and adds the low-rank products in float32
+    beside it.
     """
     source = resolve_source(path, revision, download_dir, gguf_file)
     fetch_adapter = functools.partial(resolve_adapter, download_dir=download_dir)  # lora= values that are Hub ids
@@ -471,7 +485,8 @@ def load(
         cfg = llm.model.config
         adapters = [read_adapter(name, folder, cfg, max_lora_rank, fetch_adapter) for name, folder in (lora or {}).items()]
         rank = max_lora_rank or max([a.rank for a in adapters], default=16)
-        slots = attach(llm.model, max_loras or max(len(adapters), 1), rank)
+        registry = attach(llm.model, max_loras or max(len(adapters), 1), rank,
+                          max_cpu_loras if max_cpu_loras is not None else max_loras)
         for adapter in adapters:
-            slots.add(adapter)
+            registry.register(adapter)
     return llm

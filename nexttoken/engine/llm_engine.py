@@ -25,7 +25,7 @@ from typing import Sequence as Seq
 import torch
 
 from ..text.detokenizer import IncrementalDetokenizer
-from ..errors import GenerationConfigError, LoraError, PromptTooLongError, TensorParallelError, UnknownLoraError
+from ..errors import GenerationConfigError, LoraError, PromptTooLongError, TensorParallelError
 from ..generation.config import GenerationConfig
 from ..generation.decode import StepHook
 from ..generation.generate import length_budget, model_generation_config
@@ -39,7 +39,7 @@ from ..generation.processors.structured import GrammarMask
 from .embedding import EmbeddingError, embed
 from ..generation.trace.recorder import TraceRecorder, options_of
 from ..model import Transformer
-from ..model.lora import AdapterSet, LoraAdapter, Resolver, read_adapter
+from ..model.lora import AdapterRegistry, LoraAdapter, Resolver, read_adapter, registry_of
 from .distributed import DistributedRunner
 from .block_manager import BlockManager, pool_blocks
 from .model_runner import ModelRunner
@@ -190,7 +190,7 @@ class LLMEngine:
         # One request alone may fill the pool, never more: a longer one could not run even with all others preempted.
         self.max_seq_tokens = min(self.max_model_len, self.blocks.capacity_tokens)
         self.scheduler = Scheduler(config.max_num_seqs, config.chunk_size, config.max_num_batched_tokens,
-                                   self.blocks, config.scheduling_policy)
+                                   self.blocks, config.scheduling_policy, adapters=registry_of(model))
         # A tensor-parallel model (engine/launch.py) has ranks to drive: its runner broadcasts each step's plan.
         runner = DistributedRunner if getattr(model, "cluster", None) is not None else ModelRunner
         self.runner = runner(model, num_blocks, block_size, self.max_model_len, cache_dtype)
@@ -240,7 +240,7 @@ class LLMEngine:
         self._check_options(params)
         params.check_vocabulary(self.model.config.vocab_size)  # ids past it: a bad option now, not a crash later
         self._check_prompt(prompt_ids)
-        lora_key = None if lora is None else self._adapters(lora).key(lora)  # an unknown name: UnknownLoraError
+        lora_key = None if lora is None else self._adapters().key(lora)  # an unknown name: UnknownLoraError
         if params.stop_string_list and self.tokenizer is None:
             raise GenerationConfigError("stop strings need a tokenizer, and this model folder has none")
         if isinstance(priority, bool) or not isinstance(priority, int):
@@ -278,40 +278,32 @@ class LLMEngine:
     # ---- LoRA adapters ----------------------------------------------------------------------------------------
     def load_lora(self, name: str, source: str | Path, resolve: Resolver | None = None) -> LoraAdapter:
         """Read a PEFT LoRA adapter (a folder; other sources through `resolve`, e.g. a Hub id) and serve it under
-        `name`, in one of the model's adapter slots (model.adapters: lora.attach set their number and rank).
-        Between steps only: the engine's thread calls this (AsyncEngine.call)."""
-        adapter = read_adapter(name, source, self.model.config, self._slots().max_rank, resolve)
+        `name` (the model's registry: lora.attach set its slots and rank). Between steps only: the engine's thread
+        calls this (AsyncEngine.call)."""
+        adapter = read_adapter(name, source, self.model.config, self._adapters().max_rank, resolve)
         self.add_lora(adapter)
         return adapter
 
-    def add_lora(self, adapter: LoraAdapter) -> None:
-        """Serve an adapter read already (read_adapter, off the engine's thread) in a free slot."""
-        self._slots().add(adapter)
-
-    def _slots(self) -> AdapterSet:
-        adapters = self.model.adapters
-        if adapters is None:
-            raise LoraError("this model has no adapter slots: load it with lora={...} or max_loras=N, or serve "
-                            "with --max-loras N (or --lora-modules)")
-        return adapters
+    def add_lora(self, adapter: LoraAdapter, base: Seq[str] = ()) -> None:
+        """Serve an adapter read already (read_adapter, off the engine's thread); `base`: names it may not take
+        (the base model's own)."""
+        self._adapters().register(adapter, base)
 
     def unload_lora(self, name: str) -> None:
-        """Stop serving adapter `name`; refused while a request decodes under it."""
-        adapters = self._adapters(name)
+        """Stop serving adapter `name`; refused while a request (running or waiting) decodes under it."""
+        adapters = self._adapters()
+        adapters.resolve(name)  # an unknown name: UnknownLoraError
         users = [s.request_id for s in self.requests.values() if s.lora == name]
         if users:
             raise LoraError(f"LoRA adapter {name!r} is in use by {len(users)} running request(s) "
                             f"({', '.join(users[:3])}): unload it when they have finished")
-        adapters.remove(name)
+        adapters.unregister(name)
 
-    def _adapters(self, name: str | None) -> AdapterSet:
-        adapters = self.model.adapters
-        if adapters is None:
-            raise UnknownLoraError(f"LoRA adapter {name!r} is not loaded: this model serves no adapters (load "
-                                   "it with lora={name: folder}, or serve with --lora-modules / --max-loras)")
-        if name is not None:
-            adapters.slot(name)
-        return adapters
+    def _adapters(self) -> AdapterRegistry:
+        """The model's adapter registry (the scheduler's, too: it holds slots for the sequences it admits)."""
+        registry = registry_of(self.model)
+        self.scheduler.adapters = registry  # the same object unless adapters were attached after this engine
+        return registry
 
     def abort(self, request_id: str) -> TokenEvent | None:
         """Cancel a request; its blocks are free for the next step. Returns its final event (None if unknown)."""

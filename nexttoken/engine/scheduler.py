@@ -14,6 +14,12 @@ A sequence whose next chunk is a whole prompt chunk that a running sequence is c
 it then finds that chunk in the prefix cache instead of computing it again (a shared system prompt is prefilled
 once).
 
+LoRA slots. A sequence under a LoRA adapter runs only while its adapter sits in one of the model's adapter slots
+(`adapters`: model/lora/registry.py). Admission takes one (`acquire`: the adapter's own, a free one, or the least
+recently used idle adapter's) and leaving the running batch gives it back (`release`); a sequence whose adapter
+finds every slot held by running sequences waits, and the sequences behind it are admitted meanwhile (vLLM's
+--max-loras).
+
 Preemption by recompute. When a running sequence's next step needs a block the pool lacks, the least important
 running sequence (fcfs: the latest arrived; priority: the highest priority value, then the latest arrived) gives all
 its blocks back and waits again at the head of its queue. When it runs again its prompt is prefilled in the same
@@ -28,7 +34,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 from .block_manager import BlockManager
 from .sequence import Sequence, SequenceStatus
@@ -77,8 +83,9 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, max_num_seqs: int, chunk_size: int, token_budget: int, blocks: BlockManager,
-                 policy: str = "fcfs") -> None:
+                 policy: str = "fcfs", adapters: Any = None) -> None:
         assert policy in POLICIES, policy
+        self.adapters = adapters  # the model's lora.AdapterRegistry: slots for the admitted sequences' adapters
         self.chunk_size, self.token_budget, self.blocks, self.policy = chunk_size, token_budget, blocks, policy
         self.waiting: OrderedDict[str, deque[Sequence]] = OrderedDict()  # group -> its sequences, FIFO; groups in turn
         self.running: list[Sequence] = []
@@ -129,7 +136,11 @@ class Scheduler:
             seq = next((s for s in self._candidates() if id(s) not in skip), None)
             if seq is None:
                 return
+            if not self._take_adapter(seq):  # every adapter slot is held: it waits, the others go on
+                deferred.add(id(seq))
+                continue
             if not self.free_slots and not self._preempt_for(seq, plan):
+                self._drop_adapter(seq)
                 return
             hit = self.blocks.match(seq)
             seq.num_cached = hit
@@ -137,6 +148,7 @@ class Scheduler:
             if key is not None and key in computing:  # another sequence is computing that chunk: take it next step
                 self.blocks.free(seq)
                 seq.num_cached = 0
+                self._drop_adapter(seq)
                 deferred.add(id(seq))
                 continue
             first = min(hit + self.chunk_size, len(seq.prompt_ids))
@@ -144,6 +156,7 @@ class Scheduler:
                 if not self._preempt_for(seq, plan):
                     self.blocks.free(seq)
                     seq.num_cached = 0
+                    self._drop_adapter(seq)
                     return
             self.blocks.record_lookup(len(seq.prompt_ids), hit)
             self._take_waiting(seq)
@@ -154,6 +167,14 @@ class Scheduler:
             plan.admitted.append(seq)
             if key is not None:
                 computing.add(key)
+
+    def _take_adapter(self, seq: Sequence) -> bool:
+        """Hold a slot for seq's LoRA adapter (True without one); False when every slot is held."""
+        return seq.lora is None or self.adapters.acquire(seq.lora)
+
+    def _drop_adapter(self, seq: Sequence) -> None:
+        if seq.lora is not None:
+            self.adapters.release(seq.lora)
 
     def _fits(self, seq: Sequence, num_tokens: int) -> bool:
         """Whether seq's table covers num_tokens with the watermark left free (grown when it does). With nothing
@@ -221,6 +242,7 @@ class Scheduler:
 
     def _leave_running(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self._drop_adapter(seq)
         held = self.slots_held.pop(seq.group, 0) - 1
         if held > 0:
             self.slots_held[seq.group] = held

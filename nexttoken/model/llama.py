@@ -23,7 +23,7 @@ class Transformer(nn.Module):
     """Token ids in, next-token logits out; all sequence state lives in the KVCache passed to forward."""
 
     native_step = True  # fused.py may run its decode steps natively (it checks the layers; a stand-in model lacks this)
-    adapters = None  # lora.AdapterSet once adapters are attached (lora.attach): rows then choose theirs (batch.lora)
+    adapters = None  # lora.AdapterRegistry once adapters are attached (lora.attach): rows choose slots (batch.lora)
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

@@ -44,8 +44,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "activations)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", help="the model name clients send (default: the folder's name, the GGUF "
-                                                 "file's stem, or the Hub id)")
+    p.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="the model's names in requests: the first is the one reported (in /v1/models and responses), "
+                        "the others are aliases (e.g. the two names Claude Code sends: docs/serving.md); default: the "
+                        "folder's name, the GGUF file's stem, or the Hub id")
     p.add_argument("--api-key", help="require Authorization: Bearer <key> on the API paths")
     p.add_argument("--max-num-seqs", type=int, default=32, help="sequences running at once (the batch limit)")
     p.add_argument("--max-model-len", type=int, help="tokens per request, prompt + output (default: the model's)")
@@ -130,6 +132,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                            "'{\"name\": ..., \"path\": ...}'")
     lora.add_argument("--max-loras", type=int,
                       help="adapter slots: adapters served at once (default: the --lora-modules given, at least 1)")
+    lora.add_argument("--max-cpu-loras", type=int,
+                      help="adapters registered at once (more than --max-loras: an adapter takes a slot when a request "
+                           "needs it, the least recently used idle one's when none is free); default: --max-loras "
+                           "when that is given (vLLM's), else no limit")
     lora.add_argument("--max-lora-rank", type=int, default=16,
                       help="largest adapter rank a slot holds (default 16, vLLM's); a larger adapter is refused")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
@@ -175,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
                              threads=args.threads)
     loaded = load_pretrained(source, dtype=args.dtype, device=args.device, quantize=args.quantize, model=model,
                              **options)
-    if args.enable_lora or args.lora_modules or args.max_loras:
+    if args.enable_lora or args.lora_modules or args.max_loras or args.max_cpu_loras:
         _attach_adapters(loaded.model, args)
     try:
         config = EngineConfig(
@@ -197,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         print("nexttoken serve: --default-chat-template-kwargs must be a JSON object, e.g. "
               "'{\"enable_thinking\": false}'", file=sys.stderr)
         return 2
-    name = args.served_model_name or loaded.name
+    name, *aliases = args.served_model_name or [loaded.name]
     for flag, value in (("--header-timeout", args.header_timeout), ("--max-connections", args.max_connections),
                         ("--max-waiting-seqs", args.max_waiting_seqs + 1)):
         if value <= 0:
@@ -212,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
                               structured_whitespace=args.structured_whitespace, host=args.host,
                               allowed_hosts=tuple(args.allowed_hosts), allowed_origins=tuple(args.allowed_origins),
                               max_waiting_seqs=args.max_waiting_seqs,
-                              special_tokens_in_content=args.special_tokens_in_content)
+                              special_tokens_in_content=args.special_tokens_in_content, aliases=tuple(aliases))
     speculative = None
     if args.num_speculative_tokens < 1:
         print("nexttoken serve: --num-speculative-tokens must be >= 1", file=sys.stderr)
@@ -280,9 +286,11 @@ def _attach_adapters(model, args: argparse.Namespace) -> None:  # noqa: ANN001
 
     fetch = functools.partial(resolve_adapter, download_dir=args.download_dir)  # a module given as a Hub id
     modules = parse_modules(args.lora_modules)
-    slots = attach(model, args.max_loras or max(len(modules), 1), args.max_lora_rank)
+    registry = attach(model, args.max_loras or max(len(modules), 1), args.max_lora_rank,
+                      args.max_cpu_loras if args.max_cpu_loras is not None else args.max_loras)
     for name, path in modules.items():
-        slots.add(read_adapter(name, path, model.config, args.max_lora_rank, fetch))
+        registry.register(read_adapter(name, path, model.config, args.max_lora_rank, fetch),
+                          args.served_model_name or ())
 
 
 def _stop_now(message: str) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class ServerSettings:
-    model_name: str
+    model_name: str  # the name the model is reported by (--served-model-name's first)
     api_key: str | None = None
     max_n: int = 8  # choices per request
     max_seqs_per_request: int = 256  # prompts x n: one request may not create more sequences than this
@@ -26,3 +26,9 @@ class ServerSettings:
     allowed_origins: tuple[str, ...] = ()  # web origins allowed to call it from a browser (CORS; "*": any)
     special_tokens_in_content: bool = True  # "<|im_start|>" in a message is the special token (False: plain text)
     max_waiting_seqs: int = 1024  # sequences queued for a slot; a request that would queue more gets 429
+    aliases: tuple[str, ...] = ()  # more names requests may give the model (--served-model-name's others)
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """Every name a request's `model` may give the base model, the reported one first."""
+        return (self.model_name, *self.aliases)

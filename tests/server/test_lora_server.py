@@ -18,6 +18,7 @@ import torch
 import nexttoken
 
 from support.server import CHAT_TEMPLATE, start_server, stop_server
+from support.lora import all_linear_adapter
 
 openai = pytest.importorskip("openai")
 peft = pytest.importorskip("peft")
@@ -27,17 +28,6 @@ KEY = "sesame"
 PROMPTS = ["Once upon a time", "The dog ran", "Lily saw a big"]
 
 
-def _adapter(base: Path, folder: Path, seed: int, r: int) -> Path:
-    torch.manual_seed(seed)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(base)
-    config = peft.LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear", init_lora_weights=False)
-    model = peft.get_peft_model(hf, config)
-    with torch.no_grad():  # PEFT's random B is small; make the adapter change the text
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.mul_(8.0)
-    model.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +40,8 @@ def folders(shared_dir, tmp_path_factory) -> dict[str, Path]:
             (base / file.name).symlink_to(file)
     config = json.loads((shared_dir / "models" / "stories260k" / "tokenizer_config.json").read_text())
     (base / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
-    out = {"base": base, "a": _adapter(base, root / "a", 0, 4), "b": _adapter(base, root / "b", 1, 8),
-           "c": _adapter(base, root / "c", 2, 2), "big": _adapter(base, root / "big", 3, 32)}
+    out = {"base": base, "a": all_linear_adapter(base, root / "a", 0, 4), "b": all_linear_adapter(base, root / "b", 1, 8),
+           "c": all_linear_adapter(base, root / "c", 2, 2), "big": all_linear_adapter(base, root / "big", 3, 32)}
     damaged = root / "damaged"
     shutil.copytree(out["a"], damaged)
     data = (damaged / "adapter_model.safetensors").read_bytes()

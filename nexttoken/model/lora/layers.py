@@ -1,6 +1,6 @@
 """Many adapters over one base model: every row of a forward applies its own adapter's low-rank product.
 
-`attach(model, max_loras, max_rank)` wraps each stock block's wqkv / wo / w13 / w2 in a `LoraLinear`: the base
+`wrap(model, max_loras, max_rank)` wraps each stock block's wqkv / wo / w13 / w2 in a `LoraLinear`: the base
 layer (float, bf16, int8 or int4: whatever it is) computes the shared product, and the wrapper adds
 
     y[b] += (x[b] @ A[slot_b]^T) @ B[slot_b]^T        (float32, on the activations)
@@ -12,9 +12,9 @@ over its rows (no copies). Each row's numbers are the same whatever its batch-ma
 every batch element alone, at a width fixed by the engine's limits.
 
 Which slot each row uses travels in the forward's ForwardBatch (`lora`: (B,) int64, -1 for the base alone);
-`AdapterSet.rows` hands it to the wrappers for the length of one forward (llama.py). Slots hold the adapters by
-name; loading writes one slot in place and unloading zeros it, so a running batch never sees a half-written
-adapter it did not ask for (the engine loads and unloads between steps).
+`AdapterSet.rows` hands it to the wrappers for the length of one forward (llama.py). Which adapter a slot holds is
+the registry's choice (registry.py): it writes a slot in place between engine steps, and only a slot no running
+sequence uses, so a running batch never sees a half-written adapter.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ...errors import LoraError, UnknownLoraError
+from ...errors import LoraError
 from .adapter import TARGETS, LoraAdapter
 
 _PARTS = {"wqkv": 3, "w13": 2, "wo": 1, "w2": 1}  # parts of each fused matrix: its A stacks one r per part
@@ -96,69 +96,38 @@ def _shape(linear: nn.Module) -> tuple[int, int]:
 
 
 class AdapterSet:
-    """The adapters a model serves, by name, in `max_loras` preallocated slots of rank at most `max_rank`."""
+    """The model's `max_loras` preallocated adapter slots of rank at most `max_rank`: the wrapped matrices
+    (`layers`), what each slot holds (`write`), and which slot each row of a forward applies (`rows`). Which adapter
+    sits in which slot is the registry's to decide (registry.py)."""
 
     def __init__(self, max_loras: int, max_rank: int) -> None:
-        if not isinstance(max_loras, int) or max_loras < 1:
+        if isinstance(max_loras, bool) or not isinstance(max_loras, int) or max_loras < 1:
             raise LoraError(f"max_loras must be an integer >= 1, got {max_loras!r}")
-        if not isinstance(max_rank, int) or max_rank < 1:
+        if isinstance(max_rank, bool) or not isinstance(max_rank, int) or max_rank < 1:
             raise LoraError(f"max_lora_rank must be an integer >= 1, got {max_rank!r}")
         self.max_loras, self.max_rank = max_loras, max_rank
-        self.slots: dict[str, int] = {}  # adapter name -> slot
-        self.loaded: dict[str, LoraAdapter] = {}
         self.layers: dict[tuple[int, str], LoraLinear] = {}
-        self.versions: dict[str, int] = {}  # name -> which load it is: a reloaded name never matches old prefixes
-        self._loads = 0
         # The running forward's rows with an adapter: (their indices (n,), or None when all B rows have one; their
         # groups: (slot, the group's positions among those n rows, None when it is all of them)); None outside a
         # forward with adapters.
         self.selected: tuple[torch.Tensor | None, list[tuple[int, torch.Tensor | None]]] | None = None
 
-    @property
-    def names(self) -> list[str]:
-        return list(self.loaded)
-
-    def slot(self, name: str) -> int:
-        """The slot of a loaded adapter; an unknown name raises UnknownLoraError naming the loaded ones."""
-        if name not in self.slots:
-            loaded = ", ".join(sorted(self.slots)) or "none"
-            raise UnknownLoraError(f"LoRA adapter {name!r} is not loaded (loaded: {loaded})")
-        return self.slots[name]
-
-    def add(self, adapter: LoraAdapter) -> None:
-        """Write an adapter into a free slot (its name must be new)."""
-        if adapter.name in self.slots:
-            raise LoraError(f"a LoRA adapter named {adapter.name!r} is loaded already: unload it first")
+    def check(self, adapter: LoraAdapter) -> None:
+        """Refuse an adapter the slots cannot hold: a rank above max_rank, or a matrix the blocks do not expose."""
         if adapter.rank > self.max_rank:
             raise LoraError(f"adapter {adapter.name!r} has rank {adapter.rank}, above the limit {self.max_rank}: "
                             f"raise --max-lora-rank (max_lora_rank) to at least {adapter.rank}")
-        free = sorted(set(range(self.max_loras)) - set(self.slots.values()))
-        if not free:
-            raise LoraError(f"{self.max_loras} LoRA adapters are loaded, the limit (--max-loras): unload one first")
-        for (layer, target), linear in self.layers.items():
-            w = adapter.weights.get((layer, target))
-            linear.write(free[0], None if w is None else w.A, None if w is None else w.B)
         missing = set(adapter.weights) - set(self.layers)
         if missing:
             layer, target = sorted(missing)[0]
-            for linear in self.layers.values():
-                linear.write(free[0], None, None)
             raise LoraError(f"adapter {adapter.name!r} changes layer {layer}'s {target}, which this model's blocks "
                             "do not expose to adapters (a mixture-of-experts MLP)")
-        self.slots[adapter.name], self.loaded[adapter.name] = free[0], adapter
-        self._loads += 1
-        self.versions[adapter.name] = self._loads
 
-    def remove(self, name: str) -> None:
-        slot = self.slot(name)
-        for linear in self.layers.values():
-            linear.write(slot, None, None)
-        del self.slots[name], self.loaded[name], self.versions[name]
-
-    def key(self, name: str) -> str:
-        """What the prefix cache keys a request's blocks by: the adapter's name and which load of it."""
-        self.slot(name)
-        return f"{name}#{self.versions[name]}"
+    def write(self, slot: int, adapter: LoraAdapter | None) -> None:
+        """Slot `slot` holds `adapter`'s matrices (checked), or zeros (None)."""
+        for (layer, target), linear in self.layers.items():
+            w = None if adapter is None else adapter.weights.get((layer, target))
+            linear.write(slot, None if w is None else w.A, None if w is None else w.B)
 
     @contextlib.contextmanager
     def rows(self, slots: torch.Tensor | None) -> Iterator[None]:
@@ -184,15 +153,9 @@ def _groups(slots: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
     return [(slot, (slots == slot).nonzero().flatten()) for slot in distinct]
 
 
-def attach(model: nn.Module, max_loras: int, max_rank: int) -> AdapterSet:
-    """Wrap the model's block matrices for adapters (once; later calls return the same set) and return its set.
-    Mixture-of-experts MLPs keep their experts unwrapped (their attention takes adapters)."""
-    existing = getattr(model, "adapters", None)
-    if existing is not None:
-        if (existing.max_loras, existing.max_rank) != (max_loras, max_rank):
-            raise LoraError(f"this model serves adapters with max_loras={existing.max_loras}, "
-                            f"max_lora_rank={existing.max_rank} already")
-        return existing
+def wrap(model: nn.Module, max_loras: int, max_rank: int) -> AdapterSet:
+    """Wrap the model's block matrices for adapters and return their slots (registry.attach calls this once per
+    model). Mixture-of-experts MLPs keep their experts unwrapped (their attention takes adapters)."""
     if getattr(model, "parallel", None) is not None or getattr(model, "cluster", None) is not None:
         raise LoraError("LoRA adapters do not run on a tensor-parallel model yet: load it with "
                         "tensor_parallel_size=1, or merge the adapter (merge=True)")
@@ -207,5 +170,4 @@ def attach(model: nn.Module, max_loras: int, max_rank: int) -> AdapterSet:
             wrapped = LoraLinear(inner, adapters, _PARTS[target] * max_rank).to(device=model.device)
             setattr(owner, target, wrapped)
             adapters.layers[(i, target)] = wrapped
-    model.adapters = adapters
     return adapters

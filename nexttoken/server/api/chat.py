@@ -19,7 +19,7 @@ from ...errors import NextTokenError
 from ...chat import ToolUse
 from ...chat.answer import AnswerParser, Thinking
 from ...chat.reasoning import ReasoningFormat
-from ..http.errors import bad_request
+from ..http.errors import client_error
 from ..http.streams import Job, SSEResponse, run_jobs, sse
 from ..openai.outputs import usage
 from ..openai.prompts import PREAMBLE_HEADER, check_ids, render_chat, template_kwargs
@@ -88,7 +88,7 @@ class Chat(Serving):
         req: ChatCompletionRequest = parse_body(ChatCompletionRequest, await request.body())
         run = await self.start_chat(req, arrival)
         ids, jobs, events = run.prompt_ids, run.jobs, run.events
-        head = {"id": run.id, "created": int(time.time()), "model": run.lora or self.settings.model_name}
+        head = {"id": run.id, "created": int(time.time()), "model": self._reported(req.model, run.lora)}
         headers = {PREAMBLE_HEADER: run.preamble} if run.preamble else None
         if req.stream:
             return SSEResponse(self._chat_stream(req, run, head), headers=headers)
@@ -150,7 +150,7 @@ class Chat(Serving):
         except (EngineClosedError, EngineDeadError) as e:  # before NextTokenError, their base: a 503
             yield sse(json.dumps(unavailable(e).body()))
         except NextTokenError as e:
-            yield sse(json.dumps(bad_request(str(e)).body()))
+            yield sse(json.dumps(client_error(e).body()))
         if req.stream_options and req.stream_options.include_usage:
             yield sse(json.dumps({**head, "choices": [], "usage": usage(len(jobs[0].prompt_ids), completion_tokens,
                                                                         list(speculated.values()))}))

@@ -17,7 +17,7 @@ from ...engine import expand
 from ...engine.async_engine import EngineClosedError, EngineDeadError
 from ...errors import NextTokenError
 from ...text.infill import InfillError, fim_prompt
-from ..http.errors import bad_request
+from ..http.errors import bad_request, client_error
 from ..http.streams import Job, SSEResponse, run_jobs, sse
 from ..openai.outputs import TokenTexts, echo_logprobs, echo_token_texts, usage
 from ..openai.prompts import DEFAULT_COMPLETION_TOKENS, check_ids, completion_prompts
@@ -44,7 +44,7 @@ class Completions(Serving):
                 for i, (ids, c) in enumerate(expand(prompts, cfg))]
         self._admit(len(jobs))
         head = {"id": rid, "object": "text_completion", "created": int(time.time()),
-                "model": lora or self.settings.model_name}
+                "model": self._reported(req.model, lora)}
         events = run_jobs(self.engine, jobs, self.metrics, arrival, reserved=True)
         if req.stream:
             return SSEResponse(self._completion_stream(req, jobs, head, events))
@@ -126,7 +126,7 @@ class Completions(Serving):
         except (EngineClosedError, EngineDeadError) as e:  # before NextTokenError, their base: a 503
             yield sse(json.dumps(unavailable(e).body()))
         except NextTokenError as e:
-            yield sse(json.dumps(bad_request(str(e)).body()))
+            yield sse(json.dumps(client_error(e).body()))
         if req.stream_options and req.stream_options.include_usage:
             n_prompt = sum(len(j.prompt_ids) for j in jobs[:: req.n])
             yield sse(json.dumps({**head, "choices": [],

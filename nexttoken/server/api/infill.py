@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from ...engine import expand
 from ...engine.async_engine import EngineClosedError, EngineDeadError
 from ...errors import NextTokenError
-from ..http.errors import bad_request
+from ..http.errors import client_error
 from ..http.streams import Job, SSEResponse, run_jobs, sse
 from ..llamacpp.protocol import InfillRequest, completion_body, stop_type
 from ..openai.protocol import CompletionRequest
@@ -66,4 +66,4 @@ class Infill(Completions):
         except (EngineClosedError, EngineDeadError) as e:  # before NextTokenError, their base: a 503
             yield sse(json.dumps(unavailable(e).body()))
         except NextTokenError as e:
-            yield sse(json.dumps(bad_request(str(e)).body()))
+            yield sse(json.dumps(client_error(e).body()))

@@ -24,17 +24,17 @@ class LoraAdapters(Serving):
 
     async def load(self, request: Request) -> Response:
         req: LoadLoraAdapterRequest = parse_body(LoadLoraAdapterRequest, await request.body())
-        if req.lora_name == self.settings.model_name or req.lora_name in self.adapters():
+        registry, served = self.registry(), self.settings.served_names
+        if req.lora_name in served or req.lora_name in registry.names:
             raise bad_request(f"the name {req.lora_name!r} is served already: unload it first, or choose another",
                               "lora_name")
-        adapters = self.network.adapters
-        if adapters is None:
+        if registry.slots is None:
             raise bad_request("this server has no LoRA slots: start it with --enable-lora (or --lora-modules, "
                               "--max-loras)", "lora_name")
         try:
             adapter = await asyncio.to_thread(read_adapter, req.lora_name, req.lora_path, self.network.config,
-                                              adapters.max_rank, self.resolve)
-            await self.engine.call(lambda engine: engine.add_lora(adapter))
+                                              registry.max_rank, self.resolve)
+            await self.engine.call(lambda engine: engine.add_lora(adapter, served))
         except (EngineClosedError, EngineDeadError) as e:  # before NextTokenError, their base: a 503
             raise unavailable(e) from e
         except NextTokenError as e:

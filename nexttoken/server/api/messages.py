@@ -18,7 +18,7 @@ from ...chat import ToolCallDelta
 from ...chat.answer import Thinking
 from ..anthropic.events import ContentBlocks, message_id, message_object, sse_event, stop_reason
 from ..anthropic.protocol import CountTokensRequest, MessagesRequest, chat_body
-from ..http.errors import APIError, anthropic_error_body, bad_request
+from ..http.errors import APIError, anthropic_error_body, client_error
 from ..http.streams import SSEResponse
 from ..openai.protocol import ChatCompletionRequest
 from .chat import Chat, ChatRun
@@ -31,9 +31,9 @@ class Messages(Chat):
         req = parse_body(MessagesRequest, await request.body())
         chat = _chat_request(chat_body(req))
         run = await self.start_chat(chat, arrival, "msg")
-        mid = message_id()
+        mid, model = message_id(), self._reported(req.model, run.lora)
         if req.stream:
-            return SSEResponse(self._stream(mid, run))
+            return SSEResponse(self._stream(mid, run, model))
         choices = await collect_choices(request, 1, run.events)
         if choices is None:
             return Response(status_code=499)
@@ -42,7 +42,7 @@ class Messages(Chat):
         _add(blocks, run.answer().parse(c.text, cut=c.finish_reason == "length"))
         blocks.close()
         stop = stop_reason(c.finish_reason, c.stop_reason, blocks.calls)
-        return JSONResponse(message_object(mid, self.settings.model_name, blocks.blocks, stop, len(run.prompt_ids),
+        return JSONResponse(message_object(mid, model, blocks.blocks, stop, len(run.prompt_ids),
                                            len(c.token_ids)))
 
     async def count_tokens(self, request: Request) -> Response:
@@ -50,10 +50,10 @@ class Messages(Chat):
         _, ids, _, _ = await self.render(_chat_request(chat_body(req)))
         return JSONResponse({"input_tokens": len(ids)})
 
-    async def _stream(self, mid: str, run: ChatRun) -> AsyncIterator[str]:
+    async def _stream(self, mid: str, run: ChatRun, model: str) -> AsyncIterator[str]:
         blocks, answer = ContentBlocks(), run.answer()
         yield sse_event({"type": "message_start", "message": message_object(
-            mid, self.settings.model_name, [], None, len(run.prompt_ids), 0)})
+            mid, model, [], None, len(run.prompt_ids), 0)})
         yield sse_event({"type": "ping"})
         tokens, finish = 0, (None, None)
         try:
@@ -70,7 +70,7 @@ class Messages(Chat):
             yield _error(unavailable(e))
             return
         except NextTokenError as e:
-            yield _error(bad_request(str(e)))
+            yield _error(client_error(e))
             return
         blocks.close()
         for e in blocks.drain():

@@ -16,21 +16,23 @@ from .serving import Serving, parse_body
 
 class Models(Serving):
     async def models(self) -> dict:
-        """The base model, then each LoRA adapter with the base as its `parent` (vLLM's cards)."""
-        return {"object": "list", "data": [self._model_card(None), *map(self._model_card, self.adapters())]}
+        """A card for each served name of the base model (vLLM's: every --served-model-name), then each LoRA adapter
+        with the first name as its `parent`."""
+        cards = [self._model_card(name) for name in self.settings.served_names]
+        return {"object": "list", "data": cards + [self._adapter_card(a) for a in self.adapters()]}
 
     async def model(self, model_id: str) -> dict:
-        return self._model_card(self._adapter(model_id))
+        adapter = self._adapter(model_id)  # an unknown name: 404
+        return self._model_card(model_id) if adapter is None else self._adapter_card(adapter)
 
-    def _model_card(self, adapter: str | None) -> dict:
-        card = {"id": adapter or self.settings.model_name, "object": "model", "created": self.created,
-                "owned_by": "nexttoken", "root": self.settings.model_name, "parent": None,
-                "max_model_len": self.limits.max_model_len}
-        adapters = self.network.adapters
-        loaded = None if adapter is None or adapters is None else adapters.loaded.get(adapter)
-        if adapter is not None:
-            card |= {"root": str(loaded.path) if loaded is not None else adapter, "parent": self.settings.model_name}
-        return card
+    def _model_card(self, name: str) -> dict:
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "nexttoken",
+                "root": self.settings.model_name, "parent": None, "max_model_len": self.limits.max_model_len}
+
+    def _adapter_card(self, name: str) -> dict:
+        loaded = self.registry().get(name)
+        return self._model_card(name) | {"root": str(loaded.path) if loaded is not None else name,
+                                         "parent": self.settings.model_name}
 
     async def tokenize(self, request: Request) -> dict:
         req: TokenizeRequest = parse_body(TokenizeRequest, await request.body())

@@ -20,7 +20,7 @@ from ...engine.async_engine import EngineClosedError, EngineDeadError
 from ...errors import NextTokenError
 from ...chat import ToolCallDelta
 from ...chat.answer import Thinking
-from ..http.errors import APIError, bad_request
+from ..http.errors import APIError, client_error
 from ..http.streams import SSEResponse
 from ..openai.protocol import ChatCompletionRequest
 from ..openai.response_items import OutputItems, assistant_message, response_object, response_usage
@@ -131,7 +131,7 @@ class Responses(Chat):
             yield numbered(_error_event(unavailable(e)))
             return
         except NextTokenError as e:
-            yield numbered(_error_event(bad_request(str(e))))
+            yield numbered(_error_event(client_error(e)))
             return
         items.close()
         for e in items.drain():

@@ -14,14 +14,15 @@ from pydantic import BaseModel, ValidationError
 
 from ...engine import LLMEngine
 from ...engine.async_engine import AsyncEngine, EngineClosedError, EngineDeadError
-from ...errors import NextTokenError
+from ...errors import NextTokenError, UnknownLoraError
 from ...generation.processors.structured import CONSTRAINTS, compile_for, constraint_of
 from ...generation.values import Thinking
+from ...model.lora import AdapterRegistry, registry_of
 from ...chat import TemplateSupport, ToolsError, ToolUse, format_named, template_support
 from ...chat.reasoning import EFFORT_BUDGETS, ReasoningFormat, detect_format
 from ...chat.reasoning import format_named as reasoning_format_named
 from ...chat.tools.request import tool_options
-from ..http.errors import APIError, bad_request, from_validation_error
+from ..http.errors import APIError, bad_request, client_error, from_validation_error
 from ..http.shutdown import MESSAGE as SHUTTING_DOWN
 from ..http.streams import ClientGone, collect
 from ..metrics import ServerMetrics
@@ -104,20 +105,28 @@ class Serving:
         self._adapter(name)
 
     def _adapter(self, name: str | None) -> str | None:
-        """The LoRA adapter a request's `model` names (None: the base model, by its own name or none given); an
-        unknown name is OpenAI's 404 model_not_found, naming what is served."""
-        if name is None or name == self.settings.model_name:
-            return None
-        if name in self.adapters():
-            return name
-        served = ", ".join(repr(n) for n in [self.settings.model_name, *self.adapters()])
-        raise APIError(404, f"the model {name!r} does not exist; this server serves {served}", "model",
-                       code="model_not_found")
+        """The LoRA adapter a request's `model` names, resolved by the model's adapter registry (None: the base
+        model, by any of its served names or none given); an unknown name is OpenAI's 404 model_not_found, naming
+        what is served."""
+        try:
+            return self.registry().resolve(name, self.settings.served_names)
+        except UnknownLoraError:
+            served = ", ".join(repr(n) for n in [*self.settings.served_names, *self.adapters()])
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {served}", "model",
+                           code="model_not_found") from None
+
+    def _reported(self, name: str | None, lora: str | None) -> str:
+        """The `model` a response reports: the adapter's name, else the served name the request used (vLLM's), else
+        the first served name."""
+        return lora or (name if name in self.settings.served_names else self.settings.model_name)
+
+    def registry(self) -> AdapterRegistry:
+        """The model's adapter registry: the one map from adapter names to adapters (model/lora/registry.py)."""
+        return registry_of(self.network)
 
     def adapters(self) -> list[str]:
-        """The names of the LoRA adapters served now (read from the event loop: a snapshot of the slots)."""
-        adapters = self.network.adapters
-        return [] if adapters is None else list(adapters.slots)
+        """The names of the LoRA adapters served now (a snapshot: the engine's thread changes them)."""
+        return self.registry().names
 
     def _options(self, req: Any, prompts: list[list[int]], max_tokens: int | None, param: str, **extra: Any) -> Any:
         """The request's GenerationConfig: its fields through the one translation table, the length checked."""
@@ -190,7 +199,7 @@ async def collect_choices(request: Request, n: int, events: AsyncIterator) -> li
     except (EngineClosedError, EngineDeadError) as e:  # before NextTokenError, their base: a 503
         raise unavailable(e) from e
     except NextTokenError as e:
-        raise bad_request(str(e)) from e
+        raise client_error(e) from e
     failed = next((c for c in choices if c.finish_reason == "error"), None)
     if failed is not None:
         raise engine_failure(failed)

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from ...errors import NextTokenError
+from ...errors import NextTokenError, UnknownLoraError
 
 
 class APIError(NextTokenError):
@@ -34,6 +34,15 @@ def error_body(message: str, type: str, param: str | None = None, code: str | in
 
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param)
+
+
+def client_error(e: NextTokenError) -> APIError:
+    """A request's own error raised while it runs: a 400, except an adapter that is gone (unloaded after the request
+    named it): OpenAI's 404 model_not_found, as for a `model` that names nothing."""
+    if isinstance(e, UnknownLoraError):
+        return APIError(404, f"{e}: the model the request names is no longer served", "model",
+                        code="model_not_found")
+    return bad_request(str(e))
 
 
 def from_validation_error(e: ValidationError) -> APIError:

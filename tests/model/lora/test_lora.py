@@ -21,37 +21,18 @@ from nexttoken.model import ForwardBatch, load_model
 from nexttoken.model.lora import read_adapter
 
 from support.tiny_models import save_variant
-from support.lora import make_adapter
+from support.lora import FAMILIES, PROMPTS, make_adapter, peft_greedy, peft_model
 
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PROMPTS = [[1, 5, 17, 33], [1, 40, 41, 42, 43, 44, 45, 46, 47], [1, 90, 3, 3, 8, 12], [1, 7, 7, 7, 21]]
-# (variant, LoRA options): Llama with every projection, rsLoRA and a per-module alpha; Phi-3's fused checkpoint;
-# Qwen2's biased q/k/v with attention-only targets and a different rank per module; Qwen3's q/k norms.
-FAMILIES = {
-    "llama-gqa": dict(r=4, lora_alpha=8, target_modules="all-linear", use_rslora=True,
-                      alpha_pattern={"down_proj": 3}),
-    "phi3-plain": dict(r=3, lora_alpha=6, target_modules=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]),
-    "qwen2-bias": dict(r=4, lora_alpha=4, target_modules=["q_proj", "v_proj", "o_proj", "up_proj"],
-                       rank_pattern={"v_proj": 2}),
-    "qwen3-qk-norm": dict(r=2, lora_alpha=5, target_modules=["k_proj", "gate_proj", "down_proj"]),
-}
 
 
 
 
-def peft_model(base: Path, adapter: Path):  # noqa: ANN201
-    hf = transformers.AutoModelForCausalLM.from_pretrained(base, attn_implementation="eager").eval()
-    return peft.PeftModel.from_pretrained(hf, adapter).eval()
 
 
-def peft_greedy(model, prompt: list[int], n: int) -> list[int]:  # noqa: ANN001
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                             pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 @pytest.fixture(scope="module")
