@@ -418,6 +418,7 @@ def load(
     max_lora_rank: int | None = None,
     dequantize: bool = False,
     gguf_activations: str = "int8",
+    threads: int | None = None,
 ) -> LLM:
     """Load a model (the packaged default model when path is None): a Hugging Face model folder, a GGUF file
     ("model.gguf"), or a Hugging Face Hub id ("org/name" at `revision`; "org/name:Q4_K_M" or `gguf_file=` for one
@@ -435,6 +436,7 @@ def load(
     A GGUF file's quantized matrices stay in their blocks (Q4_K, Q8_0, ...) and are multiplied natively with 8-bit
     activations, as llama.cpp does (gguf_activations="int16": int16 activations, close to the float model's
     choices); dequantize=True loads the float32 model of their exact dequantized values.
+    threads: torch's intra-op threads for this process (default: torch's choice).
     tool_call_parser: the format the model writes tool calls in (vLLM's names: "hermes", "llama3_json",
     "mistral"); by default it is read off the chat template.
     tensor_parallel_size=N: the model sharded over N ranks (docs/tensor_parallel.md): N-1 local worker
@@ -454,5 +456,5 @@ def load(
                        tensor_parallel_size=tensor_parallel_size, tensor_parallel_timeout=tensor_parallel_timeout,
                        revision=revision, download_dir=download_dir, gguf_file=gguf_file, tokenizer=tokenizer,
                        lora=lora, merge_lora=merge, max_loras=max_loras, max_lora_rank=max_lora_rank,
-                       dequantize=dequantize, gguf_activations=gguf_activations)
+                       dequantize=dequantize, gguf_activations=gguf_activations, threads=threads)
     return LLM.from_loaded(load_spec(spec), tool_call_parser)

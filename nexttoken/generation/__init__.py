@@ -7,6 +7,8 @@ the command line's parser without importing the decoding loop and torch."""
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,6 +31,20 @@ __all__ = [
     "GenerateOutput", "GenerationCache", "GenerationConfig", "GenerationMode", "StepHook", "WatermarkDetector",
     "WatermarkingConfig", "compute_transition_scores", "generate", "generation_mode",
 ]
+
+
+class _Package(types.ModuleType):
+    """This package, where importing the submodule generate.py does not hide the function `generate`: the import
+    system sets a package attribute per submodule it loads, which the eager `from .generate import generate`
+    used to overwrite; the lazy function is read through __getattr__ instead."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return  # nexttoken.generation.generate stays the function; the module is sys.modules' entry
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:
