@@ -98,8 +98,6 @@ class LoadSpec:
         if self.tensor_parallel_size != 1 and self.quantize not in (None, "none", "int8"):
             raise ModelLoadError(f"quantize={self.quantize!r} does not run with tensor parallelism yet: use int8 or "
                                  "no quantization with tensor_parallel_size > 1")
-        if self.tensor_parallel_size != 1 and str(self.model or "").lower().endswith(".gguf"):
-            raise ModelLoadError(f"{self.model}: tensor parallelism loads Hugging Face folders, not GGUF files")
 
     def __hash__(self) -> int:  # the adapters' mapping is not hashable; the spec is compared by value
         return hash(tuple((f.name, repr(getattr(self, f.name))) for f in dataclasses.fields(self)))

@@ -34,7 +34,6 @@ def test_the_allowed_values_are_the_loaders() -> None:
     (dict(threads=0), ["threads must be an integer >= 1"]),
     (dict(dequantize="yes"), ["dequantize is True or False"]),
     (dict(model=3), ["model must be a string or a path"]),
-    (dict(tensor_parallel_size=2, model="m.gguf"), ["tensor parallelism loads Hugging Face folders"]),
     (dict(tensor_parallel_size=2, quantize="int4"), ["quantize='int4' does not run with tensor parallelism"]),
     (dict(colour="red"), ["unknown load option(s) ['colour']", "tensor_parallel_size"]),
 ])
@@ -74,6 +73,12 @@ def test_torch_dtypes_and_paths_are_accepted_and_the_spec_is_frozen(tmp_path) ->
     with pytest.raises(ModelLoadError, match="torch.int8"):
         LoadSpec(dtype=torch.int8)
     assert issubclass(ModelLoadError, NextTokenError)
+
+
+def test_tensor_parallelism_refuses_a_gguf_file_before_starting_ranks(shared_dir) -> None:
+    gguf = shared_dir / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    with pytest.raises(ModelLoadError, match="tensor parallelism loads Hugging Face folders, not GGUF files"):
+        nexttoken.load(gguf, tensor_parallel_size=2)
 
 
 def test_a_spec_loads_what_the_keywords_load(shared_dir) -> None:
