@@ -141,9 +141,8 @@ def run(args: argparse.Namespace) -> int:
 
     spec = _spec(args)  # every loading flag checked, before a file is read
     print(f"loading {spec.model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
-    loaded = load(spec, on_failure=_stop_now)
-    draft = loaded.draft
-    loaded = loaded.main
+    result = load(spec, on_failure=_stop_now)  # a rank that dies or hangs stops the server (_stop_now)
+    loaded, draft = result.main, result.draft
     try:
         config = EngineConfig(
             max_num_seqs=args.max_num_seqs,
