@@ -1,7 +1,9 @@
-"""`nexttoken generate | chat | serve | bench`: thin shells over the Python API.
+"""`nexttoken generate | chat | replay | serve | bench | loadtest`: thin shells over the Python API.
 
-Generation flags are GenerationConfig's field names (`--top-p` sets `top_p`); a flag left out leaves the model's own
-default in place.
+Generation flags are GenerationConfig's field names (`--top-p` sets `top_p`), each with its line from
+generation/option_help.py; a flag left out leaves the model's own default in place. Loading flags are LoadSpec's
+fields (loadspec.py), and every command loads through loading.load. This module and the parsers import no torch:
+each command imports what it runs when it runs (`nexttoken --help` answers at once).
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import json
 import sys
 from typing import Any, Callable
 
-from .errors import LoraError, NextTokenError
+from .errors import NextTokenError
 from .generation.config import GenerationConfig
-from .pretrained import add_source_args, source_options
+from .generation.option_help import OPTION_HELP
+from .loadspec import PRECISION, SOURCE, DefaultsHelpFormatter, LoadSpec, add_load_args
 
 # The one table from flags to options: every scalar or id-list option of GenerationConfig is a flag of the same
 # name (`top_p` -> --top-p); the values are checked by GenerationConfig, once, like every other caller's options.
@@ -24,16 +27,16 @@ _KINDS: dict[str, tuple[Callable[[str], Any], str | None]] = {  # annotation -> 
     "str": (str, None), "str | None": (str, None), "list[int] | None": (int, "+"), "list[str] | None": (str, "+"),
 }
 _BY_NAME = {"json_schema": (str, None)}  # a JSON Schema as JSON text (GenerationConfig turns it into a dict)
-_HELP = {
-    "max_new_tokens": "how many tokens to generate at most",
-    "do_sample": "sample instead of taking the argmax (--no-do-sample or --greedy: argmax)",
-    "temperature": "sampling temperature (with --do-sample; 0 means greedy)",
-    "top_k": "keep the k most likely tokens (with --do-sample)",
-    "top_p": "nucleus sampling mass (with --do-sample)",
-    "min_p": "drop tokens below min_p x the top probability (with --do-sample)",
-    "repetition_penalty": "penalise tokens already present (1.0 = off)",
-    "seed": "seed for reproducible sampling",
+# What a flag left out means where GenerationConfig's own default is not the whole story.
+_SHOWN = {
+    "max_new_tokens": "until the end of the turn (EOS) or the model's context is full, unless the model's "
+                      "generation_config.json sets a limit",
+    "seed": "a random seed",
+    "eos_token_id": "the model's",
+    "stop_strings": "none",
 }
+# The model and loading flags of generate, chat and replay (LoadSpec's fields; serve adds its own).
+MODEL_FLAGS = SOURCE + PRECISION + ("tensor_parallel_size", "threads", "lora", "merge_lora", "draft_model")
 
 
 def _option_flags() -> list[tuple[str, dict[str, Any]]]:
@@ -42,7 +45,8 @@ def _option_flags() -> list[tuple[str, dict[str, Any]]]:
     for f in dataclasses.fields(GenerationConfig):
         if f.name in _NOT_FLAGS:
             continue
-        help_text = _HELP.get(f.name, f"GenerationConfig.{f.name} (docs/decoding.md)")
+        shown = _SHOWN.get(f.name, f"the model's generation_config.json, else {_default_text(f.default)}")
+        help_text = f"{OPTION_HELP[f.name]} (default: {shown})"
         if f.type == "bool":
             flags.append((f.name, dict(action=argparse.BooleanOptionalAction, default=None, help=help_text)))
         elif f.type in _KINDS or f.name in _BY_NAME:
@@ -51,59 +55,64 @@ def _option_flags() -> list[tuple[str, dict[str, Any]]]:
     return flags
 
 
+def _default_text(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    add_source_args(p)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
-                   help="weights dtype (default on CPU: a bf16 checkpoint keeps bf16 weights with float32 activations, "
-                        "anything else float32; bfloat16 on accelerators): docs/models.md#precision")
-    p.add_argument("--device", help="cpu (default) or cuda")
-    p.add_argument("--quantize", choices=["int8", "int4", "bf16"],
-                   help="weight-only quantization of the linear layers: int8 (per row), int4 (groups of 32), or bf16 "
-                        "(bfloat16 weights, float32 activations)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="shard the model over N ranks (local processes, or the ranks torchrun started)")
-    p.add_argument("--lora", metavar="[NAME=]PATH",
-                   help="a PEFT LoRA adapter folder to generate under (docs/lora.md)")
-    p.add_argument("--merge-lora", action="store_true",
-                   help="fold the --lora adapter into the weights (before --quantize, which then rounds the sum)")
+    group = p.add_argument_group("model and loading (nexttoken.LoadSpec's fields)")
+    add_load_args(group, MODEL_FLAGS, lora={"action": "store"})
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
     options = p.add_argument_group("generation options (GenerationConfig's names; left out: the model's default)")
     for dest, kwargs in _option_flags():
         options.add_argument("--" + dest.replace("_", "-"), dest=dest, **kwargs)
-    options.add_argument("--greedy", dest="do_sample", action="store_const", const=False, help="always take the argmax")
-    options.add_argument("--stop", dest="stop_strings", action="append", help="stop string (repeatable)")
+    options.add_argument("--greedy", dest="do_sample", action="store_const", const=False,
+                         help="always take the argmax (default: the model's generation_config.json, else greedy)")
+    options.add_argument("--stop", dest="stop_strings", action="append",
+                         help="stop string (repeatable; default: none)")
 
 
-def _options(args: argparse.Namespace) -> dict[str, Any]:
+def _options(args: argparse.Namespace, llm: Any) -> dict[str, Any]:
+    """The generation options the flags give; with no length flag and no limit in the model's defaults, the run
+    goes on to EOS / the end of the turn or the context's end (llama.cpp's and vLLM's default), not
+    transformers' 20 new tokens."""
     names = [dest for dest, _ in _option_flags()] + ["stop_strings"]
     options = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
-    if getattr(args, "lora_name", None):  # set by _load: the adapter the run decodes under
-        options["lora"] = args.lora_name
+    defaults = llm.generation_config
+    if "max_new_tokens" not in options and "max_length" not in options and defaults.max_new_tokens is None \
+            and defaults.max_length is None:
+        options["max_length"] = llm.model.config.max_position_embeddings  # prompt + output up to the context
     return options
 
 
-def _load(args: argparse.Namespace):  # noqa: ANN202
-    from .llm import load
+def _load(args: argparse.Namespace, **overrides: Any) -> tuple[Any, dict[str, Any]]:
+    """The model the flags name, loaded through the one loading path, and the per-call options it implies (the
+    adapter the run decodes under, the draft model of speculative decoding)."""
+    spec = LoadSpec.from_args(args, **overrides)  # every loading flag checked here, before a file is read
+    from .llm import LLM
+    from .loading import load
 
-    print(f"loading {args.model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
-    from .model.lora import parse_modules
-
-    lora = parse_modules([args.lora]) if args.lora else None
-    if args.merge_lora and not lora:
-        raise LoraError("--merge-lora folds an adapter into the weights: give it with --lora [NAME=]PATH")
-    llm = load(args.model, dtype=args.dtype, device=args.device, quantize=args.quantize,
-               tensor_parallel_size=args.tensor_parallel_size, lora=lora, merge=args.merge_lora,
-               **source_options(args))
-    args.lora_name = None if lora is None or args.merge_lora else next(iter(lora))
-    return llm
+    print(f"loading {spec.model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
+    loaded = load(spec)
+    llm = LLM.from_loaded(loaded)
+    implied: dict[str, Any] = {}
+    if spec.adapter_name is not None:
+        implied["lora"] = spec.adapter_name
+    if loaded.draft is not None:
+        implied["assistant_model"] = LLM.from_pretrained(loaded.draft)
+    return llm, implied
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
-    llm = _load(args)
-    options = _options(args)
+    llm, implied = _load(args)
+    options = {**_options(args, llm), **implied}
     if args.trace:
         return _generate_traced(llm, prompt, options, args.trace)
     if args.json:
@@ -142,7 +151,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     from .errors import GenerationConfigError
     from .generation.trace.replay import replay
-    from .llm import load
 
     try:
         trace = json.loads(Path(args.trace).read_text(encoding="utf-8"))
@@ -159,17 +167,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
             overrides[name] = json.loads(value)
         except json.JSONDecodeError:
             overrides[name] = value  # a bare string
-    model = args.model or trace.get("model")
-    print(f"loading {model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
-    llm = load(model, dtype=args.dtype, device=args.device, quantize=args.quantize, **source_options(args))
+    llm, _ = _load(args, model=args.model or trace.get("model"))
     report, _ = replay(trace, llm, overrides)
     print(report.summary())
     return 0 if report.identical else 1
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    llm = _load(args)
-    options = _options(args)
+    llm, implied = _load(args)
+    options = {**_options(args, llm), **implied}
     messages: list[dict[str, str]] = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
@@ -200,7 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nexttoken", description="Text generation with decoder-only LMs")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    gen = sub.add_parser("generate", help="complete a prompt (from the argument or stdin), streaming")
+    gen = sub.add_parser("generate", help="complete a prompt (from the argument or stdin), streaming",
+                         description="Complete a prompt, streaming. The completion runs to EOS or the end of the "
+                                     "model's context unless --max-new-tokens (or the model's generation_config.json) "
+                                     "limits it.")
     gen.add_argument("prompt", nargs="?", help="the prompt; read from stdin when omitted")
     gen.add_argument("--json", action="store_true", help="print the full result as JSON instead of streaming")
     gen.add_argument("--trace", metavar="PAGE.html", help="record why each token was chosen: write the explain "
@@ -215,7 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(rep)
     rep.set_defaults(run=cmd_replay)
 
-    chat = sub.add_parser("chat", help="multi-turn chat on the model's chat template (Ctrl-D exits)")
+    chat = sub.add_parser("chat", help="multi-turn chat on the model's chat template (Ctrl-D exits)",
+                          description="Multi-turn chat on the model's chat template, one message per line of input "
+                                      "(Ctrl-D exits). Each answer runs to the end of the turn (or the end of the "
+                                      "model's context) unless --max-new-tokens limits it.")
     chat.add_argument("--system", help="system message")
     _add_model_args(chat)
     _add_generation_args(chat)
@@ -230,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_parser(sub)
     add_loadtest_parser(sub)
+    for command in sub.choices.values():  # every option's help ends with its default
+        command.formatter_class = DefaultsHelpFormatter
     return parser
 
 

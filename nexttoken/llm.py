@@ -8,7 +8,6 @@ search, beam sampling, group beam, contrastive search) run the padded-batch loop
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,18 +19,19 @@ from .engine.embedding import embed, model_pooling
 from .engine import EngineConfig, LLMEngine, TokenEvent, expand
 from .engine.postprocess import traced
 from .engine.sequence import Sequence as EngineSequence
-from .errors import GenerationConfigError, LoraError, ModelLoadError, TokenizerError
+from .errors import GenerationConfigError, TokenizerError
 from .generation.completions import searched_completions
 from .generation.config import GenerationConfig
 from .generation.generate import length_budget, resolve_config
 from .generation.modes import GenerationMode, generation_mode
 from .generation.output_pipeline import Completion
-from .model import Transformer, load_model
-from .model.lora import attach, merge_adapter, read_adapter, registry_of
-from .model.quant.quantize import apply_quantization
+from .loading import Loaded
+from .loading import load as load_spec
+from .loadspec import LoadSpec
+from .model import Transformer
+from .model.lora import read_adapter, registry_of
 from .model.weights.hub import resolve_adapter
-from .model.weights.loader import resolve_dtype
-from .pretrained import DEFAULT_MODEL_DIR, Pretrained, load_pretrained, resolve_source
+from .pretrained import DEFAULT_MODEL_DIR, Pretrained
 from .text.tokenizer import Tokenizer
 from .chat import TemplateSupport, ToolUse, format_named, template_messages, template_support, with_preamble
 from .chat.tools.request import tool_options
@@ -102,6 +102,17 @@ class LLM:
     @classmethod
     def from_pretrained(cls, loaded: Pretrained) -> "LLM":
         return cls(loaded.model, loaded.tokenizer, loaded.generation_config, loaded.path, loaded.name)
+
+    @classmethod
+    def from_loaded(cls, loaded: Loaded, tool_call_parser: str | None = None) -> "LLM":
+        """The LLM of what `loading.load` read (its draft model, if any, is `loaded.draft`)."""
+        llm = cls.from_pretrained(loaded.main)
+        if tool_call_parser is not None:
+            format_named(tool_call_parser)  # an unknown name fails here, not at the first chat
+            llm.tool_call_parser = tool_call_parser
+        if loaded.spec.merge_lora:
+            llm.merged_lora = next(iter(loaded.spec.lora))  # type: ignore[arg-type]
+        return llm
 
     # ---- prompts -----------------------------------------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:
@@ -400,7 +411,7 @@ def _as_list(items: Any) -> list:
 
 
 def load(
-    path: str | Path | None = None,
+    path: str | Path | LoadSpec | None = None,
     dtype: str | torch.dtype | None = None,
     device: str | torch.device | None = None,
     quantize: str | None = None,
@@ -418,11 +429,14 @@ def load(
     max_cpu_loras: int | None = None,
     dequantize: bool = False,
     gguf_activations: str = "int8",
+    threads: int | None = None,
 ) -> LLM:
     """Load a model (the packaged default model when path is None): a Hugging Face model folder, a GGUF file
     ("model.gguf"), or a Hugging Face Hub id ("org/name" at `revision`; "org/name:Q4_K_M" or `gguf_file=` for one
     of its GGUF files), resolved in the Hub cache (`download_dir`, or huggingface_hub's) and downloaded unless
-    HF_HUB_OFFLINE=1. `tokenizer`: a folder or Hub id whose tokenizer replaces the model's.
+    HF_HUB_OFFLINE=1. `tokenizer`: a folder or Hub id whose tokenizer replaces the model's. `path` may also be a
+    `nexttoken.LoadSpec` holding every loading option (then give no other option but tool_call_parser). Each
+    value is checked before a file is read (loadspec.py): a bad one raises ModelLoadError naming it.
 
     quantize="int8": weight-only int8 (per-row scales), about half of bf16's bytes read per token;
     quantize="int4": 4-bit groups of 32 with float16 scales (llama.cpp's Q4_0 scheme), 4.5 bits per weight;
@@ -433,6 +447,7 @@ def load(
     A GGUF file's quantized matrices stay in their blocks (Q4_K, Q8_0, ...) and are multiplied natively with 8-bit
     activations, as llama.cpp does (gguf_activations="int16": int16 activations, close to the float model's
     choices); dequantize=True loads the float32 model of their exact dequantized values.
+    threads: torch's intra-op threads for this process (default: torch's choice).
     tool_call_parser: the format the model writes tool calls in (vLLM's names: "hermes", "llama3_json",
     "mistral"); by default it is read off the chat template.
     tensor_parallel_size=N: the model sharded over N ranks (docs/tensor_parallel.md): N-1 local worker
@@ -449,44 +464,12 @@ def load(
     quantized base serving unmerged adapters keeps its quantized product and adds the low-rank products in float32
     beside it.
     """
-    source = resolve_source(path, revision, download_dir, gguf_file)
-    fetch_adapter = functools.partial(resolve_adapter, download_dir=download_dir)  # lora= values that are Hub ids
-    if merge and (not lora or len(lora) != 1):
-        raise LoraError(f"merge=True folds one adapter into the weights: give exactly one in lora=, got "
-                        f"{len(lora or {})}")
-    if (lora or max_loras) and tensor_parallel_size != 1:
-        raise LoraError("LoRA adapters do not run on a tensor-parallel model yet: use tensor_parallel_size=1")
-    model = None
-    if merge:
-        if source.is_gguf:
-            raise LoraError(f"{source.path}: merge=True folds an adapter into a model folder's float weights, not a "
-                            "GGUF file's: serve the adapter unmerged (lora= without merge)")
-        (name, folder), = lora.items()  # type: ignore[union-attr]
-        # The adapter is added to float weights (a bf16 checkpoint widened on CPU), then quantized as asked.
-        model = load_model(source.path, dtype=dtype or resolve_dtype(None, torch.device(device or "cpu")),
-                           device=device)
-        merge_adapter(model, read_adapter(name, folder, model.config, resolve=fetch_adapter))
-        model = apply_quantization(model, quantize)
-    if tensor_parallel_size != 1:
-        from .engine.launch import load_sharded
-
-        if source.is_gguf:
-            raise ModelLoadError(f"{source.path}: tensor parallelism loads Hugging Face folders, not GGUF files")
-        model = load_sharded(source.path, tensor_parallel_size, dtype, device, quantize, tensor_parallel_timeout)
-    llm = LLM.from_pretrained(load_pretrained(source, dtype, device, quantize, model=model, tokenizer=tokenizer,
-                                              dequantize=dequantize, gguf_activations=gguf_activations,
-                                              download_dir=download_dir))
-    if tool_call_parser is not None:
-        format_named(tool_call_parser)  # an unknown name fails here, not at the first chat
-        llm.tool_call_parser = tool_call_parser
-    if merge:
-        llm.merged_lora = next(iter(lora))  # type: ignore[arg-type]
-    elif lora or max_loras:
-        cfg = llm.model.config
-        adapters = [read_adapter(name, folder, cfg, max_lora_rank, fetch_adapter) for name, folder in (lora or {}).items()]
-        rank = max_lora_rank or max([a.rank for a in adapters], default=16)
-        registry = attach(llm.model, max_loras or max(len(adapters), 1), rank,
-                          max_cpu_loras if max_cpu_loras is not None else max_loras)
-        for adapter in adapters:
-            registry.register(adapter)
-    return llm
+    if isinstance(path, LoadSpec):  # the whole specification at once (the CLI, the server and the bench build one)
+        return LLM.from_loaded(load_spec(path), tool_call_parser)
+    spec = LoadSpec.of(model=path, dtype=dtype, device=device, quantize=quantize,
+                       tensor_parallel_size=tensor_parallel_size, tensor_parallel_timeout=tensor_parallel_timeout,
+                       revision=revision, download_dir=download_dir, gguf_file=gguf_file, tokenizer=tokenizer,
+                       lora=lora, merge_lora=merge, max_loras=max_loras, max_lora_rank=max_lora_rank,
+                       max_cpu_loras=max_cpu_loras,
+                       dequantize=dequantize, gguf_activations=gguf_activations, threads=threads)
+    return LLM.from_loaded(load_spec(spec), tool_call_parser)

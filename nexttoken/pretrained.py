@@ -107,31 +107,3 @@ def load_pretrained(
                                  f"vocabulary of {model.config.vocab_size}; pass the model's own tokenizer")
     model.generation_config = gen  # the low-level generate(model, ...) uses the same defaults
     return Pretrained(model, tok, gen, source.path, source.name)
-
-
-MODEL_HELP = ("a Hugging Face model folder, a .gguf file, or a Hub id: org/name (a folder's files), org/name:Q4_K_M "
-              "(its GGUF file of that quantization) (default: the model packaged with nexttoken)")
-
-
-def add_source_args(p) -> None:  # noqa: ANN001 - an argparse parser or group
-    """The flags that say where a model comes from, the same on every command that takes --model."""
-    p.add_argument("--model", help=MODEL_HELP)
-    p.add_argument("--revision", help="the Hub revision of --model: a branch, tag or commit (default: main)")
-    p.add_argument("--gguf-file", metavar="FILE", help="the GGUF file of the Hub repository --model to load")
-    p.add_argument("--download-dir", metavar="DIR",
-                   help="the Hugging Face cache folder to find and download Hub models in (default: huggingface_hub's, "
-                        "~/.cache/huggingface/hub or $HF_HUB_CACHE)")
-    p.add_argument("--dequantize", action="store_true",
-                   help="a quantized GGUF file loaded as the float32 model of its dequantized weights (the exact "
-                        "reference) instead of multiplying its blocks as stored (the default: the file's size and speed)")
-    p.add_argument("--gguf-activations", choices=["int8", "int16"], default="int8",
-                   help="how a packed GGUF's products quantize their inputs per block of 32: int8 (llama.cpp's "
-                        "arithmetic, the default) or int16 (close to the dequantized float model, more arithmetic)")
-    p.add_argument("--tokenizer", metavar="DIR_OR_ID", help="use this folder's or Hub id's tokenizer instead of the "
-                   "model's (e.g. for a GGUF file whose own tokenizer is not supported)")
-
-
-def source_options(args) -> dict:  # noqa: ANN001 - argparse.Namespace
-    """`load` / `load_pretrained` keyword arguments from add_source_args' flags."""
-    return {"revision": args.revision, "download_dir": args.download_dir, "gguf_file": args.gguf_file,
-            "tokenizer": args.tokenizer, "dequantize": args.dequantize, "gguf_activations": args.gguf_activations}

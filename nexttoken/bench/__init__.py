@@ -117,6 +117,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .report import plot, summarize, table
     from .runner import Workload, run
 
+    from ..loadspec import LoadSpec
     from ..pretrained import resolve_source
 
     progress = progress_printer()
@@ -127,7 +128,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise BenchError(f"--model is given {len(models)} times: only --matrix compares several models")
     args.model = models[0] if models else None
     if args.model:  # a Hub id or GGUF file becomes the local folder / file every part below reads
-        args.model = str(resolve_source(args.model, args.revision, args.download_dir, args.gguf_file).path)
+        spec = LoadSpec.of(model=args.model, revision=args.revision, download_dir=args.download_dir,
+                           gguf_file=args.gguf_file, dtype=args.dtype, draft_model=args.draft)
+        args.model = str(resolve_source(spec.model, spec.revision, spec.download_dir, spec.gguf_file).path)
     if args.draft:
         args.draft = str(resolve_source(args.draft, download_dir=args.download_dir).path)
 

@@ -34,15 +34,11 @@ class NextTokenEngine:
     """nexttoken's padded decode loop on a model folder or a .gguf file (dtype None: the loader's default)."""
 
     def __init__(self, path: Path, dtype: str | None, quantize: str | None = None) -> None:
-        from ..model import load_model
-        from ..model.quant.quantize import apply_quantization
-        from ..model.weights.gguf import load_gguf_model
+        from ..loading import load
+        from ..loadspec import LoadSpec
 
         self.name = "nexttoken" + (f"+{quantize}" if quantize not in (None, "none") else "")
-        if Path(path).suffix == ".gguf":
-            self.model = apply_quantization(load_gguf_model(path, dtype=dtype)[0], quantize)
-        else:
-            self.model = load_model(path, dtype=dtype, quantize=quantize)
+        self.model = load(LoadSpec(model=path, dtype=dtype, quantize=quantize)).main.model  # as nexttoken.load does
 
     def generate(self, ids: torch.Tensor, new_tokens: int, recorder: "StepClock | None" = None) -> torch.Tensor:
         from ..generation import generate
@@ -59,9 +55,10 @@ class NextTokenServingEngine:
     name = "nexttoken-engine"
 
     def __init__(self, path: Path, dtype: str) -> None:
-        from ..model import load_model
+        from ..loading import load
+        from ..loadspec import LoadSpec
 
-        self.model = load_model(path, dtype=dtype)
+        self.model = load(LoadSpec(model=path, dtype=dtype)).main.model
 
     def generate(self, ids: torch.Tensor, new_tokens: int, recorder: "StepClock | None" = None) -> list:
         from ..engine import EngineConfig, LLMEngine

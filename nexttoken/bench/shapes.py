@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import save_file
+if TYPE_CHECKING:
+    import torch
 
 # name -> (config.json fields, default dtype). Tied embeddings, like the models in PERF_NOTES.md.
 SHAPES: dict[str, tuple[dict, str]] = {
@@ -42,6 +43,9 @@ def config_for(shape: str, dtype: str) -> dict:
 
 def random_checkpoint(shape: str, dtype: str, directory: Path, seed: int = 0) -> Path:
     """Write config.json + model.safetensors with N(0, 0.02) weights (norms 1) unless already there."""
+    import torch  # here, not at the top: `nexttoken bench --help` reads SHAPES without importing torch
+    from safetensors.torch import save_file
+
     directory.mkdir(parents=True, exist_ok=True)
     cfg = config_for(shape, dtype)
     if (directory / "model.safetensors").is_file() and json.loads((directory / "config.json").read_text()) == cfg:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 
-from ..pretrained import add_source_args, source_options
+from ..loadspec import PRECISION, SOURCE, LoadSpec, add_load_args
 from ..chat.tools.formats import FORMATS
 from ..chat.reasoning import FORMATS as REASONING_FORMATS
 
@@ -34,16 +33,11 @@ def _bytes(text: str) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
-    add_source_args(p)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
-                   help="weights dtype (default on CPU: a bf16 checkpoint keeps bf16 weights with float32 activations, "
-                        "anything else float32; bfloat16 on accelerators): docs/models.md#precision")
-    p.add_argument("--device", help="cpu (default) or cuda")
-    p.add_argument("--quantize", choices=["int8", "int4", "bf16"],
-                   help="weight-only quantization: int8 (per row), int4 (groups of 32), bf16 (bf16 weights, float32 "
-                        "activations)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    add_load_args(p.add_argument_group("model and loading (nexttoken.LoadSpec's fields)"), SOURCE + PRECISION)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="the address to listen on: 127.0.0.1 (this machine only), 0.0.0.0 (every interface: set "
+                        "--api-key)")
+    p.add_argument("--port", type=int, default=8000, help="the TCP port to listen on")
     p.add_argument("--served-model-name", nargs="+", metavar="NAME",
                    help="the model's names in requests: the first is the one reported (in /v1/models and responses), "
                         "the others are aliases (e.g. the two names Claude Code sends: docs/serving.md); default: the "
@@ -118,32 +112,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="accepted for vLLM's command lines: tool_choice \"auto\" is always on when the call "
                         "format is known")
     spec = p.add_mutually_exclusive_group()
-    spec.add_argument("--speculative-model", metavar="MODEL",
-                      help="speculative decoding with this draft model (a folder, .gguf file or Hub id; same "
-                           "tokenizer) for every request")
+    add_load_args(spec, ["draft_model"], flags={"draft_model": ["--speculative-model", "--draft-model"]})
     spec.add_argument("--speculative-ngram", action="store_true",
                       help="speculative decoding by prompt lookup (n-gram drafts from the request's own tokens)")
-    p.add_argument("--num-speculative-tokens", type=int, default=4, help="tokens drafted per step (default 4)")
+    p.add_argument("--num-speculative-tokens", type=int, default=4, help="tokens drafted per step")
     lora = p.add_argument_group("LoRA adapters (docs/lora.md): a request's `model` names the adapter it runs under")
     lora.add_argument("--enable-lora", action="store_true",
                       help="keep adapter slots for POST /v1/load_lora_adapter (implied by the flags below)")
-    lora.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH", default=[],
-                      help="PEFT LoRA adapter folders served as models: NAME=PATH, or vLLM's JSON "
-                           "'{\"name\": ..., \"path\": ...}'")
-    lora.add_argument("--max-loras", type=int,
-                      help="adapter slots: adapters served at once (default: the --lora-modules given, at least 1)")
-    lora.add_argument("--max-cpu-loras", type=int,
-                      help="adapters registered at once (more than --max-loras: an adapter takes a slot when a request "
-                           "needs it, the least recently used idle one's when none is free); default: --max-loras "
-                           "when that is given (vLLM's), else no limit")
-    lora.add_argument("--max-lora-rank", type=int, default=16,
-                      help="largest adapter rank a slot holds (default 16, vLLM's); a larger adapter is refused")
-    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="shard the model over N ranks: N-1 local worker processes, or the ranks torchrun started "
-                        "(docs/tensor_parallel.md)")
-    p.add_argument("--tensor-parallel-timeout", type=float, default=60.0,
-                   help="seconds a rank may stay silent (a step, or an idle heartbeat) before the server stops")
+    add_load_args(lora, ["lora", "max_loras", "max_cpu_loras", "max_lora_rank"], flags={"lora": ["--lora-modules"]},
+                  lora={"action": "store", "nargs": "+", "metavar": "NAME=PATH", "default": []},
+                  max_lora_rank={"default": 16, "shown": "16, vLLM's"})
+    add_load_args(p, ["threads", "tensor_parallel_size", "tensor_parallel_timeout"])
     p.add_argument("--no-webui", dest="webui", action="store_false",
                    help="do not serve the chat page at / (docs/webui.md); the API is unchanged")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
@@ -151,38 +130,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
     import uvicorn
 
     from ..engine import EngineConfig, LLMEngine, SpeculativeConfig
     from ..engine.embedding import model_pooling
     from ..errors import GenerationConfigError
-    from ..pretrained import load_pretrained, resolve_source
+    from ..loading import load
     from .app import build_app
     from .settings import ServerSettings
     from .http.connections import protocol
     from .http.shutdown import BACKSTOP_S
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    print(f"loading {args.model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
-    options = source_options(args)
-    source = resolve_source(args.model, options.pop("revision"), options["download_dir"], options.pop("gguf_file"))
-    model = None
-    if args.tensor_parallel_size != 1:
-        from ..engine.launch import load_sharded
-
-        if source.is_gguf:
-            print(f"nexttoken serve: {source.path}: tensor parallelism loads Hugging Face folders, not GGUF files",
-                  file=sys.stderr)
-            return 2
-        model = load_sharded(source.path, args.tensor_parallel_size, args.dtype,
-                             args.device, args.quantize, args.tensor_parallel_timeout, on_failure=_stop_now,
-                             threads=args.threads)
-    loaded = load_pretrained(source, dtype=args.dtype, device=args.device, quantize=args.quantize, model=model,
-                             **options)
-    if args.enable_lora or args.lora_modules or args.max_loras or args.max_cpu_loras:
-        _attach_adapters(loaded.model, args)
+    spec = _spec(args)  # every loading flag checked, before a file is read
+    print(f"loading {spec.model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
+    result = load(spec, on_failure=_stop_now)  # a rank that dies or hangs stops the server (_stop_now)
+    loaded, draft = result.main, result.draft
     try:
         config = EngineConfig(
             max_num_seqs=args.max_num_seqs,
@@ -225,13 +187,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.speculative_ngram:
         speculative = SpeculativeConfig(args.num_speculative_tokens)
-    elif args.speculative_model:
-        draft = load_pretrained(args.speculative_model, dtype=args.dtype, device=args.device,
-                                download_dir=args.download_dir)
-        if _vocab(draft) != _vocab(loaded):
-            print(f"nexttoken serve: --speculative-model {args.speculative_model} has a different tokenizer from "
-                  f"the model: a draft model must share it", file=sys.stderr)
-            return 2
+    elif draft is not None:
         speculative = SpeculativeConfig(args.num_speculative_tokens, draft.model)
     try:
         engine = LLMEngine(loaded.model, loaded.tokenizer, config, loaded.generation_config, speculative)
@@ -279,18 +235,12 @@ def _raise_open_files_limit(max_connections: int) -> None:
                   f"{max_connections} + 256: lower --max-connections or raise ulimit -n", file=sys.stderr, flush=True)
 
 
-def _attach_adapters(model, args: argparse.Namespace) -> None:  # noqa: ANN001
-    """The model's adapter slots and the --lora-modules read into them; a bad adapter stops the server here."""
-    from ..model.lora import attach, parse_modules, read_adapter
-    from ..model.weights.hub import resolve_adapter
-
-    fetch = functools.partial(resolve_adapter, download_dir=args.download_dir)  # a module given as a Hub id
-    modules = parse_modules(args.lora_modules)
-    registry = attach(model, args.max_loras or max(len(modules), 1), args.max_lora_rank,
-                      args.max_cpu_loras if args.max_cpu_loras is not None else args.max_loras)
-    for name, path in modules.items():
-        registry.register(read_adapter(name, path, model.config, args.max_lora_rank, fetch),
-                          args.served_model_name or ())
+def _spec(args: argparse.Namespace) -> LoadSpec:
+    """The load specification of serve's flags: --enable-lora keeps at least one adapter slot."""
+    spec = LoadSpec.from_args(args)
+    if args.enable_lora and not spec.max_loras:
+        spec = spec.replace(max_loras=max(len(spec.lora or {}), 1))
+    return spec
 
 
 def _stop_now(message: str) -> None:
@@ -300,11 +250,6 @@ def _stop_now(message: str) -> None:
 
     print(f"nexttoken serve: stopping: {message}", file=sys.stderr, flush=True)
     os._exit(3)
-
-
-def _vocab(loaded) -> object:  # noqa: ANN001
-    tok = loaded.tokenizer
-    return tok.backend.get_vocab() if tok is not None else loaded.model.config.vocab_size
 
 
 def _loopback(host: str) -> bool:

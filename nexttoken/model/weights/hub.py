@@ -85,6 +85,17 @@ def resolve_adapter(source: str, revision: str | None = None, download_dir: str 
     return _snapshot(text, revision, download_dir, ADAPTER_FILES)
 
 
+def _fetch_command(repo: str, revision: str | None, download_dir: str | Path | None, patterns: list[str]) -> str:
+    """The `hf download` command that fetches what nexttoken reads: the repository (a folder's files), or only the
+    GGUF file asked for (its name, or the pattern of its quantization tag), not the repository's other files."""
+    what = ""
+    if len(patterns) == 1 and patterns[0].lower().endswith(".gguf"):
+        pattern = patterns[0]
+        what = f" {pattern}" if not any(c in pattern for c in "*?[") else f" --include '{pattern}'"
+    return (f"hf download {repo}{what}" + (f" --revision {revision}" if revision else "")
+            + (f" --cache-dir {download_dir}" if download_dir is not None else ""))
+
+
 def _any_case(tag: str) -> str:
     """A glob matching `tag` in any letter case (Q4_K_M and q4_k_m are both written)."""
     return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in tag)
@@ -102,22 +113,23 @@ def _snapshot(repo: str, revision: str | None, download_dir: str | Path | None, 
         raise ModelLoadError("Hub ids need the huggingface_hub package: pip install huggingface_hub") from e
     cache = Path(download_dir) if download_dir is not None else Path(HF_HUB_CACHE)
     at = f" at revision {revision}" if revision else ""
-    fetch = (f"hf download {repo}" + (f" --revision {revision}" if revision else "")
-             + (f" --cache-dir {cache}" if download_dir is not None else ""))
+    fetch = _fetch_command(repo, revision, download_dir, patterns)
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    how = (f"download it with `{fetch}`, or run without "
+           "HF_HUB_OFFLINE=1 so that nexttoken downloads it") if offline else f"download it with `{fetch}`"
     try:
         from huggingface_hub.errors import IncompleteSnapshotError
     except ImportError:  # older huggingface_hub: no tree listing to check a cached snapshot against
         IncompleteSnapshotError = LocalEntryNotFoundError  # noqa: N806
     try:
         return Path(snapshot_download(repo, revision=revision, cache_dir=str(cache), allow_patterns=patterns))
-    except IncompleteSnapshotError as e:
-        raise MissingFileError(f"model {repo}{at} is only partly in the Hugging Face cache {cache} ({e}); finish the "
-                               f"download with `{fetch}`") from e
+    except IncompleteSnapshotError as e:  # a listing of the repository is cached, and files of it are missing
+        why = "HF_HUB_OFFLINE=1 forbids downloading them" if offline else "the Hub could not be reached"
+        raise MissingFileError(f"model {repo}{at} is not in the Hugging Face cache {cache}: files it needs are "
+                               f"missing there and {why} ({e}); {how}") from e
     except LocalEntryNotFoundError as e:
-        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
         why = "HF_HUB_OFFLINE=1 forbids downloading it" if offline else "it cannot be downloaded (no network?)"
-        raise MissingFileError(f"model {repo}{at} is not in the Hugging Face cache {cache} and {why}. Fetch it "
-                               f"on a machine with network: `{fetch}`, then run again") from e
+        raise MissingFileError(f"model {repo}{at} is not in the Hugging Face cache {cache} and {why}: {how}") from e
     except RevisionNotFoundError as e:
         raise MissingFileError(f"model {repo} has no revision {revision!r}: pass an existing branch, tag or "
                                "commit with --revision") from e
