@@ -42,6 +42,7 @@ FAMILY_SHAPES = {  # the Hugging Face configs' shapes; the micro ones for smoke 
                          layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
 }
 PATHS = ("fused", "modules")
+DEFAULT_FAMILIES = "qwen3-0.6b,gemma3-270m"
 
 
 def random_model(name: str) -> torch.nn.Module:
@@ -83,8 +84,9 @@ def decode_rate(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, p
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("decode", help="decode speed of family shapes: the fused native step vs the PyTorch modules")
-    p.add_argument("--families", default="qwen3-0.6b,gemma3-270m",
-                   help=f"comma-separated family shapes (random bf16 weights): {', '.join(FAMILY_SHAPES)}")
+    p.add_argument("--families", nargs="?", const=DEFAULT_FAMILIES, default=DEFAULT_FAMILIES,
+                   help=f"comma-separated family shapes (random bf16 weights), default {DEFAULT_FAMILIES}: "
+                        f"{', '.join(FAMILY_SHAPES)}")
     p.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; medians are reported")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=32)

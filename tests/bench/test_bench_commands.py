@@ -179,3 +179,4 @@ def test_bench_keeps_its_flags_without_a_subcommand() -> None:
     assert args.run.__name__ == "cmd_bench" and args.bench_command is None and args.batch_sizes == [1, 2]
     args = build_parser().parse_args(["bench", "decode", "--families", "qwen3-micro"])
     assert args.bench_command == "decode" and args.run.__module__ == "nexttoken.bench.decode"
+    assert build_parser().parse_args(["bench", "decode", "--families"]).families == "qwen3-0.6b,gemma3-270m"
