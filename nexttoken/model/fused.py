@@ -38,9 +38,17 @@ from .quant.int8 import Int8Embedding, Int8Linear
 from .layers import MLP, Attention, Block, RMSNorm
 from .linear import KeptLinear, Linear
 from .moe import MoE
+from .native_abi import (DTYPE_KIND, KV_F32, KV_I8, NT_GELU, NT_NORM_AFTER, NT_PLUS_ONE, NT_SANDWICH, QK_HEAD,
+                         QK_NONE, QK_PROJECTION)
+from .native_abi import NtExpert as _Expert
+from .native_abi import NtLayer as _Layer
+from .native_abi import NtLinear as _Linear
+from .native_abi import NtLora as _Lora
+from .native_abi import NtModel as _Model
 
 _ENABLED = os.environ.get("NEXTTOKEN_FUSED", "1") != "0"  # NEXTTOKEN_FUSED=0: decode steps run the modules
-_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
+_KIND = DTYPE_KIND  # a weight's elements as nt_abi.h codes them
+_KV_KIND = {torch.float32: KV_F32, torch.int8: KV_I8}  # the cache's (NtModel.kv_kind)
 
 
 @contextlib.contextmanager
@@ -54,47 +62,9 @@ def disabled() -> Iterator[None]:
         _ENABLED = before
 
 
-class _Linear(ctypes.Structure):
-    _fields_ = [("weight", ctypes.c_void_p), ("kind", ctypes.c_int64), ("scale", ctypes.c_void_p),
-                ("bias", ctypes.c_void_p)]
-
-
-class _Lora(ctypes.Structure):
-    _fields_ = [("A", ctypes.c_void_p), ("Bt", ctypes.c_void_p), ("rank", ctypes.c_int64)]
-
-
-class _Expert(ctypes.Structure):
-    _fields_ = [("w13", _Linear), ("w2", _Linear)]
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("qkv", _Linear), ("o", _Linear),
-                ("w13", _Linear), ("w2", _Linear), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
-                ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p),
-                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("attn_post_norm", ctypes.c_void_p),
-                ("ffn_post_norm", ctypes.c_void_p), ("sliding", ctypes.c_int64), ("router", _Linear),
-                ("experts", ctypes.POINTER(_Expert)), ("shared", _Expert), ("shared_gate", _Linear),
-                ("lora_qkv", _Lora), ("lora_o", _Lora), ("lora_w13", _Lora), ("lora_w2", _Lora)]
-
-
-class _Model(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_int64) for name in (
-        "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "intermediate", "vocab")] + [("embed", _Linear)] + [
-        (name, ctypes.c_int64) for name in ("cache_row_stride", "cache_head_stride")] + [
-        ("eps", ctypes.c_double), ("inv_freq", ctypes.c_void_p),
-                                 ("final_norm", ctypes.c_void_p), ("lm_head", _Linear),
-                                 ("layers", ctypes.POINTER(_Layer)), ("kv_kind", ctypes.c_int64),
-        ("flags", ctypes.c_int64), ("qk_norm", ctypes.c_int64)] + [(name, ctypes.c_double) for name in (
-        "embed_mult", "embed_scale", "attn_scale", "attn_softcap", "residual", "final_softcap", "logits_scaling")] + [
-        ("window", ctypes.c_int64), ("local_inv_freq", ctypes.c_void_p), ("long_inv_freq", ctypes.c_void_p),
-        ("rope_original_max", ctypes.c_int64), ("rope_scaling", ctypes.c_double)] + [
-        (name, ctypes.c_int64) for name in ("n_experts", "top_k", "norm_topk", "moe_intermediate",
-                                            "shared_intermediate")] + [("lora_slots", ctypes.c_void_p)]
-
-
-# csrc/decode.cpp's NtModel.flags
-_PLUS_ONE, _SANDWICH, _NORM_AFTER, _GELU = 1, 2, 4, 8
-_QK_NORM = {None: 0, "head": 1, "projection": 2}
+# csrc/nt_abi.h's NtModel.flags and qk_norm codes
+_PLUS_ONE, _SANDWICH, _NORM_AFTER, _GELU = NT_PLUS_ONE, NT_SANDWICH, NT_NORM_AFTER, NT_GELU
+_QK_NORM = {None: QK_NONE, "head": QK_HEAD, "projection": QK_PROJECTION}
 
 
 def _linear(module: torch.nn.Module) -> _Linear | None:
@@ -233,7 +203,7 @@ class _Plan:
             cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
             cfg.intermediate_size, vocab, embed or _Linear(None, 0, None, None), Hkv * S * D, S * D,
             cfg.rms_norm_eps, model.inv_freq.data_ptr(), model.norm.weight.data_ptr(), head, self.layers,
-            _KIND[cache.k.dtype], flags, _QK_NORM[cfg.qk_norm], cfg.embedding_multiplier, embed_scale,
+            _KV_KIND[cache.k.dtype], flags, _QK_NORM[cfg.qk_norm], cfg.embedding_multiplier, embed_scale,
             cfg.attention_multiplier or 0.0, cfg.attn_logit_softcapping or 0.0, cfg.residual_multiplier,
             cfg.final_logit_softcapping or 0.0, cfg.logits_scaling, cfg.sliding_window or 0,
             None if local is None else local.data_ptr(), None if long is None else long.data_ptr(),
