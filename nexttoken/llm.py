@@ -406,7 +406,7 @@ def load(
     max_loras: int | None = None,
     max_lora_rank: int | None = None,
     dequantize: bool = False,
-    gguf_activations: str = "int8",
+    gguf_activations: str | None = None,
 ) -> LLM:
     """Load a model (the packaged default model when path is None): a Hugging Face model folder, a GGUF file
     ("model.gguf"), or a Hugging Face Hub id ("org/name" at `revision`; "org/name:Q4_K_M" or `gguf_file=` for one
@@ -421,7 +421,7 @@ def load(
     "bfloat16" runs every module in bf16 (docs/models.md, Precision).
     A GGUF file's quantized matrices stay in their blocks (Q4_K, Q8_0, ...) and are multiplied natively with 8-bit
     activations, as llama.cpp does (gguf_activations="int16": int16 activations, close to the float model's
-    choices); dequantize=True loads the float32 model of their exact dequantized values.
+    choices; None: the arithmetic policy's default, model/arithmetic.py); dequantize=True loads the float32 model of their exact dequantized values.
     tool_call_parser: the format the model writes tool calls in (vLLM's names: "hermes", "llama3_json",
     "mistral"); by default it is read off the chat template.
     tensor_parallel_size=N: the model sharded over N ranks (docs/tensor_parallel.md): N-1 local worker

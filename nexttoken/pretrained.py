@@ -62,7 +62,7 @@ def load_pretrained(
     gguf_file: str | None = None,
     tokenizer: str | Path | None = None,
     dequantize: bool = False,
-    gguf_activations: str = "int8",
+    gguf_activations: str | None = None,
 ) -> Pretrained:
     """Read a model (the packaged default model when path is None): a Hugging Face folder, a .gguf file, or a
     Hub id ("org/name", "org/name:Q4_K_M"; `revision`, `download_dir` = the Hub cache, `gguf_file`). `tokenizer`:
@@ -124,7 +124,7 @@ def add_source_args(p) -> None:  # noqa: ANN001 - an argparse parser or group
     p.add_argument("--dequantize", action="store_true",
                    help="a quantized GGUF file loaded as the float32 model of its dequantized weights (the exact "
                         "reference) instead of multiplying its blocks as stored (the default: the file's size and speed)")
-    p.add_argument("--gguf-activations", choices=["int8", "int16"], default="int8",
+    p.add_argument("--gguf-activations", choices=["int8", "int16"], default=None,
                    help="how a packed GGUF's products quantize their inputs per block of 32: int8 (llama.cpp's "
                         "arithmetic, the default) or int16 (close to the dequantized float model, more arithmetic)")
     p.add_argument("--tokenizer", metavar="DIR_OR_ID", help="use this folder's or Hub id's tokenizer instead of the "

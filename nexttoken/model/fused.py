@@ -23,22 +23,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 from typing import Iterator
 
 import torch
 
-from . import kernels
+from . import arithmetic, kernels
 from .batch import ForwardBatch
 from .cache import KVCache
-from .quant.bf16 import BF16Embedding, BF16Linear
-from .quant.ggml import GGUFLinear
-from .quant.int4 import Int4Linear
-from .quant.int8 import Int8Embedding, Int8Linear
 from .layers import MLP, Attention, Block, RMSNorm
-from .linear import KeptLinear, Linear
 from .moe import MoE
-from .native_abi import (DTYPE_KIND, KV_F32, KV_I8, NT_GELU, NT_NORM_AFTER, NT_PLUS_ONE, NT_SANDWICH, QK_HEAD,
+from .native_abi import describe, describe_table
+from .native_abi import (KV_F32, KV_I8, NT_GELU, NT_NORM_AFTER, NT_PLUS_ONE, NT_SANDWICH, QK_HEAD,
                          QK_NONE, QK_PROJECTION)
 from .native_abi import NtExpert as _Expert
 from .native_abi import NtLayer as _Layer
@@ -46,20 +41,30 @@ from .native_abi import NtLinear as _Linear
 from .native_abi import NtLora as _Lora
 from .native_abi import NtModel as _Model
 
-_ENABLED = os.environ.get("NEXTTOKEN_FUSED", "1") != "0"  # NEXTTOKEN_FUSED=0: decode steps run the modules
-_KIND = DTYPE_KIND  # a weight's elements as nt_abi.h codes them
 _KV_KIND = {torch.float32: KV_F32, torch.int8: KV_I8}  # the cache's (NtModel.kv_kind)
 
 
 @contextlib.contextmanager
-def disabled() -> Iterator[None]:
-    """Run the PyTorch modules for decode steps too (the reference the fused step is tested against)."""
-    global _ENABLED
-    before, _ENABLED = _ENABLED, False
+def disabled(model: torch.nn.Module | None = None) -> Iterator[None]:
+    """Run the PyTorch modules for decode steps too (the reference the fused step is tested against): `model`'s
+    policy with fused_step=False inside the block, or without a model every model's in this thread
+    (arithmetic.changed). NEXTTOKEN_FUSED=0 makes it the default of the models built after."""
+    if model is None:
+        with arithmetic.changed(fused_step=False):
+            yield
+        return
+    before = model.arithmetic
+    model.arithmetic = before.replace(fused_step=False)
     try:
         yield
     finally:
-        _ENABLED = before
+        model.arithmetic = before
+
+
+def _fused_on(model: torch.nn.Module) -> bool:
+    """Whether the model's arithmetic (model.arithmetic, with any enclosing arithmetic.changed) takes the fused
+    step."""
+    return arithmetic.in_force(model.__dict__.get("_arithmetic")).fused_step
 
 
 # csrc/nt_abi.h's NtModel.flags and qk_norm codes
@@ -68,43 +73,19 @@ _QK_NORM = {None: QK_NONE, "head": QK_HEAD, "projection": QK_PROJECTION}
 
 
 def _linear(module: torch.nn.Module) -> _Linear | None:
-    if type(module) in (Linear, BF16Linear):
-        w, scale, bias = module.weight, None, module.bias
-    elif type(module) is Int8Linear:
-        w, scale, bias = module.weight, module.scale, module.bias
-    elif type(module) is GGUFLinear and kernels.ggml_available():  # kind 16 + ggml type: csrc/ggml.cpp's blocks
-        if module.bias is not None and module.bias.dtype != torch.float32:
-            return None
-        return _Linear(module.native_weight.data_ptr(), module.native_kind, None,
-                       None if module.bias is None else module.bias.data_ptr())
-    elif type(module) is Int4Linear and kernels.int4_available():  # kind 3: csrc/int4.cpp's layout
-        if module.bias is not None and module.bias.dtype != torch.float32:
-            return None
-        return _Linear(module.weight.data_ptr(), 3, module.scale.data_ptr(),
-                       None if module.bias is None else module.bias.data_ptr())
-    else:
-        return None
-    if w.dtype not in _KIND or not w.is_contiguous() or (bias is not None and bias.dtype != torch.float32):
-        return None
-    return _Linear(w.data_ptr(), _KIND[w.dtype], None if scale is None else scale.data_ptr(),
-                   None if bias is None else bias.data_ptr())
+    """A weight layer as an NtLinear: what the layer says of itself (native_abi.describe, the one chooser of
+    kinds), or None where the native step does not compute it."""
+    return describe(module)
 
 
 def _embedding(module: torch.nn.Module, vocab: int) -> _Linear | None:
     """The token table as the native step reads it (csrc/decode.cpp's embed: ids in [0, vocab)), or None: a
     float32 nn.Embedding, bf16.BF16Embedding's bfloat16 rows or quant.Int8Embedding's int8 rows and scales (a
-    tensor-parallel rank's vocab-parallel table is looked up in Python)."""
-    
+    tensor-parallel rank's vocab-parallel table is looked up in Python; native_abi.describe_table chooses)."""
     w = _table(module)
     if not w.is_contiguous() or w.dim() != 2 or w.shape[0] < vocab:
         return None
-    if type(module) is torch.nn.Embedding and w.dtype == torch.float32:
-        return _Linear(w.data_ptr(), 0, None, None)
-    if type(module) is BF16Embedding and w.dtype == torch.bfloat16:
-        return _Linear(w.data_ptr(), 1, None, None)
-    if type(module) is Int8Embedding and w.dtype == torch.int8 and module.dtype == torch.float32:
-        return _Linear(w.data_ptr(), 2, module.table.scale.data_ptr(), None)
-    return None
+    return describe_table(module)
 
 
 def _key(model: torch.nn.Module, cache: KVCache) -> tuple:
@@ -286,14 +267,9 @@ def _expert(mlp: torch.nn.Module) -> _Expert | None:
 
 
 def _kept(module: torch.nn.Module) -> _Linear | None:
-    """A router (or shared-expert gate): a float32 KeptLinear without bias, as an NtLinear; else what _linear
-    makes of a replaced layer."""
-    if type(module) is KeptLinear:
-        w = module.weight
-        if w.dtype != torch.float32 or not w.is_contiguous() or module.bias is not None:
-            return None
-        return _Linear(w.data_ptr(), 0, None, None)
-    return _linear(_local(module))
+    """A router (or shared-expert gate): a float32 KeptLinear without bias (its native()), or what a replaced
+    layer says of itself."""
+    return describe(_local(module))
 
 
 def _scales(cache: KVCache, layer: int) -> tuple[int | None, int | None]:
@@ -311,7 +287,7 @@ def _cache_ok(cache: KVCache) -> bool:
 def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> bool:
     """Whether this forward is a plain float32 CPU decode step the native function computes as the modules do."""
     return (
-        _ENABLED
+        _fused_on(model)
         and isinstance(cache, KVCache)  # a view of the engine's pool (a one-token prefill chunk) runs the modules
         and input_ids.shape[1] == 1
         and input_ids.shape[0] <= kernels.MAX_ROWS
@@ -412,7 +388,7 @@ def rows_plan(model: torch.nn.Module, cache: KVCache) -> RowsPlan | None:
     """The native description when the engine's decode rows of this model and slot cache take the native step,
     else None. A property of the model and the cache alone (never of which requests share a step), so a request's
     numbers do not depend on its batch-mates. Checked once per step (the weights may have been replaced)."""
-    if not (_ENABLED and getattr(model, "native_step", False) and _cache_ok(cache) and model.dtype == torch.float32 and not torch.is_grad_enabled()
+    if not (getattr(model, "native_step", False) and _fused_on(model) and _cache_ok(cache) and model.dtype == torch.float32 and not torch.is_grad_enabled()
             and not _observed(model) and kernels.library() is not None):
         return None
     plan = _plan(model, cache)

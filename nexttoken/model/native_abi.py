@@ -182,3 +182,39 @@ def check_library(lib: ctypes.CDLL) -> None:
     describe.restype = ctypes.c_char_p
     describe.argtypes = []
     check(parse(describe().decode()))
+
+
+# ---- the one place a weight's kernel is chosen ----------------------------------------------------------------------
+# Each weight layer says how the kernels read it (its `native()`: linear.py's Linear and KeptLinear, quant/'s
+# BF16Linear, Int8Linear, Int4Linear, GGUFLinear; `native_table()`: the embeddings that read a table). A new weight
+# format adds its kind to nt_abi.h and here, and a `native()` to its layer; nothing else chooses kinds.
+
+
+def weight_rows(weight: torch.Tensor, bias: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+                kind: int | None = None) -> NtLinear | None:
+    """An NtLinear of a layer's tensors: `kind` (by default the weight's dtype's: float32, bfloat16, int8 rows),
+    or None where the kernels cannot read them (a dtype without a kind, non-contiguous rows, a bias that is not
+    float32)."""
+    if kind is None:
+        kind = DTYPE_KIND.get(weight.dtype)
+        if kind is None or not weight.is_contiguous():
+            return None
+    if bias is not None and bias.dtype != torch.float32:
+        return None
+    return NtLinear(weight.data_ptr(), int(kind), None if scale is None else scale.data_ptr(),
+                    None if bias is None else bias.data_ptr())
+
+
+def describe(module: torch.nn.Module) -> NtLinear | None:
+    """How the kernels read this weight layer (its own `native()`), or None: a layer they do not compute."""
+    native = getattr(type(module), "native", None)
+    return None if native is None else native(module)
+
+
+def describe_table(module: torch.nn.Module) -> NtLinear | None:
+    """How the kernels read this embedding's token table (csrc/decode.cpp's embed): a float32 nn.Embedding's rows,
+    or the table's own `native_table()` (bf16.BF16Embedding, int8.Int8Embedding), or None."""
+    if type(module) is torch.nn.Embedding:
+        return weight_rows(module.weight) if module.weight.dtype == torch.float32 else None
+    native = getattr(type(module), "native_table", None)
+    return None if native is None else native(module)
