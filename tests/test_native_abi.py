@@ -140,3 +140,53 @@ def test_the_nested_structs_are_the_mirrors_own() -> None:
     assert NtLayer.qkv.size == ctypes.sizeof(NtLinear) and NtLayer.lora_o.size == ctypes.sizeof(NtLora)
     assert NtLayer.shared.size == ctypes.sizeof(NtExpert)
     assert dict(NtLayer._fields_)["experts"]._type_ is NtExpert
+
+
+# ---- the one chooser of a weight's kernel ---------------------------------------------------------------------------
+
+def test_each_weight_layer_describes_its_own_kind() -> None:
+    """native_abi.describe asks the layer: the kind code and the very tensors the kernels will read."""
+    import torch
+
+    from nexttoken.model.linear import KeptLinear, Linear
+    from nexttoken.model.native_abi import Kind, describe, describe_table
+    from nexttoken.model.quant.bf16 import BF16Embedding, BF16Linear
+    from nexttoken.model.quant.int8 import Int8Embedding, Int8Linear
+
+    torch.manual_seed(0)
+    lin = Linear(16, 8)
+    d = describe(lin)
+    assert (d.kind, d.weight, d.bias, d.scale) == (Kind.W_F32, lin.weight.data_ptr(), lin.bias.data_ptr(), None)
+    bf = BF16Linear.from_linear(lin)
+    assert describe(bf).kind == Kind.W_BF16 and describe(bf).weight == bf.weight.data_ptr()
+    i8 = Int8Linear.from_linear(lin)
+    assert (describe(i8).kind, describe(i8).scale) == (Kind.W_I8, i8.scale.data_ptr())
+    assert describe(torch.nn.Linear(16, 8)) is None  # not a layer the kernels know
+    assert describe(Linear(16, 8).half()) is None  # float16 rows: no kind
+    assert describe(Linear(16, 8).to(torch.bfloat16)) is None  # a bfloat16 bias: the kernels add float32 biases
+    router = KeptLinear(16, 4, bias=False)
+    assert describe(router).kind == Kind.W_F32 and describe(KeptLinear(16, 4)) is None  # routers have no bias
+    table = torch.nn.Embedding(10, 16)
+    assert describe_table(table).kind == Kind.W_F32 and describe_table(table).weight == table.weight.data_ptr()
+    assert describe_table(BF16Embedding(BF16Linear.from_linear(torch.nn.Linear(16, 10)))).kind == Kind.W_BF16
+    q = Int8Linear.from_linear(torch.nn.Linear(16, 10))
+    assert describe_table(Int8Embedding(q, torch.float32)).scale == q.scale.data_ptr()
+    assert describe_table(Int8Embedding(q, torch.bfloat16)) is None  # a bf16 model's rows are rounded
+
+
+@pytest.mark.skipif(not kernels.ggml_available() or not kernels.int4_available(), reason="needs AVX-512 VNNI kernels")
+def test_packed_layers_describe_their_kernels_kind() -> None:
+    import torch
+
+    from nexttoken.model import arithmetic
+    from nexttoken.model.native_abi import GGML_Q16, Kind, describe
+    from nexttoken.model.quant.ggml import GGML_TYPES, GGUFLinear
+    from nexttoken.model.quant.int4 import Int4Linear
+
+    i4 = Int4Linear.from_linear(torch.nn.Linear(64, 8))
+    assert (describe(i4).kind, describe(i4).scale) == (Kind.W_I4, i4.scale.data_ptr())
+    rows = torch.zeros(4, 34, dtype=torch.uint8)  # 4 rows of one Q8_0 block (32 values)
+    layer = GGUFLinear([(rows, GGML_TYPES["Q8_0"])], 32, None)
+    assert describe(layer).kind == Kind.W_GGML + GGML_TYPES["Q8_0"] and describe(layer).weight == rows.data_ptr()
+    layer.use_arithmetic(arithmetic.Arithmetic(gguf_activations="int16"))  # what a model's policy hands it
+    assert describe(layer).kind == Kind.W_GGML + (GGML_TYPES["Q8_0"] | GGML_Q16) and layer.activations == "int16"
