@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import NextTokenError
 from . import native_abi
 from .native_abi import DTYPE_KIND, OUT_KIND, Kind, NativeABIError
 
@@ -44,7 +45,7 @@ def _cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-class NativeKernelError(RuntimeError):
+class NativeKernelError(NextTokenError, RuntimeError):
     """NEXTTOKEN_REQUIRE_NATIVE=1 and the native kernel cannot be built or used here."""
 
 
