@@ -92,7 +92,6 @@ def test_a_missing_field_and_a_renumbered_code_are_refused(real_layout) -> None:
 
 
 # The C side drifting: nt_abi.h edited, the library rebuilt, the Python mirrors untouched.
-SWAPPED = ("  int64_t kind;", "  const float* scale;")
 
 
 def drifted_header() -> str:
@@ -116,8 +115,9 @@ def test_the_library_refuses_to_start_on_a_drifted_header(tmp_path) -> None:
     sources) runs without it (torch), saying why; with NEXTTOKEN_REQUIRE_NATIVE=1 it stops with that message."""
     cache = tmp_path / "cache"
     env = dict(os.environ, NEXTTOKEN_CACHE=str(cache), NEXTTOKEN_NATIVE="1")
-    target = subprocess.run([sys.executable, "-c", "from nexttoken.model import kernels; print(kernels.library_path())"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    where = "from nexttoken.model import kernels; print(kernels.library_path())"
+    target = subprocess.run([sys.executable, "-c", where], cwd=ROOT, env=env, capture_output=True, text=True,
+                            check=True).stdout.strip()
     Path(target).parent.mkdir(parents=True)
     shutil.copy(compile_layout(tmp_path, drifted_header()), target)
     script = ("from nexttoken.model import kernels, linear; import torch\n"

@@ -80,7 +80,7 @@ def _build() -> tuple[Path | None, str]:
     cmd = [os.environ.get("CXX", "g++"), "-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off",
            *map(str, SOURCES), "-o", str(tmp)]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # ~1 min alone, more when busy
     except (OSError, subprocess.TimeoutExpired) as e:
         return None, f"compiler not run: {e}"
     if done.returncode != 0:
