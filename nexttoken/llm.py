@@ -428,7 +428,7 @@ def load(
     max_lora_rank: int | None = None,
     max_cpu_loras: int | None = None,
     dequantize: bool = False,
-    gguf_activations: str = "int8",
+    gguf_activations: str | None = None,
     threads: int | None = None,
 ) -> LLM:
     """Load a model (the packaged default model when path is None): a Hugging Face model folder, a GGUF file
@@ -446,7 +446,8 @@ def load(
     "bfloat16" runs every module in bf16 (docs/models.md, Precision).
     A GGUF file's quantized matrices stay in their blocks (Q4_K, Q8_0, ...) and are multiplied natively with 8-bit
     activations, as llama.cpp does (gguf_activations="int16": int16 activations, close to the float model's
-    choices); dequantize=True loads the float32 model of their exact dequantized values.
+    choices; None: the arithmetic policy's default, model/arithmetic.py); dequantize=True loads the float32 model
+    of their exact dequantized values.
     threads: torch's intra-op threads for this process (default: torch's choice).
     tool_call_parser: the format the model writes tool calls in (vLLM's names: "hermes", "llama3_json",
     "mistral"); by default it is read off the chat template.

@@ -61,9 +61,10 @@ class LoadSpec:
     dequantize: bool = _option(
         False, "load a quantized GGUF file as the float32 model of its dequantized weights (the exact reference) "
         "instead of multiplying its blocks as stored (the file's size and speed)", "off")
-    gguf_activations: str = _option(
-        "int8", "how a packed GGUF's products quantize their inputs per block of 32: int8 (llama.cpp's "
-        "arithmetic) or int16 (close to the dequantized float model, more arithmetic)", choices=GGUF_ACTIVATIONS)
+    gguf_activations: str | None = _option(
+        None, "how a packed GGUF's products quantize their inputs per block of 32: int8 (llama.cpp's "
+        "arithmetic) or int16 (close to the dequantized float model, more arithmetic)",
+        "the arithmetic policy's: int8 (model/arithmetic.py)", choices=GGUF_ACTIVATIONS)
     tensor_parallel_size: int = _option(
         1, "shard the model over N ranks: N-1 local worker processes, or the ranks torchrun started "
         "(docs/tensor_parallel.md; a Hugging Face folder, not a GGUF file)", metavar="N")
@@ -203,7 +204,7 @@ def _lora_count(name: str, value: Any) -> None:
 _CHECKS = {
     "model": _text, "revision": _text, "gguf_file": _text, "download_dir": _text, "tokenizer": _text,
     "draft_model": _text, "dtype": _dtype, "device": _device,
-    "quantize": _choice(QUANTIZATIONS + ("none",), " or None"), "gguf_activations": _choice(GGUF_ACTIVATIONS),
+    "quantize": _choice(QUANTIZATIONS + ("none",), " or None"), "gguf_activations": _choice(GGUF_ACTIVATIONS, " or None"),
     "dequantize": _flag, "merge_lora": _flag, "tensor_parallel_size": _integer(1, False),
     "tensor_parallel_timeout": _seconds, "threads": _integer(1, True), "lora": _lora, "max_loras": _lora_count, "max_cpu_loras": _lora_count,
     "max_lora_rank": _lora_count,

@@ -62,7 +62,7 @@ def load_pretrained(
     gguf_file: str | None = None,
     tokenizer: str | Path | None = None,
     dequantize: bool = False,
-    gguf_activations: str = "int8",
+    gguf_activations: str | None = None,
 ) -> Pretrained:
     """Read a model (the packaged default model when path is None): a Hugging Face folder, a .gguf file, or a
     Hub id ("org/name", "org/name:Q4_K_M"; `revision`, `download_dir` = the Hub cache, `gguf_file`). `tokenizer`:

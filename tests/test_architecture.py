@@ -91,17 +91,19 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "completions": {"config", "generate", "logprobs", "output_pipeline", "processors", "stopping"},
     },
     "model": {
-        "kernels": set(), "batch": set(), "memory": set(), "rope": set(),
+        "native_abi": set(),  # csrc/nt_abi.h's structs and codes, mirrored and checked; the one chooser of kinds
+        "arithmetic": set(),  # the arithmetic policy a model holds (fused step, prefill precision, GGUF activations)
+        "kernels": {"native_abi"}, "batch": set(), "memory": set(), "rope": set(),
         "cache": {"batch", "memory"},
-        "linear": {"kernels"},
+        "linear": {"kernels", "native_abi"},
         "moe": {"linear"},
-        "quant": {"kernels", "linear", "memory"},
+        "quant": {"arithmetic", "kernels", "linear", "memory", "native_abi"},
         "lora": {"quant"},  # PEFT adapters: read onto the fused matrices, applied per row, merged
         "layers": {"batch", "cache", "linear", "moe", "rope"},
-        "fused": {"batch", "cache", "kernels", "layers", "linear", "moe", "quant"},
-        "llama": {"batch", "cache", "fused", "layers", "linear", "rope"},
+        "fused": {"arithmetic", "batch", "cache", "kernels", "layers", "linear", "moe", "native_abi", "quant"},
+        "llama": {"arithmetic", "batch", "cache", "fused", "layers", "linear", "rope"},
         "parallel": {"linear", "memory", "moe", "quant"},
-        "weights": {"linear", "llama", "memory", "moe", "parallel", "quant"},  # GGUF blocks kept packed (quant/ggml.py)
+        "weights": {"arithmetic", "linear", "llama", "memory", "moe", "parallel", "quant"},  # GGUF blocks kept packed (quant/ggml.py)
     },
     "engine": {
         "sequence": set(),

@@ -113,12 +113,11 @@ def _add_subcommands(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from ..loadspec import LoadSpec
+    from ..pretrained import resolve_source
     from .engines import transformers_available
     from .report import plot, summarize, table
     from .runner import Workload, run
-
-    from ..loadspec import LoadSpec
-    from ..pretrained import resolve_source
 
     progress = progress_printer()
     models = args.model or []
@@ -354,7 +353,13 @@ def _model_matrix(args: argparse.Namespace, models: list[str], progress) -> int:
     """Real model files beside llama.cpp on the same GGUF (model_matrix.py): table, JSON, markdown and plot."""
     from ..pretrained import resolve_source
     from .llamacpp import find_llama_bench
-    from .model_matrix import Options, model_matrix_table, parse_spec, plot_model_matrix, run_model_matrix
+    from .model_matrix import (
+        Options,
+        model_matrix_table,
+        parse_spec,
+        plot_model_matrix,
+        run_model_matrix,
+    )
 
     if min(args.prefill_len, args.prompt_len) < 1 or args.new_tokens < 2:
         raise BenchError("--prefill-len and --prompt-len must be >= 1 and --new-tokens >= 2 (decode is timed between "

@@ -85,8 +85,8 @@ def gguf_accuracy(path: str | Path, texts: list[str] | None = None, chunk: int =
     dequantized float32 run (`dequantize=True`) on every next-token prediction of the texts: top-1 agreement and KL.
     The packed logits come from decode-sized steps of `chunk` tokens (the native kernels' path); the float ones
     from one prefill."""
-    from ..text.gguf_vocab import tokenizer_from_gguf
     from ..model.weights.gguf import load_gguf_model
+    from ..text.gguf_vocab import tokenizer_from_gguf
 
     packed, g = load_gguf_model(path, activations=activations)
     ref, _ = load_gguf_model(path, dequantize=True)

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from .output import BenchError, progress_printer, write_report
-from .runner import CLOCKS
+
+if TYPE_CHECKING:
+    import torch
+
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}  # runner.py's clocks (it imports torch)
 
 GEMMA3_LAYERS = (["sliding_attention"] * 5 + ["full_attention"]) * 3
 FAMILY_SHAPES = {  # the Hugging Face configs' shapes; the micro ones for smoke tests
@@ -47,6 +51,8 @@ DEFAULT_FAMILIES = "qwen3-0.6b,gemma3-270m"
 
 def random_model(name: str) -> torch.nn.Module:
     """The shape with N(0, 0.02) weights, norms neutral, embeddings tied, weights bf16 (float32 activations)."""
+    import torch  # here, not at the top: `nexttoken --help` must not import torch
+
     from ..config import ModelConfig
     from ..model.llama import Transformer
     from ..model.quant import quantize_bf16
@@ -66,6 +72,8 @@ def random_model(name: str) -> torch.nn.Module:
 def decode_rate(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, path: str, clock: str) -> float:
     """Decode tokens per second of one greedy batch-1 run on `path` ("fused" or "modules")."""
     from contextlib import nullcontext
+
+    import torch  # here, not at the top: `nexttoken --help` must not import torch
 
     from ..generation import generate
     from ..model import fused
@@ -98,6 +106,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch  # here, not at the top: `nexttoken --help` must not import torch
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     if not families or any(f not in FAMILY_SHAPES for f in families):
         raise BenchError(f"--families {args.families!r}: use a comma-separated list of {', '.join(FAMILY_SHAPES)}")

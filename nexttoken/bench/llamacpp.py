@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .runner import median
+from .output import median
 
 GGUF_TYPES = ("f32", "bf16", "q8_0", "q4_0")
 

@@ -15,8 +15,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 from .output import BenchError, progress_printer, write_report
 
 MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
@@ -27,6 +25,7 @@ SCENARIOS = ("base x8 (native step)", "4 adapters x2 rows", "base x8 (modules pa
 
 def write_adapter(folder: Path, cfg, rank: int, seed: int) -> Path:  # noqa: ANN001
     """A PEFT LoRA adapter folder with random A and B on every projection of every layer."""
+    import torch  # here, not at the top: `nexttoken --help` must not import torch
     from safetensors.torch import save_file
 
     g = torch.Generator().manual_seed(seed)
@@ -90,6 +89,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch  # here, not at the top: `nexttoken --help` must not import torch
+
     import nexttoken
 
     from ..config import ModelConfig

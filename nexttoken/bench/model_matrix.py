@@ -26,8 +26,8 @@ import torch
 
 from .engines import make_engine
 from .llamacpp import FilePeer
-from .output import pyplot
-from .runner import Measurement, measure_round, median
+from .output import median, pyplot
+from .runner import Measurement, measure_round
 
 
 @dataclass(frozen=True)

@@ -57,3 +57,10 @@ def percentiles(values: list[float], scale: float = 1.0) -> dict[str, float]:
         return round(s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))] * scale, 3)
 
     return {"mean": round(sum(s) / len(s) * scale, 3), "p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
+
+
+def median(xs: list[float]) -> float | None:
+    """The median of the rounds, or None when there were none."""
+    import statistics
+
+    return statistics.median(xs) if xs else None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -43,7 +42,7 @@ class Measurement:
     load_peak_mib: float | None = None
 
 
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}  # decode.py keeps the same pair
 
 
 def measure_round(engine, ids: torch.Tensor, new_tokens: int, m: Measurement, clock: str = "wall") -> None:
@@ -114,5 +113,3 @@ def run(w: Workload, progress: Callable[[str], None], between_rounds: Callable[[
     return {"machine": machine, "results": list(results.values()), "config": cfg}
 
 
-def median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None

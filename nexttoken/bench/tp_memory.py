@@ -12,8 +12,6 @@ import os
 import time
 from pathlib import Path
 
-import torch
-
 from .output import BenchError, progress_printer, write_report
 
 
@@ -38,6 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch  # here, not at the top: `nexttoken --help` must not import torch
+
     import nexttoken
 
     from ..model.parallel import parameter_bytes

@@ -25,86 +25,12 @@
 
 #include <vector>
 
+#include "nt_abi.h"
+
 extern "C" int nt_linear(const void* W, int kind, const float* x, const float* bias, const float* scale, int64_t M,
                          int64_t N, int64_t K, void* y, int out_kind);
 extern "C" int nt_argmax_f32(const float* x, int64_t M, int64_t N, int64_t* out);
 
-// Every field is 8 bytes wide, so the ctypes mirrors in nexttoken/model/fused.py need no padding rules.
-struct NtLinear {
-  const void* weight;  // (out, in) float32, bfloat16 or int8
-  int64_t kind;        // 0 float32, 1 bfloat16, 2 int8 (then scale is set), 3 int4 (int4.cpp's layout)
-  const float* scale;  // (out,) or NULL; int4: (out, groups) float16
-  const float* bias;   // (out,) or NULL
-};
-
-struct NtLora {         // one matrix's LoRA adapters (model/lora/layers.py's LoraLinear), applied per row
-  const float* A;       // (slots, R, in) float32; NULL: no adapters on this matrix
-  const float* Bt;      // (slots, R, out) float32: B transposed
-  int64_t rank;         // R: the stack's padded width (zeros past an adapter's own rank)
-};
-
-struct NtExpert {  // one gated MLP of a mixture of experts
-  NtLinear w13;     // (2*I, C): gate then up
-  NtLinear w2;      // (C, I)
-};
-
-struct NtLayer {
-  const float* attn_norm;  // (C,)
-  const float* ffn_norm;   // (C,)
-  NtLinear qkv;            // (H*D + 2*Hkv*D, C): q, k, v fused
-  NtLinear o;              // (C, H*D)
-  NtLinear w13;            // (2*I, C): gate then up
-  NtLinear w2;             // (C, I)
-  void* k_cache;           // this layer's (N, Hkv, bs, D) keys: N blocks of bs columns (a slot cache: bs = S)
-  void* v_cache;           // and values; float32, or int8 (NtModel.kv_kind 2) with the scales below
-  float* k_scale;          // int8: (N, Hkv, bs) one scale per token and head (absmax / 127); else NULL
-  float* v_scale;
-  // The families' parts (model/layers.py); NULL / 0 where the block has none.
-  const float* q_norm;          // q's RMSNorm weight before RoPE: (D,) per head, or (H*D,) the whole projection
-  const float* k_norm;          // k's: (D,) or (Hkv*D,)
-  const float* attn_post_norm;  // Gemma's sandwich: the attention output's norm (C,) before the residual add
-  const float* ffn_post_norm;   // and the MLP output's
-  int64_t sliding;              // 1: this layer attends the last NtModel.window columns (with local_inv_freq's RoPE)
-  NtLinear router;              // a MoE layer: (E, C) float32 router (weight NULL: a dense MLP, w13 / w2 above)
-  const NtExpert* experts;      // (E,) the experts' gated MLPs
-  NtExpert shared;              // Qwen2-MoE's always-on expert (w13.weight NULL: none)
-  NtLinear shared_gate;         // its (1, C) sigmoid gate
-  NtLora lora_qkv, lora_o, lora_w13, lora_w2;  // LoRA stacks of the four matrices (A NULL: none)
-};
-
-struct NtModel {
-  int64_t n_layers, hidden, n_heads, n_kv_heads, head_dim, intermediate, vocab;
-  NtLinear embed;             // (V, C) token table: float32, bfloat16 or int8 rows (scale set); weight NULL: none
-  int64_t cache_row_stride;   // one cache block: Hkv * bs * D
-  int64_t cache_head_stride;  // one head of a block: bs * D (so bs = cache_head_stride / head_dim)
-  double eps;
-  const float* inv_freq;    // (D/2,) RoPE inverse frequencies
-  const float* final_norm;  // (C,)
-  NtLinear lm_head;         // (V, C)
-  const NtLayer* layers;
-  int64_t kv_kind;  // the cache's elements: 0 float32, 2 int8 with per token and head scales
-  // The families' switches (config.py's ModelConfig; the neutral value where the family has none).
-  int64_t flags;            // NT_PLUS_ONE | NT_SANDWICH | NT_NORM_AFTER | NT_GELU
-  int64_t qk_norm;          // 0 none, 1 each head over D (Qwen3, Gemma 3), 2 the whole projection (OLMo 2)
-  double embed_mult;        // embeddings times this (Granite's embedding_multiplier; 1.0: none)
-  double embed_scale;       // then times this, already rounded to float32 (Gemma: sqrt(hidden); 1.0: none)
-  double attn_scale;        // attention scores' scale (Granite's multiplier, Gemma's query_pre_attn_scalar^-0.5);
-                            // 0: 1/sqrt(D)
-  double attn_softcap;      // scores = cap * tanh(scores / cap) before the softmax (Gemma 2); 0: none
-  double residual;          // each branch times this before the residual add (Granite; 1.0: none)
-  double final_softcap;     // logits = cap * tanh(logits / cap) (Gemma); 0: none
-  double logits_scaling;    // logits / this (Granite; 1.0: none)
-  int64_t window;           // a sliding layer's columns: the last `window` (0: no sliding layers)
-  const float* local_inv_freq;  // (D/2,) the sliding layers' own RoPE (Gemma 3); NULL: inv_freq
-  const float* long_inv_freq;   // (D/2,) Phi-3 LongRoPE's long set (NULL: none), taken past rope_original_max
-  int64_t rope_original_max;
-  double rope_scaling;          // cos and sin times this (LongRoPE's attention factor; 1.0: none)
-  int64_t n_experts, top_k, norm_topk;        // MoE layers: route each row to top_k of n_experts (renormalised)
-  int64_t moe_intermediate, shared_intermediate;  // an expert's width, the shared expert's (0: none)
-  const int64_t* lora_slots;  // (B,) this call's adapter slot per row (-1: the base alone); NULL: no adapters
-};
-
-enum : int64_t { NT_PLUS_ONE = 1, NT_SANDWICH = 2, NT_NORM_AFTER = 4, NT_GELU = 8 };
 
 namespace {
 
@@ -134,7 +60,7 @@ thread_local Scratch scratch;
 thread_local std::vector<float> scores;  // one head's attention scores, per OpenMP thread (kv_len floats)
 
 int linear(const NtLinear& l, const float* x, int64_t B, int64_t N, int64_t K, float* y) {
-  return nt_linear(l.weight, (int)l.kind, x, l.bias, l.scale, B, N, K, y, 0);
+  return nt_linear(l.weight, (int)l.kind, x, l.bias, l.scale, B, N, K, y, OUT_F32);
 }
 
 // y (B, N) += each row's adapter product (x[b] @ A[slot]^T) @ Bt[slot] (x (B, K)), as LoraLinear adds it: the
@@ -269,7 +195,7 @@ void quantize_row(const float* x, int64_t D, int8_t* q, float* scale) {
 int check_rows(const NtModel* m, int64_t B, const int64_t* kv_lens, int64_t table_stride, int64_t* total_kv) {
   const int64_t D = m->head_dim;
   if (D > 512 || D % 2 || m->n_heads % m->n_kv_heads || table_stride < 1) return 1;
-  if (m->kv_kind != 0 && m->kv_kind != 2) return 1;
+  if (m->kv_kind != KV_F32 && m->kv_kind != KV_I8) return 1;
   if (m->n_experts && (m->top_k < 1 || m->top_k > m->n_experts || m->n_experts > 1024)) return 1;
   *total_kv = 0;
   for (int64_t b = 0; b < B; ++b) {
@@ -321,11 +247,11 @@ void all_rope_tables(const NtModel* m, int64_t B, const int64_t* positions, bool
 void qk_norms(const NtModel* m, const NtLayer& L, float* row) {
   const int64_t H = m->n_heads, Hkv = m->n_kv_heads, D = m->head_dim;
   const bool plus_one = m->flags & NT_PLUS_ONE;
-  if (m->qk_norm == 1) {
+  if (m->qk_norm == QK_HEAD) {
     for (int64_t head = 0; head < H; ++head) rms_norm(row + head * D, L.q_norm, 1, D, m->eps, row + head * D, plus_one);
     for (int64_t head = H; head < H + Hkv; ++head)
       rms_norm(row + head * D, L.k_norm, 1, D, m->eps, row + head * D, plus_one);
-  } else if (m->qk_norm == 2) {
+  } else if (m->qk_norm == QK_PROJECTION) {
     rms_norm(row, L.q_norm, 1, H * D, m->eps, row, plus_one);
     rms_norm(row + H * D, L.k_norm, 1, Hkv * D, m->eps, row + H * D, plus_one);
   }
@@ -354,7 +280,7 @@ int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B
     const Pages pages{tables + b * table_stride, m->cache_head_stride / D, m->cache_row_stride, 0};
     for (int64_t kh = 0; kh < Hkv; ++kh) {
       const int64_t at = pages.at(kv_lens[b] - 1, D) + kh * m->cache_head_stride;
-      if (m->kv_kind == 2) {
+      if (m->kv_kind == KV_I8) {
         quantize_row(row + HD + kh * D, D, (int8_t*)L.k_cache + at, L.k_scale + at / D);
         quantize_row(row + HD + KVD + kh * D, D, (int8_t*)L.v_cache + at, L.v_scale + at / D);
       } else {
@@ -374,8 +300,8 @@ int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B
     // the window mask's columns: s > query column - window, query column kv_len - 1 (model/batch.py)
     const int64_t first = window > 0 && kv_lens[b] > window ? kv_lens[b] - window : 0;
     Scratch::grow(scores, kv_lens[b] - first);  // this thread's own buffer
-    attend(qkv + b * NQKV + head * D, L.k_cache, L.v_cache, m->kv_kind == 2 ? L.k_scale : nullptr,
-           m->kv_kind == 2 ? L.v_scale : nullptr, pages, first, kv_lens[b], D, how, scores.data(),
+    attend(qkv + b * NQKV + head * D, L.k_cache, L.v_cache, m->kv_kind == KV_I8 ? L.k_scale : nullptr,
+           m->kv_kind == KV_I8 ? L.v_scale : nullptr, pages, first, kv_lens[b], D, how, scores.data(),
            att + b * HD + head * D);
   }
   if (linear(L.o, att, B, C, HD, out)) return 1;
@@ -549,15 +475,15 @@ int embed(const NtModel* m, const int64_t* ids, int64_t B, float* x) {
     const int64_t id = ids[b];
     if (id < 0 || id >= m->vocab) return 1;
     float* row = x + b * C;
-    if (m->embed.kind == 0) {
+    if (m->embed.kind == W_F32) {
       memcpy(row, (const float*)m->embed.weight + id * C, C * sizeof(float));
-    } else if (m->embed.kind == 1) {
+    } else if (m->embed.kind == W_BF16) {
       const uint16_t* w = (const uint16_t*)m->embed.weight + id * C;
       for (int64_t c = 0; c < C; ++c) {
         const uint32_t u = (uint32_t)w[c] << 16;
         memcpy(row + c, &u, 4);
       }
-    } else if (m->embed.kind == 2) {
+    } else if (m->embed.kind == W_I8) {
       const int8_t* w = (const int8_t*)m->embed.weight + id * C;
       const float s = m->embed.scale[id];
       for (int64_t c = 0; c < C; ++c) row[c] = (float)w[c] * s;

@@ -18,6 +18,7 @@
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 
+#include "nt_abi.h"  // the weight kinds W_*
 #include "rows.h"
 
 // Software prefetch distance for products with 2+ activation rows: each weight byte then costs several FMAs, and
@@ -25,8 +26,6 @@
 // At one row it changes nothing measurable, so it is not issued there.
 static const size_t PF_BYTES = 4096;
 
-// W_I4: int4.cpp's grouped 4-bit layout, float16 scales; W_GGML + t: GGUF's blocks of ggml type t (ggml.cpp)
-enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2, W_I4 = 3, W_GGML = 16 };
 
 template <int KIND>
 TARGET static inline __m512 load_w(const void* w, int64_t k, __mmask16 m) {

@@ -463,8 +463,8 @@ namespace {
 // A matrix whose row ranges are of different types (a fused q/k/v or gate/up of a Q4_K_M file, whose v and down
 // rows are Q6_K in some layers): desc = [count, then per part: rows, type, address of its blocks]. Each part's
 // product goes through a buffer into its columns of y.
-const int MIXED = 255;
-const int Q16 = 256;  // flag on the type: int16 activations (Acts<int16_t>) instead of int8
+const int MIXED = GGML_MIXED;  // nt_abi.h's flags on the type
+const int Q16 = GGML_Q16;      // int16 activations (Acts<int16_t>) instead of int8
 
 int linear_mixed(const int64_t* desc, const float* x, const float* bias, int64_t M, int64_t N, int64_t K, void* y,
                  int out_kind, bool q16) {

@@ -6,7 +6,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-enum { OUT_F32 = 0, OUT_BF16 = 1 };  // the output's dtype: float32 or bfloat16
+#include "nt_abi.h"  // the output kinds OUT_F32, OUT_BF16
 
 // 16 vectors -> one: lane r = the sum of a[r]'s lanes (a transpose tree: 30 shuffles and adds for 16 rows
 // instead of 16 separate horizontal sums).

@@ -23,118 +23,69 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 from typing import Iterator
 
 import torch
 
-from . import kernels
+from . import arithmetic, kernels
 from .batch import ForwardBatch
 from .cache import KVCache
-from .quant.bf16 import BF16Embedding, BF16Linear
-from .quant.ggml import GGUFLinear
-from .quant.int4 import Int4Linear
-from .quant.int8 import Int8Embedding, Int8Linear
 from .layers import MLP, Attention, Block, RMSNorm
-from .linear import KeptLinear, Linear
 from .moe import MoE
+from .native_abi import describe, describe_table
+from .native_abi import (KV_F32, KV_I8, NT_GELU, NT_NORM_AFTER, NT_PLUS_ONE, NT_SANDWICH, QK_HEAD,
+                         QK_NONE, QK_PROJECTION)
+from .native_abi import NtExpert as _Expert
+from .native_abi import NtLayer as _Layer
+from .native_abi import NtLinear as _Linear
+from .native_abi import NtLora as _Lora
+from .native_abi import NtModel as _Model
 
-_ENABLED = os.environ.get("NEXTTOKEN_FUSED", "1") != "0"  # NEXTTOKEN_FUSED=0: decode steps run the modules
-_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
+_KV_KIND = {torch.float32: KV_F32, torch.int8: KV_I8}  # the cache's (NtModel.kv_kind)
 
 
 @contextlib.contextmanager
-def disabled() -> Iterator[None]:
-    """Run the PyTorch modules for decode steps too (the reference the fused step is tested against)."""
-    global _ENABLED
-    before, _ENABLED = _ENABLED, False
+def disabled(model: torch.nn.Module | None = None) -> Iterator[None]:
+    """Run the PyTorch modules for decode steps too (the reference the fused step is tested against): `model`'s
+    policy with fused_step=False inside the block, or without a model every model's in this thread
+    (arithmetic.changed). NEXTTOKEN_FUSED=0 makes it the default of the models built after."""
+    if model is None:
+        with arithmetic.changed(fused_step=False):
+            yield
+        return
+    before = model.arithmetic
+    model.arithmetic = before.replace(fused_step=False)
     try:
         yield
     finally:
-        _ENABLED = before
+        model.arithmetic = before
 
 
-class _Linear(ctypes.Structure):
-    _fields_ = [("weight", ctypes.c_void_p), ("kind", ctypes.c_int64), ("scale", ctypes.c_void_p),
-                ("bias", ctypes.c_void_p)]
+def _fused_on(model: torch.nn.Module) -> bool:
+    """Whether the model's arithmetic (model.arithmetic, with any enclosing arithmetic.changed) takes the fused
+    step."""
+    return arithmetic.in_force(model.__dict__.get("_arithmetic")).fused_step
 
 
-class _Lora(ctypes.Structure):
-    _fields_ = [("A", ctypes.c_void_p), ("Bt", ctypes.c_void_p), ("rank", ctypes.c_int64)]
-
-
-class _Expert(ctypes.Structure):
-    _fields_ = [("w13", _Linear), ("w2", _Linear)]
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("qkv", _Linear), ("o", _Linear),
-                ("w13", _Linear), ("w2", _Linear), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
-                ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p),
-                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("attn_post_norm", ctypes.c_void_p),
-                ("ffn_post_norm", ctypes.c_void_p), ("sliding", ctypes.c_int64), ("router", _Linear),
-                ("experts", ctypes.POINTER(_Expert)), ("shared", _Expert), ("shared_gate", _Linear),
-                ("lora_qkv", _Lora), ("lora_o", _Lora), ("lora_w13", _Lora), ("lora_w2", _Lora)]
-
-
-class _Model(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_int64) for name in (
-        "n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "intermediate", "vocab")] + [("embed", _Linear)] + [
-        (name, ctypes.c_int64) for name in ("cache_row_stride", "cache_head_stride")] + [
-        ("eps", ctypes.c_double), ("inv_freq", ctypes.c_void_p),
-                                 ("final_norm", ctypes.c_void_p), ("lm_head", _Linear),
-                                 ("layers", ctypes.POINTER(_Layer)), ("kv_kind", ctypes.c_int64),
-        ("flags", ctypes.c_int64), ("qk_norm", ctypes.c_int64)] + [(name, ctypes.c_double) for name in (
-        "embed_mult", "embed_scale", "attn_scale", "attn_softcap", "residual", "final_softcap", "logits_scaling")] + [
-        ("window", ctypes.c_int64), ("local_inv_freq", ctypes.c_void_p), ("long_inv_freq", ctypes.c_void_p),
-        ("rope_original_max", ctypes.c_int64), ("rope_scaling", ctypes.c_double)] + [
-        (name, ctypes.c_int64) for name in ("n_experts", "top_k", "norm_topk", "moe_intermediate",
-                                            "shared_intermediate")] + [("lora_slots", ctypes.c_void_p)]
-
-
-# csrc/decode.cpp's NtModel.flags
-_PLUS_ONE, _SANDWICH, _NORM_AFTER, _GELU = 1, 2, 4, 8
-_QK_NORM = {None: 0, "head": 1, "projection": 2}
+# csrc/nt_abi.h's NtModel.flags and qk_norm codes
+_PLUS_ONE, _SANDWICH, _NORM_AFTER, _GELU = NT_PLUS_ONE, NT_SANDWICH, NT_NORM_AFTER, NT_GELU
+_QK_NORM = {None: QK_NONE, "head": QK_HEAD, "projection": QK_PROJECTION}
 
 
 def _linear(module: torch.nn.Module) -> _Linear | None:
-    if type(module) in (Linear, BF16Linear):
-        w, scale, bias = module.weight, None, module.bias
-    elif type(module) is Int8Linear:
-        w, scale, bias = module.weight, module.scale, module.bias
-    elif type(module) is GGUFLinear and kernels.ggml_available():  # kind 16 + ggml type: csrc/ggml.cpp's blocks
-        if module.bias is not None and module.bias.dtype != torch.float32:
-            return None
-        return _Linear(module.native_weight.data_ptr(), module.native_kind, None,
-                       None if module.bias is None else module.bias.data_ptr())
-    elif type(module) is Int4Linear and kernels.int4_available():  # kind 3: csrc/int4.cpp's layout
-        if module.bias is not None and module.bias.dtype != torch.float32:
-            return None
-        return _Linear(module.weight.data_ptr(), 3, module.scale.data_ptr(),
-                       None if module.bias is None else module.bias.data_ptr())
-    else:
-        return None
-    if w.dtype not in _KIND or not w.is_contiguous() or (bias is not None and bias.dtype != torch.float32):
-        return None
-    return _Linear(w.data_ptr(), _KIND[w.dtype], None if scale is None else scale.data_ptr(),
-                   None if bias is None else bias.data_ptr())
+    """A weight layer as an NtLinear: what the layer says of itself (native_abi.describe, the one chooser of
+    kinds), or None where the native step does not compute it."""
+    return describe(module)
 
 
 def _embedding(module: torch.nn.Module, vocab: int) -> _Linear | None:
     """The token table as the native step reads it (csrc/decode.cpp's embed: ids in [0, vocab)), or None: a
     float32 nn.Embedding, bf16.BF16Embedding's bfloat16 rows or quant.Int8Embedding's int8 rows and scales (a
-    tensor-parallel rank's vocab-parallel table is looked up in Python)."""
-    
+    tensor-parallel rank's vocab-parallel table is looked up in Python; native_abi.describe_table chooses)."""
     w = _table(module)
     if not w.is_contiguous() or w.dim() != 2 or w.shape[0] < vocab:
         return None
-    if type(module) is torch.nn.Embedding and w.dtype == torch.float32:
-        return _Linear(w.data_ptr(), 0, None, None)
-    if type(module) is BF16Embedding and w.dtype == torch.bfloat16:
-        return _Linear(w.data_ptr(), 1, None, None)
-    if type(module) is Int8Embedding and w.dtype == torch.int8 and module.dtype == torch.float32:
-        return _Linear(w.data_ptr(), 2, module.table.scale.data_ptr(), None)
-    return None
+    return describe_table(module)
 
 
 def _key(model: torch.nn.Module, cache: KVCache) -> tuple:
@@ -233,7 +184,7 @@ class _Plan:
             cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
             cfg.intermediate_size, vocab, embed or _Linear(None, 0, None, None), Hkv * S * D, S * D,
             cfg.rms_norm_eps, model.inv_freq.data_ptr(), model.norm.weight.data_ptr(), head, self.layers,
-            _KIND[cache.k.dtype], flags, _QK_NORM[cfg.qk_norm], cfg.embedding_multiplier, embed_scale,
+            _KV_KIND[cache.k.dtype], flags, _QK_NORM[cfg.qk_norm], cfg.embedding_multiplier, embed_scale,
             cfg.attention_multiplier or 0.0, cfg.attn_logit_softcapping or 0.0, cfg.residual_multiplier,
             cfg.final_logit_softcapping or 0.0, cfg.logits_scaling, cfg.sliding_window or 0,
             None if local is None else local.data_ptr(), None if long is None else long.data_ptr(),
@@ -316,14 +267,9 @@ def _expert(mlp: torch.nn.Module) -> _Expert | None:
 
 
 def _kept(module: torch.nn.Module) -> _Linear | None:
-    """A router (or shared-expert gate): a float32 KeptLinear without bias, as an NtLinear; else what _linear
-    makes of a replaced layer."""
-    if type(module) is KeptLinear:
-        w = module.weight
-        if w.dtype != torch.float32 or not w.is_contiguous() or module.bias is not None:
-            return None
-        return _Linear(w.data_ptr(), 0, None, None)
-    return _linear(_local(module))
+    """A router (or shared-expert gate): a float32 KeptLinear without bias (its native()), or what a replaced
+    layer says of itself."""
+    return describe(_local(module))
 
 
 def _scales(cache: KVCache, layer: int) -> tuple[int | None, int | None]:
@@ -341,7 +287,7 @@ def _cache_ok(cache: KVCache) -> bool:
 def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> bool:
     """Whether this forward is a plain float32 CPU decode step the native function computes as the modules do."""
     return (
-        _ENABLED
+        _fused_on(model)
         and isinstance(cache, KVCache)  # a view of the engine's pool (a one-token prefill chunk) runs the modules
         and input_ids.shape[1] == 1
         and input_ids.shape[0] <= kernels.MAX_ROWS
@@ -442,7 +388,7 @@ def rows_plan(model: torch.nn.Module, cache: KVCache) -> RowsPlan | None:
     """The native description when the engine's decode rows of this model and slot cache take the native step,
     else None. A property of the model and the cache alone (never of which requests share a step), so a request's
     numbers do not depend on its batch-mates. Checked once per step (the weights may have been replaced)."""
-    if not (_ENABLED and getattr(model, "native_step", False) and _cache_ok(cache) and model.dtype == torch.float32 and not torch.is_grad_enabled()
+    if not (getattr(model, "native_step", False) and _fused_on(model) and _cache_ok(cache) and model.dtype == torch.float32 and not torch.is_grad_enabled()
             and not _observed(model) and kernels.library() is not None):
         return None
     plan = _plan(model, cache)

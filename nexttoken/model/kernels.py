@@ -9,6 +9,10 @@ $NEXTTOKEN_CACHE or ~/.cache/nexttoken, then called through ctypes. Everything f
 unavailable: no compiler, no AVX-512, a non-CPU tensor, or NEXTTOKEN_NATIVE=0 in the environment.
 NEXTTOKEN_REQUIRE_NATIVE=1 (CI sets it where g++ and AVX-512 are present) turns "unavailable" into an error that
 carries the compiler's message, so a kernel that stops compiling fails the run instead of skipping its tests.
+
+Loading checks the boundary first (native_abi.py): the structs and codes the library was compiled with
+(csrc/nt_abi.h) against their Python mirrors. A difference refuses the library with a message naming the struct,
+the field and both layouts (`why_unavailable()`; an error under NEXTTOKEN_REQUIRE_NATIVE=1), never a misread struct.
 """
 
 from __future__ import annotations
@@ -24,13 +28,16 @@ from pathlib import Path
 import torch
 
 from ..errors import NextTokenError
+from . import native_abi
+from .native_abi import DTYPE_KIND, OUT_KIND, Kind, NativeABIError
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
-SOURCES = (CSRC / "gemv.cpp", CSRC / "decode.cpp", CSRC / "int4.cpp", CSRC / "ggml.cpp")  # one library
-HEADERS = (CSRC / "rows.h",)  # included by the sources: part of the cache key
+SOURCES = (CSRC / "gemv.cpp", CSRC / "decode.cpp", CSRC / "int4.cpp", CSRC / "ggml.cpp",
+           CSRC / "abi.cpp")  # one library
+HEADERS = (CSRC / "rows.h", CSRC / "nt_abi.h")  # included by the sources: part of the cache key
 MAX_ROWS = 16  # activation rows per call; beyond that torch's GEMM is the faster choice
-_W_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
-_OUT_KIND = {torch.float32: 0, torch.bfloat16: 1}
+_W_KIND = DTYPE_KIND  # nt_linear's kind of a float32 / bfloat16 / int8 weight (nt_abi.h's NtKind)
+_OUT_KIND = OUT_KIND
 
 
 def _cache_dir() -> Path:
@@ -50,13 +57,18 @@ def build(verbose: bool = False) -> Path | None:
     return path
 
 
+def library_path() -> Path:
+    """Where the library built from these sources lives in the cache (keyed by their hash)."""
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES + HEADERS)).hexdigest()[:16]
+    return _cache_dir() / f"libnt_gemv_{digest}.so"
+
+
 def _build() -> tuple[Path | None, str]:
     """(the library's path, "") or (None, why not)."""
     missing = [str(f) for f in SOURCES + HEADERS if not f.is_file()]
     if missing:
         return None, f"sources missing: {missing}"
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES + HEADERS)).hexdigest()[:16]
-    target = _cache_dir() / f"libnt_gemv_{digest}.so"
+    target = library_path()
     if target.is_file():
         return target, ""
     try:
@@ -68,7 +80,7 @@ def _build() -> tuple[Path | None, str]:
     cmd = [os.environ.get("CXX", "g++"), "-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off",
            *map(str, SOURCES), "-o", str(tmp)]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # ~1 min alone, more when busy
     except (OSError, subprocess.TimeoutExpired) as e:
         return None, f"compiler not run: {e}"
     if done.returncode != 0:
@@ -80,26 +92,46 @@ def _build() -> tuple[Path | None, str]:
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The loaded kernel library, or None when it cannot be used on this machine."""
-    if os.environ.get("NEXTTOKEN_NATIVE", "1") == "0":
-        return None
-    lib, why = _load()
-    if lib is None:
-        if os.environ.get("NEXTTOKEN_REQUIRE_NATIVE") == "1":
-            raise NativeKernelError(f"NEXTTOKEN_REQUIRE_NATIVE=1 but the native kernel is unavailable: {why}")
-        return None
+    lib, why = _loaded()
+    if lib is None and why and os.environ.get("NEXTTOKEN_REQUIRE_NATIVE") == "1":
+        raise NativeKernelError(f"NEXTTOKEN_REQUIRE_NATIVE=1 but the native kernel is unavailable: {why}")
     return lib
 
 
-def _load() -> tuple[ctypes.CDLL | None, str]:
+def why_unavailable() -> str:
+    """Why library() is None ("" when it is loaded, or switched off by NEXTTOKEN_NATIVE=0)."""
+    return _loaded()[1]
+
+
+class _Unsupported(Exception):
+    """The library loads, but this CPU cannot run it."""
+
+
+@functools.cache
+def _loaded() -> tuple[ctypes.CDLL | None, str]:
+    """(the library, "") or (None, why not): built, opened and checked once per process."""
+    if os.environ.get("NEXTTOKEN_NATIVE", "1") == "0":
+        return None, ""
     path, why = _build()
     if path is None:
         return None, why
     try:
-        lib = ctypes.CDLL(str(path))  # torch is loaded first, so its libgomp (same soname) is the one we use
+        return load(path), ""
     except OSError as e:
         return None, f"cannot load {path}: {e}"
+    except NativeABIError as e:
+        return None, f"{path} was refused: {e}"
+    except _Unsupported as e:
+        return None, str(e)
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """Open the kernel library at `path`, check its boundary (native_abi.check_library: NativeABIError on a
+    drift) and declare its functions' signatures. OSError when it cannot be opened."""
+    lib = ctypes.CDLL(str(path))  # torch is loaded first, so its libgomp (same soname) is the one we use
+    native_abi.check_library(lib)
     if not lib.nt_supported():
-        return None, "this CPU lacks AVX-512 F/BW/VL/DQ or FMA"
+        raise _Unsupported("this CPU lacks AVX-512 F/BW/VL/DQ or FMA")
     p, i64, i = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.nt_linear.argtypes = [p, i, p, p, p, i64, i64, i64, p, i]
     lib.nt_linear.restype = i
@@ -129,7 +161,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     lib.nt_linear_ggml.restype = i
     lib.nt_dequantize_ggml.argtypes = [i, p, i64, i64, p, i]
     lib.nt_dequantize_ggml.restype = i
-    return lib, ""
+    return lib
 
 
 def available() -> bool:
@@ -248,7 +280,7 @@ def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, K: int, dtype: t
     return out
 
 
-GGML_KIND = 16  # nt_linear's kind for GGUF blocks: GGML_KIND + the ggml type id (csrc/ggml.cpp)
+GGML_KIND = int(Kind.W_GGML)  # nt_linear's kind for GGUF blocks: GGML_KIND + the ggml type id (csrc/ggml.cpp)
 
 
 def ggml_available() -> bool:
@@ -288,4 +320,5 @@ def dequantize_ggml(packed: torch.Tensor, ggml_type: int, K: int, dtype: torch.d
 
 if __name__ == "__main__":  # `python -m nexttoken.model.kernels`: build now (e.g. from scripts/setup.sh)
     built = build(verbose=True)
-    print(f"nexttoken native kernel: {built if built and available() else 'unavailable (torch fallback)'}")
+    status = built if built and available() else f"unavailable (torch fallback): {why_unavailable()}"
+    print(f"nexttoken native kernel: {status}")

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import kernels
+from .native_abi import NtLinear, weight_rows
 
 
 class Linear(nn.Linear):
@@ -22,9 +23,19 @@ class Linear(nn.Linear):
             return kernels.linear(x, self.weight, bias)
         return F.linear(x, self.weight, self.bias)
 
+    def native(self) -> NtLinear | None:
+        """The kernels' description (native_abi.describe): float32 or bfloat16 rows, a float32 bias."""
+        return weight_rows(self.weight, self.bias)
+
 
 class KeptLinear(nn.Linear):
     """A Linear that quantization leaves in its float dtype (MoE routers: their top-k choice is discrete), with
     the same native few-row products, so a row's numbers never depend on how many rows share the call."""
 
     forward = Linear.forward
+
+    def native(self) -> NtLinear | None:
+        """As a MoE router or shared-expert gate (csrc/decode.cpp reads them so): float32 rows, no bias."""
+        if self.weight.dtype != torch.float32 or self.bias is not None:
+            return None
+        return weight_rows(self.weight)

@@ -12,6 +12,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from . import fused
+from .arithmetic import Arithmetic, running
 from .batch import ForwardBatch
 from .cache import KVCache
 from .layers import Block, RMSNorm
@@ -25,7 +26,7 @@ class Transformer(nn.Module):
     native_step = True  # fused.py may run its decode steps natively (it checks the layers; a stand-in model lacks this)
     adapters = None  # lora.AdapterRegistry once adapters are attached (lora.attach): rows choose slots (batch.lora)
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, arithmetic: Arithmetic | None = None) -> None:
         super().__init__()
         self.config = cfg
         # The loader builds this under torch.device("meta") and assigns the checkpoint's weights; nn.Embedding's own
@@ -43,6 +44,25 @@ class Transformer(nn.Module):
         # Phi-3's LongRoPE: a second set for sequences beyond the original context; None: one set.
         longrope = cfg.rope.type == "longrope"
         self.long_inv_freq = inverse_frequencies(cfg.rope, cfg.head_dim, long=True) if longrope else None
+        self.arithmetic = Arithmetic.from_env() if arithmetic is None else arithmetic
+
+    @property
+    def arithmetic(self) -> Arithmetic:
+        """How this model computes (model/arithmetic.py): the fused decode step, the prefill products'
+        precision, the GGUF products' activations. Assigning a new policy hands it to the layers that hold a
+        choice of their own (a GGUF layer's activations) and drops the native step's description."""
+        return self.__dict__["_arithmetic"]
+
+    @arithmetic.setter
+    def arithmetic(self, policy: Arithmetic) -> None:
+        if not isinstance(policy, Arithmetic):
+            raise TypeError(f"model.arithmetic must be an Arithmetic, not {type(policy).__name__}")
+        self.__dict__["_arithmetic"] = policy
+        for m in self.modules():
+            use = getattr(type(m), "use_arithmetic", None)
+            if use is not None:
+                use(m, policy)
+        self.__dict__.pop("_fused_plan", None)
 
     def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
         # .to(dtype) must not round the RoPE frequencies to bf16; they follow the weights' device only.
@@ -72,11 +92,12 @@ class Transformer(nn.Module):
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
         """input_ids (B, T) -> logits (B, V) when batch.last_only, else (B, T, V); in the weights' dtype.
         Rows with an adapter slot in batch.lora add that adapter's low-rank products (model/lora/layers.py)."""
-        if batch.lora is not None:
-            assert self.adapters is not None, "batch.lora names adapter slots, and this model has none attached"
-            with self.adapters.rows(batch.lora):
-                return self._forward(input_ids, batch, cache)
-        return self._forward(input_ids, batch, cache)
+        with running(self.arithmetic):  # this model's policy for its layers (quant/tiles.py's prefill)
+            if batch.lora is not None:
+                assert self.adapters is not None, "batch.lora names adapter slots, and this model has none attached"
+                with self.adapters.rows(batch.lora):
+                    return self._forward(input_ids, batch, cache)
+            return self._forward(input_ids, batch, cache)
 
     def _forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
         if fused.applies(self, input_ids, batch, cache):  # a plain float32 CPU decode step: one native call
@@ -95,7 +116,8 @@ class Transformer(nn.Module):
     def last_hidden_state(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
         """input_ids (B, T) -> (B, T, C): the final norm's output at every position (transformers'
         `last_hidden_state`), what embeddings pool."""
-        return self.norm(self._trunk(input_ids, batch, cache))
+        with running(self.arithmetic):
+            return self.norm(self._trunk(input_ids, batch, cache))
 
     def _trunk(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
         """input_ids (B, T) -> (B, T, C): the embedding and every layer, before the final norm."""

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
+from ..native_abi import NtLinear, weight_rows
 from . import tiles
 
 class BF16Linear(nn.Module):
@@ -46,6 +47,10 @@ class BF16Linear(nn.Module):
             y = y + self.bias.to(x.dtype)
         return y.view(*lead, N)
 
+    def native(self) -> NtLinear | None:
+        """The kernels' description (native_abi.describe): bfloat16 rows, widened exactly."""
+        return weight_rows(self.weight, self.bias)
+
 
 class TableEmbedding(nn.Module):
     """Embedding rows read from a weight-only layer's matrix (`table`; a tied LM head shares it), returned as
@@ -65,3 +70,8 @@ class BF16Embedding(TableEmbedding):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.table.weight).to(torch.float32)  # (B, T, C)
+
+    def native_table(self) -> NtLinear | None:
+        """The token table as csrc/decode.cpp's embed reads it: bfloat16 rows (native_abi.describe_table)."""
+        w = self.table.weight
+        return weight_rows(w) if w.dtype == torch.bfloat16 else None

@@ -22,15 +22,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
+from ..native_abi import GGML_MIXED, GGML_Q16, NtLinear, weight_rows
+from ..arithmetic import ACTIVATIONS, Arithmetic
 from . import tiles
 from .bf16 import TableEmbedding
 
 # ggml type name -> id (ggml.h's enum ggml_type): the block types csrc/ggml.cpp multiplies.
 GGML_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12,
               "Q5_K": 13, "Q6_K": 14}
-MIXED = 255  # csrc/ggml.cpp's type for a matrix of several parts
-Q16 = 256  # csrc/ggml.cpp's flag on the type: int16 activations instead of int8
-ACTIVATIONS = ("int8", "int16")  # how the activations are quantized per block of 32 for the product
+MIXED = GGML_MIXED  # csrc/nt_abi.h's type for a matrix of several parts
+Q16 = GGML_Q16  # csrc/nt_abi.h's flag on the type: int16 activations instead of int8
 
 
 def native_blocks() -> bool:
@@ -59,8 +60,9 @@ class GGUFLinear(nn.Module):
     row ranges stacked make W."""
 
     def __init__(self, parts: list[tuple[torch.Tensor, int]], in_features: int, bias: torch.Tensor | None,
-                 activations: str = "int8") -> None:
+                 activations: str | None = None) -> None:
         super().__init__()
+        activations = Arithmetic.gguf_activations if activations is None else activations  # the policy's default
         if activations not in ACTIVATIONS:
             raise ValueError(f"activations={activations!r}: use one of {', '.join(ACTIVATIONS)}")
         self.in_features, self.activations = in_features, activations
@@ -92,6 +94,16 @@ class GGUFLinear(nn.Module):
             desc += [rows.shape[0], t, rows.data_ptr()]
         self.native_kind = kernels.GGML_KIND + (MIXED | flag)
         self.native_weight = torch.tensor(desc, dtype=torch.int64)
+
+    def native(self) -> NtLinear | None:
+        """The kernels' description (native_abi.describe): W_GGML + the blocks' type, where ggml.cpp runs here."""
+        return weight_rows(self.native_weight, self.bias, kind=self.native_kind) if kernels.ggml_available() else None
+
+    def use_arithmetic(self, policy: Arithmetic) -> None:
+        """A model's policy (Transformer.arithmetic): its gguf_activations chooses how this layer quantizes."""
+        if policy.gguf_activations != self.activations:
+            self.activations = policy.gguf_activations
+            self._describe()
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's: a move re-points the description
         out = super()._apply(fn, recurse)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
+from ..native_abi import Kind, NtLinear, weight_rows
 from . import tiles
 
 GROUP = 32  # columns per scale
@@ -166,3 +167,7 @@ class Int4Linear(nn.Module):
         """x (M, K) @ dequantized weights^T, a block of output rows at a time (quant/tiles.py)."""
         return tiles.matmul(x, self.out_features, lambda n0, n1, dtype, out: kernels.dequantize_int4(
             self.weight[n0:n1], self.scale[n0:n1], self.in_features, dtype, out=out))
+
+    def native(self) -> NtLinear | None:
+        """The kernels' description (native_abi.describe): W_I4, int4.cpp's layout, where its kernels run here."""
+        return weight_rows(self.weight, self.bias, self.scale, Kind.W_I4) if kernels.int4_available() else None

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
+from ..native_abi import NtLinear, weight_rows
 from . import tiles
 
 
@@ -52,6 +53,10 @@ class Int8Linear(nn.Module):
         return tiles.matmul(x, self.out_features, lambda n0, n1, dtype, out: kernels.dequantize(
             self.weight[n0:n1], self.scale[n0:n1], dtype, out=out))
 
+    def native(self) -> NtLinear | None:
+        """The kernels' description (native_abi.describe): int8 rows and their float32 scales."""
+        return weight_rows(self.weight, self.bias, self.scale)
+
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w (N, K) float -> (int8 (N, K), scale (N,) float32) with w ~= q * scale[:, None], |q| <= 127."""
@@ -75,3 +80,9 @@ class Int8Embedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = F.embedding(ids, self.table.weight).to(torch.float32)  # (B, T, C)
         return (rows * self.table.scale[ids][..., None]).to(self.dtype)
+
+    def native_table(self) -> NtLinear | None:
+        """The token table as csrc/decode.cpp's embed reads it: int8 rows times their scales, for a float32 model
+        (native_abi.describe_table)."""
+        w = self.table.weight
+        return weight_rows(w, scale=self.table.scale) if w.dtype == torch.int8 and self.dtype == torch.float32 else None

@@ -12,51 +12,38 @@ copy of the whole matrix ever exists (1 GB for a 1B model's LM head in float32).
 - "float32" (exact): tiles widened to float32 and torch's float32 GEMM: the float32 modules' numbers on the stored
   weights, what the exactness tests hold a quantized model to.
 
-`NEXTTOKEN_PREFILL=float32` in the environment, or `with tiles.precision("float32"):`, chooses the exact one.
+The choice is the model's arithmetic policy (model/arithmetic.py: `model.arithmetic.prefill`, in force while its
+forward runs); `NEXTTOKEN_PREFILL=float32` makes float32 the default of the models built after, and
+`with tiles.precision("float32"):` the choice inside the block.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-from typing import Callable, Iterator
+from typing import Callable, ContextManager
 
 import torch
 import torch.nn.functional as F
 
-PRECISIONS = ("bfloat16", "float32")
+from ..arithmetic import PRECISIONS, ArithmeticPolicyError, changed, in_force
+
 BLOCK_BYTES = 4 << 20  # dequantized weights per GEMM: cache-sized, large enough to run at the GEMM's full rate
 
-
-def _from_env() -> str:
-    value = os.environ.get("NEXTTOKEN_PREFILL", "bfloat16")
-    if value not in PRECISIONS:
-        raise ValueError(f"NEXTTOKEN_PREFILL={value!r}: use one of {', '.join(PRECISIONS)}")
-    return value
-
-
-_PRECISION = _from_env()
 
 # tile(n0, n1, dtype, out) -> rows n0..n1 of W (n1 - n0, K) in dtype, written into out's storage when it can
 Tile = Callable[[int, int, torch.dtype, torch.Tensor], torch.Tensor]
 
 
-@contextlib.contextmanager
-def precision(name: str) -> Iterator[None]:
-    """Prefill products in `name` ("bfloat16" or "float32") inside the block."""
-    global _PRECISION
+def precision(name: str) -> ContextManager[None]:
+    """Prefill products in `name` ("bfloat16" or "float32") inside the block (arithmetic.changed(prefill=name))."""
     if name not in PRECISIONS:
-        raise ValueError(f"prefill precision {name!r}: use one of {', '.join(PRECISIONS)}")
-    before, _PRECISION = _PRECISION, name
-    try:
-        yield
-    finally:
-        _PRECISION = before
+        raise ArithmeticPolicyError(f"prefill precision {name!r}: use one of {', '.join(PRECISIONS)}")
+    return changed(prefill=name)
 
 
 def gemm_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype a prompt's product runs in: bf16 for float32 CPU activations unless exactness was asked for."""
-    fast = _PRECISION == "bfloat16" and x.dtype == torch.float32 and x.device.type == "cpu"
+    """The dtype a prompt's product runs in: bf16 for float32 CPU activations unless the arithmetic in force
+    (the running model's, arithmetic.in_force) asks for exact float32."""
+    fast = in_force().prefill == "bfloat16" and x.dtype == torch.float32 and x.device.type == "cpu"
     return torch.bfloat16 if fast else x.dtype
 
 

@@ -313,7 +313,7 @@ def checkpoint_tensors(g: GGUFFile, cfg: ModelConfig, names: list[str], dtype: t
 
 def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
                     device: str | torch.device | None = None,
-                    dequantize: bool = False, activations: str = "int8") -> tuple[Transformer, GGUFFile]:
+                    dequantize: bool = False, activations: str | None = None) -> tuple[Transformer, GGUFFile]:
     """Build our Transformer from a GGUF file; returns it with the opened file (its tokenizer metadata).
 
     By default a quantized file's matrices stay in their ggml blocks (and BF16 ones in bfloat16), multiplied
@@ -321,11 +321,15 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
     dequantize=True (also implied by a dtype other than float32, a non-CPU device, or no AVX-512 VNNI here) gives
     the float model of exactly gguf's dequantized values, the reference transformers' GGUF loader agrees with.
     activations="int16": the packed product quantizes its inputs to int16 per block of 32 instead of llama.cpp's
-    int8: close to the float model's choices, at up to twice the kernel's arithmetic (docs/performance.md)."""
-    from ..quant.ggml import ACTIVATIONS, native_blocks
+    int8: close to the float model's choices, at up to twice the kernel's arithmetic (docs/performance.md).
+    None: the arithmetic policy's default (model/arithmetic.py), which the model holds (model.arithmetic)."""
+    from ..arithmetic import ACTIVATIONS, Arithmetic
+    from ..quant.ggml import native_blocks
 
-    if activations not in ACTIVATIONS:
+    if activations is not None and activations not in ACTIVATIONS:
         raise ModelLoadError(f"gguf_activations={activations!r} is not supported; use one of {', '.join(ACTIVATIONS)}")
+    policy = Arithmetic.from_env()
+    policy = policy if activations is None else policy.replace(gguf_activations=activations)
 
     g = open_gguf(path)
     device = torch.device(device or "cpu")
@@ -345,8 +349,11 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
                 return _as_checkpoint(g, cfg, gname, file_rows(g, gname)), g.tensors[gname].tensor_type.name
 
             shapes = {hf: tuple(int(d) for d in reversed(g.tensors[dense[hf]].shape)) for hf in kept}
-            model = build_packed_model(g, cfg, floats, shapes, rows_of, activations)
+            model = build_packed_model(g, cfg, floats, shapes, rows_of, policy.gguf_activations)
+            model.arithmetic = policy
             release_pages(g.mapped)  # the pages read while copying: decode faults back the ones it uses
             return model, g
     tensors = checkpoint_tensors(g, cfg, names, torch_dtype)
-    return build_model(cfg, tensors, g.path, device, torch_dtype), g
+    model = build_model(cfg, tensors, g.path, device, torch_dtype)
+    model.arithmetic = policy
+    return model, g

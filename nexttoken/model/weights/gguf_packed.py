@@ -63,10 +63,10 @@ def _groups(cfg: ModelConfig, i: int) -> dict[str, list[str]]:
 
 
 def build_packed_model(g, cfg: ModelConfig, floats: dict[str, torch.Tensor], kept: dict[str, tuple[int, int]],  # noqa: ANN001
-                       rows_of, activations: str = "int8") -> Transformer:  # noqa: ANN001 - rows_of(hf name) -> (rows, type name)
+                       rows_of, activations: str | None = None) -> Transformer:  # noqa: ANN001 - rows_of(hf name) -> (rows, type name)
     """The Transformer with the `kept` matrices (checkpoint name -> the file's (rows, columns)) as stored (rows_of
     gives each one's rows: uint8 blocks, or bfloat16 values, in PyTorch's row order) and the `floats` (checkpoint
-    name -> float32 tensor) for the rest. `activations`: how GGUFLinear quantizes its inputs (quant/ggml.py)."""
+    name -> float32 tensor) for the rest. `activations`: how GGUFLinear quantizes its inputs (quant/ggml.py; None: the arithmetic policy's default)."""
     shapes = dict(floats)
     for hf, shape in kept.items():  # stand-ins of the file's shapes: the checks and the state dict's names, no memory
         shapes[hf] = torch.empty(shape, device="meta")
@@ -105,7 +105,7 @@ def _parent(block: nn.Module, dotted: str) -> tuple[nn.Module, str]:
 
 
 def _kept_linear(parts: list[tuple[torch.Tensor, str]], old: nn.Module | None, K: int | None = None,
-                 activations: str = "int8") -> nn.Module:
+                 activations: str | None = None) -> nn.Module:
     """One layer of the row ranges `parts` (rows, GGUF type name), stacked; the bias of `old` (the float layer it
     replaces) kept. Consecutive parts of one type are concatenated (one copy); a single part stays a view."""
     bias = None if old is None or old.bias is None else old.bias.detach()

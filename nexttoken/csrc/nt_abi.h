@@ -1,0 +1,111 @@
+// The native boundary: every struct and code that Python hands to the kernels, in one place.
+//
+// nexttoken/model/native_abi.py mirrors these structs with ctypes and, when the library loads, compares its
+// mirrors with nt_abi_layout() (abi.cpp: each struct's size and each field's offset and size, and the codes'
+// values). A field added, moved or resized on one side only is then an error at load, never a wrong number.
+// Change a struct or a code here and in native_abi.py together; abi.cpp's table lists every field.
+//
+// Every field is 8 bytes wide, so the mirrors need no padding rules.
+
+#pragma once
+
+#include <stdint.h>
+
+// A weight's kind (NtLinear.kind, nt_linear's `kind`): how its rows are stored.
+enum NtKind : int64_t {
+  W_F32 = 0,    // float32 rows
+  W_BF16 = 1,   // bfloat16 rows, widened exactly
+  W_I8 = 2,     // int8 rows times one float32 scale per row (NtLinear.scale)
+  W_I4 = 3,     // int4.cpp's grouped 4-bit layout, float16 scales per group of 32 (NtLinear.scale)
+  W_GGML = 16,  // W_GGML + t: GGUF's blocks of ggml type t (ggml.cpp); t may carry the two flags below
+};
+
+// Flags on a ggml type (W_GGML + (t | flags)).
+enum NtGgml : int64_t {
+  GGML_MIXED = 255,  // the weight is a description of row ranges of several types (ggml.cpp's linear_mixed)
+  GGML_Q16 = 256,    // int16 activations per block of 32 instead of int8
+};
+
+enum NtOut { OUT_F32 = 0, OUT_BF16 = 1 };  // an output's dtype: float32 or bfloat16
+
+enum NtKv : int64_t { KV_F32 = 0, KV_I8 = 2 };  // NtModel.kv_kind: the cache's elements
+
+// NtModel.flags: the families' switches on the one block.
+enum NtFlag : int64_t { NT_PLUS_ONE = 1, NT_SANDWICH = 2, NT_NORM_AFTER = 4, NT_GELU = 8 };
+
+// NtModel.qk_norm: where q and k are normalised before RoPE.
+enum NtQkNorm : int64_t { QK_NONE = 0, QK_HEAD = 1, QK_PROJECTION = 2 };
+
+struct NtLinear {
+  const void* weight;  // (out, in) rows of `kind`; a GGUF mixed matrix: its int64 description of parts
+  int64_t kind;        // NtKind: W_F32, W_BF16, W_I8 (then scale is set), W_I4, or W_GGML + ggml type (| flags)
+  const float* scale;  // (out,) or NULL; W_I4: (out, groups) float16
+  const float* bias;   // (out,) or NULL
+};
+
+struct NtLora {         // one matrix's LoRA adapters (model/lora/layers.py's LoraLinear), applied per row
+  const float* A;       // (slots, R, in) float32; NULL: no adapters on this matrix
+  const float* Bt;      // (slots, R, out) float32: B transposed
+  int64_t rank;         // R: the stack's padded width (zeros past an adapter's own rank)
+};
+
+struct NtExpert {  // one gated MLP of a mixture of experts
+  NtLinear w13;     // (2*I, C): gate then up
+  NtLinear w2;      // (C, I)
+};
+
+struct NtLayer {
+  const float* attn_norm;  // (C,)
+  const float* ffn_norm;   // (C,)
+  NtLinear qkv;            // (H*D + 2*Hkv*D, C): q, k, v fused
+  NtLinear o;              // (C, H*D)
+  NtLinear w13;            // (2*I, C): gate then up
+  NtLinear w2;             // (C, I)
+  void* k_cache;           // this layer's (N, Hkv, bs, D) keys: N blocks of bs columns (a slot cache: bs = S)
+  void* v_cache;           // and values; float32, or int8 (NtModel.kv_kind KV_I8) with the scales below
+  float* k_scale;          // int8: (N, Hkv, bs) one scale per token and head (absmax / 127); else NULL
+  float* v_scale;
+  // The families' parts (model/layers.py); NULL / 0 where the block has none.
+  const float* q_norm;          // q's RMSNorm weight before RoPE: (D,) per head, or (H*D,) the whole projection
+  const float* k_norm;          // k's: (D,) or (Hkv*D,)
+  const float* attn_post_norm;  // Gemma's sandwich: the attention output's norm (C,) before the residual add
+  const float* ffn_post_norm;   // and the MLP output's
+  int64_t sliding;              // 1: this layer attends the last NtModel.window columns (with local_inv_freq's RoPE)
+  NtLinear router;              // a MoE layer: (E, C) float32 router (weight NULL: a dense MLP, w13 / w2 above)
+  const NtExpert* experts;      // (E,) the experts' gated MLPs
+  NtExpert shared;              // Qwen2-MoE's always-on expert (w13.weight NULL: none)
+  NtLinear shared_gate;         // its (1, C) sigmoid gate
+  NtLora lora_qkv, lora_o, lora_w13, lora_w2;  // LoRA stacks of the four matrices (A NULL: none)
+};
+
+struct NtModel {
+  int64_t n_layers, hidden, n_heads, n_kv_heads, head_dim, intermediate, vocab;
+  NtLinear embed;             // (V, C) token table: float32, bfloat16 or int8 rows (scale set); weight NULL: none
+  int64_t cache_row_stride;   // one cache block: Hkv * bs * D
+  int64_t cache_head_stride;  // one head of a block: bs * D (so bs = cache_head_stride / head_dim)
+  double eps;
+  const float* inv_freq;    // (D/2,) RoPE inverse frequencies
+  const float* final_norm;  // (C,)
+  NtLinear lm_head;         // (V, C)
+  const NtLayer* layers;
+  int64_t kv_kind;  // NtKv: the cache's elements, KV_F32, or KV_I8 with per token and head scales
+  // The families' switches (config.py's ModelConfig; the neutral value where the family has none).
+  int64_t flags;            // NtFlag: NT_PLUS_ONE | NT_SANDWICH | NT_NORM_AFTER | NT_GELU
+  int64_t qk_norm;          // NtQkNorm: QK_NONE, QK_HEAD each head over D (Qwen3, Gemma 3), QK_PROJECTION (OLMo 2)
+  double embed_mult;        // embeddings times this (Granite's embedding_multiplier; 1.0: none)
+  double embed_scale;       // then times this, already rounded to float32 (Gemma: sqrt(hidden); 1.0: none)
+  double attn_scale;        // attention scores' scale (Granite's multiplier, Gemma's query_pre_attn_scalar^-0.5);
+                            // 0: 1/sqrt(D)
+  double attn_softcap;      // scores = cap * tanh(scores / cap) before the softmax (Gemma 2); 0: none
+  double residual;          // each branch times this before the residual add (Granite; 1.0: none)
+  double final_softcap;     // logits = cap * tanh(logits / cap) (Gemma); 0: none
+  double logits_scaling;    // logits / this (Granite; 1.0: none)
+  int64_t window;           // a sliding layer's columns: the last `window` (0: no sliding layers)
+  const float* local_inv_freq;  // (D/2,) the sliding layers' own RoPE (Gemma 3); NULL: inv_freq
+  const float* long_inv_freq;   // (D/2,) Phi-3 LongRoPE's long set (NULL: none), taken past rope_original_max
+  int64_t rope_original_max;
+  double rope_scaling;          // cos and sin times this (LongRoPE's attention factor; 1.0: none)
+  int64_t n_experts, top_k, norm_topk;        // MoE layers: route each row to top_k of n_experts (renormalised)
+  int64_t moe_intermediate, shared_intermediate;  // an expert's width, the shared expert's (0: none)
+  const int64_t* lora_slots;  // (B,) this call's adapter slot per row (-1: the base alone); NULL: no adapters
+};
