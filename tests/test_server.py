@@ -13,6 +13,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,7 +55,11 @@ def start_server(model_dir: Path, *extra: str, startup_s: float = 120) -> tuple[
     port = _free_port()
     cmd = [sys.executable, "-m", "nexttoken.cli", "serve", "--model", str(model_dir), "--port", str(port),
            "--threads", "1", "--chunk-size", "16", "--max-n", str(MAX_N), "--max-body-bytes", "20000", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ})
+    # The server's output (its request log too) goes to a file, read back through proc.stdout as the pipe it
+    # replaces was: a pipe nobody reads while the server runs would fill and stall it.
+    output = tempfile.NamedTemporaryFile(prefix="nexttoken-serve-", suffix=".log")
+    proc = subprocess.Popen(cmd, stdout=output, stderr=subprocess.STDOUT, env={**os.environ})
+    proc.stdout, proc.output_file = open(output.name, "rb"), output  # type: ignore[attr-defined]
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + startup_s
     while time.monotonic() < deadline:

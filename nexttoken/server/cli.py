@@ -141,7 +141,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-webui", dest="webui", action="store_false",
                    help="do not serve the chat page at / (docs/webui.md); the API is unchanged")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
+    p.add_argument("--request-log-level", choices=("debug", "info", "warning", "error", "off"), default="info",
+                   help="the request log on stderr: info (default) one line per request (method, path, status, "
+                        "model, tokens, duration, request id); warning: only errors, with their cause; error: only "
+                        "5xx (with the traceback); off: none; debug: /health and /metrics too")
     p.set_defaults(run=run)
+
+
+def _configure_logging(request_level: str) -> None:
+    """nexttoken's loggers to stderr, with time and level; the request log at --request-log-level."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("nexttoken")
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    root.propagate = False
+    level = logging.CRITICAL + 1 if request_level == "off" else getattr(logging, request_level.upper())
+    logging.getLogger("nexttoken.server.requests").setLevel(level)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -232,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
     except GenerationConfigError as e:  # a KV pool that cannot be had: the bytes and the flags, no traceback
         print(f"nexttoken serve: {e}", file=sys.stderr)
         return 2
+    _configure_logging(args.request_log_level)
     app = build_app(engine, settings)
     print(f"serving {name!r} on http://{args.host}:{args.port}"
           + (f" (chat page: http://{args.host}:{args.port}/)" if args.webui else ""), file=sys.stderr, flush=True)
