@@ -112,6 +112,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="JSON's whitespace under response_format / a JSON schema: flexible (the newlines and "
                         "indentation models write, bounded per gap) or compact (json.dumps' layout only); a request "
                         "sets its own with structured_outputs.whitespace")
+    p.add_argument("--strict-json-schema", action=argparse.BooleanOptionalAction, default=True,
+                   help="read JSON schemas (response_format, tool parameters) as clients write them: an object "
+                        "with properties and no additionalProperties takes no other keys, numbers have at most 16 "
+                        "integer and 10 fraction digits (llama.cpp's and XGrammar's reading; default); "
+                        "--no-strict-json-schema: JSON Schema's literal reading. A request sets its own with "
+                        "strict_json_schema")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="accepted for vLLM's command lines: tool_choice \"auto\" is always on when the call "
                         "format is known")
@@ -227,7 +233,8 @@ def run(args: argparse.Namespace) -> int:
                               reasoning_parser=args.reasoning_parser, reasoning_budget=args.reasoning_budget,
                               default_chat_template_kwargs=args.default_chat_template_kwargs,
                               pooling=model_pooling(loaded.path) or args.pooling, webui=args.webui,
-                              structured_whitespace=args.structured_whitespace, host=args.host,
+                              structured_whitespace=args.structured_whitespace,
+                              strict_json_schema=args.strict_json_schema, host=args.host,
                               allowed_hosts=tuple(args.allowed_hosts), allowed_origins=tuple(args.allowed_origins),
                               max_waiting_seqs=args.max_waiting_seqs,
                               special_tokens_in_content=args.special_tokens_in_content)

@@ -53,7 +53,8 @@ class Serving:
         self.network = core.model
         self.limits = Limits(core.max_seq_tokens, core.model.config.vocab_size, settings.max_n,
                              longest_token_bytes(core.tokenizer), core.max_seq_tokens < core.max_model_len)
-        self.base = server_defaults(core.generation_config, settings.structured_whitespace)
+        self.base = server_defaults(core.generation_config, settings.structured_whitespace,
+                                    settings.strict_json_schema)
         self.logprobs = LogprobFormatter(core.tokenizer)
         self.created = int(time.time())
         self.traces = traces or TraceStore(settings.model_name)  # traced requests' explain pages (one per server)
@@ -172,7 +173,8 @@ class Serving:
         """The request's options with what its tools need (the calls' grammar; special tokens kept in the text
         when a call marker is one)."""
         try:
-            return cfg.updated(**tool_options(use, self.tokenizer, {n: getattr(cfg, n) for n in CONSTRAINTS}))
+            options = {n: getattr(cfg, n) for n in (*CONSTRAINTS, "strict_json_schema")}
+            return cfg.updated(**tool_options(use, self.tokenizer, options))
         except ToolsError as e:
             raise bad_request(str(e), e.param) from e
         except NextTokenError as e:

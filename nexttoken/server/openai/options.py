@@ -32,7 +32,8 @@ SAME_NAME = (
 )
 
 
-def server_defaults(model_defaults: GenerationConfig, structured_whitespace: str = "flexible") -> GenerationConfig:
+def server_defaults(model_defaults: GenerationConfig, structured_whitespace: str = "flexible",
+                    strict_json_schema: bool = True) -> GenerationConfig:
     """The model's special tokens with OpenAI's sampling defaults: sampling at temperature 1, no top-k (the
     library's defaults are transformers': greedy, top_k=50); JSON's layout as --structured-whitespace sets it."""
     return GenerationConfig(
@@ -42,6 +43,7 @@ def server_defaults(model_defaults: GenerationConfig, structured_whitespace: str
         do_sample=True,
         top_k=None,
         structured_whitespace=structured_whitespace,
+        strict_json_schema=strict_json_schema,
     )
 
 
