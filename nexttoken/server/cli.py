@@ -112,6 +112,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="JSON's whitespace under response_format / a JSON schema: flexible (the newlines and "
                         "indentation models write, bounded per gap) or compact (json.dumps' layout only); a request "
                         "sets its own with structured_outputs.whitespace")
+    p.add_argument("--generation-config", choices=("auto", "vllm"), default="auto",
+                   help="auto (default, as vLLM's): a request that leaves out temperature, top_p, top_k, min_p, "
+                        "repetition_penalty or max_tokens gets the model's generation_config.json value (a GGUF "
+                        "file has none: then OpenAI's defaults, temperature 1 and all the context); vllm: OpenAI's "
+                        "defaults always. GET /v1/models shows what applies (generation_defaults)")
     p.add_argument("--strict-json-schema", action=argparse.BooleanOptionalAction, default=True,
                    help="read JSON schemas (response_format, tool parameters) as clients write them: an object "
                         "with properties and no additionalProperties takes no other keys, numbers have at most 16 "
@@ -235,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
                               pooling=model_pooling(loaded.path) or args.pooling, webui=args.webui,
                               structured_whitespace=args.structured_whitespace,
                               strict_json_schema=args.strict_json_schema, host=args.host,
+                              generation_config=args.generation_config,
                               allowed_hosts=tuple(args.allowed_hosts), allowed_origins=tuple(args.allowed_origins),
                               max_waiting_seqs=args.max_waiting_seqs,
                               special_tokens_in_content=args.special_tokens_in_content)

@@ -30,6 +30,7 @@ class Models(Serving):
         loaded = None if adapter is None or adapters is None else adapters.loaded.get(adapter)
         if adapter is not None:
             card |= {"root": str(loaded.path) if loaded is not None else adapter, "parent": self.settings.model_name}
+        card["generation_defaults"] = self.generation_defaults()  # what a request that leaves a field out gets
         return card
 
     async def tokenize(self, request: Request) -> dict:

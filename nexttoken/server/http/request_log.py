@@ -35,6 +35,7 @@ class RequestRecord:
     adapter: str | None = None  # the LoRA adapter it ran under; None: the base model
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    sampling: dict | None = None  # the sampling options it ran with (api/serving.py; openai/options.applied)
     _prompts: set[int] = field(default_factory=set)  # id() of the prompts counted (n choices share one list)
 
     def started(self, prompt_ids: list[int], adapter: str | None) -> None:
@@ -88,6 +89,8 @@ class RequestLog:
         line = (f"{scope['method']} {scope['path']} {status or '-'} model={model} "
                 f"prompt_tokens={record.prompt_tokens} completion_tokens={record.completion_tokens} "
                 f"duration_ms={seconds * 1000:.0f} request_id={record.request_id}")
+        if record.sampling is not None:
+            line += " sampling=" + ",".join(f"{k}={v}" for k, v in record.sampling.items())
         if status >= 400:
             line += f" error={_message(error)!r}"
         log.log(level, "%s", line)
