@@ -17,7 +17,7 @@ pytestmark = requires_shared
 LINE = re.compile(r"(?P<level>INFO|WARNING|ERROR) nexttoken\.server\.requests: (?P<method>\w+) (?P<path>\S+) "
                   r"(?P<status>\d+) model=(?P<model>\S+) prompt_tokens=(?P<prompt>\d+) "
                   r"completion_tokens=(?P<completion>\d+) duration_ms=(?P<ms>\d+) request_id=(?P<id>\S+)"
-                  r"(?: error=(?P<error>.*))?$")
+                  r"(?: sampling=(?P<sampling>\S+))?(?: error=(?P<error>.*))?$")
 
 
 def _lines(proc) -> list[dict]:
@@ -45,7 +45,7 @@ def test_a_line_per_request_and_each_error_with_its_cause() -> None:
     chat, stream, bad, empty = [x for x in lines if x["path"] != "/v1/models"]
     assert (chat["level"], chat["method"], chat["status"], chat["model"]) == ("INFO", "POST", "200", model)
     assert int(chat["prompt"]) == good.usage.prompt_tokens and int(chat["completion"]) == good.usage.completion_tokens
-    assert chat["id"] and chat["error"] is None
+    assert chat["id"] and chat["error"] is None and "max_tokens=5" in chat["sampling"]
     assert (stream["path"], stream["status"]) == ("/v1/completions", "200")
     assert (int(stream["prompt"]), int(stream["completion"])) == (streamed[-1].usage.prompt_tokens,
                                                                   streamed[-1].usage.completion_tokens)
