@@ -80,7 +80,8 @@ def test_bounded_schema_leaves_what_the_client_said() -> None:
     # allOf members add keys to each other: none is closed
     merged = bounded_schema({"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]})
     assert all("additionalProperties" not in s for s in merged["allOf"]) and "additionalProperties" not in merged
-    nested = bounded_schema({"$defs": {"P": Person.model_json_schema()}, "type": "array", "items": {"$ref": "#/$defs/P"}})
+    nested = bounded_schema({"$defs": {"P": Person.model_json_schema()}, "type": "array",
+                             "items": {"$ref": "#/$defs/P"}})
     assert nested["$defs"]["P"]["additionalProperties"] is False
     assert nested["$defs"]["P"]["properties"]["age"]["maximum"] == 10**16 - 1
 
@@ -89,7 +90,8 @@ def test_bounded_schema_leaves_what_the_client_said() -> None:
 def served():
     # SmolLM2's template shows no tool-call format: hermes' is named for the function-calling clients
     proc, url = start_server(SMOLLM2_GGUF, "--tool-call-parser", "hermes")
-    yield url, openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300).models.list().data[0].id
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    yield url, client.models.list().data[0].id
     stop_server(proc)
 
 

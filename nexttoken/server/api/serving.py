@@ -23,10 +23,11 @@ from ...tools.reasoning import format_named as reasoning_format_named
 from ...tools.request import tool_options
 from ..http.errors import APIError, bad_request, from_validation_error
 from ..http.shutdown import MESSAGE as SHUTTING_DOWN
+from ..http.request_log import current_request
 from ..http.streams import ClientGone, collect
 from ..metrics import ServerMetrics
-from ..http.request_log import current_request
-from ..openai.options import APPLIED_FIELDS, applied, constraint_field, model_defaults, request_options, server_defaults
+from ..openai.options import (APPLIED_FIELDS, applied, constraint_field, model_defaults, request_options,
+                              server_defaults)
 from ..openai.outputs import Choice, LogprobFormatter
 from ..openai.prompts import Limits, longest_token_bytes, new_tokens
 from ..settings import ServerSettings
