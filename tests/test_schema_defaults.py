@@ -123,9 +123,8 @@ def test_langchain_structured_output_finishes(served, method) -> None:
 
     url, model = served
     llm = ChatOpenAI(model=model, base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300, max_tokens=300)
-    out = llm.with_structured_output(Person, method=method, include_raw=True).invoke(
-        "Alice is a 31 year old engineer from Lyon. Extract the person.")
-    assert out["parsing_error"] is None and isinstance(out["parsed"], Person)
+    out = llm.with_structured_output(Country, method=method, include_raw=True).invoke(ASK)
+    assert out["parsing_error"] is None and isinstance(out["parsed"], Country)
     raw = out["raw"].response_metadata
     assert raw["finish_reason"] in ("stop", "tool_calls")
 
@@ -135,9 +134,8 @@ def test_chat_anthropic_structured_output_finishes(served) -> None:
 
     url, model = served
     llm = ChatAnthropic(model=model, base_url=url, api_key="unused", max_retries=0, timeout=300, max_tokens=300)
-    out = llm.with_structured_output(Person, include_raw=True).invoke(
-        "Alice is a 31 year old engineer from Lyon. Extract the person.")
-    assert out["parsing_error"] is None and isinstance(out["parsed"], Person)
+    out = llm.with_structured_output(Country, include_raw=True).invoke(ASK)
+    assert out["parsing_error"] is None and isinstance(out["parsed"], Country)
     assert out["raw"].response_metadata["stop_reason"] == "tool_use"
 
 
