@@ -144,6 +144,7 @@ def snapshot(seq: Sequence, delta: Delta, now: float) -> TokenEvent:
         trace=traced(seq) if seq.trace is not None and delta.finish_reason else None,
         spec_draft_tokens=seq.spec.drafted if seq.spec is not None else 0,
         spec_accepted_tokens=seq.spec.accepted if seq.spec is not None else 0,
+        hidden_stop=delta.hidden_stop,
     )
 
 

@@ -142,6 +142,7 @@ class TokenEvent:
     trace: dict | None = None  # with the last event of a traced request: its trace (generation/trace/recorder.py)
     spec_draft_tokens: int = 0  # speculative decoding, so far in this request: draft tokens verified
     spec_accepted_tokens: int = 0  # of them, kept
+    hidden_stop: bool = False  # the last of token_ids is a stop id the text leaves out (output_pipeline.Delta)
 
     @property
     def finished(self) -> bool:

@@ -127,6 +127,10 @@ class GenerationConfig:
     # (a newline and indentation after "{", a space after ":"), bounded per gap as llama.cpp bounds it, so it
     # cannot loop on blanks; "compact" allows exactly json.dumps' layout ('{"a": 1, "b": 2}').
     structured_whitespace: str = "flexible"
+    # JSON Schema as clients write it (json_schema and tool arguments): an object with `properties` and no
+    # `additionalProperties` takes no other keys, numbers have bounded digits (values.bounded_schema), as llama.cpp
+    # and XGrammar read schemas; False: JSON Schema's literal reading (other keys and any digits allowed).
+    strict_json_schema: bool = True
     # Traces (generation/trace/recorder.py, docs/tracing.md): per step, the top trace_top_n candidates before and after
     # each processor, the draw, the stop decisions and timings. Recorded by the engine (greedy and sampling).
     trace: bool = False
@@ -477,6 +481,7 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "grammar": _text,
     "structured_best_effort": _boolean,
     "structured_whitespace": _one_of("compact", "flexible"),
+    "strict_json_schema": _boolean,
     "trace": _boolean,
     "trace_top_n": _trace_top_n,
     "thinking": _thinking,

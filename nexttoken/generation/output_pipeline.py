@@ -65,6 +65,9 @@ class Delta:
     top_logprobs: list[TopLogprobs]
     finish_reason: str | None
     stop_reason: int | str | None
+    # The token ended the sequence as a stop id (EOS, a stop token) that the text leaves out: an API that reports
+    # log-probs per token of the answer leaves it out too (OpenAI's and vLLM's `logprobs.content`).
+    hidden_stop: bool = False
 
 
 def token_logprobs(logits: torch.Tensor, token: int, top_n: int) -> tuple[float, TopLogprobs]:
@@ -115,12 +118,15 @@ class OutputPipeline:
         self.logprobs.append(logprob)
         self.top_logprobs.append(list(top))
         may_stop = len(self.token_ids) >= self.min_tokens
+        hidden = False
         if may_stop and token in self.stop_token_ids:
             self._finish("stop", token)
-            if self.cfg.include_stop_str_in_output:
+            hidden = not self.cfg.include_stop_str_in_output
+            if not hidden:
                 self._push_text(token)
         elif may_stop and token in self.stop_ids:
             self._finish("stop", None)
+            hidden = True
         else:
             before = len(self.text)
             self._push_text(token)
@@ -130,7 +136,7 @@ class OutputPipeline:
             self._finish("stop", None)
         if not self.finished and len(self.token_ids) >= self.max_tokens:
             self._finish("length", None)
-        return self._delta([token], [logprob], [list(top)])
+        return dataclasses.replace(self._delta([token], [logprob], [list(top)]), hidden_stop=hidden)
 
     def finish(self, reason: str) -> Delta:
         """End the sequence from outside (a search that stopped it, an abort); the held-back text is released."""

@@ -166,6 +166,54 @@ def json_schema_value(value: Any) -> dict[str, Any]:
     return value
 
 
+# What a client's JSON Schema means by default (strict_json_schema=True), as llama.cpp's json-schema-to-grammar and
+# XGrammar's strict mode read it: an object schema with `properties` and no `additionalProperties` takes no other
+# keys (else a model may invent keys until max_tokens), and numbers have bounded digits (else "1212222..." runs on):
+# at most INTEGER_DIGITS before the point (llama.cpp's `[1-9] [0-9]{0,15}`) and FRACTION_DIGITS after it (the
+# finest `multipleOf` llguidance compiles is 1e-10). strict_json_schema=False reads the schema literally.
+INTEGER_DIGITS = 16
+FRACTION_DIGITS = 10
+_SUBSCHEMA = ("items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "not", "if", "then",
+              "else", "contains", "propertyNames", "additionalItems")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def bounded_schema(schema: Any, closable: bool = True) -> Any:
+    """`schema` as the grammar reads it by default (the bounds above), a new object: the client's is unchanged.
+    `closable`: False for an allOf member, whose keys its siblings' properties may add."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA:
+        if isinstance(out.get(key), dict):
+            out[key] = bounded_schema(out[key])
+    if isinstance(out.get("items"), list):  # draft-4 tuple items
+        out["items"] = [bounded_schema(s) for s in out["items"]]
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [bounded_schema(s) for s in out[key]]
+    if isinstance(out.get("allOf"), list):
+        out["allOf"] = [bounded_schema(s, closable=False) for s in out["allOf"]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: bounded_schema(s) for name, s in out[key].items()}
+    if closable and "properties" in out and "allOf" not in out and "additionalProperties" not in out \
+            and "unevaluatedProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    types = out.get("type")
+    types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
+    if ("number" in types or "integer" in types) and "enum" not in out and "const" not in out:
+        largest = 10**INTEGER_DIGITS - 1
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = largest
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -largest
+        if "number" in types and "multipleOf" not in out:
+            out["multipleOf"] = float(f"1e-{FRACTION_DIGITS}")
+    return out
+
+
 def check_choice(value: Any) -> None:
     if not isinstance(value, (list, tuple)) or not value or not all(isinstance(c, str) and c for c in value):
         raise StructuredOutputError(f"choice must be a non-empty list of non-empty strings, got {value!r}")

@@ -26,6 +26,7 @@ from .api.traces import TraceStore
 from .http.connections import AcceptErrors
 from .http.errors import ANTHROPIC_PATHS, APIError, anthropic_error_body, error_body
 from .http.guards import ApiKeyGuard, BodyLimit, HostCheck, InternalErrors, JsonOnly
+from .http.request_log import RequestLog
 from .http.shutdown import MESSAGE as SHUTTING_DOWN, Drain
 from .metrics import ServerMetrics
 from .anthropic.protocol import CountTokensRequest, MessagesRequest
@@ -82,7 +83,8 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["*"],
                        allow_headers=["*"])
     app.add_middleware(HostCheck, bound=settings.host, allowed=settings.allowed_hosts)
-    app.add_middleware(InternalErrors)  # outermost of ours: whatever goes wrong below is a 500 in OpenAI's body
+    app.add_middleware(InternalErrors)  # whatever goes wrong below is a 500 in OpenAI's body
+    app.add_middleware(RequestLog, model_name=settings.model_name)  # outermost: one line per request, 500s too
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:

@@ -108,6 +108,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="JSON's whitespace under response_format / a JSON schema: flexible (the newlines and "
                         "indentation models write, bounded per gap) or compact (json.dumps' layout only); a request "
                         "sets its own with structured_outputs.whitespace")
+    p.add_argument("--generation-config", choices=("auto", "vllm"), default="auto",
+                   help="auto (default, as vLLM's): a request that leaves out temperature, top_p, top_k, min_p, "
+                        "repetition_penalty or max_tokens gets the model's generation_config.json value (a GGUF "
+                        "file has none: then OpenAI's defaults, temperature 1 and all the context); vllm: OpenAI's "
+                        "defaults always. GET /v1/models shows what applies (generation_defaults)")
+    p.add_argument("--strict-json-schema", action=argparse.BooleanOptionalAction, default=True,
+                   help="read JSON schemas (response_format, tool parameters) as clients write them: an object "
+                        "with properties and no additionalProperties takes no other keys, numbers have at most 16 "
+                        "integer and 10 fraction digits (llama.cpp's and XGrammar's reading; default); "
+                        "--no-strict-json-schema: JSON Schema's literal reading. A request sets its own with "
+                        "strict_json_schema")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="accepted for vLLM's command lines: tool_choice \"auto\" is always on when the call "
                         "format is known")
@@ -126,7 +137,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-webui", dest="webui", action="store_false",
                    help="do not serve the chat page at / (docs/webui.md); the API is unchanged")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
+    p.add_argument("--request-log-level", choices=("debug", "info", "warning", "error", "off"), default="info",
+                   help="the request log on stderr: info (default) one line per request (method, path, status, "
+                        "model, tokens, duration, request id); warning: only errors, with their cause; error: only "
+                        "5xx (with the traceback); off: none; debug: /health and /metrics too")
     p.set_defaults(run=run)
+
+
+def _configure_logging(request_level: str) -> None:
+    """nexttoken's loggers to stderr, with time and level; the request log at --request-log-level."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("nexttoken")
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    root.propagate = False
+    level = logging.CRITICAL + 1 if request_level == "off" else getattr(logging, request_level.upper())
+    logging.getLogger("nexttoken.server.requests").setLevel(level)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -177,7 +206,9 @@ def run(args: argparse.Namespace) -> int:
                               reasoning_parser=args.reasoning_parser, reasoning_budget=args.reasoning_budget,
                               default_chat_template_kwargs=args.default_chat_template_kwargs,
                               pooling=model_pooling(loaded.path) or args.pooling, webui=args.webui,
-                              structured_whitespace=args.structured_whitespace, host=args.host,
+                              structured_whitespace=args.structured_whitespace,
+                              strict_json_schema=args.strict_json_schema, host=args.host,
+                              generation_config=args.generation_config,
                               allowed_hosts=tuple(args.allowed_hosts), allowed_origins=tuple(args.allowed_origins),
                               max_waiting_seqs=args.max_waiting_seqs,
                               special_tokens_in_content=args.special_tokens_in_content, aliases=tuple(aliases))
@@ -194,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
     except GenerationConfigError as e:  # a KV pool that cannot be had: the bytes and the flags, no traceback
         print(f"nexttoken serve: {e}", file=sys.stderr)
         return 2
+    _configure_logging(args.request_log_level)
     app = build_app(engine, settings)
     print(f"serving {name!r} on http://{args.host}:{args.port}"
           + (f" (chat page: http://{args.host}:{args.port}/)" if args.webui else ""), file=sys.stderr, flush=True)

@@ -21,6 +21,8 @@ class ServerSettings:
     default_chat_template_kwargs: dict = field(default_factory=dict)  # under each request's chat_template_kwargs
     pooling: str = "last"  # embeddings' pooling: the model folder's own (sentence-transformers) where it has one
     structured_whitespace: str = "flexible"  # JSON's layout under a JSON constraint, unless a request sets its own
+    generation_config: str = "auto"  # "auto": the model's generation_config.json defaults apply; "vllm": not
+    strict_json_schema: bool = True  # schemas as clients write them (closed objects, bounded digits); False: literal
     host: str = "127.0.0.1"  # the address it is bound to: a Host header naming it is this server
     allowed_hosts: tuple[str, ...] = ()  # more names the Host header may carry ("*": any)
     allowed_origins: tuple[str, ...] = ()  # web origins allowed to call it from a browser (CORS; "*": any)

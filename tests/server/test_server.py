@@ -19,23 +19,6 @@ from support.server import MAX_N, model_id, start_server, stop_server
 openai = pytest.importorskip("openai")
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 # ---- endpoints -----------------------------------------------------------------------------------------------------
 
 def test_models_health_tokenize_detokenize(server, client, llm) -> None:

@@ -35,7 +35,9 @@ WEATHER = [{"type": "function", "function": {"name": "get_weather", "description
 def server():
     from support.server import start_server, stop_server
 
-    proc, url = start_server(Path(DEFAULT_MODEL_DIR), "--api-key", KEY, "--tool-call-parser", "hermes")
+    # OpenAI's defaults under the page's options (the model's own: test_generation_defaults.py)
+    proc, url = start_server(Path(DEFAULT_MODEL_DIR), "--api-key", KEY, "--tool-call-parser", "hermes",
+                             "--generation-config", "vllm")
     yield url
     stop_server(proc)
 

@@ -22,6 +22,7 @@ import json
 import re
 from typing import Any, Callable, Protocol, Sequence
 
+from ..generation.values import bounded_schema
 from .parser import Reader, ToolCallParser, openai_call_id, random_id
 
 
@@ -43,8 +44,9 @@ def _lit(text: str) -> str:
     return json.dumps(text)  # a Lark string literal (JSON's escapes are Lark's)
 
 
-def _arguments_schema(parameters: dict[str, Any]) -> str:
-    schema = dict(parameters)
+def _arguments_schema(parameters: dict[str, Any], strict: bool) -> str:
+    """The arguments' JSON grammar: as clients write schemas (values.bounded_schema), unless `strict` is False."""
+    schema = bounded_schema(parameters) if strict else dict(parameters)
     schema.setdefault("type", "object")
     schema["x-guidance"] = _JSON_LAYOUT
     return "%json " + json.dumps(schema)
@@ -77,14 +79,15 @@ class ToolFormat:
     def detect(template: str) -> bool:
         raise NotImplementedError
 
-    def grammar(self, use: "ToolUse", token_of: TokenOf) -> str:
-        """The Lark grammar of the output under `use` (its choice decides: "auto", "required" or one function)."""
+    def grammar(self, use: "ToolUse", token_of: TokenOf, strict: bool = True) -> str:
+        """The Lark grammar of the output under `use` (its choice decides: "auto", "required" or one function);
+        `strict`: the arguments' schemas as clients write them (GenerationConfig.strict_json_schema)."""
         lines = ["%llguidance {}", f"start: {self._start(use, token_of)}"]
         functions = use.callable_functions
         lines.append("call: " + " | ".join(f"call_{i}" for i in range(len(functions))))
         for i, fn in enumerate(functions):
             head = "{" + f'"name": {json.dumps(fn.name)}, "{self.args_key}": '
-            lines.append(f"call_{i}: {_lit(head)} {_arguments_schema(fn.parameters)} {_lit('}')}")
+            lines.append(f"call_{i}: {_lit(head)} {_arguments_schema(fn.parameters, strict)} {_lit('}')}")
         lines.append(r"TEXT: /(.|\n)+/")
         return "\n".join(lines) + "\n" + self._extra_rules(use, token_of)
 

@@ -84,12 +84,13 @@ class ToolUse:
             return self.functions
         return tuple(f for f in self.functions if f.name == self.choice)
 
-    def grammar(self, tokenizer: Any) -> str | None:
-        """The constraint's Lark grammar (GenerationConfig's `grammar`), or None with tool_choice "none"."""
+    def grammar(self, tokenizer: Any, strict: bool = True) -> str | None:
+        """The constraint's Lark grammar (GenerationConfig's `grammar`), or None with tool_choice "none";
+        `strict`: GenerationConfig.strict_json_schema for the arguments' schemas."""
         if not self.calls:
             return None
         assert self.format is not None
-        return self.format.grammar(self, lambda marker: _single_token(tokenizer, marker))
+        return self.format.grammar(self, lambda marker: _single_token(tokenizer, marker), strict)
 
     def keeps_special_tokens(self, tokenizer: Any) -> bool:
         """Whether the output text must keep special tokens (a marker is one) for the parser to see calls."""
@@ -165,7 +166,7 @@ def tool_options(use: ToolUse, tokenizer: Any, options: Mapping[str, Any]) -> di
     from ...generation.processors.structured import CONSTRAINTS
 
     options = dict(options)
-    grammar = use.grammar(tokenizer)
+    grammar = use.grammar(tokenizer, options.get("strict_json_schema", True) is not False)
     if grammar is not None:
         clash = [name for name in CONSTRAINTS if options.get(name) not in (None, False)]
         if clash:

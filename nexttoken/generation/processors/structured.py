@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..values import CONSTRAINTS, StructuredOutputError, Thinking, check_choice, check_combination, json_schema_value  # noqa: F401 (re-exported)
+from ..values import CONSTRAINTS, StructuredOutputError, Thinking, bounded_schema, check_choice, check_combination, json_schema_value  # noqa: F401 (re-exported)
 
 # JSON's layout, by `structured_whitespace`. "compact" is json.dumps' ('{"a": 1, "b": [2, 3]}'). "flexible" is
 # JSON's own whitespace where JSON allows it, as OpenAI, vLLM (xgrammar's any_whitespace) and llama.cpp accept it,
@@ -50,10 +50,12 @@ class Constraint:
     spec: Any  # dict (json_schema), str (regex, grammar), tuple of str (choice), None (json_object)
     best_effort: bool = False
     whitespace: str = "flexible"  # JSON's layout: a key of JSON_LAYOUTS
+    strict: bool = True  # json_schema as clients write it (values.bounded_schema); False: literally
 
     @property
     def key(self) -> str:
-        return json.dumps([self.kind, self.spec, self.best_effort, self.whitespace], sort_keys=True, default=list)
+        return json.dumps([self.kind, self.spec, self.best_effort, self.whitespace, self.strict], sort_keys=True,
+                          default=list)
 
     def grammar(self) -> str:
         """The llguidance grammar (its JSON form) for this constraint."""
@@ -62,7 +64,8 @@ class Constraint:
         M = llguidance.LLMatcher
         layout = dict(JSON_LAYOUTS[self.whitespace], lenient=self.best_effort)
         if self.kind == "json_schema":
-            return M.grammar_from_json_schema(self.spec, overrides=layout)
+            return M.grammar_from_json_schema(bounded_schema(self.spec) if self.strict else self.spec,
+                                              overrides=layout)
         if self.kind == "json_object":
             return M.grammar_from_json_schema({"type": "object"}, overrides=layout)
         if self.kind == "regex":
@@ -82,7 +85,8 @@ class Constraint:
 def constraint_of(cfg: Any) -> Constraint | None:
     """The constraint a GenerationConfig sets, or None."""
     if cfg.json_schema is not None:
-        return Constraint("json_schema", cfg.json_schema, cfg.structured_best_effort, cfg.structured_whitespace)
+        return Constraint("json_schema", cfg.json_schema, cfg.structured_best_effort, cfg.structured_whitespace,
+                          cfg.strict_json_schema)
     if cfg.json_object:
         return Constraint("json_object", None, cfg.structured_best_effort, cfg.structured_whitespace)
     if cfg.regex is not None:

@@ -19,9 +19,17 @@ from ..http.errors import bad_request
 from ..openai.protocol import PASSED_THROUGH, NullIsAbsent
 
 # Keys a block or tool may carry that change nothing for a local model (prompt caching, citations, how the
-# hosted service loads and streams tools).
-_IGNORED_KEYS = {"cache_control", "citations", "allowed_callers", "defer_loading", "eager_input_streaming",
-                 "strict", "input_examples"}
+# hosted service loads, calls and streams tools: `caller`, `toolset_name` come back null in an SDK block's
+# `model_dump()`). tests/test_anthropic_fields.py checks these tables against the installed SDK's types.
+IGNORED_KEYS = frozenset({"cache_control", "citations", "allowed_callers", "defer_loading", "eager_input_streaming",
+                          "strict", "input_examples", "caller", "toolset_name"})
+# The fields each content block this server reads carries (the SDK's *BlockParam and response block models).
+BLOCK_FIELDS = {"text": ("text",), "tool_use": ("id", "name", "input"), "thinking": ("thinking", "signature"),
+                "redacted_thinking": ("data",), "tool_result": ("tool_use_id", "content", "is_error")}
+# Block types the hosted service writes or reads (its server tools, files, search results): named in the refusal.
+_HOSTED_BLOCKS = ("server_tool_use", "web_search_tool_result", "web_fetch_tool_result", "code_execution_tool_result",
+                  "bash_code_execution_tool_result", "text_editor_code_execution_tool_result",
+                  "tool_search_tool_result", "container_upload", "mcp_tool_use", "mcp_tool_result", "compaction")
 
 
 class _Strict(BaseModel):
@@ -29,14 +37,15 @@ class _Strict(BaseModel):
 
 
 class Message(_Strict):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant"]  # a system prompt goes in `system`
     content: Union[str, list[dict[str, Any]]]
 
 
 class ThinkingConfig(_Strict):
     type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: int | None = Field(None, ge=1)
-    display: Literal["summarized", "omitted"] | None = None
+    display: Literal["summarized", "omitted", "updates"] | None = None
+    block_binding: dict[str, Any] | None = None  # the hosted service's thinking-block binding: no effect here
 
 
 class OutputFormat(_Strict):
@@ -47,6 +56,7 @@ class OutputFormat(_Strict):
 class OutputConfig(_Strict):
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
     format: OutputFormat | None = None
+    task_budget: dict[str, Any] | None = None  # the hosted agent loop's budget: no effect on one answer
 
 
 class _Fields(_Strict, NullIsAbsent):
@@ -67,8 +77,16 @@ class _Fields(_Strict, NullIsAbsent):
     speed: str | None = None
     user_profile_id: str | None = None
     workspace_id: str | None = None
-
-
+    # The beta API's hosted controls (Claude Code sends context_management): no effect on a local model, which
+    # neither edits the context nor falls back to other models; mcp_servers is refused when it names servers.
+    betas: list[str] | None = None
+    billing_policy: Any = None
+    compaction: Any = None
+    context_management: dict[str, Any] | None = None
+    fallback_credit_token: Any = None
+    fallbacks: Any = None
+    mcp_servers: list[dict[str, Any]] | None = None
+    thread: Any = None
 
 class CountTokensRequest(_Fields):
     pass
@@ -92,6 +110,10 @@ MessagesRequest = create_model(
 
 def chat_body(req: _Fields) -> dict[str, Any]:
     """The Chat Completions body that asks for the same thing."""
+    if req.mcp_servers:
+        raise bad_request("mcp_servers: the MCP connector is a hosted feature (the hosted service calls the "
+                          "servers); this server does not reach them: connect the MCP servers in the client and "
+                          "send their tools in `tools`", "mcp_servers")
     messages = [{"role": "system", "content": _system(req.system)}] if req.system else []
     for i, m in enumerate(req.messages):
         messages += _messages(m, f"messages[{i}]")
@@ -154,12 +176,14 @@ def _messages(m: Message, where: str) -> list[dict[str, Any]]:
     for j, block in enumerate(m.content):
         at = f"{where}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
-        allowed = {"text": ("text",), "tool_use": ("id", "name", "input"), "thinking": ("thinking", "signature"),
-                   "redacted_thinking": ("data",), "tool_result": ("tool_use_id", "content", "is_error")}
-        if kind not in allowed:
+        if kind in _HOSTED_BLOCKS:
+            raise bad_request(f"{at}: {kind} blocks belong to the hosted service's server tools, which this "
+                              "server does not run; send text, tool_use, tool_result or thinking blocks",
+                              f"{at}.type")
+        if kind not in BLOCK_FIELDS:
             raise bad_request(f"{at}: content blocks of type {kind!r} are not supported: this model reads text; "
                               "send text, tool_use, tool_result or thinking blocks", f"{at}.type")
-        unknown = set(block) - {"type", *allowed[kind], *_IGNORED_KEYS}
+        unknown = set(block) - {"type", *BLOCK_FIELDS[kind], *IGNORED_KEYS}
         if unknown:
             raise bad_request(f"{at}: unknown field(s) {sorted(unknown)} in a {kind} block", at)
         if kind == "text":
@@ -198,7 +222,7 @@ def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
     if tool.get("type", "custom") != "custom":
         raise bad_request(f"tools[{i}]: server tools ({tool.get('type')!r}) are not offered by this server; send "
                           "client tools {name, description, input_schema}", f"tools[{i}].type")
-    unknown = set(tool) - {"type", "name", "description", "input_schema", *_IGNORED_KEYS}
+    unknown = set(tool) - {"type", "name", "description", "input_schema", *IGNORED_KEYS}
     if unknown:
         raise bad_request(f"tools[{i}]: unknown field(s) {sorted(unknown)}: a tool is {{name, description, "
                           "input_schema}}", f"tools[{i}]")

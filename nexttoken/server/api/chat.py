@@ -111,7 +111,7 @@ class Chat(Serving):
             body.append({
                 "index": i,
                 "message": message,
-                "logprobs": self.logprobs.chat(c.token_ids, c.logprobs, c.top_logprobs) if req.logprobs else None,
+                "logprobs": self.logprobs.chat(c.token_ids, c.logprobs, c.top_logprobs, c.hidden_stop) if req.logprobs else None,
                 "finish_reason": finish_reason,
                 "stop_reason": c.stop_reason,
                 **self._trace_field(trace),
@@ -136,7 +136,7 @@ class Chat(Serving):
                     break
                 completion_tokens += len(event.token_ids)
                 speculated[index] = (event.spec_draft_tokens, event.spec_accepted_tokens)
-                lp = self.logprobs.chat(event.token_ids, event.logprobs, event.top_logprobs) if req.logprobs else None
+                lp = self.logprobs.chat(event.token_ids, event.logprobs, event.top_logprobs, event.hidden_stop) if req.logprobs else None
                 try:
                     choices = _chat_deltas(index, event, lp, parsers[index])
                 except Exception:  # noqa: BLE001 - this request's answer parsing failed: it ends alone, in the API's body

@@ -72,13 +72,14 @@ class Completions(Serving):
         return TokenTexts(self.tokenizer, req.skip_special_tokens)
 
     def _completion_logprobs(self, req: CompletionRequest, job: Job, ids: list[int], lps: list, tops: list,
-                             with_prompt: bool, prompt_lp: list | None, texts: TokenTexts | None) -> dict | None:
+                             with_prompt: bool, prompt_lp: list | None, texts: TokenTexts | None,
+                             hidden_stop: bool) -> dict | None:
         if texts is None:
             return None
         if with_prompt:
             p_values, p_tops = echo_logprobs(job.prompt_ids, prompt_lp)
             ids, lps, tops = job.prompt_ids + ids, p_values + lps, p_tops + tops
-        return self.logprobs.completion(ids, lps, tops, texts)
+        return self.logprobs.completion(ids, lps, tops, texts, hidden_stop)
 
     async def _completion_full(self, request: Request, req: CompletionRequest, jobs: list[Job], head: dict,
                                events: AsyncIterator) -> Response:
@@ -92,7 +93,8 @@ class Completions(Serving):
                 "index": job.index,
                 "text": prefix + c.text,
                 "logprobs": self._completion_logprobs(req, job, c.token_ids, c.logprobs, c.top_logprobs,
-                                                      req.echo, c.prompt_logprobs, self._token_texts(req, job)),
+                                                      req.echo, c.prompt_logprobs, self._token_texts(req, job),
+                                                      c.hidden_stop),
                 "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason,
                 **self._trace_field(c.trace),
@@ -115,7 +117,8 @@ class Completions(Serving):
                 started.add(index)
                 text = (self._echo_text(req, job.prompt_ids) if req.echo and first else "") + event.text
                 lp = self._completion_logprobs(req, job, event.token_ids, event.logprobs, event.top_logprobs,
-                                               req.echo and first, event.prompt_logprobs, texts[index])
+                                               req.echo and first, event.prompt_logprobs, texts[index],
+                                               event.hidden_stop)
                 completion_tokens += len(event.token_ids)
                 speculated[index] = (event.spec_draft_tokens, event.spec_accepted_tokens)
                 if not (text or event.finished or lp):

@@ -27,7 +27,8 @@ class Models(Serving):
 
     def _model_card(self, name: str) -> dict:
         return {"id": name, "object": "model", "created": self.created, "owned_by": "nexttoken",
-                "root": self.settings.model_name, "parent": None, "max_model_len": self.limits.max_model_len}
+                "root": self.settings.model_name, "parent": None, "max_model_len": self.limits.max_model_len,
+                "generation_defaults": self.generation_defaults()}  # what a request that leaves a field out gets
 
     def _adapter_card(self, name: str) -> dict:
         loaded = self.registry().get(name)

@@ -77,7 +77,7 @@ class Responses(Chat):
             return Response(status_code=499)
         c = choices[0]
         items = OutputItems()
-        lp = self.logprobs.chat(c.token_ids, c.logprobs, c.top_logprobs)["content"] if chat.logprobs else None
+        lp = self.logprobs.chat(c.token_ids, c.logprobs, c.top_logprobs, c.hidden_stop)["content"] if chat.logprobs else None
         _add(items, run.answer().parse(c.text, cut=c.finish_reason == "length"), lp)
         items.close()
         body = self._body(run, req, items, c.finish_reason, len(c.token_ids))
@@ -121,7 +121,7 @@ class Responses(Chat):
                                                                                "message": "generation failed"}}})
                     return
                 tokens += len(event.token_ids)
-                lp = self.logprobs.chat(event.token_ids, event.logprobs, event.top_logprobs)["content"] \
+                lp = self.logprobs.chat(event.token_ids, event.logprobs, event.top_logprobs, event.hidden_stop)["content"] \
                     if chat.logprobs else None
                 _add(items, answer.feed(event.text) + (answer.finish(cut=event.finish_reason == "length") if event.finished else []), lp)
                 for e in items.drain():

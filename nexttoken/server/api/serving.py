@@ -24,9 +24,11 @@ from ...chat.reasoning import format_named as reasoning_format_named
 from ...chat.tools.request import tool_options
 from ..http.errors import APIError, bad_request, client_error, from_validation_error
 from ..http.shutdown import MESSAGE as SHUTTING_DOWN
+from ..http.request_log import current_request
 from ..http.streams import ClientGone, collect
 from ..metrics import ServerMetrics
-from ..openai.options import constraint_field, request_options, server_defaults
+from ..openai.options import (APPLIED_FIELDS, applied, constraint_field, model_defaults, request_options,
+                              server_defaults)
 from ..openai.outputs import Choice, LogprobFormatter
 from ..openai.prompts import Limits, longest_token_bytes, new_tokens
 from ..settings import ServerSettings
@@ -54,7 +56,10 @@ class Serving:
         self.network = core.model
         self.limits = Limits(core.max_seq_tokens, core.model.config.vocab_size, settings.max_n,
                              longest_token_bytes(core.tokenizer), core.max_seq_tokens < core.max_model_len)
-        self.base = server_defaults(core.generation_config, settings.structured_whitespace)
+        # The model file's sampling defaults for requests that leave a field out (--generation-config auto)
+        self.model_defaults = model_defaults(core.generation_config) if settings.generation_config == "auto" else {}
+        self.base = server_defaults(core.generation_config, settings.structured_whitespace,
+                                    settings.strict_json_schema, self.model_defaults)
         self.logprobs = LogprobFormatter(core.tokenizer)
         self.created = int(time.time())
         self.traces = traces or TraceStore(settings.model_name)  # traced requests' explain pages (one per server)
@@ -136,11 +141,23 @@ class Serving:
                 f"this request asks for {len(prompts)} prompts x n={req.n} = {count} sequences, over this server's "
                 f"limit of {self.settings.max_seqs_per_request} (--max-seqs-per-request): split it", "prompt")
         wanted = new_tokens(prompts, max_tokens, req.n, self.limits, param)
+        if max_tokens is None and "max_new_tokens" in self.model_defaults:  # the model's, within the context
+            wanted = min(wanted, self.model_defaults["max_new_tokens"])
         cfg = request_options(req, self.base, max_new_tokens=wanted, **extra)
+        record = current_request()
+        if record is not None:
+            record.sampling = applied(cfg)
         for name, ids in cfg.ids_outside(self.limits.vocab_size).items():  # bad_words_ids, logit_bias, ...
             raise bad_request(f"{name} contains token ids {ids[:5]} outside the vocabulary [0, "
                               f"{self.limits.vocab_size})", name)
         return cfg
+
+    def generation_defaults(self) -> dict:
+        """What applies to a request that leaves a field out (the model's generation_config.json over OpenAI's
+        defaults); `max_tokens` None: all the context has room for. The chat page shows these."""
+        values = {name: getattr(self.base, name) for name in APPLIED_FIELDS}
+        from_model = ["max_tokens" if name == "max_new_tokens" else name for name in self.model_defaults]
+        return {**values, "max_tokens": self.model_defaults.get("max_new_tokens"), "from_model": from_model}
 
     def _admit(self, count: int) -> None:
         """Refuse (429, with Retry-After) a request whose `count` sequences would queue more than
@@ -181,7 +198,8 @@ class Serving:
         """The request's options with what its tools need (the calls' grammar; special tokens kept in the text
         when a call marker is one)."""
         try:
-            return cfg.updated(**tool_options(use, self.tokenizer, {n: getattr(cfg, n) for n in CONSTRAINTS}))
+            options = {n: getattr(cfg, n) for n in (*CONSTRAINTS, "strict_json_schema")}
+            return cfg.updated(**tool_options(use, self.tokenizer, options))
         except ToolsError as e:
             raise bad_request(str(e), e.param) from e
         except NextTokenError as e:

@@ -19,6 +19,7 @@ from ...engine.sequence import TokenEvent
 from ...generation.config import GenerationConfig
 from ...errors import NextTokenError
 from ..metrics import ServerMetrics
+from .request_log import current_request
 
 
 @dataclass(frozen=True)
@@ -40,14 +41,19 @@ def run_jobs(
     job whose stream never starts (cancelled first) is handed back."""
     merged: asyncio.Queue = asyncio.Queue()
     started = [False] * len(jobs)
+    record = current_request()  # the request log's line for this request: its tokens
 
     async def pump(k: int, job: Job) -> None:
         previous, finished = None, False
         started[k] = True
+        if record is not None:
+            record.started(job.prompt_ids, job.lora)
         try:
             async for event in engine.stream(job.request_id, job.prompt_ids, job.params, arrival, job.group or None,
                                            priority=job.priority, reserved=reserved, lora=job.lora):
                 metrics.observe(event, previous)
+                if record is not None:
+                    record.completion_tokens += len(event.token_ids)
                 previous, finished = (event.time if event.token_ids else previous), event.finished
                 await merged.put((job.index, event))
         except asyncio.CancelledError:

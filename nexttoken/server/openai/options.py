@@ -32,17 +32,46 @@ SAME_NAME = (
 )
 
 
-def server_defaults(model_defaults: GenerationConfig, structured_whitespace: str = "flexible") -> GenerationConfig:
+# The sampling fields of a model's generation_config.json that a request inherits when it leaves them out, and
+# max_new_tokens as its default max_tokens: vLLM's `--generation-config auto` (its default) reads the same ones.
+MODEL_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
+# What a request gets for a field neither it nor the model's file sets (OpenAI's and vLLM's defaults): sampling at
+# temperature 1 with no top-k / top-p / min-p cut, max_tokens all the context has room for.
+APPLIED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                  "frequency_penalty")
+
+
+def model_defaults(gen: GenerationConfig) -> dict[str, Any]:
+    """The MODEL_DEFAULT_FIELDS the model's generation_config.json sets (those that differ from GenerationConfig's
+    own defaults, as vLLM reads the file); {} when it has none (a GGUF file carries none)."""
+    plain = GenerationConfig()
+    out = {name: getattr(gen, name) for name in MODEL_DEFAULT_FIELDS if getattr(gen, name) != getattr(plain, name)}
+    if out.get("top_k") == 0:  # transformers' "no top-k"
+        out["top_k"] = None
+    return out
+
+
+def server_defaults(model_defaults: GenerationConfig, structured_whitespace: str = "flexible",
+                    strict_json_schema: bool = True, sampling: dict[str, Any] | None = None) -> GenerationConfig:
     """The model's special tokens with OpenAI's sampling defaults: sampling at temperature 1, no top-k (the
-    library's defaults are transformers': greedy, top_k=50); JSON's layout as --structured-whitespace sets it."""
-    return GenerationConfig(
+    library's defaults are transformers': greedy, top_k=50), under the model file's own `sampling` defaults
+    (model_defaults; max_new_tokens is applied per request); JSON's layout as --structured-whitespace sets it."""
+    base = GenerationConfig(
         bos_token_id=model_defaults.bos_token_id,
         eos_token_id=model_defaults.eos_token_id,
         pad_token_id=model_defaults.pad_token_id,
         do_sample=True,
         top_k=None,
         structured_whitespace=structured_whitespace,
+        strict_json_schema=strict_json_schema,
     )
+    return base.updated(**{k: v for k, v in (sampling or {}).items() if k != "max_new_tokens"})
+
+
+def applied(cfg: GenerationConfig) -> dict[str, Any]:
+    """The sampling options a request runs with (what the request log reports)."""
+    return {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k, "min_p": cfg.min_p,
+            "repetition_penalty": cfg.repetition_penalty, "max_tokens": cfg.max_new_tokens}
 
 
 def _constraints(req: SamplingFields) -> dict[str, tuple[str, Any]]:

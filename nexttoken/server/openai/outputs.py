@@ -45,6 +45,7 @@ class Choice:
     num_prompt_tokens: int = 0
     trace: dict | None = None  # a traced request's trace, with its last event
     speculated: tuple[int, int] = (0, 0)  # draft tokens verified, kept
+    hidden_stop: bool = False  # the last id is a stop id the text leaves out (engine/sequence.TokenEvent)
 
     def add(self, event: TokenEvent) -> None:
         self.text += event.text
@@ -58,6 +59,7 @@ class Choice:
         if event.trace is not None:
             self.trace = event.trace
         self.speculated = (event.spec_draft_tokens, event.spec_accepted_tokens)
+        self.hidden_stop = event.hidden_stop
 
 
 class TokenTexts:
@@ -123,9 +125,13 @@ class LogprobFormatter:
         return list(raw)
 
     def completion(
-        self, ids: list[int], logprobs: list[float | None], tops: list[TopLogprobs | None], texts: TokenTexts
+        self, ids: list[int], logprobs: list[float | None], tops: list[TopLogprobs | None], texts: TokenTexts,
+        hidden_stop: bool = False,
     ) -> dict[str, Any]:
-        """The legacy completions layout: parallel lists, top alternatives as {token: logprob}."""
+        """The legacy completions layout: parallel lists, top alternatives as {token: logprob}. `hidden_stop`:
+        the last id is a stop id the text leaves out, so the tokens leave it out too (their texts join to the
+        text, as OpenAI's and vLLM's do)."""
+        ids, logprobs, tops = _shown(ids, logprobs, tops, hidden_stop)
         tokens, top_logprobs, offsets = [], [], []
         for i, token_id in enumerate(ids):
             top = tops[i] if i < len(tops) else None
@@ -139,7 +145,11 @@ class LogprobFormatter:
             "text_offset": offsets,
         }
 
-    def chat(self, ids: list[int], logprobs: list[float], tops: list[TopLogprobs]) -> dict[str, Any]:
+    def chat(self, ids: list[int], logprobs: list[float], tops: list[TopLogprobs],
+             hidden_stop: bool = False) -> dict[str, Any]:
+        """The chat layout; without the stop id the answer leaves out (`hidden_stop`), so the tokens' bytes join
+        to the answer's."""
+        ids, logprobs, tops = _shown(ids, logprobs, tops, hidden_stop)
         content = []
         for token_id, lp, top in zip(ids, logprobs, tops):
             content.append({
@@ -151,6 +161,13 @@ class LogprobFormatter:
                 ],
             })
         return {"content": content}
+
+
+def _shown(ids: list[int], logprobs: list, tops: list, hidden_stop: bool) -> tuple[list[int], list, list]:
+    """The tokens the text shows: all but a last stop id the text leaves out."""
+    if hidden_stop and ids:
+        return ids[:-1], logprobs[: len(ids) - 1], tops[: len(ids) - 1]
+    return ids, logprobs, tops
 
 
 def echo_logprobs(prompt_ids: list[int], prompt_logprobs: list | None) -> tuple[list[float | None], list[TopLogprobs | None]]:

@@ -56,6 +56,7 @@ LIBRARY_OPTIONS = (
     "remove_invalid_values", "forced_eos_token_id", "encoder_repetition_penalty", "encoder_no_repeat_ngram_size",
     "watermarking_config", "sampler_order", "guidance_scale", "max_time", "logprobs_mode",
     "json_schema", "grammar", "structured_best_effort",  # llama.cpp's top-level json_schema and grammar
+    "strict_json_schema",  # false: JSON Schema's literal reading (no closed objects, no digit bounds)
     "trace", "trace_top_n",  # nexttoken's: the response's choices carry their trace's explain page URL
 )
 

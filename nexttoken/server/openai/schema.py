@@ -70,7 +70,8 @@ TOKENIZE = {"type": "object", "required": ["count", "max_model_len", "tokens"], 
 DETOKENIZE = {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}}
 MODEL = {"type": "object", "required": ["id", "object", "created", "owned_by"], "properties": {
     "id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
-    "owned_by": {"type": "string"}, "max_model_len": {"type": "integer"}}}
+    "owned_by": {"type": "string"}, "max_model_len": {"type": "integer"},
+    "generation_defaults": {"type": "object"}}}
 MODELS = {"type": "object", "required": ["object", "data"], "properties": {
     "object": {"const": "list"}, "data": {"type": "array", "items": MODEL}}}
 

@@ -59,6 +59,20 @@
     model = data.length ? data[0].id : null;
     $("model").textContent = model || "(no model)";
     $("forget-key").hidden = !Client.key();
+    showDefaults(data.length ? data[0].generation_defaults : null);
+  }
+
+  /** A blank field sends nothing and the server applies its default (the model's generation_config.json, else
+   * OpenAI's): each blank field shows the value that will apply, as the model card says. */
+  function showDefaults(defaults) {
+    if (!defaults) return;
+    const fromModel = new Set(defaults.from_model || []);
+    Client.NUMBERS.forEach(name => {
+      if (!(name in defaults)) return;
+      const v = defaults[name];
+      const text = v === null || v === undefined ? (name === "max_tokens" ? "rest of context" : "off") : String(v);
+      $("opt-" + name).placeholder = text + (fromModel.has(name) ? " (model)" : " (default)");
+    });
   }
 
   /** Stream an answer into `msg` (an assistant message already in the conversation). */

@@ -130,7 +130,8 @@ def test_page_shows_token_text_as_text(browser, tmp_path) -> None:
 def server():
     from support.server import start_server, stop_server
 
-    proc, url = start_server(Path(DEFAULT_MODEL_DIR))
+    # OpenAI's defaults under the requests' options (the model's own: test_generation_defaults.py)
+    proc, url = start_server(Path(DEFAULT_MODEL_DIR), "--generation-config", "vllm")
     yield url
     stop_server(proc)
 
