@@ -22,7 +22,7 @@ import json
 import re
 from typing import Any, Callable, Protocol, Sequence
 
-from ..generation.values import bounded_schema
+from ...generation.values import bounded_schema
 from .parser import Reader, ToolCallParser, openai_call_id, random_id
 
 
