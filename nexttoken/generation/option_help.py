@@ -75,8 +75,8 @@ OPTION_HELP: dict[str, str] = {
     "trace_top_n": "with --trace: the alternatives recorded per step",
     # structured output
     "json_schema": "the output is JSON valid under this JSON Schema (JSON text)",
-    "strict_json_schema": "read a JSON Schema as clients mean it: objects closed without additionalProperties, "
-                          "numbers' digits bounded (--no-strict-json-schema: JSON Schema's literal reading)",
+    "strict_json_schema": "objects without additionalProperties closed, numbers' digits bounded (off: the literal "
+                          "reading)",
     "json_object": "the output is a JSON object",
     "regex": "the whole output matches this regular expression",
     "choice": "the output is one of these strings",
