@@ -19,7 +19,7 @@ import pytest
 from nexttoken.cli import main
 from support.tiny_models import save_variant
 
-RECORDED_TG8 = Path(__file__).parent / "data" / "llama_bench_tg8_depth16_q4_0.json"
+RECORDED_TG8 = Path(__file__).resolve().parents[1] / "data" / "llama_bench_tg8_depth16_q4_0.json"
 
 
 @pytest.fixture(scope="module")
