@@ -120,7 +120,9 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "async_engine": {"llm_engine", "sequence"},
     },
     "tools": {"parser": set(), "reasoning": set(), "messages": set(), "formats": {"parser"},
-              "preamble": {"formats", "messages"}, "request": {"formats", "parser"}, "answer": {"parser", "reasoning"}},
+              "preamble": {"formats", "messages"}, "request": {"formats", "parser"}, "answer": {"parser", "reasoning"},
+              # the one chat renderer: messages + tools + thinking -> the prompt, and the answer's split
+              "chat": {"answer", "messages", "parser", "preamble", "reasoning", "request"}},
     "server": {
         "settings": set(),
         "metrics": set(),

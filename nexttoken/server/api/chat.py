@@ -18,11 +18,12 @@ from ...engine.async_engine import EngineClosedError, EngineDeadError
 from ...errors import NextTokenError
 from ...tools import ToolUse
 from ...tools.answer import AnswerParser, Thinking
+from ...tools.chat import ChatPrompt
 from ...tools.reasoning import ReasoningFormat
 from ..http.errors import bad_request
 from ..http.streams import Job, SSEResponse, run_jobs, sse
 from ..openai.outputs import usage
-from ..openai.prompts import PREAMBLE_HEADER, check_ids, render_chat, template_kwargs
+from ..openai.prompts import PREAMBLE_HEADER, check_ids, render_request, template_kwargs
 from ..openai.protocol import ChatCompletionRequest
 from .serving import Serving, collect_choices, engine_failure, log, parse_body, tool_parse_failure, unavailable
 
@@ -33,38 +34,52 @@ class ChatRun:
     Messages) formats in its own way."""
 
     id: str
-    prompt_ids: list[int]
+    prompt: ChatPrompt  # the rendered conversation, and what its answer is read with (tools/chat.py)
     jobs: list[Job]
     events: AsyncIterator  # (choice index, TokenEvent) as they come
-    use: ToolUse | None  # the tools whose calls are read out of the text; None: plain text
-    reasoning: ReasoningFormat | None = None  # where the model writes its thinking; None: no thinking
-    opened: bool = False  # the prompt left a thinking block open (the answer starts inside it)
-    preamble: str | None = None  # the call format whose tools preamble the prompt holds (a response header says so)
     lora: str | None = None  # the LoRA adapter the request's `model` chose; None: the base model
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.prompt.ids
+
+    @property
+    def use(self) -> ToolUse | None:
+        """The tools whose calls are read out of the text; None: plain text."""
+        return self.prompt.calls
+
+    @property
+    def reasoning(self) -> ReasoningFormat | None:
+        """Where the model writes its thinking; None: no thinking."""
+        return self.prompt.reasoning
+
+    @property
+    def preamble(self) -> str | None:
+        """The call format whose tools preamble the prompt holds (a response header says so)."""
+        return self.prompt.preamble
 
     def answer(self) -> AnswerParser:
         """A parser for one choice's text: thinking, content, calls."""
-        return AnswerParser(self.reasoning.parser(self.opened) if self.reasoning is not None else None,
-                            self.use.parser() if self.use is not None else None)
+        return self.prompt.answer()
 
 
 class Chat(Serving):
-    async def render(self, req: ChatCompletionRequest) -> tuple[ToolUse | None, list[int], str, str | None]:
-        """The request's tools, checked, and its prompt: the conversation through the chat template (ids, text),
-        and the call format of the tools preamble it holds (None: the template renders the tools itself)."""
+    async def render(self, req: ChatCompletionRequest) -> ChatPrompt:
+        """The request's tools, checked, and its prompt: the conversation through the one chat renderer (ids,
+        text, the call format of the tools preamble it holds, what the answer is read with)."""
         self._adapter(req.model)  # an unknown model (or adapter) name: a 404 before any work
         use = self._tool_use(req.tools, req.tool_choice, req.parallel_tool_calls)
         variables = template_kwargs(self.settings.default_chat_template_kwargs, req)
-        ids, text, preamble = await asyncio.to_thread(  # untrusted template work: off the event loop
-            render_chat, req, self.tokenizer, use, self.template_support, variables, self.limits,
-            self.settings.special_tokens_in_content)
-        check_ids(ids, self.limits.vocab_size, "messages")
-        return use, ids, text, preamble
+        prompt = await asyncio.to_thread(  # untrusted template work: off the event loop
+            render_request, req, self.renderer, use, variables, self.limits)
+        check_ids(prompt.ids, self.limits.vocab_size, "messages")
+        return prompt
 
     async def start_chat(self, req: ChatCompletionRequest, arrival: float, prefix: str = "chatcmpl") -> ChatRun:
         """The one chat request path: tools checked, the template rendered, the options translated and the
         grammar compiled, then the jobs queued on the engine."""
-        use, ids, text, preamble = await self.render(req)
+        prompt = await self.render(req)
+        use, ids = prompt.use, prompt.ids
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         cfg = self._options(req, [ids], max_tokens, "messages", top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
         thinking = self._thinking(req)
@@ -79,9 +94,7 @@ class Chat(Serving):
                 for j, (p, c) in enumerate(expand([ids], cfg))]
         self._admit(len(jobs))
         events = run_jobs(self.engine, jobs, self.metrics, arrival, reserved=True)
-        opened = self.reasoning is not None and self.reasoning.opened_in(text)
-        return ChatRun(rid, ids, jobs, events, use if use is not None and use.calls else None, self.reasoning, opened,
-                       preamble, lora)
+        return ChatRun(rid, prompt, jobs, events, lora)
 
     async def chat_completions(self, request: Request) -> Response:
         arrival = time.monotonic()
@@ -161,14 +174,11 @@ def _message(run: ChatRun, text: str, cut: bool = False) -> dict[str, Any]:
     """A whole answer as the assistant message: its content, its calls, and (with a reasoning format) its thinking
     as reasoning_content and reasoning (both names, as vLLM sends them). A call `cut` off by max_tokens is left
     out (the finish reason, "length", says so)."""
-    answer = run.answer()
-    pieces = answer.parse(text, cut=cut)
-    content = "".join(p for p in pieces if isinstance(p, str))
-    calls = answer.calls
-    message: dict[str, Any] = {"role": "assistant", "content": (content or None) if calls else content}
+    answer = run.prompt.split(text, cut=cut)
+    calls = answer.tool_calls
+    message: dict[str, Any] = {"role": "assistant", "content": (answer.content or None) if calls else answer.content}
     if run.reasoning is not None:
-        thinking = "".join(p.text for p in pieces if isinstance(p, Thinking)) or None
-        message["reasoning_content"] = message["reasoning"] = thinking
+        message["reasoning_content"] = message["reasoning"] = answer.reasoning
     if calls:
         message["tool_calls"] = [call.to_openai() for call in calls]
     return message

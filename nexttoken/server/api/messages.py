@@ -47,8 +47,8 @@ class Messages(Chat):
 
     async def count_tokens(self, request: Request) -> Response:
         req = parse_body(CountTokensRequest, await request.body())
-        _, ids, _, _ = await self.render(_chat_request(chat_body(req)))
-        return JSONResponse({"input_tokens": len(ids)})
+        prompt = await self.render(_chat_request(chat_body(req)))
+        return JSONResponse({"input_tokens": len(prompt.ids)})
 
     async def _stream(self, mid: str, run: ChatRun) -> AsyncIterator[str]:
         blocks, answer = ContentBlocks(), run.answer()

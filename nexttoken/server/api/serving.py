@@ -17,9 +17,9 @@ from ...engine.async_engine import AsyncEngine, EngineClosedError, EngineDeadErr
 from ...errors import NextTokenError
 from ...generation.processors.structured import CONSTRAINTS, compile_for, constraint_of
 from ...generation.values import Thinking
-from ...tools import TemplateSupport, ToolsError, ToolUse, format_named, template_support
-from ...tools.reasoning import EFFORT_BUDGETS, ReasoningFormat, detect_format
-from ...tools.reasoning import format_named as reasoning_format_named
+from ...tools import TemplateSupport, ToolsError, ToolUse, format_named
+from ...tools.chat import ChatRenderer
+from ...tools.reasoning import EFFORT_BUDGETS, ReasoningFormat
 from ...tools.request import tool_options
 from ..http.errors import APIError, bad_request, from_validation_error
 from ..http.shutdown import MESSAGE as SHUTTING_DOWN
@@ -27,7 +27,7 @@ from ..http.streams import ClientGone, collect
 from ..metrics import ServerMetrics
 from ..openai.options import constraint_field, request_options, server_defaults
 from ..openai.outputs import Choice, LogprobFormatter
-from ..openai.prompts import Limits, longest_token_bytes, new_tokens
+from ..openai.prompts import TEMPLATE_LIMITS, Limits, longest_token_bytes, new_tokens
 from ..settings import ServerSettings
 from .traces import TraceStore
 
@@ -57,29 +57,21 @@ class Serving:
         self.logprobs = LogprobFormatter(core.tokenizer)
         self.created = int(time.time())
         self.traces = traces or TraceStore(settings.model_name)  # traced requests' explain pages (one per server)
-        # What the chat template renders of tool use, probed once per API: a template without a tools section gets
-        # the tools preamble of the call format (tools/preamble.py), said in each response's header and, once, in
-        # the log (`preamble_notice`).
-        self.template_support: TemplateSupport | None = template_support(core.tokenizer) if core.tokenizer else None
-        self.reasoning, self.markers = self._reasoning_format()
+        # The one chat renderer (tools/chat.py, LLM.chat's too): what the chat template renders of tool use,
+        # probed once (a template without a tools section gets the tools preamble of the call format, said in each
+        # response's header and, once, in the log: `preamble_notice`), the thinking format and its markers.
+        self.renderer: ChatRenderer | None = None if core.tokenizer is None else ChatRenderer(
+            core.tokenizer, settings.tool_call_parser, settings.reasoning_parser, TEMPLATE_LIMITS,
+            settings.special_tokens_in_content)
+        self.template_support: TemplateSupport | None = self.renderer.support if self.renderer else None
+        self.reasoning: ReasoningFormat | None = self.renderer.reasoning if self.renderer else None
+        self.markers: tuple[int, int] | None = self.renderer.markers if self.renderer else None
 
     def preamble_notice(self) -> None:
         """The log line that says requests with tools get the tools preamble (app.py calls it once per server)."""
         if self.settings.tool_call_parser and self.template_support is not None and not self.template_support.tools:
             log.warning("the chat template renders no tools: requests with tools get the %s tools preamble in the "
                         "system message (docs/tool_calls.md)", format_named(self.settings.tool_call_parser).name)
-
-    def _reasoning_format(self) -> tuple[ReasoningFormat | None, tuple[int, int] | None]:
-        """The model's thinking format (--reasoning-parser, or read off its chat template), and its markers' token
-        ids when each is one token (what the budget and the grammar's wait for the answer need)."""
-        if self.settings.reasoning_parser is not None:
-            fmt: ReasoningFormat | None = reasoning_format_named(self.settings.reasoning_parser)
-        else:
-            fmt = detect_format(self.tokenizer.chat_template_for() if self.tokenizer is not None else None)
-        if fmt is None:
-            return None, None
-        ids = [self.tokenizer.encode(m, add_special_tokens=False) for m in (fmt.start, fmt.end)]
-        return fmt, ((ids[0][0], ids[1][0]) if all(len(i) == 1 for i in ids) else None)
 
     def _thinking(self, req: Any) -> Thinking | None:
         """The request's thinking block for the engine (its markers and budget), None without a reasoning format.
@@ -162,9 +154,10 @@ class Serving:
         return {} if trace is None else {"trace": self.traces.add(trace)}
 
     def _tool_use(self, tools: list | None, tool_choice: Any, parallel: bool | None) -> ToolUse | None:
-        template = self.tokenizer.chat_template_for(tools) if self.tokenizer is not None else None
         try:
-            return ToolUse.of(tools, tool_choice, parallel, self.settings.tool_call_parser, template)
+            if self.renderer is not None:
+                return self.renderer.tool_use(tools, tool_choice, parallel)
+            return ToolUse.of(tools, tool_choice, parallel, self.settings.tool_call_parser)
         except ToolsError as e:
             raise bad_request(str(e), e.param) from e
 
