@@ -116,11 +116,12 @@ class ChatRenderer:
         `special_in_content`, a special token's text inside a message's content ("<|im_start|>") is encoded as
         plain text, as transformers' split_special_tokens does, while the template's own stay special."""
         chat = template_messages(messages)
-        tools = list(use.tools) if use is not None else None
+        variables = dict(variables or {})
+        given = variables.pop("tools", None)  # without a ToolUse, tools as a template variable go as given
+        tools = list(use.tools) if use is not None else given
         preamble = None
         if use is not None and use.format is not None and not self.support.tools:
             chat, tools, preamble = with_preamble(chat, use.tools, use.format, self.support), None, use.format.name
-        variables = dict(variables or {})
         text = self._render(chat, add_generation_prompt, tools, variables)
         if check is not None:
             check(text)
