@@ -4,7 +4,6 @@ n, streaming)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -14,18 +13,17 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ...engine import expand
-from ...engine.async_engine import EngineClosedError, EngineDeadError
-from ...errors import NextTokenError
 from ...tools import ToolUse
 from ...tools.answer import AnswerParser, Thinking
 from ...tools.chat import ChatPrompt
 from ...tools.reasoning import ReasoningFormat
-from ..http.errors import bad_request
+from ..http.errors import APIError
 from ..http.streams import Job, SSEResponse, run_jobs, sse
 from ..openai.outputs import usage
 from ..openai.prompts import PREAMBLE_HEADER, check_ids, render_request, template_kwargs
 from ..openai.protocol import ChatCompletionRequest
-from .serving import Serving, collect_choices, engine_failure, log, parse_body, tool_parse_failure, unavailable
+from .serving import Serving, collect_choices, log, parse_body, tool_parse_failure
+from .streaming import EventEncoder, Step, Tally, drive
 
 
 @dataclass
@@ -133,41 +131,41 @@ class Chat(Serving):
         return JSONResponse({**head, "object": "chat.completion", "choices": body,
                              "usage": usage(len(ids), total, [c.speculated for c in choices])}, headers=headers)
 
-    async def _chat_stream(self, req: ChatCompletionRequest, run: ChatRun, head: dict) -> AsyncIterator[str]:
-        jobs, events = run.jobs, run.events
-        head = {**head, "object": "chat.completion.chunk"}
-        for job in jobs:  # the role comes first, in a chunk of its own, as OpenAI sends it
-            delta = {"role": "assistant", "content": ""}
-            yield sse(json.dumps({**head, "choices": [{"index": job.index, "delta": delta, "logprobs": None,
-                                                       "finish_reason": None}]}))
-        parsers = {job.index: run.answer() for job in jobs}
-        completion_tokens, speculated = 0, {}
-        try:
-            async for index, event in events:
-                if event.finish_reason == "error":
-                    yield sse(json.dumps(engine_failure(event).body()))
-                    break
-                completion_tokens += len(event.token_ids)
-                speculated[index] = (event.spec_draft_tokens, event.spec_accepted_tokens)
-                lp = self.logprobs.chat(event.token_ids, event.logprobs, event.top_logprobs) if req.logprobs else None
-                try:
-                    choices = _chat_deltas(index, event, lp, parsers[index])
-                except Exception:  # noqa: BLE001 - this request's answer parsing failed: it ends alone, in the API's body
-                    log.exception("parsing a streamed choice's answer (thinking, tool calls) failed")
-                    yield sse(json.dumps(tool_parse_failure().body()))
-                    break
-                if choices:
-                    choices[-1].update(self._trace_field(event.trace))
-                for choice in choices:
-                    yield sse(json.dumps({**head, "choices": [choice]}))
-        except NextTokenError as e:
-            yield sse(json.dumps(bad_request(str(e)).body()))
-        except (EngineClosedError, EngineDeadError) as e:
-            yield sse(json.dumps(unavailable(e).body()))
-        if req.stream_options and req.stream_options.include_usage:
-            yield sse(json.dumps({**head, "choices": [], "usage": usage(len(jobs[0].prompt_ids), completion_tokens,
-                                                                        list(speculated.values()))}))
-        yield sse("[DONE]")
+    def _chat_stream(self, req: ChatCompletionRequest, run: ChatRun, head: dict) -> AsyncIterator[str]:
+        return drive(run.events, _ChatChunks(self, req, run, {**head, "object": "chat.completion.chunk"}), run.answer)
+
+
+class _ChatChunks(EventEncoder):
+    """Chat Completions' stream: the role first, then each piece of an answer in a chunk of its own, the usage
+    (with stream_options.include_usage) and [DONE] at the end, after an error too."""
+
+    ends_after_failure = True
+
+    def __init__(self, api: Chat, req: ChatCompletionRequest, run: ChatRun, head: dict) -> None:
+        self.api, self.req, self.run, self.head = api, req, run, head
+
+    def start(self) -> list[str]:
+        # the role comes first, in a chunk of its own, as OpenAI sends it
+        return [sse({**self.head, "choices": [{"index": job.index, "delta": {"role": "assistant", "content": ""},
+                                                "logprobs": None, "finish_reason": None}]}) for job in self.run.jobs]
+
+    def step(self, step: Step, tally: Tally) -> list[str]:
+        event = step.event
+        lp = self.api.logprobs.chat(event.token_ids, event.logprobs, event.top_logprobs) if self.req.logprobs else None
+        choices = _chat_deltas(step.index, event, lp, step.pieces or [], step.calls)
+        if choices:
+            choices[-1].update(self.api._trace_field(event.trace))
+        return [sse({**self.head, "choices": [choice]}) for choice in choices]
+
+    def failed(self, error: APIError, tally: Tally) -> list[str]:
+        return [sse(error.body())]
+
+    def end(self, tally: Tally) -> list[str]:
+        frames = []
+        if self.req.stream_options and self.req.stream_options.include_usage:
+            frames.append(sse({**self.head, "choices": [], "usage": usage(
+                len(self.run.prompt_ids), tally.tokens, list(tally.speculated.values()))}))
+        return frames + [sse("[DONE]")]
 
 
 def _message(run: ChatRun, text: str, cut: bool = False) -> dict[str, Any]:
@@ -184,17 +182,16 @@ def _message(run: ChatRun, text: str, cut: bool = False) -> dict[str, Any]:
     return message
 
 
-def _chat_deltas(index: int, event: Any, lp: dict | None, answer: AnswerParser) -> list[dict]:
-    """One event as chat chunks' choices: each piece in a chunk of its own (thinking as reasoning_content and
-    reasoning, the text outside calls as content, a call's id and name, then its argument text, as
-    delta.tool_calls, as OpenAI sends them). Log-probs go with the first chunk, the finish with the last; an event
-    with nothing to say sends none."""
+def _chat_deltas(index: int, event: Any, lp: dict | None, pieces: list[Any], calls: bool) -> list[dict]:
+    """One event's answer pieces as chat chunks' choices: each piece in a chunk of its own (thinking as
+    reasoning_content and reasoning, the text outside calls as content, a call's id and name, then its argument
+    text, as delta.tool_calls, as OpenAI sends them). Log-probs go with the first chunk, the finish with the last
+    ("tool_calls" when the answer made `calls`); an event with nothing to say sends none."""
     finish_reason = event.finish_reason
-    pieces = answer.feed(event.text) + (answer.finish(cut=finish_reason == "length") if event.finished else [])
     deltas = [{"content": p} if isinstance(p, str) else
               {"reasoning_content": p.text, "reasoning": p.text} if isinstance(p, Thinking) else
               {"tool_calls": [p.to_openai()]} for p in pieces]
-    if finish_reason == "stop" and answer.calls:
+    if finish_reason == "stop" and calls:
         finish_reason = "tool_calls"
     if not deltas and (event.finished or (lp and lp["content"])):
         deltas = [{}]
