@@ -112,7 +112,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "scheduler": {"block_manager", "sequence"},
         "postprocess": {"sequence"},
         "model_runner": {"block_manager", "scheduler", "sequence"},
-        "speculation": {"model_runner", "postprocess", "sequence"},
+        "speculation": {"model_runner", "postprocess", "scheduler", "sequence"},
         "distributed": {"model_runner", "scheduler"},
         "launch": {"distributed"},
         "llm_engine": {"block_manager", "distributed", "embedding", "model_runner", "postprocess", "scheduler",
