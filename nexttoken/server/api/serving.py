@@ -35,6 +35,14 @@ log = logging.getLogger("nexttoken.server")
 RETRY_AFTER_S = 1  # a full queue drains as sequences finish: a client retries after this many seconds
 
 
+def chat_renderer(core: LLMEngine, settings: ServerSettings) -> ChatRenderer | None:
+    """The server's chat renderer (None without a tokenizer): its call and thinking formats, the render limits."""
+    if core.tokenizer is None:
+        return None
+    return ChatRenderer(core.tokenizer, settings.tool_call_parser, settings.reasoning_parser, TEMPLATE_LIMITS,
+                        settings.special_tokens_in_content)
+
+
 def parse_body(model: type[BaseModel], body: bytes) -> Any:
     try:
         return model.model_validate_json(body)
@@ -46,7 +54,7 @@ class Serving:
     """The state the APIs share: one per server, each API class built over it."""
 
     def __init__(self, core: LLMEngine, engine: AsyncEngine, metrics: ServerMetrics, settings: ServerSettings,
-                 traces: TraceStore | None = None) -> None:
+                 traces: TraceStore | None = None, renderer: ChatRenderer | None = None) -> None:
         self.tokenizer, self.engine, self.metrics, self.settings = core.tokenizer, engine, metrics, settings
         # The Transformer (not `self.model`: Models.model is a route): its LoRA adapter slots are read here, the
         # engine's thread changes them.
@@ -57,12 +65,11 @@ class Serving:
         self.logprobs = LogprobFormatter(core.tokenizer)
         self.created = int(time.time())
         self.traces = traces or TraceStore(settings.model_name)  # traced requests' explain pages (one per server)
-        # The one chat renderer (tools/chat.py, LLM.chat's too): what the chat template renders of tool use,
-        # probed once (a template without a tools section gets the tools preamble of the call format, said in each
-        # response's header and, once, in the log: `preamble_notice`), the thinking format and its markers.
-        self.renderer: ChatRenderer | None = None if core.tokenizer is None else ChatRenderer(
-            core.tokenizer, settings.tool_call_parser, settings.reasoning_parser, TEMPLATE_LIMITS,
-            settings.special_tokens_in_content)
+        # The one chat renderer (tools/chat.py, LLM.chat's too; one per server, `chat_renderer`): what the chat
+        # template renders of tool use, probed once (a template without a tools section gets the tools preamble of
+        # the call format, said in each response's header and, once, in the log: `preamble_notice`), the thinking
+        # format and its markers.
+        self.renderer = renderer or chat_renderer(core, settings)
         self.template_support: TemplateSupport | None = self.renderer.support if self.renderer else None
         self.reasoning: ReasoningFormat | None = self.renderer.reasoning if self.renderer else None
         self.markers: tuple[int, int] | None = self.renderer.markers if self.renderer else None
