@@ -33,7 +33,9 @@ from .model.lora import read_adapter, registry_of
 from .model.weights.hub import resolve_adapter
 from .pretrained import DEFAULT_MODEL_DIR, Pretrained
 from .text.tokenizer import Tokenizer
-from .chat import TemplateSupport, ToolUse, format_named, template_messages, template_support, with_preamble
+from .generation.values import Thinking
+from .chat import ToolUse, format_named
+from .chat.render import ChatPrompt, ChatRenderer
 from .chat.tools.request import tool_options
 
 Prompt = Union[str, Sequence[int]]
@@ -96,7 +98,8 @@ class LLM:
         model.generation_config = generation_config  # low-level generate(model, ...) uses the same defaults
         self._driver: _Driver | None = None
         self.tool_call_parser: str | None = None  # vLLM's --tool-call-parser name; None: read off the template
-        self._template_support: TemplateSupport | None = None  # what the chat template renders of tools (probed once)
+        self.reasoning_parser: str | None = None  # vLLM's --reasoning-parser name; None: read off the template
+        self._renderer: ChatRenderer | None = None  # the chat renderer of these formats (probes the template once)
         self.merged_lora: str | None = None  # the adapter folded into the weights at load (merge=True)
 
     @classmethod
@@ -124,9 +127,18 @@ class LLM:
         return ids
 
     def chat_prompt(self, messages: Sequence[Message], **template_kwargs: Any) -> list[int]:
+        """The conversation through the chat template, as token ids (template_kwargs: its variables)."""
+        return self.chat_renderer.render(messages, variables=template_kwargs).ids
+
+    @property
+    def chat_renderer(self) -> ChatRenderer:
+        """The one chat renderer (chat/render.py: the server's too) of this model's call and thinking formats."""
         tok = self._need_tokenizer()
-        text = tok.apply_chat_template(list(messages), add_generation_prompt=True, **template_kwargs)
-        return tok.encode(text, add_special_tokens=False)  # the template already wrote BOS where it wants one
+        current = self._renderer
+        if current is None or (current.tool_call_parser, current.reasoning_parser) != (self.tool_call_parser,
+                                                                                      self.reasoning_parser):
+            self._renderer = current = ChatRenderer(tok, self.tool_call_parser, self.reasoning_parser)
+        return current
 
     def close(self) -> None:
         """Stop a tensor-parallel model's other ranks (nothing to do for a model in this process alone)."""
@@ -163,8 +175,10 @@ class LLM:
         return results[0] if single and len(results) == 1 else results
 
     def chat(self, messages: Sequence[Message], tools: Sequence[Any] | None = None, tool_choice: Any = None,
-             parallel_tool_calls: bool | None = None, **options: Any) -> Completion:
-        """Answer a conversation ([{"role": ..., "content": ...}, ...]) through the model's chat template.
+             parallel_tool_calls: bool | None = None, chat_template_kwargs: dict[str, Any] | None = None,
+             **options: Any) -> Completion:
+        """Answer a conversation ([{"role": ..., "content": ...}, ...]) through the model's chat template, rendered
+        and read as the server's chat APIs render and read it (chat/render.py).
 
         With `tools` (OpenAI's function definitions) the model may call them: the completion's `tool_calls` are
         the calls (arguments valid under each function's JSON Schema: they are decoded under it), its `text` the
@@ -172,37 +186,32 @@ class LLM:
         tools: the model decides), "none", "required", or {"type": "function", "function": {"name": ...}};
         `parallel_tool_calls=False` allows one call. Past calls and results go in `messages` as OpenAI sends
         them (an assistant message's `tool_calls`, then `role: "tool"` messages with `tool_call_id`). The call
-        format is read off the chat template, or set with `llm.tool_call_parser` (vLLM's names)."""
+        format is read off the chat template, or set with `llm.tool_call_parser` (vLLM's names).
+        A thinking model's thinking (its format read off the template, or `llm.reasoning_parser`) is split off
+        the text into `reasoning_content` (also `reasoning`), as the server's reasoning_content; tool calls and
+        structured output apply to the answer after it. `chat_template_kwargs`: the template's variables
+        (e.g. {"enable_thinking": False})."""
+        renderer = self.chat_renderer
         use = self.tool_use(tools, tool_choice, parallel_tool_calls)
-        if use is None:
-            return self._complete([self.chat_prompt(template_messages(messages))], self._request(options))[0]
-        request = self._request(tool_options(use, self._need_tokenizer(), options))
-        completion = self._complete([self.tools_prompt(messages, use)], request)[0]
-        parser = use.parser()
-        if parser is None:
-            return completion
-        content, calls = parser.parse(completion.text, cut=completion.finish_reason == "length")
-        if not calls:
-            return dataclasses.replace(completion, text=content or "")
-        reason = "tool_calls" if completion.finish_reason == "stop" else completion.finish_reason
-        return dataclasses.replace(completion, text=content or "", tool_calls=calls, finish_reason=reason)
+        prompt = renderer.render(messages, use, chat_template_kwargs)
+        options = dict(options)
+        if renderer.markers is not None and options.get("thinking") is None:
+            options["thinking"] = Thinking(*renderer.markers)  # the grammar waits for the answer after thinking
+        if use is not None:
+            options = tool_options(use, self._need_tokenizer(), options)
+        return _answered(self._complete([prompt.ids], self._request(options))[0], prompt)
 
     def tools_prompt(self, messages: Sequence[Message], use: ToolUse) -> list[int]:
         """The conversation with `use`'s tools, as token ids: rendered by the chat template, or, when the template
         renders no tools, with the call format's tools preamble in the system message (docs/tool_calls.md)."""
-        tok = self._need_tokenizer()
-        if self._template_support is None:
-            self._template_support = template_support(tok)
-        chat = template_messages(messages)
-        if use.format is not None and not self._template_support.tools:
-            return self.chat_prompt(with_preamble(chat, use.tools, use.format, self._template_support))
-        return self.chat_prompt(chat, tools=list(use.tools))
+        return self.chat_renderer.render(messages, use).ids
 
     def tool_use(self, tools: Sequence[Any] | None, tool_choice: Any = None,
                  parallel_tool_calls: bool | None = None) -> ToolUse | None:
         """A request's tools, validated against this model's call format (None without tools)."""
-        template = self.tokenizer.chat_template_for(tools) if self.tokenizer is not None else None
-        return ToolUse.of(tools, tool_choice, parallel_tool_calls, self.tool_call_parser, template)
+        if self.tokenizer is None:
+            return ToolUse.of(tools, tool_choice, parallel_tool_calls, self.tool_call_parser)
+        return self.chat_renderer.tool_use(tools, tool_choice, parallel_tool_calls)
 
     def stream(self, prompt: Prompt, **options: Any) -> Iterator[str]:
         """Yield text deltas as they are generated; they concatenate to `generate(prompt).text`."""
@@ -212,7 +221,7 @@ class LLM:
         if options.get("tools"):
             raise GenerationConfigError("stream_chat() yields text; for tool calls use chat(..., tools=...), or "
                                         "the server's streamed delta.tool_calls")
-        yield from self._stream(self.chat_prompt(template_messages(messages)), self._request(options))
+        yield from self._stream(self.chat_renderer.render(messages).ids, self._request(options))
 
     # ---- internals ---------------------------------------------------------------------------------------------
     def _request(self, options: dict[str, Any]) -> _Request:
@@ -395,6 +404,22 @@ class _Driver:
             queue = self.queues.get(event.request_id)
             if queue is not None:
                 queue.append(event)
+
+
+def _answered(completion: Completion, prompt: ChatPrompt) -> Completion:
+    """A chat completion's text split as the server splits it: thinking into reasoning_content, calls into
+    tool_calls (finish_reason "tool_calls"), the content outside them as the text."""
+    if prompt.calls is None and prompt.reasoning is None:
+        return completion
+    answer = prompt.split(completion.text, cut=completion.finish_reason == "length")
+    fields: dict[str, Any] = {"text": answer.content, "reasoning_content": answer.reasoning}
+    if answer.tool_calls:
+        fields["tool_calls"] = answer.tool_calls
+        if completion.finish_reason == "stop":
+            fields["finish_reason"] = "tool_calls"
+    if completion.trace is not None and prompt.reasoning is not None:  # the trace keeps the split, as the server's
+        fields["trace"] = {**completion.trace, "reasoning": answer.reasoning, "content": answer.content}
+    return dataclasses.replace(completion, **fields)
 
 
 def _check_event(event: TokenEvent) -> None:

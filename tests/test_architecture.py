@@ -112,7 +112,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "scheduler": {"block_manager", "sequence"},
         "postprocess": {"sequence"},
         "model_runner": {"block_manager", "scheduler", "sequence"},
-        "speculation": {"model_runner", "postprocess", "sequence"},
+        "speculation": {"model_runner", "postprocess", "scheduler", "sequence"},
         "distributed": {"model_runner", "scheduler"},
         "launch": {"distributed"},
         "llm_engine": {"block_manager", "distributed", "embedding", "model_runner", "postprocess", "scheduler",
@@ -121,7 +121,9 @@ ROOMS: dict[str, dict[str, set[str]]] = {
     },
     "text": {"chat_template": set(), "tokenizer": {"chat_template"}, "detokenizer": {"tokenizer"},
              "infill": {"tokenizer"}, "gguf_vocab": {"tokenizer"}},
-    "chat": {"messages": set(), "reasoning": set(), "tools": {"messages"}, "answer": {"reasoning", "tools"}},
+    "chat": {"messages": set(), "reasoning": set(), "tools": {"messages"}, "answer": {"reasoning", "tools"},
+             # the one chat renderer: messages + tools + thinking -> the prompt, and the answer's split
+             "render": {"answer", "messages", "reasoning", "tools"}},
     "server": {
         "settings": set(),
         "metrics": set(),

@@ -17,7 +17,6 @@ import logging
 import math
 import secrets
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence as Seq
@@ -32,12 +31,12 @@ from ..generation.generate import length_budget, model_generation_config
 from ..generation.modes import GenerationMode, generation_mode
 from ..generation.output_pipeline import OutputPipeline
 from ..generation.processors.chain import ChainInputs, LogitsProcessor, build_processors
-from ..generation.sampling import Sampler, make_sampler
-from ..generation.speculative import DraftLength
+from ..generation.sampling import make_sampler
 from ..generation.stopping import MaxTime, StoppingChain, StoppingCriterion
+from ..generation.processors.mask_prefetch import MaskPrefetch
 from ..generation.processors.structured import GrammarMask
 from .embedding import EmbeddingError, embed
-from ..generation.trace.recorder import TraceRecorder, options_of
+from ..generation.trace.recorder import request_recorder
 from ..model import Transformer
 from ..model.lora import AdapterRegistry, LoraAdapter, Resolver, read_adapter, registry_of
 from .distributed import DistributedRunner
@@ -45,27 +44,14 @@ from .block_manager import BlockManager, pool_blocks
 from .model_runner import ModelRunner
 from .postprocess import advance, advance_greedy, fail, guarded, plain_greedy, snapshot
 from .scheduler import POLICIES, Scheduler, StepPlan
-from .sequence import Sequence, Speculation, TokenEvent
-from .speculation import DEFAULT_NGRAM, Drafter, SpeculativeConfig, Speculator
+from .sequence import Sequence, TokenEvent
+from .speculation import SpeculativeConfig, Speculator
 
 log = logging.getLogger("nexttoken.engine")
 
 
-def _prefetch(seqs: list[Sequence]) -> None:
-    for seq in seqs:
-        try:
-            seq.grammar.mask_for(seq.out.token_ids)  # type: ignore[union-attr]
-        except Exception:  # noqa: BLE001 - the same error comes back from the processor, and ends that request only
-            pass
-
-
 # Options only the low-level, transformers-shaped generate() returns: the engine reports per-token events.
 _LOW_LEVEL_ONLY = ("return_dict_in_generate", "output_scores", "output_logits")
-
-
-# Verification runs the runner's rows outside the step plan the ranks receive: not with tensor parallelism yet.
-_SPEC_TP = ("speculative decoding does not run on a tensor-parallel model yet: drop assistant_model / "
-            "prompt_lookup_num_tokens (or --speculative-*), or load the model with tensor_parallel_size=1")
 
 
 def expand(prompts: list[list[int]], cfg: GenerationConfig) -> list[tuple[list[int], GenerationConfig]]:
@@ -175,9 +161,6 @@ class LLMEngine:
         speculative: SpeculativeConfig | None = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
-        self.speculative = speculative  # the default for requests that ask for no speculation themselves
-        if speculative is not None and getattr(model, "cluster", None) is not None:
-            raise GenerationConfigError(_SPEC_TP)
         self.generation_config = generation_config or model_generation_config(model)
         self.config = config = config or EngineConfig()
         context = model.config.max_position_embeddings
@@ -196,10 +179,9 @@ class LLMEngine:
         self.runner = runner(model, num_blocks, block_size, self.max_model_len, cache_dtype)
         self.runner.blocks = self.blocks
         self.requests: dict[str, Sequence] = {}
-        self.speculator = Speculator(self.runner)
-        self._drafters: dict[int, Drafter] = {}  # id(draft model) -> its slot cache
-        self._spec_totals = [0, 0, 0]  # drafted, accepted, verification passes of finished requests
-        self._masks: ThreadPoolExecutor | None = None  # computes grammar masks while the forward pass runs
+        # `speculative`: the default for requests that ask for no speculation themselves
+        self.speculator = Speculator(self.runner, self.scheduler.num_slots, speculative)
+        self.masks = MaskPrefetch()  # computes grammar masks while the forward pass runs
         self._ids = itertools.count()
         self._prompt_tokens = self._generated_tokens = self._steps = 0
 
@@ -262,14 +244,15 @@ class LLMEngine:
             stopping=StoppingChain(criteria) if criteria else None,
             hooks=list(hooks),
             grammar=next((p for p in processors.processors if isinstance(p, GrammarMask)), None),
-            trace=self._recorder(prompt_ids, params, max_tokens) if params.trace else None,
+            trace=request_recorder(params, prompt_ids, max_tokens, self.tokenizer, self._trace_facts())
+            if params.trace else None,
             group=group if group is not None else request_id,
             priority=priority,
             arrival_time=arrival_time if arrival_time is not None else time.monotonic(),
             lora=lora,
             lora_key=lora_key,
         )
-        seq.spec = self._speculation(seq, draft_model)
+        seq.spec = self.speculator.setup(seq, draft_model)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         self._prompt_tokens += len(prompt_ids)
@@ -318,66 +301,72 @@ class LLMEngine:
 
     # ---- the step ----------------------------------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
-        """One forward round: admit, prefill chunks and decode one token per running request, free finished.
+        """One forward round: schedule (admit, prefill chunks, one decode row per running request), run the model,
+        choose each request's next token (the speculative ones: draft, verify, accept), emit; free the finished.
 
         Whatever one request's own work raises (its hooks' inputs, grammar mask, processors, sampler, detokenizer,
         speculation) ends that request alone with finish_reason "error" and the step goes on for the others; an
         error in the shared forward pass ends the requests of this step, and the engine keeps serving."""
         plan = self.scheduler.schedule()
-        events: list[TokenEvent] = []
-        stepped = self._check_hooks(plan, events)
-        speculative = [s for s in plan.decode if s.spec is not None]
-        if speculative:
-            plan.decode = [s for s in plan.decode if s.spec is None]
-        masks = self._prefetch_masks()
+        events, unhooked = self._check_hooks(plan)
+        speculative = self.speculator.take(plan)  # verified apart from the plan
+        masks = self.masks.start([(s.grammar, s.out.token_ids) for s in self.scheduler.running
+                                  if s.grammar is not None])
+        groups = self._run(plan, events)  # (rows, logits) per group computed together; None: the forward failed
+        for seqs, logits in groups or []:
+            masks.wait()  # the rows' processors read the masks computed meanwhile
+            events += self._choose(seqs, logits)
+        if groups is not None:
+            events += self.speculator.run(speculative)
+        masks.wait()  # the worker holds no matcher past the step
+        self._release([*unhooked, *plan.seqs(), *speculative], events)
+        return events
+
+    def _run(self, plan: StepPlan, events: list[TokenEvent]) -> list[tuple[list[Sequence], torch.Tensor]] | None:
+        """The plan's forward pass: logits per group of rows. A failure ends the plan's requests (their events go
+        to `events`) and gives None; a tensor-parallel rank's failure goes up (the sharded model cannot answer)."""
         start = time.perf_counter()
         try:
             groups = self.runner.run(plan)
         except TensorParallelError:
-            raise  # a rank died: the sharded model cannot answer anything (the server exits)
+            raise
         except Exception as e:  # noqa: BLE001 - no row to blame: this step's requests end, the engine goes on
             log.exception("a forward pass failed; its %d requests end with an error", len(plan.seqs()))
-            groups, speculative = [], []
             events += [fail(seq, e) for seq in plan.seqs()]
-            stepped += plan.seqs()
+            return None
         forward_s = time.perf_counter() - start
-        for seqs, logits in groups:  # (rows, V) per group computed together
-            for seq in seqs:
-                if seq.trace is not None:
-                    seq.trace.forward_done(forward_s)
-            if masks is not None:  # the rows' processors read the masks computed meanwhile
-                masks.result()
-                masks = None
-            greedy = [i for i, seq in enumerate(seqs) if plain_greedy(seq)]
-            if greedy:  # all-greedy rows: one argmax, one log-softmax
-                rows = logits if len(greedy) == len(seqs) else logits[greedy]
-                events += advance_greedy([seqs[i] for i in greedy], rows)
-            events += [guarded(seq, lambda: advance(seq, logits[i : i + 1]))  # noqa: B023 - called at once
-                       for i, seq in enumerate(seqs) if not plain_greedy(seq)]
-            stepped += seqs
-        if speculative:
-            try:
-                events += self.speculator.step(speculative)
-            except TensorParallelError:
-                raise
-            except Exception as e:  # noqa: BLE001 - the verification's shared forward: these requests end
-                log.exception("a verification pass failed; its %d requests end with an error", len(speculative))
-                events += [fail(seq, e) for seq in speculative if seq.finish_reason is None]
-            stepped += speculative
-        if masks is not None:
-            masks.result()  # the worker holds no matcher past the step (the mask prefetch never raises)
+        for seq in [seq for seqs, _ in groups for seq in seqs if seq.trace is not None]:
+            seq.trace.forward_done(forward_s)
+        return groups
+
+    @staticmethod
+    def _choose(seqs: list[Sequence], logits: torch.Tensor) -> list[TokenEvent]:
+        """Each row's next token from the (rows, V) logits computed together: the plain greedy rows in one argmax
+        (`advance_greedy`), the others one by one under their own options (`advance`); a row whose own work
+        raises ends alone."""
+        greedy = [i for i, seq in enumerate(seqs) if plain_greedy(seq)]
+        events: list[TokenEvent] = []
+        if greedy:  # all-greedy rows: one argmax, one log-softmax
+            rows = logits if len(greedy) == len(seqs) else logits[greedy]
+            events += advance_greedy([seqs[i] for i in greedy], rows)
+        events += [guarded(seq, lambda: advance(seq, logits[i : i + 1]))  # noqa: B023 - called at once
+                   for i, seq in enumerate(seqs) if not plain_greedy(seq)]
+        return events
+
+    def _release(self, stepped: list[Sequence], events: list[TokenEvent]) -> None:
+        """Free the blocks of the step's finished requests, and count the step."""
         for seq in [s for s in stepped if s.finish_reason is not None]:
             self.scheduler.release(seq)
             self.requests.pop(seq.request_id, None)
-            if seq.spec is not None:
-                self._count_speculation(seq)
+            self.speculator.finished(seq)
         self._steps += 1
         self._generated_tokens += sum(len(e.token_ids) for e in events)
-        return events
 
-    def _check_hooks(self, plan: StepPlan, events: list[TokenEvent]) -> list[Sequence]:
+    def _check_hooks(self, plan: StepPlan) -> tuple[list[TokenEvent], list[Sequence]]:
         """Ask each hooked request of the plan for its extra model inputs before the forward: one whose hook
-        raises leaves the plan and ends alone (the runner would raise inside a forward shared with others)."""
+        raises leaves the plan and ends alone (the runner would raise inside a forward shared with others).
+        Their events, and them."""
+        events: list[TokenEvent] = []
         failed = []
         for seq in [s for s in plan.seqs() if s.hooks]:
             try:
@@ -388,7 +377,7 @@ class LLMEngine:
         if failed:
             plan.decode = [s for s in plan.decode if s not in failed]
             plan.prefill = [c for c in plan.prefill if c.seq not in failed]
-        return failed
+        return events, failed
 
     def generate(self, prompts: list[list[int]], params: GenerationConfig) -> list[Sequence]:
         """Run a request's prompts to completion (batched by the scheduler); finished Sequences, prompt-major."""
@@ -417,81 +406,10 @@ class LLMEngine:
             prompt_tokens_total=self._prompt_tokens,
             generated_tokens_total=self._generated_tokens,
             steps_total=self._steps,
-            **self._speculation_totals(running),
+            **self.speculator.totals(running),
         )
 
     # ---- helpers -----------------------------------------------------------------------------------------------
-    def _speculation(self, seq: Sequence, draft_model: Transformer | None) -> Speculation | None:
-        """The request's speculation, or None without prompt lookup or a draft model; options it cannot serve
-        exactly raise here."""
-        params = seq.params
-        lookup = params.prompt_lookup_num_tokens
-        default = self.speculative
-        if (draft_model is not None or lookup is not None) and getattr(self.model, "cluster", None) is not None:
-            raise GenerationConfigError(_SPEC_TP)
-        if draft_model is None and lookup is None and default is not None and self._can_speculate(seq):
-            if default.draft_model is not None:
-                return Speculation(DraftLength(default.num_tokens), drafter=self._drafter(default.draft_model))
-            return Speculation(DraftLength(default.num_tokens), ngram=default.ngram)
-        if draft_model is None and lookup is None:
-            if params.max_matching_ngram_size is not None:
-                raise GenerationConfigError(
-                    "max_matching_ngram_size sets prompt lookup's n-gram: set prompt_lookup_num_tokens too")
-            return None
-        if draft_model is not None and lookup is not None:
-            raise GenerationConfigError(
-                "a draft model (assistant_model) and prompt_lookup_num_tokens both propose draft tokens: use one")
-        if not self._can_speculate(seq):
-            raise GenerationConfigError(
-                "speculative decoding works with greedy decoding and sampling, without hooks, structured output, "
-                "mirostat or a LoRA adapter: drop assistant_model / prompt_lookup_num_tokens for this request")
-        if lookup is not None:
-            return Speculation(DraftLength(lookup), ngram=params.max_matching_ngram_size or DEFAULT_NGRAM)
-        return Speculation(DraftLength(params.num_assistant_tokens, params.num_assistant_tokens_schedule),
-                           drafter=self._drafter(draft_model))
-
-    @staticmethod
-    def _can_speculate(seq: Sequence) -> bool:
-        return seq.lora is None and not seq.hooks and seq.grammar is None and isinstance(seq.sampler, Sampler)
-
-    def _drafter(self, draft: Transformer) -> Drafter:
-        if not isinstance(draft, Transformer):
-            raise GenerationConfigError(f"draft_model must be a nexttoken Transformer, got {type(draft).__name__}")
-        if draft.config.vocab_size != self.model.config.vocab_size:
-            raise GenerationConfigError(
-                f"the draft model's vocabulary has {draft.config.vocab_size} tokens and this model's "
-                f"{self.model.config.vocab_size}: a draft model must share the tokenizer")
-        if draft.config.max_position_embeddings < self.max_model_len:
-            raise GenerationConfigError(
-                f"the draft model's context ({draft.config.max_position_embeddings}) is shorter than this engine's "
-                f"max_model_len ({self.max_model_len}): use a draft with a context at least as long")
-        if id(draft) not in self._drafters:
-            self._drafters[id(draft)] = Drafter(draft, self.scheduler.num_slots, self.max_model_len)
-        return self._drafters[id(draft)]
-
-    def _count_speculation(self, seq: Sequence) -> None:
-        self._spec_totals[0] += seq.spec.drafted
-        self._spec_totals[1] += seq.spec.accepted
-        self._spec_totals[2] += seq.spec.steps
-
-    def _speculation_totals(self, running: list[Sequence]) -> dict[str, int]:
-        live = [s.spec for s in running if s.spec is not None]
-        return dict(
-            spec_draft_tokens_total=self._spec_totals[0] + sum(s.drafted for s in live),
-            spec_accepted_tokens_total=self._spec_totals[1] + sum(s.accepted for s in live),
-            spec_steps_total=self._spec_totals[2] + sum(s.steps for s in live),
-        )
-
-    def _prefetch_masks(self) -> Future | None:
-        """Start computing the next grammar mask of every constrained running request, on a worker thread, so it
-        is ready when the forward pass returns (llguidance releases the GIL while it computes)."""
-        constrained = [s for s in self.scheduler.running if s.grammar is not None]
-        if not constrained:
-            return None
-        if self._masks is None:
-            self._masks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nexttoken-grammar")
-        return self._masks.submit(_prefetch, constrained)
-
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         vocab = self.model.config.vocab_size
         if not prompt_ids:
@@ -537,17 +455,11 @@ class LLMEngine:
         )
         return build_processors(params, list(user), inputs=inputs)
 
-    def _recorder(self, prompt_ids: list[int], params: GenerationConfig, max_tokens: int) -> TraceRecorder:
-        tok = self.tokenizer
-        decode = None if tok is None else (lambda i: tok.decode([i], skip_special_tokens=False))
-        meta = {"prompt_ids": list(prompt_ids), "options": options_of(params), "max_tokens": max_tokens,
-                "prompt_text": None if tok is None else tok.decode(prompt_ids, skip_special_tokens=False),
-                # what else decides the logits' last bits: a replay elsewhere names the ones that differ
-                "engine": {"chunk_size": self.config.chunk_size, "kv_cache_dtype": self.config.kv_cache_dtype,
-                           "threads": torch.get_num_threads(),
-                           "dtype": str(self.model.dtype), "device": str(self.model.device),
-                           "torch": torch.__version__}}
-        return TraceRecorder(params.trace_top_n, meta, decode)
+    def _trace_facts(self) -> dict:
+        """What of this engine decides a traced request's logits' last bits (a replay elsewhere names the ones
+        that differ)."""
+        return {"chunk_size": self.config.chunk_size, "kv_cache_dtype": self.config.kv_cache_dtype,
+                "dtype": str(self.model.dtype), "device": str(self.model.device)}
 
     def _detokenizer(self, prompt_ids: list[int], params: GenerationConfig):  # noqa: ANN202
         if self.tokenizer is None:

@@ -19,18 +19,24 @@ slot per engine slot (`Drafter`); the draft's numbers need not match anything, o
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from ..generation.speculative import accept_or_resample, prompt_lookup
+from ..errors import GenerationConfigError, TensorParallelError
+from ..generation.sampling import Sampler
+from ..generation.speculative import DraftLength, accept_or_resample, prompt_lookup
 from ..model import ForwardBatch, Transformer, fused, kernels
 from ..model.kernels import MAX_ROWS
 from .model_runner import ModelRunner, SlotView, check_cache_memory
 from .postprocess import advance, advance_greedy, fail, plain_greedy, push_chosen
-from .sequence import Sequence, TokenEvent
+from .scheduler import StepPlan
+from .sequence import Sequence, Speculation, TokenEvent
+
+log = logging.getLogger("nexttoken.engine")
 
 DEFAULT_NGRAM = 2  # transformers' max_matching_ngram_size default
 
@@ -136,11 +142,107 @@ class Drafter:
         return self.model(ids, batch, view).float()[0]  # (V,)
 
 
-class Speculator:
-    """Runs the speculative requests of a step: propose, verify in one target pass, accept per request."""
+# Verification runs the runner's rows outside the step plan the ranks receive: not with tensor parallelism yet.
+SPEC_TP = ("speculative decoding does not run on a tensor-parallel model yet: drop assistant_model / "
+           "prompt_lookup_num_tokens (or --speculative-*), or load the model with tensor_parallel_size=1")
 
-    def __init__(self, runner: ModelRunner) -> None:
-        self.runner = runner
+
+class Speculator:
+    """The engine's speculation: which requests speculate and how (`setup`, at add_request: a request's own
+    assistant model or prompt lookup, else the engine's `default`), the draft models' caches, the speculative rows
+    of each step (`take`, then `run`: propose, verify in one target pass, accept per request) and the totals."""
+
+    def __init__(self, runner: ModelRunner, num_slots: int = 1, default: SpeculativeConfig | None = None) -> None:
+        self.runner, self.num_slots, self.default = runner, num_slots, default
+        self.sharded = getattr(runner.model, "cluster", None) is not None
+        if default is not None and self.sharded:
+            raise GenerationConfigError(SPEC_TP)
+        self._drafters: dict[int, Drafter] = {}  # id(draft model) -> its slot cache
+        self._totals = [0, 0, 0]  # drafted, accepted, verification passes of finished requests
+
+    # ---- set-up, per request -----------------------------------------------------------------------------------
+    def setup(self, seq: Sequence, draft_model: Transformer | None) -> Speculation | None:
+        """The request's speculation, or None without prompt lookup or a draft model; options it cannot serve
+        exactly raise here."""
+        params = seq.params
+        lookup = params.prompt_lookup_num_tokens
+        default = self.default
+        if (draft_model is not None or lookup is not None) and self.sharded:
+            raise GenerationConfigError(SPEC_TP)
+        if draft_model is None and lookup is None and default is not None and _can_speculate(seq):
+            if default.draft_model is not None:
+                return Speculation(DraftLength(default.num_tokens), drafter=self._drafter(default.draft_model))
+            return Speculation(DraftLength(default.num_tokens), ngram=default.ngram)
+        if draft_model is None and lookup is None:
+            if params.max_matching_ngram_size is not None:
+                raise GenerationConfigError(
+                    "max_matching_ngram_size sets prompt lookup's n-gram: set prompt_lookup_num_tokens too")
+            return None
+        if draft_model is not None and lookup is not None:
+            raise GenerationConfigError(
+                "a draft model (assistant_model) and prompt_lookup_num_tokens both propose draft tokens: use one")
+        if not _can_speculate(seq):
+            raise GenerationConfigError(
+                "speculative decoding works with greedy decoding and sampling, without hooks, structured output, "
+                "mirostat or a LoRA adapter: drop assistant_model / prompt_lookup_num_tokens for this request")
+        if lookup is not None:
+            return Speculation(DraftLength(lookup), ngram=params.max_matching_ngram_size or DEFAULT_NGRAM)
+        return Speculation(DraftLength(params.num_assistant_tokens, params.num_assistant_tokens_schedule),
+                           drafter=self._drafter(draft_model))
+
+    def _drafter(self, draft: Transformer) -> Drafter:
+        target = self.runner.model
+        if not isinstance(draft, Transformer):
+            raise GenerationConfigError(f"draft_model must be a nexttoken Transformer, got {type(draft).__name__}")
+        if draft.config.vocab_size != target.config.vocab_size:
+            raise GenerationConfigError(
+                f"the draft model's vocabulary has {draft.config.vocab_size} tokens and this model's "
+                f"{target.config.vocab_size}: a draft model must share the tokenizer")
+        if draft.config.max_position_embeddings < self.runner.max_len:
+            raise GenerationConfigError(
+                f"the draft model's context ({draft.config.max_position_embeddings}) is shorter than this engine's "
+                f"max_model_len ({self.runner.max_len}): use a draft with a context at least as long")
+        if id(draft) not in self._drafters:
+            self._drafters[id(draft)] = Drafter(draft, self.num_slots, self.runner.max_len)
+        return self._drafters[id(draft)]
+
+    # ---- totals ------------------------------------------------------------------------------------------------
+    def finished(self, seq: Sequence) -> None:
+        """Count a finished request's drafts into the totals."""
+        if seq.spec is not None:
+            self._totals[0] += seq.spec.drafted
+            self._totals[1] += seq.spec.accepted
+            self._totals[2] += seq.spec.steps
+
+    def totals(self, running: list[Sequence]) -> dict[str, int]:
+        """EngineStats' speculation counters: the finished requests' and the running ones' so far."""
+        live = [s.spec for s in running if s.spec is not None]
+        return dict(
+            spec_draft_tokens_total=self._totals[0] + sum(s.drafted for s in live),
+            spec_accepted_tokens_total=self._totals[1] + sum(s.accepted for s in live),
+            spec_steps_total=self._totals[2] + sum(s.steps for s in live),
+        )
+
+    # ---- the step ----------------------------------------------------------------------------------------------
+    def take(self, plan: StepPlan) -> list[Sequence]:
+        """The plan's speculative decode rows, taken out of it: they are verified apart (`run`)."""
+        speculative = [s for s in plan.decode if s.spec is not None]
+        if speculative:
+            plan.decode = [s for s in plan.decode if s.spec is None]
+        return speculative
+
+    def run(self, seqs: list[Sequence]) -> list[TokenEvent]:
+        """`step`, where a failing verification pass (shared by these requests) ends them with an error and the
+        engine goes on; a tensor-parallel rank's failure goes up."""
+        if not seqs:
+            return []
+        try:
+            return self.step(seqs)
+        except TensorParallelError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the verification's shared forward: these requests end
+            log.exception("a verification pass failed; its %d requests end with an error", len(seqs))
+            return [fail(seq, e) for seq in seqs if seq.finish_reason is None]
 
     def step(self, seqs: list[Sequence]) -> list[TokenEvent]:
         """Each request's events. One whose own work raises (its processors or sampler on a draft or a verified
@@ -218,6 +320,10 @@ class Speculator:
         seq.num_cached = seq.num_tokens - 1  # the drafts kept are in the cache; the target's own token is not
         spec.draft_cached = min(spec.draft_cached, seq.num_tokens - 1)  # the draft's columns past it held rejects
         return events
+
+
+def _can_speculate(seq: Sequence) -> bool:
+    return seq.lora is None and not seq.hooks and seq.grammar is None and isinstance(seq.sampler, Sampler)
 
 
 def _accept_greedy(seq: Sequence, logits: torch.Tensor, drafts: list[int]) -> tuple[list[TokenEvent], int]:

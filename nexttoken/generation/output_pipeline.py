@@ -44,6 +44,9 @@ class Completion:
     # LLM.chat with tools: the calls the model made (nexttoken.chat.ToolCall); `text` is then the content
     # outside them and finish_reason "tool_calls".
     tool_calls: list[Any] | None = None
+    # LLM.chat with a thinking model (tools/reasoning.py): the thinking, split off `text` as the server's
+    # reasoning_content is (None: no thinking, or a model that does not think).
+    reasoning_content: str | None = None
     # With trace=True: why each token came out (generation/trace/recorder.py; nexttoken.generation.trace.page renders it).
     trace: dict[str, Any] | None = None
     # What the server's `usage` reports: tokens in the prompt and generated (echo leaves these counts alone), and,
@@ -53,6 +56,11 @@ class Completion:
     completion_tokens: int = 0
     accepted_draft_tokens: int = 0
     rejected_draft_tokens: int = 0
+
+    @property
+    def reasoning(self) -> str | None:
+        """The thinking: `reasoning_content`'s other name (the server sends both, as vLLM does)."""
+        return self.reasoning_content
 
 
 @dataclass(frozen=True)

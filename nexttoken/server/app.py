@@ -22,6 +22,7 @@ from .api.messages import Messages
 from .api.lora import LoraAdapters
 from .api.models import Models
 from .api.responses import Responses
+from .api.serving import chat_renderer
 from .api.traces import TraceStore
 from .http.connections import AcceptErrors
 from .http.errors import ANTHROPIC_PATHS, APIError, anthropic_error_body, error_body
@@ -59,8 +60,9 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     metrics = ServerMetrics(lambda: async_engine.stats)
     async_engine = AsyncEngine(engine, on_step=metrics.on_step)
     traces = TraceStore(settings.model_name)  # one store: every API's traced choices are read back at one URL
+    renderer = chat_renderer(engine, settings)  # one: the chat template's probes run once per server
     completions, chat, models, responses, messages, embeddings, infill, loras = (
-        api(engine, async_engine, metrics, settings, traces)
+        api(engine, async_engine, metrics, settings, traces, renderer)
         for api in (Completions, Chat, Models, Responses, Messages, Embeddings, Infill, LoraAdapters))
     chat.preamble_notice()
     drain = Drain(settings.shutdown_timeout_s)  # cli.py starts its clock on the signal

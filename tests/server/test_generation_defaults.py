@@ -18,7 +18,7 @@ import openai
 import pytest
 from support.cdp import Browser, browser_or_skip
 from support.server import start_server, stop_server
-from test_webui import _chat_bodies, _requests, _type_and_send, _wait
+from support.webui import chat_bodies, page_requests, type_and_send, wait_for
 
 from nexttoken.pretrained import DEFAULT_MODEL_DIR
 
@@ -89,16 +89,16 @@ def page_and_server():
 def test_the_page_shows_the_defaults_and_a_blank_first_message_gets_them(page_and_server) -> None:
     page, proc = page_and_server
     page.open(page.server + "/")
-    _wait(page, "document.body.dataset.model === 'default_model'")
+    wait_for(page, "document.body.dataset.model === 'default_model'")
     shown = {name: page.eval(f"document.getElementById('opt-{name}').placeholder")
              for name in ("temperature", "top_p", "top_k", "min_p", "max_tokens", "repetition_penalty")}
     assert shown == {"temperature": "0.8 (model)", "top_p": "0.95 (model)", "top_k": "off (model)",
                      "min_p": "off (default)", "max_tokens": "256 (model)", "repetition_penalty": "1 (default)"}
     assert all(page.eval(f"document.getElementById('opt-{n}').value") == "" for n in shown)
-    _type_and_send(page, "Tell me a story about a cat.")
-    (body,) = _chat_bodies(page)
+    type_and_send(page, "Tell me a story about a cat.")
+    (body,) = chat_bodies(page)
     assert not {"temperature", "top_p", "top_k", "min_p", "max_tokens", "repetition_penalty"} & set(body)
-    assert any(r["url"].endswith("/v1/chat/completions") for r in _requests(page))
+    assert any(r["url"].endswith("/v1/chat/completions") for r in page_requests(page))
     (path, options), = [a for a in _applied(proc) if a[0] == "/v1/chat/completions"]
     assert (options["temperature"], options["top_p"], options["top_k"], options["max_tokens"]) == (
         "0.8", "0.95", "None", "256")

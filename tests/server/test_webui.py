@@ -19,6 +19,8 @@ import jsonschema
 import pytest
 
 from support.cdp import Browser, browser_or_skip
+from support.webui import (answered, chat_bodies, last_answer, page_messages, page_requests, press, set_option,
+                           type_and_send, wait_for)
 from nexttoken.pretrained import DEFAULT_MODEL_DIR
 
 KEY = "webui-test-key"
@@ -54,60 +56,22 @@ def page(server):
 
 # ---- helpers -------------------------------------------------------------------------------------------------------
 
-def _wait(b: Browser, expression: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while not (value := b.eval(expression)):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {expression}: {b.eval('document.body.innerText')[-2000:]!r}")
-        time.sleep(0.02)
-    return value
 
 
-def _requests(b: Browser) -> list[dict]:
-    """Every request the page has sent so far (the browser's own Network.requestWillBeSent events)."""
-    b.eval("1")  # collects the events that arrived meanwhile
-    return [e["params"]["request"] for e in b.events if e.get("method") == "Network.requestWillBeSent"]
 
 
-def _chat_bodies(b: Browser) -> list[dict]:
-    return [json.loads(r["postData"]) for r in _requests(b) if r["url"].endswith("/v1/chat/completions")]
 
 
-def _option(b: Browser, name: str, value) -> None:
-    """Set a field of the options panel as a user does (its input / change event)."""
-    b.eval(f"""(() => {{ const e = document.getElementById('opt-' + {json.dumps(name)});
-        if (e.type === 'checkbox') e.checked = {json.dumps(bool(value))}; else e.value = {json.dumps(str(value))};
-        e.dispatchEvent(new Event(e.tagName === 'SELECT' || e.type === 'checkbox' ? 'change' : 'input')); }})()""")
 
 
-def _press(b: Browser, key: str, shift: bool = False) -> None:
-    """A real key press; Enter carries its text, so the textarea's default (a new line) applies when not prevented."""
-    extra = {"windowsVirtualKeyCode": 13, "text": "\r"} if key == "Enter" else {"windowsVirtualKeyCode": 27} if key == "Escape" else {}
-    b.call("Input.dispatchKeyEvent", type="keyDown", key=key, code=key, modifiers=8 if shift else 0, **extra)
-    b.call("Input.dispatchKeyEvent", type="keyUp", key=key, code=key, modifiers=8 if shift else 0)
 
 
-def _answered(b: Browser, action) -> None:
-    """Do `action` (a send, a regenerate ...) and wait until its answer has ended (the page counts them)."""
-    before = int(b.eval("document.body.dataset.answers || 0"))
-    action()
-    _wait(b, f"+(document.body.dataset.answers || 0) > {before}")
 
 
-def _type_and_send(b: Browser, text: str) -> None:
-    b.eval("document.getElementById('input').focus()")
-    b.call("Input.insertText", text=text)
-    _answered(b, lambda: _press(b, "Enter"))
 
 
-def _messages(b: Browser) -> list[dict]:
-    """The current conversation as the page keeps it (its localStorage)."""
-    return b.eval("""(() => { const s = JSON.parse(localStorage.getItem('nexttoken.webui.conversations'));
-        return s.conversations.find(c => c.id === s.current).messages; })()""")
 
 
-def _last(b: Browser) -> str:
-    return ".msg.assistant:last-child"
 
 
 def _api(b: Browser, body: dict) -> dict:
@@ -126,11 +90,11 @@ def _metrics(b: Browser) -> dict[str, float]:
 
 def _new_chat(b: Browser, **options) -> None:
     b.click("#new-conv")
-    _wait(b, "document.querySelectorAll('#messages .msg').length === 0")
+    wait_for(b, "document.querySelectorAll('#messages .msg').length === 0")
     defaults = {"temperature": "", "seed": "", "max_tokens": "", "structured": "", "structured_value": "", "tools": "",
                 "tool_choice": "", "trace": True, "parallel_tool_calls": True}
     for name, value in {**defaults, **options}.items():
-        _option(b, name, value)
+        set_option(b, name, value)
 
 
 # ---- the tests, in order: one browser session, one server ----------------------------------------------------------
@@ -139,13 +103,13 @@ def test_the_page_asks_for_the_key_and_loads_from_the_server_alone(page) -> None
     assert httpx.get(page.server + "/").status_code == 200  # the page itself is open; the API is not
     assert httpx.get(page.server + "/v1/models").status_code == 401
     page.open(page.server + "/")
-    _wait(page, "!document.getElementById('key-dialog').hidden")
+    wait_for(page, "!document.getElementById('key-dialog').hidden")
     page.eval("document.getElementById('key-input').value = 'wrong'; document.getElementById('key-form').requestSubmit()")
-    _wait(page, "document.getElementById('key-error').textContent.includes('refused this key')")
+    wait_for(page, "document.getElementById('key-error').textContent.includes('refused this key')")
     page.eval(f"document.getElementById('key-input').value = {json.dumps(KEY)}; document.getElementById('key-form').requestSubmit()")
-    _wait(page, "document.body.dataset.model === 'default_model'")
+    wait_for(page, "document.body.dataset.model === 'default_model'")
     assert page.eval("document.getElementById('key-dialog').hidden") is True
-    urls = [r["url"] for r in _requests(page)]
+    urls = [r["url"] for r in page_requests(page)]
     assert {u.removeprefix(page.server) for u in urls} == {"/", "/webui/style.css", "/webui/markdown.js", "/webui/app.js",
                                                            "/webui/trace-step.js", "/webui/client.js", "/v1/models"}
     headers = httpx.get(page.server + "/").headers
@@ -153,93 +117,93 @@ def test_the_page_asks_for_the_key_and_loads_from_the_server_alone(page) -> None
 
 
 def test_send_streams_with_enter_and_shift_enter(page) -> None:
-    _option(page, "max_tokens", 100)  # the model's context is 512 tokens: room for the next turns
+    set_option(page, "max_tokens", 100)  # the model's context is 512 tokens: room for the next turns
     page.eval("document.getElementById('input').focus()")
     page.call("Input.insertText", text="Tell me a story")
-    _press(page, "Enter", shift=True)  # a new line, nothing sent
+    press(page, "Enter", shift=True)  # a new line, nothing sent
     page.call("Input.insertText", text="about a cat.")
     assert page.eval("document.getElementById('input').value") == "Tell me a story\nabout a cat."
-    assert _chat_bodies(page) == []
+    assert chat_bodies(page) == []
     # Watch the answer grow: each repaint of the streaming message records how much text it shows.
     page.eval("""window.__partial = []; new MutationObserver(() => {
         const m = document.querySelector('.msg.assistant[data-state="streaming"] .content');
         if (m) window.__partial.push(m.textContent.length); }).observe(document.getElementById('messages'),
         {childList: true, subtree: true});""")
-    _answered(page, lambda: _press(page, "Enter"))
+    answered(page, lambda: press(page, "Enter"))
     assert page.eval("document.getElementById('input').value") == ""
-    (body,) = _chat_bodies(page)
+    (body,) = chat_bodies(page)
     assert body["messages"] == [{"role": "user", "content": "Tell me a story\nabout a cat."}]
     assert body["stream"] is True and body["trace"] is True and body["model"] == "default_model"
     assert body["max_tokens"] == 100 and body["stream_options"] == {"include_usage": True}
     partial = [n for n in page.eval("window.__partial") if n > 0]
-    final = _messages(page)[-1]
+    final = page_messages(page)[-1]
     assert final["state"] == "done" and final["content"] and final["deltas"] > 3
     assert len(set(partial)) >= 3 and max(partial) <= len(final["content"].strip()) + 1  # it grew, chunk by chunk
-    stats = page.eval(f"document.querySelector('{_last(page)} .stats').textContent")
+    stats = page.eval(f"document.querySelector('{last_answer(page)} .stats').textContent")
     assert f"{final['stats']['tokens']} tokens" in stats and "tokens/s" in stats and "first token" in stats
     assert f"finish: {final['finish_reason']}" in stats and final["finish_reason"] in ("stop", "length")
 
 
 def test_options_reach_the_request_and_the_answer_is_the_apis(page) -> None:
-    _option(page, "temperature", 0.7)
-    _option(page, "seed", 42)
-    _option(page, "max_tokens", 30)
-    _option(page, "top_k", 40)
-    _option(page, "stop", "zzz\nqqq")
-    _option(page, "system", "You tell short stories.")
-    _type_and_send(page, "Tell me about a dog.")
-    body = _chat_bodies(page)[-1]
+    set_option(page, "temperature", 0.7)
+    set_option(page, "seed", 42)
+    set_option(page, "max_tokens", 30)
+    set_option(page, "top_k", 40)
+    set_option(page, "stop", "zzz\nqqq")
+    set_option(page, "system", "You tell short stories.")
+    type_and_send(page, "Tell me about a dog.")
+    body = chat_bodies(page)[-1]
     assert (body["temperature"], body["seed"], body["max_tokens"], body["top_k"], body["stop"]) == (0.7, 42, 30, 40, ["zzz", "qqq"])
     assert body["messages"][0] == {"role": "system", "content": "You tell short stories."}
     assert body["messages"][-1] == {"role": "user", "content": "Tell me about a dog."} and len(body["messages"]) == 4
-    shown = _messages(page)[-1]
+    shown = page_messages(page)[-1]
     assert shown["content"] == _api(page, body)["message"]["content"]  # the seed went through: the same draw
 
 
 def test_regenerate_asks_again_without_the_old_answer(page) -> None:
-    before = _messages(page)
-    _answered(page, lambda: page.click(f"{_last(page)} .regenerate"))
-    first, again = _chat_bodies(page)[-2:]
+    before = page_messages(page)
+    answered(page, lambda: page.click(f"{last_answer(page)} .regenerate"))
+    first, again = chat_bodies(page)[-2:]
     assert again == first  # the same conversation (the old answer is not sent), the same options
-    after = _messages(page)
+    after = page_messages(page)
     assert len(after) == len(before) and after[-1]["content"] == before[-1]["content"]  # seed 42: the same answer
-    _option(page, "seed", 43)
-    _answered(page, lambda: page.click(f"{_last(page)} .regenerate"))
-    body = _chat_bodies(page)[-1]
-    assert body["seed"] == 43 and _messages(page)[-1]["content"] == _api(page, body)["message"]["content"]
+    set_option(page, "seed", 43)
+    answered(page, lambda: page.click(f"{last_answer(page)} .regenerate"))
+    body = chat_bodies(page)[-1]
+    assert body["seed"] == 43 and page_messages(page)[-1]["content"] == _api(page, body)["message"]["content"]
 
 
 def test_copy_puts_the_message_on_the_clipboard(page) -> None:
     page.call("Browser.grantPermissions", origin=page.server, permissions=["clipboardReadWrite", "clipboardSanitizedWrite"])
-    page.click(f"{_last(page)} .actions .copy")
-    _wait(page, f"document.querySelector('{_last(page)} .actions .copy').textContent === 'copied'")
+    page.click(f"{last_answer(page)} .actions .copy")
+    wait_for(page, f"document.querySelector('{last_answer(page)} .actions .copy').textContent === 'copied'")
     read = page.call("Runtime.evaluate", expression="navigator.clipboard.readText()", awaitPromise=True, returnByValue=True)
-    assert read["result"]["value"] == _messages(page)[-1]["content"]
+    assert read["result"]["value"] == page_messages(page)[-1]["content"]
 
 
 def test_edit_and_resend_a_user_message(page) -> None:
     page.click(".msg.user[data-index='2'] .edit")
     page.eval("document.querySelector('.msg.user[data-index=\"2\"] .edit-box').value = 'Tell me about a bird.'")
-    _answered(page, lambda: page.click(".msg.user[data-index='2'] .save-send"))
-    body = _chat_bodies(page)[-1]
+    answered(page, lambda: page.click(".msg.user[data-index='2'] .save-send"))
+    body = chat_bodies(page)[-1]
     assert [m["content"] for m in body["messages"]][1:] == [
-        "Tell me a story\nabout a cat.", _messages(page)[1]["content"], "Tell me about a bird."]
-    msgs = _messages(page)
+        "Tell me a story\nabout a cat.", page_messages(page)[1]["content"], "Tell me about a bird."]
+    msgs = page_messages(page)
     assert len(msgs) == 4 and msgs[2]["content"] == "Tell me about a bird."
     assert msgs[3]["content"] == _api(page, body)["message"]["content"]
 
 
 def test_why_this_token_opens_the_trace_inline(page) -> None:
-    msg = _messages(page)[-1]
+    msg = page_messages(page)[-1]
     trace = httpx.get(page.server + msg["trace"]["json_url"], headers={"Authorization": f"Bearer {KEY}"}).json()
-    page.click(f"{_last(page)} .why-toggle")
-    _wait(page, f"document.querySelectorAll('{_last(page)} .why .tok').length > 0")
-    strip = page.eval(f"[...document.querySelectorAll('{_last(page)} .why .tok')].map(t => t.textContent)")
+    page.click(f"{last_answer(page)} .why-toggle")
+    wait_for(page, f"document.querySelectorAll('{last_answer(page)} .why .tok').length > 0")
+    strip = page.eval(f"[...document.querySelectorAll('{last_answer(page)} .why .tok')].map(t => t.textContent)")
     assert strip == [s["text"] or trace["token_texts"][str(s["chosen"]["id"])] for s in trace["steps"]]
     assert "".join(strip).startswith(msg["content"]) and len(strip) == msg["stats"]["tokens"]
     for i in (0, len(strip) // 2, len(strip) - 1):
-        page.click(f"{_last(page)} .why .tok[data-step='{i}']")
-        shown = page.eval(f"""(() => {{ const d = document.querySelector('{_last(page)} .why .detail');
+        page.click(f"{last_answer(page)} .why .tok[data-step='{i}']")
+        shown = page.eval(f"""(() => {{ const d = document.querySelector('{last_answer(page)} .why .detail');
             return {{step: d.dataset.step, title: d.querySelector('.step-title').textContent,
               cards: [...d.querySelectorAll('.stage')].map(c => ({{title: c.querySelector('h3').textContent,
                 ids: [...c.querySelectorAll('.bar-row')].map(r => +r.dataset.tokenId),
@@ -259,7 +223,7 @@ def test_why_this_token_opens_the_trace_inline(page) -> None:
         assert shown["stops"] == [[d["name"], "stop" if d["stop"] else "no"] for d in step["stop"]]
         assert f"seed {step['sampler']['seed']}" in shown["draw"] and "(a draw)" in shown["draw"]
     if DOCS:
-        page.click(f"{_last(page)} .why .tok[data-step='3']")
+        page.click(f"{last_answer(page)} .why .tok[data-step='3']")
         page.eval("document.querySelector('#messages .msg:nth-last-child(2)').scrollIntoView({block: 'start'})")
         page.screenshot(Path(DOCS) / "webui.png")
 
@@ -270,22 +234,22 @@ def test_errors_are_shown_and_the_page_goes_on(page) -> None:
     _new_chat(page, structured="json_schema", structured_value="{not json")
     page.eval("document.getElementById('input').focus()")
     page.call("Input.insertText", text="Hi")
-    sent = len(_chat_bodies(page))
-    _press(page, "Enter")
-    _wait(page, "!document.getElementById('options-error').hidden")
+    sent = len(chat_bodies(page))
+    press(page, "Enter")
+    wait_for(page, "!document.getElementById('options-error').hidden")
     assert "the JSON Schema is not valid JSON" in page.eval("document.getElementById('options-error').textContent")
-    assert len(_chat_bodies(page)) == sent and page.eval("document.querySelectorAll('#messages .msg').length") == 0
+    assert len(chat_bodies(page)) == sent and page.eval("document.querySelectorAll('#messages .msg').length") == 0
     assert page.eval("document.getElementById('input').value") == "Hi"  # kept, to send once the options are right
-    _option(page, "structured", "")
-    _option(page, "top_p", 5)
+    set_option(page, "structured", "")
+    set_option(page, "top_p", 5)
     page.eval("document.getElementById('input').value = ''")
-    _type_and_send(page, "Hi")
-    msg = _messages(page)[-1]
+    type_and_send(page, "Hi")
+    msg = page_messages(page)[-1]
     assert msg["state"] == "error" and "top_p" in msg["error"]
-    assert "top_p" in page.eval(f"document.querySelector('{_last(page)} .error').textContent")
-    _option(page, "top_p", "")
-    _answered(page, lambda: page.click(f"{_last(page)} .regenerate"))
-    assert _messages(page)[-1]["state"] == "done" and "top_p" not in _chat_bodies(page)[-1]
+    assert "top_p" in page.eval(f"document.querySelector('{last_answer(page)} .error').textContent")
+    set_option(page, "top_p", "")
+    answered(page, lambda: page.click(f"{last_answer(page)} .regenerate"))
+    assert page_messages(page)[-1]["state"] == "done" and "top_p" not in chat_bodies(page)[-1]
 
 
 def test_reasoning_is_shown_folded_above_the_answer(page) -> None:
@@ -296,12 +260,12 @@ def test_reasoning_is_shown_folded_above_the_answer(page) -> None:
           reasoning: 'First, <think> about it.', content: 'The answer.', finish_reason: 'stop'});
         localStorage.setItem('nexttoken.webui.conversations', JSON.stringify(s)); })()""")
     page.open(page.server + "/")
-    fold = page.eval(f"""(() => {{ const m = document.querySelector('{_last(page)}'); const f = m.querySelector('details.reasoning');
+    fold = page.eval(f"""(() => {{ const m = document.querySelector('{last_answer(page)}'); const f = m.querySelector('details.reasoning');
         return {{open: f.open, summary: f.querySelector('summary').textContent, text: f.querySelector('.reasoning-text').textContent,
                  before: !!(f.compareDocumentPosition(m.querySelector('.content')) & Node.DOCUMENT_POSITION_FOLLOWING)}}; }})()""")
     assert fold == {"open": False, "summary": "reasoning", "text": "First, <think> about it.", "before": True}
-    page.click(f"{_last(page)} .reasoning summary")
-    assert page.eval(f"document.querySelector('{_last(page)} details.reasoning').open") is True
+    page.click(f"{last_answer(page)} .reasoning summary")
+    assert page.eval(f"document.querySelector('{last_answer(page)} details.reasoning').open") is True
 
 
 def test_stop_mid_answer_with_escape(page) -> None:
@@ -310,14 +274,14 @@ def test_stop_mid_answer_with_escape(page) -> None:
     page.eval("document.getElementById('input').focus()")
     page.call("Input.insertText", text="Write a long line.")
     generated = _metrics(page)["nexttoken_generation_tokens_total"]
-    _press(page, "Enter")
-    _wait(page, "(document.querySelector('.msg.assistant[data-state=\"streaming\"] .content') || {}).textContent")
-    _press(page, "Escape")
-    _wait(page, "document.body.dataset.running === ''")
-    body, msg = _chat_bodies(page)[-1], _messages(page)[-1]
+    press(page, "Enter")
+    wait_for(page, "(document.querySelector('.msg.assistant[data-state=\"streaming\"] .content') || {}).textContent")
+    press(page, "Escape")
+    wait_for(page, "document.body.dataset.running === ''")
+    body, msg = chat_bodies(page)[-1], page_messages(page)[-1]
     assert body["structured_outputs"] == {"regex": "([a-z] ){200}"} and "trace" not in body
     assert msg["state"] == "stopped" and msg["finish_reason"] == "stopped" and 0 < len(msg["content"]) < 400
-    assert "finish: stopped" in page.eval(f"document.querySelector('{_last(page)} .stats').textContent")
+    assert "finish: stopped" in page.eval(f"document.querySelector('{last_answer(page)} .stats').textContent")
     deadline = time.monotonic() + 30  # the server saw the client leave: the request was aborted, its slot freed
     while (metrics := _metrics(page)).get('nexttoken_requests_finished_total{finish_reason="abort"}') != 1.0 \
             or metrics["nexttoken_num_requests_running"] != 0.0:
@@ -328,8 +292,8 @@ def test_stop_mid_answer_with_escape(page) -> None:
 
 def test_a_json_schema_answer_parses(page) -> None:
     _new_chat(page, structured="json_schema", structured_value=json.dumps(SCHEMA), max_tokens=60, seed=1)
-    _type_and_send(page, "How do you feel?")
-    body, msg = _chat_bodies(page)[-1], _messages(page)[-1]
+    type_and_send(page, "How do you feel?")
+    body, msg = chat_bodies(page)[-1], page_messages(page)[-1]
     assert body["response_format"] == {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
     jsonschema.validate(json.loads(msg["content"]), SCHEMA)
     assert msg["finish_reason"] == "stop"
@@ -337,15 +301,15 @@ def test_a_json_schema_answer_parses(page) -> None:
 
 def test_tool_calls_are_shown_with_their_arguments(page) -> None:
     _new_chat(page, tools=json.dumps(WEATHER), tool_choice="required", parallel_tool_calls=False, max_tokens=80, seed=3)
-    _type_and_send(page, "What is the weather in Paris?")
-    body, msg = _chat_bodies(page)[-1], _messages(page)[-1]
+    type_and_send(page, "What is the weather in Paris?")
+    body, msg = chat_bodies(page)[-1], page_messages(page)[-1]
     assert body["tools"] == WEATHER and body["tool_choice"] == "required" and body["parallel_tool_calls"] is False
     calls = msg["tool_calls"]
     assert len(calls) == 1
     args = [json.loads(c["function"]["arguments"]) for c in calls]
     assert calls and {c["function"]["name"] for c in calls} == {"get_weather"} and msg["finish_reason"] == "tool_calls"
     assert all(set(a) == {"city"} for a in args)
-    shown = page.eval(f"""[...document.querySelectorAll('{_last(page)} .tool-call')].map(c =>
+    shown = page.eval(f"""[...document.querySelectorAll('{last_answer(page)} .tool-call')].map(c =>
         [c.querySelector('.call-name').textContent, c.querySelector('.call-args').textContent])""")
     assert [name for name, _ in shown] == ["get_weather(...)"] * len(calls)
     assert [json.loads(text) for _, text in shown] == args
@@ -357,18 +321,18 @@ def test_model_text_is_shown_as_text_never_run(page) -> None:
     """The model's answer is forced (structured `choice`) to be markup; the page shows it, runs nothing, and
     fetches nothing for it (an <img src=x> would be a request to the server)."""
     _new_chat(page, structured="choice", structured_value=HOSTILE, max_tokens=100)
-    _type_and_send(page, "<b>bold?</b> <img src=y onerror=\"window.pwned = 3\">")
-    msg = _messages(page)[-1]
+    type_and_send(page, "<b>bold?</b> <img src=y onerror=\"window.pwned = 3\">")
+    msg = page_messages(page)[-1]
     assert msg["content"] == HOSTILE
-    assert page.eval(f"document.querySelector('{_last(page)} .content').textContent") == HOSTILE
+    assert page.eval(f"document.querySelector('{last_answer(page)} .content').textContent") == HOSTILE
     assert page.eval("document.querySelector('.msg.user .content').textContent") == \
         "<b>bold?</b> <img src=y onerror=\"window.pwned = 3\">"
     # Markdown still renders, from an edited answer: code blocks keep markup as text.
-    page.click(f"{_last(page)} .edit")
-    page.eval(f"""document.querySelector('{_last(page)} .edit-box').value =
+    page.click(f"{last_answer(page)} .edit")
+    page.eval(f"""document.querySelector('{last_answer(page)} .edit-box').value =
         '**bold** and `code`\\n\\n```html\\n<script>window.pwned = 4</script>\\n```\\n- one\\n- [two](javascript:alert(1))';""")
-    page.click(f"{_last(page)} .save-send")
-    rendered = page.eval(f"""(() => {{ const c = document.querySelector('{_last(page)} .content');
+    page.click(f"{last_answer(page)} .save-send")
+    rendered = page.eval(f"""(() => {{ const c = document.querySelector('{last_answer(page)} .content');
         return {{strong: c.querySelector('strong').textContent, code: c.querySelector('p code').textContent,
                 pre: c.querySelector('pre code').textContent, items: [...c.querySelectorAll('li')].map(l => l.textContent),
                 links: c.querySelectorAll('a').length}}; }})()""")
@@ -376,7 +340,7 @@ def test_model_text_is_shown_as_text_never_run(page) -> None:
                         "items": ["one", "[two](javascript:alert(1))"], "links": 0}
     assert page.eval("document.querySelectorAll('#messages script, #messages img, #messages b').length") == 0
     assert page.eval("window.pwned === undefined") is True
-    assert not [r for r in _requests(page) if r["url"].endswith(("/x", "/y"))]
+    assert not [r for r in page_requests(page) if r["url"].endswith(("/x", "/y"))]
 
 
 MARKDOWN = [  # text -> the nodes the page builds for it (read back as HTML here; the page never writes HTML)
@@ -403,20 +367,20 @@ def test_markdown_renderer(page) -> None:
 
 
 def test_reload_keeps_the_conversations_and_their_options(page) -> None:
-    before = _messages(page)
+    before = page_messages(page)
     titles = page.eval("[...document.querySelectorAll('#conv-list .open')].map(b => b.textContent)")
     fields = "[...document.querySelectorAll('#options textarea, #options input, #options select')].map(e => e.type === 'checkbox' ? e.checked : e.value)"
     options = page.eval(fields)
     page.open(page.server + "/")
-    _wait(page, "document.body.dataset.model === 'default_model'")  # the key was kept: no prompt this time
+    wait_for(page, "document.body.dataset.model === 'default_model'")  # the key was kept: no prompt this time
     assert page.eval("document.getElementById('key-dialog').hidden") is True
-    assert _messages(page) == before and len(titles) == 6
+    assert page_messages(page) == before and len(titles) == 6
     assert page.eval("[...document.querySelectorAll('#conv-list .open')].map(b => b.textContent)") == titles
     assert page.eval(fields) == options
     shown = page.eval("[...document.querySelectorAll('#messages .msg')].map(m => m.querySelector('.content').textContent)")
     assert shown[0] == before[0]["content"] and len(shown) == len(before)
     page.click(f"#conv-list li:nth-child({titles.index('Tell me a story about a cat.') + 1}) .open")  # the first one, its options
-    _wait(page, "document.getElementById('opt-seed').value === '43'")
+    wait_for(page, "document.getElementById('opt-seed').value === '43'")
     assert page.eval("document.getElementById('opt-temperature').value") == "0.7"
     assert page.eval("document.querySelectorAll('#messages .msg').length") == 4
 
@@ -429,7 +393,7 @@ def test_export_downloads_the_conversation(page, tmp_path) -> None:
         time.sleep(0.05)
     (file,) = files
     exported = json.loads(file.read_text())
-    assert exported["messages"] == _messages(page) and exported["model"] == "default_model"
+    assert exported["messages"] == page_messages(page) and exported["model"] == "default_model"
     assert exported["options"]["seed"] == "43"
 
 
@@ -437,7 +401,7 @@ def test_phone_width(page) -> None:
     page.call("Emulation.setDeviceMetricsOverride", width=390, height=844, deviceScaleFactor=2, mobile=True)
     try:
         page.open(page.server + "/")
-        _wait(page, "document.body.dataset.model === 'default_model'")
+        wait_for(page, "document.body.dataset.model === 'default_model'")
         assert page.eval("document.documentElement.scrollWidth") <= 390  # nothing wider than the screen
         assert page.eval("getComputedStyle(document.getElementById('options')).display") == "none"
         composer = page.eval("(() => { const r = document.getElementById('composer').getBoundingClientRect(); "
@@ -448,9 +412,9 @@ def test_phone_width(page) -> None:
         assert box[0] >= 0 and box[1] <= 390
         page.click("#toggle-options")
         assert page.eval("getComputedStyle(document.getElementById('options')).display") == "none"
-        page.click(f"{_last(page)} .why-toggle")  # the tokens and a step's cards fit too
-        _wait(page, f"document.querySelectorAll('{_last(page)} .why .tok').length > 0")
-        page.click(f"{_last(page)} .why .tok[data-step='2']")
+        page.click(f"{last_answer(page)} .why-toggle")  # the tokens and a step's cards fit too
+        wait_for(page, f"document.querySelectorAll('{last_answer(page)} .why .tok').length > 0")
+        page.click(f"{last_answer(page)} .why .tok[data-step='2']")
         assert page.eval("document.documentElement.scrollWidth") <= 390
         if DOCS:
             page.eval("document.querySelector('#messages .msg:nth-last-child(2)').scrollIntoView({block: 'start'})")
@@ -460,7 +424,7 @@ def test_phone_width(page) -> None:
 
 
 def test_nothing_was_fetched_but_the_server_and_no_script_failed(page) -> None:
-    others = [r["url"] for r in _requests(page) if not r["url"].startswith((page.server + "/", "blob:", "data:"))]
+    others = [r["url"] for r in page_requests(page) if not r["url"].startswith((page.server + "/", "blob:", "data:"))]
     assert others == []
     failed = [e["params"] for e in page.events if e.get("method") == "Network.loadingFailed"
               and e["params"].get("errorText") != "net::ERR_ABORTED"]  # the stopped stream is the one abort

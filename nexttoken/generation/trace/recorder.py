@@ -189,6 +189,21 @@ class TraceRecorder:
                 "token_texts": texts, **(output or {})}
 
 
+def request_recorder(params: Any, prompt_ids: list[int], max_tokens: int, tokenizer: Any,
+                     engine: dict[str, Any]) -> "TraceRecorder":
+    """The recorder of one traced engine request: what it was asked (prompt, options, length budget) and, under
+    `engine` (the engine's chunk size, cache dtype, model dtype and device), what else decides the logits' last
+    bits, with the threads and torch's version: a replay elsewhere names the ones that differ."""
+    decode = None if tokenizer is None else (lambda i: tokenizer.decode([i], skip_special_tokens=False))
+    facts = {"chunk_size": engine["chunk_size"], "kv_cache_dtype": engine["kv_cache_dtype"],
+             "threads": torch.get_num_threads(), "dtype": engine["dtype"], "device": engine["device"],
+             "torch": torch.__version__}
+    meta = {"prompt_ids": list(prompt_ids), "options": options_of(params), "max_tokens": max_tokens,
+            "prompt_text": None if tokenizer is None else tokenizer.decode(prompt_ids, skip_special_tokens=False),
+            "engine": facts}
+    return TraceRecorder(params.trace_top_n, meta, decode)
+
+
 def options_of(cfg: Any) -> dict[str, Any]:
     """A GenerationConfig's values that differ from the defaults, as JSON can hold them (replay's options)."""
     out: dict[str, Any] = {}

@@ -10,6 +10,7 @@ import uuid
 from typing import Any
 
 from ...chat import ToolCallDelta
+from ..http.streams import sse
 
 # (finish_reason, whether calls were made) -> Anthropic's stop_reason
 def stop_reason(finish_reason: str | None, stop: int | str | None, calls: bool) -> tuple[str, str | None]:
@@ -99,4 +100,4 @@ def message_id() -> str:
 
 def sse_event(event: dict[str, Any]) -> str:
     """An event as Anthropic streams it: named by its type."""
-    return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+    return sse(event, event["type"])

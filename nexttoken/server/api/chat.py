@@ -4,7 +4,6 @@ n, streaming)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -14,17 +13,17 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ...engine import expand
-from ...engine.async_engine import EngineClosedError, EngineDeadError
-from ...errors import NextTokenError
 from ...chat import ToolUse
 from ...chat.answer import AnswerParser, Thinking
+from ...chat.render import ChatPrompt
 from ...chat.reasoning import ReasoningFormat
-from ..http.errors import client_error
+from ..http.errors import APIError
 from ..http.streams import Job, SSEResponse, run_jobs, sse
 from ..openai.outputs import usage
-from ..openai.prompts import PREAMBLE_HEADER, check_ids, render_chat, template_kwargs
+from ..openai.prompts import PREAMBLE_HEADER, check_ids, render_request, template_kwargs
 from ..openai.protocol import ChatCompletionRequest
-from .serving import Serving, collect_choices, engine_failure, log, parse_body, tool_parse_failure, unavailable
+from .serving import Serving, collect_choices, log, parse_body, tool_parse_failure
+from .streaming import EventEncoder, Step, Tally, drive
 
 
 @dataclass
@@ -33,38 +32,52 @@ class ChatRun:
     Messages) formats in its own way."""
 
     id: str
-    prompt_ids: list[int]
+    prompt: ChatPrompt  # the rendered conversation, and what its answer is read with (chat/render.py)
     jobs: list[Job]
     events: AsyncIterator  # (choice index, TokenEvent) as they come
-    use: ToolUse | None  # the tools whose calls are read out of the text; None: plain text
-    reasoning: ReasoningFormat | None = None  # where the model writes its thinking; None: no thinking
-    opened: bool = False  # the prompt left a thinking block open (the answer starts inside it)
-    preamble: str | None = None  # the call format whose tools preamble the prompt holds (a response header says so)
     lora: str | None = None  # the LoRA adapter the request's `model` chose; None: the base model
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.prompt.ids
+
+    @property
+    def use(self) -> ToolUse | None:
+        """The tools whose calls are read out of the text; None: plain text."""
+        return self.prompt.calls
+
+    @property
+    def reasoning(self) -> ReasoningFormat | None:
+        """Where the model writes its thinking; None: no thinking."""
+        return self.prompt.reasoning
+
+    @property
+    def preamble(self) -> str | None:
+        """The call format whose tools preamble the prompt holds (a response header says so)."""
+        return self.prompt.preamble
 
     def answer(self) -> AnswerParser:
         """A parser for one choice's text: thinking, content, calls."""
-        return AnswerParser(self.reasoning.parser(self.opened) if self.reasoning is not None else None,
-                            self.use.parser() if self.use is not None else None)
+        return self.prompt.answer()
 
 
 class Chat(Serving):
-    async def render(self, req: ChatCompletionRequest) -> tuple[ToolUse | None, list[int], str, str | None]:
-        """The request's tools, checked, and its prompt: the conversation through the chat template (ids, text),
-        and the call format of the tools preamble it holds (None: the template renders the tools itself)."""
+    async def render(self, req: ChatCompletionRequest) -> ChatPrompt:
+        """The request's tools, checked, and its prompt: the conversation through the one chat renderer (ids,
+        text, the call format of the tools preamble it holds, what the answer is read with)."""
         self._adapter(req.model)  # an unknown model (or adapter) name: a 404 before any work
         use = self._tool_use(req.tools, req.tool_choice, req.parallel_tool_calls)
         variables = template_kwargs(self.settings.default_chat_template_kwargs, req)
-        ids, text, preamble = await asyncio.to_thread(  # untrusted template work: off the event loop
-            render_chat, req, self.tokenizer, use, self.template_support, variables, self.limits,
-            self.settings.special_tokens_in_content)
-        check_ids(ids, self.limits.vocab_size, "messages")
-        return use, ids, text, preamble
+        prompt = await asyncio.to_thread(  # untrusted template work: off the event loop
+            render_request, req, self.renderer, use, variables, self.limits)
+        check_ids(prompt.ids, self.limits.vocab_size, "messages")
+        return prompt
 
     async def start_chat(self, req: ChatCompletionRequest, arrival: float, prefix: str = "chatcmpl") -> ChatRun:
         """The one chat request path: tools checked, the template rendered, the options translated and the
         grammar compiled, then the jobs queued on the engine."""
-        use, ids, text, preamble = await self.render(req)
+        prompt = await self.render(req)
+        use, ids = prompt.use, prompt.ids
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         cfg = self._options(req, [ids], max_tokens, "messages", top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)
         thinking = self._thinking(req)
@@ -79,9 +92,7 @@ class Chat(Serving):
                 for j, (p, c) in enumerate(expand([ids], cfg))]
         self._admit(len(jobs))
         events = run_jobs(self.engine, jobs, self.metrics, arrival, reserved=True)
-        opened = self.reasoning is not None and self.reasoning.opened_in(text)
-        return ChatRun(rid, ids, jobs, events, use if use is not None and use.calls else None, self.reasoning, opened,
-                       preamble, lora)
+        return ChatRun(rid, prompt, jobs, events, lora)
 
     async def chat_completions(self, request: Request) -> Response:
         arrival = time.monotonic()
@@ -111,7 +122,8 @@ class Chat(Serving):
             body.append({
                 "index": i,
                 "message": message,
-                "logprobs": self.logprobs.chat(c.token_ids, c.logprobs, c.top_logprobs, c.hidden_stop) if req.logprobs else None,
+                "logprobs": (self.logprobs.chat(c.token_ids, c.logprobs, c.top_logprobs, c.hidden_stop)
+                             if req.logprobs else None),
                 "finish_reason": finish_reason,
                 "stop_reason": c.stop_reason,
                 **self._trace_field(trace),
@@ -120,71 +132,68 @@ class Chat(Serving):
         return JSONResponse({**head, "object": "chat.completion", "choices": body,
                              "usage": usage(len(ids), total, [c.speculated for c in choices])}, headers=headers)
 
-    async def _chat_stream(self, req: ChatCompletionRequest, run: ChatRun, head: dict) -> AsyncIterator[str]:
-        jobs, events = run.jobs, run.events
-        head = {**head, "object": "chat.completion.chunk"}
-        for job in jobs:  # the role comes first, in a chunk of its own, as OpenAI sends it
-            delta = {"role": "assistant", "content": ""}
-            yield sse(json.dumps({**head, "choices": [{"index": job.index, "delta": delta, "logprobs": None,
-                                                       "finish_reason": None}]}))
-        parsers = {job.index: run.answer() for job in jobs}
-        completion_tokens, speculated = 0, {}
-        try:
-            async for index, event in events:
-                if event.finish_reason == "error":
-                    yield sse(json.dumps(engine_failure(event).body()))
-                    break
-                completion_tokens += len(event.token_ids)
-                speculated[index] = (event.spec_draft_tokens, event.spec_accepted_tokens)
-                lp = self.logprobs.chat(event.token_ids, event.logprobs, event.top_logprobs, event.hidden_stop) if req.logprobs else None
-                try:
-                    choices = _chat_deltas(index, event, lp, parsers[index])
-                except Exception:  # noqa: BLE001 - this request's answer parsing failed: it ends alone, in the API's body
-                    log.exception("parsing a streamed choice's answer (thinking, tool calls) failed")
-                    yield sse(json.dumps(tool_parse_failure().body()))
-                    break
-                if choices:
-                    choices[-1].update(self._trace_field(event.trace))
-                for choice in choices:
-                    yield sse(json.dumps({**head, "choices": [choice]}))
-        except (EngineClosedError, EngineDeadError) as e:  # before NextTokenError, their base: a 503
-            yield sse(json.dumps(unavailable(e).body()))
-        except NextTokenError as e:
-            yield sse(json.dumps(client_error(e).body()))
-        if req.stream_options and req.stream_options.include_usage:
-            yield sse(json.dumps({**head, "choices": [], "usage": usage(len(jobs[0].prompt_ids), completion_tokens,
-                                                                        list(speculated.values()))}))
-        yield sse("[DONE]")
+    def _chat_stream(self, req: ChatCompletionRequest, run: ChatRun, head: dict) -> AsyncIterator[str]:
+        return drive(run.events, _ChatChunks(self, req, run, {**head, "object": "chat.completion.chunk"}), run.answer)
+
+
+class _ChatChunks(EventEncoder):
+    """Chat Completions' stream: the role first, then each piece of an answer in a chunk of its own, the usage
+    (with stream_options.include_usage) and [DONE] at the end, after an error too."""
+
+    ends_after_failure = True
+
+    def __init__(self, api: Chat, req: ChatCompletionRequest, run: ChatRun, head: dict) -> None:
+        self.api, self.req, self.run, self.head = api, req, run, head
+
+    def start(self) -> list[str]:
+        # the role comes first, in a chunk of its own, as OpenAI sends it
+        return [sse({**self.head, "choices": [{"index": job.index, "delta": {"role": "assistant", "content": ""},
+                                                "logprobs": None, "finish_reason": None}]}) for job in self.run.jobs]
+
+    def step(self, step: Step, tally: Tally) -> list[str]:
+        event = step.event
+        lp = (self.api.logprobs.chat(event.token_ids, event.logprobs, event.top_logprobs, event.hidden_stop)
+              if self.req.logprobs else None)
+        choices = _chat_deltas(step.index, event, lp, step.pieces or [], step.calls)
+        if choices:
+            choices[-1].update(self.api._trace_field(event.trace))
+        return [sse({**self.head, "choices": [choice]}) for choice in choices]
+
+    def failed(self, error: APIError, tally: Tally) -> list[str]:
+        return [sse(error.body())]
+
+    def end(self, tally: Tally) -> list[str]:
+        frames = []
+        if self.req.stream_options and self.req.stream_options.include_usage:
+            frames.append(sse({**self.head, "choices": [], "usage": usage(
+                len(self.run.prompt_ids), tally.tokens, list(tally.speculated.values()))}))
+        return frames + [sse("[DONE]")]
 
 
 def _message(run: ChatRun, text: str, cut: bool = False) -> dict[str, Any]:
     """A whole answer as the assistant message: its content, its calls, and (with a reasoning format) its thinking
     as reasoning_content and reasoning (both names, as vLLM sends them). A call `cut` off by max_tokens is left
     out (the finish reason, "length", says so)."""
-    answer = run.answer()
-    pieces = answer.parse(text, cut=cut)
-    content = "".join(p for p in pieces if isinstance(p, str))
-    calls = answer.calls
-    message: dict[str, Any] = {"role": "assistant", "content": (content or None) if calls else content}
+    answer = run.prompt.split(text, cut=cut)
+    calls = answer.tool_calls
+    message: dict[str, Any] = {"role": "assistant", "content": (answer.content or None) if calls else answer.content}
     if run.reasoning is not None:
-        thinking = "".join(p.text for p in pieces if isinstance(p, Thinking)) or None
-        message["reasoning_content"] = message["reasoning"] = thinking
+        message["reasoning_content"] = message["reasoning"] = answer.reasoning
     if calls:
         message["tool_calls"] = [call.to_openai() for call in calls]
     return message
 
 
-def _chat_deltas(index: int, event: Any, lp: dict | None, answer: AnswerParser) -> list[dict]:
-    """One event as chat chunks' choices: each piece in a chunk of its own (thinking as reasoning_content and
-    reasoning, the text outside calls as content, a call's id and name, then its argument text, as
-    delta.tool_calls, as OpenAI sends them). Log-probs go with the first chunk, the finish with the last; an event
-    with nothing to say sends none."""
+def _chat_deltas(index: int, event: Any, lp: dict | None, pieces: list[Any], calls: bool) -> list[dict]:
+    """One event's answer pieces as chat chunks' choices: each piece in a chunk of its own (thinking as
+    reasoning_content and reasoning, the text outside calls as content, a call's id and name, then its argument
+    text, as delta.tool_calls, as OpenAI sends them). Log-probs go with the first chunk, the finish with the last
+    ("tool_calls" when the answer made `calls`); an event with nothing to say sends none."""
     finish_reason = event.finish_reason
-    pieces = answer.feed(event.text) + (answer.finish(cut=finish_reason == "length") if event.finished else [])
     deltas = [{"content": p} if isinstance(p, str) else
               {"reasoning_content": p.text, "reasoning": p.text} if isinstance(p, Thinking) else
               {"tool_calls": [p.to_openai()]} for p in pieces]
-    if finish_reason == "stop" and answer.calls:
+    if finish_reason == "stop" and calls:
         finish_reason = "tool_calls"
     if not deltas and (event.finished or (lp and lp["content"])):
         deltas = [{}]

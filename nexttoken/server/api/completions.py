@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-
-import json
 import time
 import uuid
 from typing import AsyncIterator
@@ -14,15 +12,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ...engine import expand
-from ...engine.async_engine import EngineClosedError, EngineDeadError
-from ...errors import NextTokenError
 from ...text.infill import InfillError, fim_prompt
-from ..http.errors import bad_request, client_error
+from ..http.errors import APIError, bad_request
 from ..http.streams import Job, SSEResponse, run_jobs, sse
 from ..openai.outputs import TokenTexts, echo_logprobs, echo_token_texts, usage
 from ..openai.prompts import DEFAULT_COMPLETION_TOKENS, check_ids, completion_prompts
 from ..openai.protocol import CompletionRequest
-from .serving import Serving, collect_choices, engine_failure, parse_body, unavailable
+from .serving import Serving, collect_choices, parse_body
+from .streaming import EventEncoder, Step, Tally, drive
 
 
 class Completions(Serving):
@@ -103,35 +100,44 @@ class Completions(Serving):
         return JSONResponse({**head, "choices": body, "usage": usage(n_prompt, sum(len(c.token_ids) for c in choices),
                                                                      [c.speculated for c in choices])})
 
-    async def _completion_stream(self, req: CompletionRequest, jobs: list[Job], head: dict,
-                                 events: AsyncIterator) -> AsyncIterator[str]:
-        started, completion_tokens, speculated = set(), 0, {}
-        texts = [self._token_texts(req, job) for job in jobs]
-        try:
-            async for index, event in events:
-                if event.finish_reason == "error":
-                    yield sse(json.dumps(engine_failure(event).body()))
-                    break
-                job = jobs[index]
-                first = index not in started
-                started.add(index)
-                text = (self._echo_text(req, job.prompt_ids) if req.echo and first else "") + event.text
-                lp = self._completion_logprobs(req, job, event.token_ids, event.logprobs, event.top_logprobs,
-                                               req.echo and first, event.prompt_logprobs, texts[index],
-                                               event.hidden_stop)
-                completion_tokens += len(event.token_ids)
-                speculated[index] = (event.spec_draft_tokens, event.spec_accepted_tokens)
-                if not (text or event.finished or lp):
-                    continue
-                choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": event.finish_reason,
-                          "stop_reason": event.stop_reason, **self._trace_field(event.trace)}
-                yield sse(json.dumps({**head, "choices": [choice]}))
-        except (EngineClosedError, EngineDeadError) as e:  # before NextTokenError, their base: a 503
-            yield sse(json.dumps(unavailable(e).body()))
-        except NextTokenError as e:
-            yield sse(json.dumps(client_error(e).body()))
-        if req.stream_options and req.stream_options.include_usage:
-            n_prompt = sum(len(j.prompt_ids) for j in jobs[:: req.n])
-            yield sse(json.dumps({**head, "choices": [],
-                                  "usage": usage(n_prompt, completion_tokens, list(speculated.values()))}))
-        yield sse("[DONE]")
+    def _completion_stream(self, req: CompletionRequest, jobs: list[Job], head: dict,
+                           events: AsyncIterator) -> AsyncIterator[str]:
+        return drive(events, _CompletionChunks(self, req, jobs, head))
+
+
+class _CompletionChunks(EventEncoder):
+    """Completions' stream: a chunk per event that says something (the echoed prompt before a choice's first
+    text), the usage (with stream_options.include_usage) and [DONE] at the end, after an error too."""
+
+    ends_after_failure = True
+
+    def __init__(self, api: Completions, req: CompletionRequest, jobs: list[Job], head: dict) -> None:
+        self.api, self.req, self.jobs, self.head = api, req, jobs, head
+        self.started: set[int] = set()
+        self.texts = [api._token_texts(req, job) for job in jobs]
+
+    def step(self, step: Step, tally: Tally) -> list[str]:
+        req, event, index = self.req, step.event, step.index
+        job = self.jobs[index]
+        first = index not in self.started
+        self.started.add(index)
+        text = (self.api._echo_text(req, job.prompt_ids) if req.echo and first else "") + event.text
+        lp = self.api._completion_logprobs(req, job, event.token_ids, event.logprobs, event.top_logprobs,
+                                           req.echo and first, event.prompt_logprobs, self.texts[index],
+                                           event.hidden_stop)
+        if not (text or event.finished or lp):
+            return []
+        choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": event.finish_reason,
+                  "stop_reason": event.stop_reason, **self.api._trace_field(event.trace)}
+        return [sse({**self.head, "choices": [choice]})]
+
+    def failed(self, error: APIError, tally: Tally) -> list[str]:
+        return [sse(error.body())]
+
+    def end(self, tally: Tally) -> list[str]:
+        frames = []
+        if self.req.stream_options and self.req.stream_options.include_usage:
+            n_prompt = sum(len(j.prompt_ids) for j in self.jobs[:: self.req.n])
+            frames.append(sse({**self.head, "choices": [],
+                               "usage": usage(n_prompt, tally.tokens, list(tally.speculated.values()))}))
+        return frames + [sse("[DONE]")]

@@ -13,14 +13,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ...engine import expand
-from ...engine.async_engine import EngineClosedError, EngineDeadError
-from ...errors import NextTokenError
-from ..http.errors import client_error
+from ..http.errors import APIError
 from ..http.streams import Job, SSEResponse, run_jobs, sse
 from ..llamacpp.protocol import InfillRequest, completion_body, stop_type
 from ..openai.protocol import CompletionRequest
 from .completions import Completions
-from .serving import collect_choices, engine_failure, parse_body, unavailable
+from .serving import collect_choices, parse_body
+from .streaming import EventEncoder, Step, Tally, drive
 
 
 class Infill(Completions):
@@ -52,18 +51,22 @@ class Infill(Completions):
                         tokens_predicted=predicted, tokens_evaluated=prompt)
         return body
 
-    async def _stream(self, prompt: int, events: AsyncIterator) -> AsyncIterator[str]:
-        predicted = 0
-        try:
-            async for _, event in events:
-                if event.finish_reason == "error":
-                    yield sse(json.dumps(engine_failure(event).body()))
-                    return
-                predicted += len(event.token_ids)
-                if event.text or event.finished:
-                    yield sse(json.dumps(self._body(event.text, event.finished, prompt, predicted,
-                                                    event.finish_reason, event.stop_reason)))
-        except (EngineClosedError, EngineDeadError) as e:  # before NextTokenError, their base: a 503
-            yield sse(json.dumps(unavailable(e).body()))
-        except NextTokenError as e:
-            yield sse(json.dumps(client_error(e).body()))
+    def _stream(self, prompt: int, events: AsyncIterator) -> AsyncIterator[str]:
+        return drive(events, _InfillChunks(self, prompt))
+
+
+class _InfillChunks(EventEncoder):
+    """llama.cpp's /infill stream: a body per event with text (or the end), the last one with the counts."""
+
+    def __init__(self, api: Infill, prompt: int) -> None:
+        self.api, self.prompt = api, prompt
+
+    def step(self, step: Step, tally: Tally) -> list[str]:
+        event = step.event
+        if not (event.text or event.finished):
+            return []
+        return [sse(self.api._body(event.text, event.finished, self.prompt, tally.tokens, event.finish_reason,
+                                   event.stop_reason))]
+
+    def failed(self, error: APIError, tally: Tally) -> list[str]:
+        return [sse(error.body())]

@@ -12,17 +12,16 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ...engine.async_engine import EngineClosedError, EngineDeadError
-from ...errors import NextTokenError
 from ...chat import ToolCallDelta
 from ...chat.answer import Thinking
 from ..anthropic.events import ContentBlocks, message_id, message_object, sse_event, stop_reason
 from ..anthropic.protocol import CountTokensRequest, MessagesRequest, chat_body
-from ..http.errors import APIError, anthropic_error_body, client_error
+from ..http.errors import APIError, anthropic_error_body
 from ..http.streams import SSEResponse
 from ..openai.protocol import ChatCompletionRequest
 from .chat import Chat, ChatRun
-from .serving import collect_choices, engine_failure, parse_body, unavailable
+from .serving import collect_choices, parse_body
+from .streaming import EventEncoder, Step, Tally, drive
 
 
 class Messages(Chat):
@@ -47,38 +46,38 @@ class Messages(Chat):
 
     async def count_tokens(self, request: Request) -> Response:
         req = parse_body(CountTokensRequest, await request.body())
-        _, ids, _, _ = await self.render(_chat_request(chat_body(req)))
-        return JSONResponse({"input_tokens": len(ids)})
+        prompt = await self.render(_chat_request(chat_body(req)))
+        return JSONResponse({"input_tokens": len(prompt.ids)})
 
-    async def _stream(self, mid: str, run: ChatRun, model: str) -> AsyncIterator[str]:
-        blocks, answer = ContentBlocks(), run.answer()
-        yield sse_event({"type": "message_start", "message": message_object(
-            mid, model, [], None, len(run.prompt_ids), 0)})
-        yield sse_event({"type": "ping"})
-        tokens, finish = 0, (None, None)
-        try:
-            async for _, event in run.events:
-                if event.finish_reason == "error":
-                    yield _error(engine_failure(event))
-                    return
-                tokens += len(event.token_ids)
-                _add(blocks, answer.feed(event.text) + (answer.finish(cut=event.finish_reason == "length") if event.finished else []))
-                for e in blocks.drain():
-                    yield sse_event(e)
-                finish = (event.finish_reason, event.stop_reason)
-        except (EngineClosedError, EngineDeadError) as e:  # before NextTokenError, their base: a 503
-            yield _error(unavailable(e))
-            return
-        except NextTokenError as e:
-            yield _error(client_error(e))
-            return
-        blocks.close()
-        for e in blocks.drain():
-            yield sse_event(e)
-        reason, sequence = stop_reason(*finish, blocks.calls)
-        yield sse_event({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                         "usage": {"output_tokens": tokens}})
-        yield sse_event({"type": "message_stop"})
+    def _stream(self, mid: str, run: ChatRun) -> AsyncIterator[str]:
+        return drive(run.events, _MessageEvents(self.settings.model_name, mid, run), run.answer)
+
+
+class _MessageEvents(EventEncoder):
+    """Anthropic's stream: message_start and a ping, the content blocks' events as the answer's pieces come, then
+    message_delta (the stop reason, the output tokens) and message_stop; a failure is an error event."""
+
+    def __init__(self, model: str, mid: str, run: ChatRun) -> None:
+        self.model, self.mid, self.run, self.blocks = model, mid, run, ContentBlocks()
+
+    def start(self) -> list[str]:
+        return [sse_event({"type": "message_start", "message": message_object(
+            self.mid, self.model, [], None, len(self.run.prompt_ids), 0)}), sse_event({"type": "ping"})]
+
+    def step(self, step: Step, tally: Tally) -> list[str]:
+        _add(self.blocks, step.pieces or [])
+        return [sse_event(e) for e in self.blocks.drain()]
+
+    def failed(self, error: APIError, tally: Tally) -> list[str]:
+        return [_error(error)]
+
+    def end(self, tally: Tally) -> list[str]:
+        self.blocks.close()
+        frames = [sse_event(e) for e in self.blocks.drain()]
+        reason, sequence = stop_reason(*tally.finish.get(0, (None, None)), self.blocks.calls)
+        return frames + [sse_event({"type": "message_delta", "delta": {"stop_reason": reason,
+                                                                       "stop_sequence": sequence},
+                                    "usage": {"output_tokens": tally.tokens}}), sse_event({"type": "message_stop"})]
 
 
 def _chat_request(body: dict[str, Any]) -> ChatCompletionRequest:

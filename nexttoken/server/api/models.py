@@ -9,7 +9,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ..http.errors import bad_request, error_body
-from ..openai.prompts import chat_prompt, check_ids, template_kwargs
+from ..openai.prompts import check_ids, render_request, template_kwargs
 from ..openai.protocol import DetokenizeRequest, TokenizeRequest
 from .serving import Serving, parse_body
 
@@ -42,10 +42,10 @@ class Models(Serving):
             raise bad_request("this model has no tokenizer", "prompt")
         if req.messages is not None:
             use = self._tool_use(req.tools, "none", None)
-            ids = await asyncio.to_thread(
-                chat_prompt, req, self.tokenizer, use, self.template_support,
-                template_kwargs(self.settings.default_chat_template_kwargs, req), self.limits,
-                self.settings.special_tokens_in_content)
+            prompt = await asyncio.to_thread(
+                render_request, req, self.renderer, use,
+                template_kwargs(self.settings.default_chat_template_kwargs, req), self.limits)
+            ids = prompt.ids
         else:  # off the event loop: a long text takes the tokenizer a while
             ids = await asyncio.to_thread(self.tokenizer.encode, req.prompt, add_special_tokens=req.add_special_tokens)
         return {"count": len(ids), "max_model_len": self.limits.max_model_len, "tokens": ids}

@@ -16,17 +16,16 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ...engine.async_engine import EngineClosedError, EngineDeadError
-from ...errors import NextTokenError
 from ...chat import ToolCallDelta
 from ...chat.answer import Thinking
-from ..http.errors import APIError, client_error
-from ..http.streams import SSEResponse
+from ..http.errors import APIError
+from ..http.streams import SSEResponse, sse
 from ..openai.protocol import ChatCompletionRequest
 from ..openai.response_items import OutputItems, assistant_message, response_object, response_usage
 from ..openai.responses import ResponsesRequest, chat_body, input_messages
 from .chat import Chat, ChatRun
-from .serving import collect_choices, engine_failure, parse_body, unavailable
+from .serving import collect_choices, parse_body
+from .streaming import EventEncoder, Step, Tally, drive
 from .traces import DEFAULT_BUDGET_BYTES, DEFAULT_CAPACITY
 
 
@@ -104,41 +103,48 @@ class Responses(Chat):
         if req.store:
             self.stored.add(body, conversation + [assistant_message(body["output"])])
 
-    async def _stream(self, req: Any, chat: ChatCompletionRequest, run: ChatRun,
-                      conversation: list[dict[str, Any]]) -> AsyncIterator[str]:
-        numbered = _Numbered()
-        items, answer = OutputItems(), run.answer()
-        start = response_object(run.id, req, self.settings.model_name, [], "in_progress", None)
-        yield numbered({"type": "response.created", "response": start})
-        yield numbered({"type": "response.in_progress", "response": start})
-        tokens, finish_reason = 0, None
-        try:
-            async for _, event in run.events:
-                if event.finish_reason == "error":
-                    yield numbered(_error_event(engine_failure(event)))
-                    yield numbered({"type": "response.failed", "response": self._body(
-                        run, req, items, None, tokens, "failed") | {"error": {"code": "server_error",
-                                                                               "message": "generation failed"}}})
-                    return
-                tokens += len(event.token_ids)
-                lp = self.logprobs.chat(event.token_ids, event.logprobs, event.top_logprobs, event.hidden_stop)["content"] \
-                    if chat.logprobs else None
-                _add(items, answer.feed(event.text) + (answer.finish(cut=event.finish_reason == "length") if event.finished else []), lp)
-                for e in items.drain():
-                    yield numbered(e)
-                finish_reason = event.finish_reason
-        except (EngineClosedError, EngineDeadError) as e:  # before NextTokenError, their base: a 503
-            yield numbered(_error_event(unavailable(e)))
-            return
-        except NextTokenError as e:
-            yield numbered(_error_event(client_error(e)))
-            return
-        items.close()
-        for e in items.drain():
-            yield numbered(e)
-        body = self._body(run, req, items, finish_reason, tokens)
-        self._keep(req, body, conversation)
-        yield numbered({"type": f"response.{body['status']}", "response": body})
+    def _stream(self, req: Any, chat: ChatCompletionRequest, run: ChatRun,
+                conversation: list[dict[str, Any]]) -> AsyncIterator[str]:
+        return drive(run.events, _ResponseEvents(self, req, chat, run, conversation), run.answer)
+
+
+class _ResponseEvents(EventEncoder):
+    """The Responses API's stream: created and in_progress, the output items' events as the answer's pieces come,
+    then the response completed (or incomplete); a failure is an error event (and, for a server error of this
+    request, the response failed)."""
+
+    def __init__(self, api: Responses, req: Any, chat: ChatCompletionRequest, run: ChatRun,
+                 conversation: list[dict[str, Any]]) -> None:
+        self.api, self.req, self.chat, self.run, self.conversation = api, req, chat, run, conversation
+        self.items, self.numbered = OutputItems(), _Numbered()
+
+    def start(self) -> list[str]:
+        start = response_object(self.run.id, self.req, self.api.settings.model_name, [], "in_progress", None)
+        return [self.numbered({"type": "response.created", "response": start}),
+                self.numbered({"type": "response.in_progress", "response": start})]
+
+    def step(self, step: Step, tally: Tally) -> list[str]:
+        event = step.event
+        lp = self.api.logprobs.chat(event.token_ids, event.logprobs, event.top_logprobs, event.hidden_stop)["content"] \
+            if self.chat.logprobs else None
+        _add(self.items, step.pieces or [], lp)
+        return [self.numbered(e) for e in self.items.drain()]
+
+    def failed(self, error: APIError, tally: Tally) -> list[str]:
+        frames = [self.numbered(_error_event(error))]
+        if error.status == 500:  # generation (or reading its answer) failed for this request
+            body = self.api._body(self.run, self.req, self.items, None, tally.tokens, "failed")
+            frames.append(self.numbered({"type": "response.failed", "response": body | {
+                "error": {"code": "server_error", "message": "generation failed"}}}))
+        return frames
+
+    def end(self, tally: Tally) -> list[str]:
+        self.items.close()
+        frames = [self.numbered(e) for e in self.items.drain()]
+        finish_reason = tally.finish.get(0, (None, None))[0]
+        body = self.api._body(self.run, self.req, self.items, finish_reason, tally.tokens)
+        self.api._keep(self.req, body, self.conversation)
+        return frames + [self.numbered({"type": f"response.{body['status']}", "response": body})]
 
 
 def _add(items: OutputItems, pieces: list[Any], logprobs: list | None) -> None:
@@ -165,4 +171,4 @@ class _Numbered:
 
     def __call__(self, event: dict[str, Any]) -> str:
         event["sequence_number"], self.next = self.next, self.next + 1
-        return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+        return sse(event, event["type"])

@@ -18,9 +18,9 @@ from ...errors import NextTokenError, UnknownLoraError
 from ...generation.processors.structured import CONSTRAINTS, compile_for, constraint_of
 from ...generation.values import Thinking
 from ...model.lora import AdapterRegistry, registry_of
-from ...chat import TemplateSupport, ToolsError, ToolUse, format_named, template_support
-from ...chat.reasoning import EFFORT_BUDGETS, ReasoningFormat, detect_format
-from ...chat.reasoning import format_named as reasoning_format_named
+from ...chat import TemplateSupport, ToolsError, ToolUse, format_named
+from ...chat.render import ChatRenderer
+from ...chat.reasoning import EFFORT_BUDGETS, ReasoningFormat
 from ...chat.tools.request import tool_options
 from ..http.errors import APIError, bad_request, client_error, from_validation_error
 from ..http.shutdown import MESSAGE as SHUTTING_DOWN
@@ -30,12 +30,20 @@ from ..metrics import ServerMetrics
 from ..openai.options import (APPLIED_FIELDS, applied, constraint_field, model_defaults, request_options,
                               server_defaults)
 from ..openai.outputs import Choice, LogprobFormatter
-from ..openai.prompts import Limits, longest_token_bytes, new_tokens
+from ..openai.prompts import TEMPLATE_LIMITS, Limits, longest_token_bytes, new_tokens
 from ..settings import ServerSettings
 from .traces import TraceStore
 
 log = logging.getLogger("nexttoken.server")
 RETRY_AFTER_S = 1  # a full queue drains as sequences finish: a client retries after this many seconds
+
+
+def chat_renderer(core: LLMEngine, settings: ServerSettings) -> ChatRenderer | None:
+    """The server's chat renderer (None without a tokenizer): its call and thinking formats, the render limits."""
+    if core.tokenizer is None:
+        return None
+    return ChatRenderer(core.tokenizer, settings.tool_call_parser, settings.reasoning_parser, TEMPLATE_LIMITS,
+                        settings.special_tokens_in_content)
 
 
 def parse_body(model: type[BaseModel], body: bytes) -> Any:
@@ -49,7 +57,7 @@ class Serving:
     """The state the APIs share: one per server, each API class built over it."""
 
     def __init__(self, core: LLMEngine, engine: AsyncEngine, metrics: ServerMetrics, settings: ServerSettings,
-                 traces: TraceStore | None = None) -> None:
+                 traces: TraceStore | None = None, renderer: ChatRenderer | None = None) -> None:
         self.tokenizer, self.engine, self.metrics, self.settings = core.tokenizer, engine, metrics, settings
         # The Transformer (not `self.model`: Models.model is a route): its LoRA adapter slots are read here, the
         # engine's thread changes them.
@@ -63,29 +71,20 @@ class Serving:
         self.logprobs = LogprobFormatter(core.tokenizer)
         self.created = int(time.time())
         self.traces = traces or TraceStore(settings.model_name)  # traced requests' explain pages (one per server)
-        # What the chat template renders of tool use, probed once per API: a template without a tools section gets
-        # the tools preamble of the call format (chat/tools/preamble.py), said in each response's header and, once, in
-        # the log (`preamble_notice`).
-        self.template_support: TemplateSupport | None = template_support(core.tokenizer) if core.tokenizer else None
-        self.reasoning, self.markers = self._reasoning_format()
+        # The one chat renderer (chat/render.py, LLM.chat's too; one per server, `chat_renderer`): what the chat
+        # template renders of tool use, probed once (a template without a tools section gets the tools preamble of
+        # the call format, said in each response's header and, once, in the log: `preamble_notice`), the thinking
+        # format and its markers.
+        self.renderer = renderer or chat_renderer(core, settings)
+        self.template_support: TemplateSupport | None = self.renderer.support if self.renderer else None
+        self.reasoning: ReasoningFormat | None = self.renderer.reasoning if self.renderer else None
+        self.markers: tuple[int, int] | None = self.renderer.markers if self.renderer else None
 
     def preamble_notice(self) -> None:
         """The log line that says requests with tools get the tools preamble (app.py calls it once per server)."""
         if self.settings.tool_call_parser and self.template_support is not None and not self.template_support.tools:
             log.warning("the chat template renders no tools: requests with tools get the %s tools preamble in the "
                         "system message (docs/tool_calls.md)", format_named(self.settings.tool_call_parser).name)
-
-    def _reasoning_format(self) -> tuple[ReasoningFormat | None, tuple[int, int] | None]:
-        """The model's thinking format (--reasoning-parser, or read off its chat template), and its markers' token
-        ids when each is one token (what the budget and the grammar's wait for the answer need)."""
-        if self.settings.reasoning_parser is not None:
-            fmt: ReasoningFormat | None = reasoning_format_named(self.settings.reasoning_parser)
-        else:
-            fmt = detect_format(self.tokenizer.chat_template_for() if self.tokenizer is not None else None)
-        if fmt is None:
-            return None, None
-        ids = [self.tokenizer.encode(m, add_special_tokens=False) for m in (fmt.start, fmt.end)]
-        return fmt, ((ids[0][0], ids[1][0]) if all(len(i) == 1 for i in ids) else None)
 
     def _thinking(self, req: Any) -> Thinking | None:
         """The request's thinking block for the engine (its markers and budget), None without a reasoning format.
@@ -188,9 +187,10 @@ class Serving:
         return {} if trace is None else {"trace": self.traces.add(trace)}
 
     def _tool_use(self, tools: list | None, tool_choice: Any, parallel: bool | None) -> ToolUse | None:
-        template = self.tokenizer.chat_template_for(tools) if self.tokenizer is not None else None
         try:
-            return ToolUse.of(tools, tool_choice, parallel, self.settings.tool_call_parser, template)
+            if self.renderer is not None:
+                return self.renderer.tool_use(tools, tool_choice, parallel)
+            return ToolUse.of(tools, tool_choice, parallel, self.settings.tool_call_parser)
         except ToolsError as e:
             raise bad_request(str(e), e.param) from e
 

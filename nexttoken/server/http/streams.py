@@ -7,6 +7,7 @@ streams, whose cleanup tells the engine to abort: the slot is free at the next s
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
@@ -140,5 +141,8 @@ class SSEResponse(StreamingResponse):
             await self.body_iterator.aclose()  # type: ignore[union-attr]
 
 
-def sse(data: str) -> str:
-    return f"data: {data}\n\n"
+def sse(data: str | dict[str, Any], event: str | None = None) -> str:
+    """One server-sent event: `data` (a dict is sent as its JSON), named `event` when given (Responses and
+    Messages name each event by its type; OpenAI's chunks and llama.cpp's are unnamed)."""
+    text = data if isinstance(data, str) else json.dumps(data)
+    return f"data: {text}\n\n" if event is None else f"event: {event}\ndata: {text}\n\n"

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import threading
-import weakref
 from typing import Any
 
 from ...text.chat_template import RenderLimits
 from ...errors import NextTokenError
 from ..http.errors import bad_request
-from ...chat import TemplateSupport, ToolUse, template_messages, with_preamble
+from ...chat import TemplateSupport, ToolUse
+from ...chat.render import ChatPrompt, ChatRenderer
 from .protocol import ChatCompletionRequest, ChatMessage, TokenizeRequest
 
 # The response header that says a request's tools reached the model through the tools preamble (the chat template
@@ -101,124 +100,42 @@ def template_kwargs(defaults: dict[str, Any], req: ChatCompletionRequest | Token
     return {**defaults, **given}
 
 
-def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tokenizer: Any, use: ToolUse | None = None,
-                support: TemplateSupport | None = None, variables: dict[str, Any] | None = None,
-                limits: Limits | None = None, special_in_content: bool = True) -> list[int]:
-    """`render_chat`'s token ids."""
-    return render_chat(req, tokenizer, use, support, variables, limits, special_in_content)[0]
+def render_request(req: ChatCompletionRequest | TokenizeRequest, renderer: ChatRenderer | None,
+                   use: ToolUse | None = None, variables: dict[str, Any] | None = None,
+                   limits: Limits | None = None) -> ChatPrompt:
+    """The request's conversation through the one chat renderer (chat/render.py, which `LLM.chat` renders with
+    too): the prompt's ids and text, the tools preamble's format (None: the template renders the tools itself) and
+    what the answer is read with. With `limits`, a rendering too long for the context is a 400 before it is
+    tokenized; a conversation the template cannot render is a 400 naming `messages`. Untrusted template work: the
+    server calls this off the event loop."""
+    if renderer is None:
+        raise bad_request("this model has no tokenizer, so chat is not available", "messages")
+    check = None if limits is None else (lambda text: check_text_length(text, limits, "messages"))
+    try:
+        messages = [_message(m) for m in req.messages or []]
+        return renderer.render(messages, use, variables, req.add_generation_prompt, check)
+    except NextTokenError as e:
+        raise bad_request(str(e), "messages") from e
 
 
 def render_chat(req: ChatCompletionRequest | TokenizeRequest, tokenizer: Any, use: ToolUse | None = None,
                 support: TemplateSupport | None = None, variables: dict[str, Any] | None = None,
                 limits: Limits | None = None, special_in_content: bool = True) -> tuple[list[int], str, str | None]:
-    """The conversation rendered by the model's chat template, as (token ids, text, preamble).
-
-    The request's tools go to the template as sent, with the template `variables` (e.g. enable_thinking); when the
-    template renders no tools (`support`, found once per server) and the tools have a call format, they go into the
-    system message as that format's preamble instead, and `preamble` names the format (else None). With `limits`, a
-    rendering too long for the context is a 400 before it is tokenized. `special_in_content=False`
-    (--no-special-tokens-in-content): a special token's text inside a message's content ("<|im_start|>") is encoded
-    as plain text, as transformers' split_special_tokens does, while the template's own stay special."""
-    if tokenizer is None:
-        raise bad_request("this model has no tokenizer, so chat is not available", "messages")
-    try:
-        messages = template_messages([_message(m) for m in req.messages or []])
-    except NextTokenError as e:
-        raise bad_request(str(e), "messages") from e
-    tools = list(use.tools) if use is not None else None
-    preamble = None
-    if use is not None and use.format is not None and support is not None and not support.tools:
-        messages, tools, preamble = with_preamble(messages, use.tools, use.format, support), None, use.format.name
-    variables = variables or {}
-    text = _render(tokenizer, messages, req.add_generation_prompt, tools, variables)
-    if limits is not None:
-        check_text_length(text, limits, "messages")
-    if not special_in_content:
-        specials = _special_texts(tokenizer)
-        if any(isinstance(m.get("content"), str) and any(s in m["content"] for s in specials) for m in messages):
-            ids = _encode_content_as_text(tokenizer, messages, req.add_generation_prompt, tools, text, variables)
-            return ids, text, preamble
-    return tokenizer.encode(text, add_special_tokens=False), text, preamble  # the template writes BOS itself
+    """`render_request` with a renderer made for this one call, as (token ids, text, preamble); `support` None:
+    the tools go to the template whatever it renders of them (no preamble)."""
+    renderer = None
+    if tokenizer is not None:
+        renderer = ChatRenderer(tokenizer, limits=TEMPLATE_LIMITS, special_in_content=special_in_content,
+                                support=support or TemplateSupport(tools=True, calls=True, results=True))
+    prompt = render_request(req, renderer, use, variables, limits)
+    return prompt.ids, prompt.text, prompt.preamble
 
 
-def _render(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool, tools: list | None,
-            variables: dict[str, Any]) -> str:
-    try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                             limits=TEMPLATE_LIMITS, **variables)
-    except NextTokenError as e:
-        raise bad_request(str(e), "messages") from e
-
-
-def _special_texts(tokenizer: Any) -> list[str]:
-    return [t.content for t in tokenizer.backend.get_added_tokens_decoder().values() if t.special and t.content]
-
-
-_SPLITTING: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-_SPLITTING_LOCK = threading.Lock()
-
-
-def _splitting(tokenizer: Any, first: bool) -> Any:
-    """A copy of the tokenizer's backend that encodes special tokens' text as plain text (tokenizers'
-    encode_special_tokens; a copy, since requests encode on several threads at once). `first`: for the text's
-    first piece; a Metaspace that prepends "▁" to the first piece only gets a copy that never does, for the rest."""
-    with _SPLITTING_LOCK:
-        if tokenizer not in _SPLITTING:
-            copies = []
-            for scheme in ("first", "never"):
-                copy = type(tokenizer.backend).from_str(tokenizer.backend.to_str())
-                copy.encode_special_tokens = True
-                if scheme == "never" and getattr(copy.pre_tokenizer, "prepend_scheme", None) == "first":
-                    copy.pre_tokenizer.prepend_scheme = "never"
-                copies.append(copy)
-            _SPLITTING[tokenizer] = copies
-        return _SPLITTING[tokenizer][0 if first else 1]
-
-
-def _encode_split(tokenizer: Any, text: str, spans: list[tuple[int, int]]) -> list[int]:
-    specials = {i for i, t in tokenizer.backend.get_added_tokens_decoder().items() if t.special}
-    normal = tokenizer.backend.encode(text, add_special_tokens=False)
-    inside = lambda a, b: any(s <= a and b <= e for s, e in spans)  # noqa: E731
-    cuts = [(i, a, b) for i, (a, b) in zip(normal.ids, normal.offsets) if i in specials and not inside(a, b)]
-    ids, start, first = [], 0, True
-    for token, a, b in [*cuts, (None, len(text), len(text))]:
-        if a > start:
-            ids += _splitting(tokenizer, first).encode(text[start:a], add_special_tokens=False).ids
-        first = False
-        if token is not None:
-            ids.append(token)
-        start = b
-    return ids
-
-
-_MARK = "\ue000{}\ue001"  # private-use characters around a message's number: where its content goes
-
-
-def _encode_content_as_text(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
-                            tools: list | None, text: str, variables: dict[str, Any]) -> list[int]:
-    """`text` (the rendering) as the tokenizer encodes it, except that special tokens inside a message's content are
-    not matched: where the contents lie comes from a rendering with a marker in place of each (a template that
-    rewrites content cannot be split this way: a 400); the special tokens outside them (the template's) split the
-    text as the tokenizer itself splits it, and each piece between them is encoded with special tokens read as
-    plain text. A text whose contents hold no special token gets exactly the usual ids."""
-    marked = [dict(m, content=_MARK.format(i)) if isinstance(m.get("content"), str) else m
-              for i, m in enumerate(messages)]
-    rest, at, spans = _render(tokenizer, marked, add_generation_prompt, tools, variables), 0, []  # content (start, end)
-    for i, m in enumerate(messages):
-        if not isinstance(m.get("content"), str):
-            continue
-        before, found, rest = rest.partition(_MARK.format(i))
-        if not found or _MARK.format(i) in rest:
-            break
-        at += len(before)
-        spans.append((at, at + len(m["content"])))
-        at += len(m["content"])
-    else:
-        if at + len(rest) == len(text) and all(text[s:e] == m for (s, e), m in zip(spans, (
-                m["content"] for m in messages if isinstance(m.get("content"), str)))):
-            return _encode_split(tokenizer, text, spans)
-    raise bad_request("this model's chat template rewrites message content, so special tokens in it cannot be "
-                      "kept as text (--no-special-tokens-in-content): remove them from the messages", "messages")
+def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tokenizer: Any, use: ToolUse | None = None,
+                support: TemplateSupport | None = None, variables: dict[str, Any] | None = None,
+                limits: Limits | None = None, special_in_content: bool = True) -> list[int]:
+    """`render_chat`'s token ids."""
+    return render_chat(req, tokenizer, use, support, variables, limits, special_in_content)[0]
 
 
 def _message(m: ChatMessage) -> dict[str, Any]:
