@@ -65,6 +65,7 @@ struct NtLayer {
   const float* attn_post_norm;  // Gemma's sandwich: the attention output's norm (C,) before the residual add
   const float* ffn_post_norm;   // and the MLP output's
   int64_t sliding;              // 1: this layer attends the last NtModel.window columns (with local_inv_freq's RoPE)
+  int64_t no_rope;              // 1: q and k are not rotated (a NoPE layer: SmolLM3's every fourth)
   NtLinear router;              // a MoE layer: (E, C) float32 router (weight NULL: a dense MLP, w13 / w2 above)
   const NtExpert* experts;      // (E,) the experts' gated MLPs
   NtExpert shared;              // Qwen2-MoE's always-on expert (w13.weight NULL: none)
@@ -350,7 +351,8 @@ int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B
   for (int64_t b = 0; b < B; ++b) {
     float* row = qkv + b * NQKV;
     qk_norms(m, L, row);
-    for (int64_t head = 0; head < H + Hkv; ++head) rope(row + head * D, cos_t + b * D, sin_t + b * D, D);
+    if (!L.no_rope)
+      for (int64_t head = 0; head < H + Hkv; ++head) rope(row + head * D, cos_t + b * D, sin_t + b * D, D);
     const Pages pages{tables + b * table_stride, m->cache_head_stride / D, m->cache_row_stride, 0};
     for (int64_t kh = 0; kh < Hkv; ++kh) {
       const int64_t at = pages.at(kv_lens[b] - 1, D) + kh * m->cache_head_stride;

@@ -72,7 +72,8 @@ class _Layer(ctypes.Structure):
                 ("w13", _Linear), ("w2", _Linear), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
                 ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p),
                 ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p), ("attn_post_norm", ctypes.c_void_p),
-                ("ffn_post_norm", ctypes.c_void_p), ("sliding", ctypes.c_int64), ("router", _Linear),
+                ("ffn_post_norm", ctypes.c_void_p), ("sliding", ctypes.c_int64), ("no_rope", ctypes.c_int64),
+                ("router", _Linear),
                 ("experts", ctypes.POINTER(_Expert)), ("shared", _Expert), ("shared_gate", _Linear),
                 ("lora_qkv", _Lora), ("lora_o", _Lora), ("lora_w13", _Lora), ("lora_w2", _Lora)]
 
@@ -205,9 +206,11 @@ class _Plan:
         if type(model.norm) is not RMSNorm or cfg.head_dim > 512 or cfg.hidden_act not in _ACTIVATIONS:
             return
         sharded = _sharded(model)
+        self.local_rope = model.__dict__.get("local_inv_freq") is not None
         layers, self.experts = [], []  # experts: each MoE layer's (E,) _Expert array, kept alive with the plan
         for i, block in enumerate(model.layers):
-            layer = self._layer(block, cache, i, sharded)
+            build = _NATIVE_KINDS.get(cfg.layer(i).mixer)  # the declared kind's native layer, if it has one
+            layer = None if build is None else build(self, block, cache, i, sharded)
             if layer is None:
                 return
             layers.append(layer)
@@ -247,9 +250,14 @@ class _Plan:
         self.no_window.window = 0
         self.ok = True
 
-    def _layer(self, block: torch.nn.Module, cache: KVCache, i: int, sharded: bool) -> _Layer | None:
-        """Block i as csrc/decode.cpp's NtLayer, or None where it holds a part the native step does not compute."""
+    def _attention_layer(self, block: torch.nn.Module, cache: KVCache, i: int, sharded: bool) -> _Layer | None:
+        """Attention block i as csrc/decode.cpp's NtLayer, or None where it holds a part the native step does not
+        compute. Its kind's RoPE: the model's, none (NoPE: no_rope), or the local one, which the native step ties
+        to the sliding layers (NtModel.local_inv_freq)."""
         att, mlp = block.attention, block.mlp
+        kind = att.kind
+        if (kind.rope == "local") != (kind.window and self.local_rope):
+            return None
         if (type(block), type(att), type(block.attention_norm), type(block.ffn_norm)) != (Block, Attention, RMSNorm,
                                                                                              RMSNorm):
             return None
@@ -280,8 +288,14 @@ class _Plan:
         loras = [_lora(m) for m in (att.wqkv, att.wo, getattr(mlp, "w13", None), getattr(mlp, "w2", None))]
         return _Layer(block.attention_norm.weight.data_ptr(), block.ffn_norm.weight.data_ptr(), *linears,
                       cache.k[i].data_ptr(), cache.v[i].data_ptr(), *_scales(cache, i),
-                      *[None if n is None else n.weight.data_ptr() for n in norms], int(att.sliding), **moe,
+                      *[None if n is None else n.weight.data_ptr() for n in norms], int(att.sliding),
+                      no_rope=int(kind.rope is None), **moe,
                       lora_qkv=loras[0], lora_o=loras[1], lora_w13=loras[2], lora_w2=loras[3])
+
+
+# The declared layer kinds (families/base.py's LayerKind.mixer) the native step computes, and how each becomes an
+# NtLayer; a model with a layer of any other kind runs the modules (issue 41's recurrent kinds add theirs here).
+_NATIVE_KINDS = {"attention": _Plan._attention_layer}
 
 
 def _lora(module: torch.nn.Module | None) -> _Lora:

@@ -50,7 +50,8 @@ class Attention(nn.Module):
         self.split = (q_size, kv_size, kv_size)
         self.wqkv = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias or cfg.attention_bias)
         self.wo = Linear(q_size, cfg.hidden_size, bias=cfg.attention_bias)
-        self.sliding = cfg.sliding_layers[layer] if cfg.sliding_layers else False
+        self.kind = cfg.layer(layer)  # families/base.py's LayerKind: its window and its RoPE (None: NoPE)
+        self.sliding = self.kind.window
         # q and k RMS-normalised before RoPE: each head over its head_dim (Qwen3), or the whole projection (OLMo 2).
         self.qk_norm = cfg.qk_norm
         q_dim, k_dim = (self.head_dim, self.head_dim) if cfg.qk_norm == "head" else (q_size, kv_size)
@@ -60,7 +61,7 @@ class Attention(nn.Module):
         self.softcap = cfg.attn_logit_softcapping
 
     def forward(
-        self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor
+        self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, cos: torch.Tensor | None, sin: torch.Tensor | None
     ) -> torch.Tensor:
         B, T, _ = x.shape
         qk, v = self.wqkv(x).split((self.split[0] + self.split[1], self.split[2]), dim=-1)
@@ -73,7 +74,9 @@ class Attention(nn.Module):
             q, k = qk.split((self.n_heads, self.n_kv_heads), dim=2)
             qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=2)
         qk = qk.transpose(1, 2)  # (B, H + Hkv, T, D)
-        q, k = apply_rope(qk, cos, sin).split((self.n_heads, self.n_kv_heads), dim=1)  # (B, H|Hkv, T, D)
+        if cos is not None:  # a NoPE layer (SmolLM3) is handed no tables
+            qk = apply_rope(qk, cos, sin)
+        q, k = qk.split((self.n_heads, self.n_kv_heads), dim=1)  # (B, H|Hkv, T, D)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         keys, values = cache.update(self.layer, batch, k, v)  # (B, Hkv, S, D)
         mask = batch.window_mask if self.sliding else batch.mask
@@ -136,7 +139,7 @@ class Block(nn.Module):
         self.sandwich = cfg.sandwich_norm
 
     def forward(
-        self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor
+        self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, cos: torch.Tensor | None, sin: torch.Tensor | None
     ) -> torch.Tensor:
         if self.sandwich:
             x = x + self.attention_post_norm(self.attention(self.attention_norm(x), batch, cache, cos, sin))

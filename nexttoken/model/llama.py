@@ -108,9 +108,8 @@ class Transformer(nn.Module):
         inv_freq = longrope_inv_freq(cfg.rope, self.inv_freq, self.long_inv_freq, batch.positions)
         cos, sin = rope_cos_sin(inv_freq, batch.positions, x.dtype, cfg.rope.attention_factor)
         local = None if self.local_inv_freq is None else rope_cos_sin(self.local_inv_freq, batch.positions, x.dtype)
+        # each layer rotates with the RoPE its kind names: the model's, the sliding layers' own, or none (NoPE)
+        tables = {"global": (cos, sin), "local": local or (cos, sin), None: (None, None)}
         for block in self.layers:
-            if local is not None and block.attention.sliding:
-                x = block(x, batch, cache, *local)
-            else:
-                x = block(x, batch, cache, cos, sin)
+            x = block(x, batch, cache, *tables[block.attention.kind.rope])
         return x

@@ -25,6 +25,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ...config import ModelConfig
+from ...families import family
 from ...errors import LoraError, MissingFileError
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
@@ -206,7 +207,7 @@ def _fused(tensors: dict[str, torch.Tensor], config: dict, cfg: ModelConfig,
             raise LoraError(f"{path}: layer {layer}'s MLP is a mixture of experts; nexttoken applies LoRA to its "
                             "attention only")
         target, part = _MODULES[module]
-        fused_checkpoint = cfg.architecture == "Phi3ForCausalLM"
+        fused_checkpoint = family(cfg.architecture).fused_checkpoint
         if (part is None) != (fused_checkpoint or target in ("wo", "w2")):
             raise LoraError(f"{path}: {module} is not a module of {cfg.architecture}")
         A, B = ab["A"].float(), ab["B"].float()
