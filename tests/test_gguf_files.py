@@ -125,6 +125,7 @@ FAMILIES = {
     "llama-gqa": "llama", "qwen2-bias": "qwen2", "qwen3-qk-norm": "qwen3", "olmo2-post-norm": "olmo2",
     "granite-multipliers": "granite", "gemma2-softcap-sliding": "gemma2", "gemma3": "gemma3",
     "mixtral-moe": "llama", "qwen2-moe": "qwen2moe", "qwen3-moe-norm-topk": "qwen3moe", "phi3-plain": "phi3",
+    "smollm3-nope": "smollm3",
 }
 EXTRA = {
     "gemma3": ("gemma3", dict(head_dim=16, sliding_window=5, query_pre_attn_scalar=16, num_hidden_layers=6,
@@ -194,7 +195,7 @@ def _write_model(path: Path, arch: str, hf, quant: str | None = None) -> dict[st
         if g is None and base.endswith("block_sparse_moe.gate"):
             g = f"blk.{base.split('.')[2]}.ffn_gate_inp"
         assert g is not None, name
-        if arch in ("llama", "granite") and g.endswith(("attn_q", "attn_k")):  # llama.cpp's permute
+        if arch in ("llama", "granite", "smollm3") and g.endswith(("attn_q", "attn_k")):  # llama.cpp's permute
             heads = c.num_attention_heads if g.endswith("attn_q") else c.num_key_value_heads
             x = x.reshape(heads, 2, x.shape[0] // heads // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
         if arch in ("gemma2", "gemma3") and "norm" in g:
