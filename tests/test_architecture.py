@@ -95,14 +95,15 @@ ROOMS: dict[str, dict[str, set[str]]] = {
     },
     "model": {
         "kernels": set(), "batch": set(), "memory": set(), "rope": set(),
+        "state": {"batch"},  # the per-sequence state protocol each layer kind reads and writes
         "cache": {"batch", "memory"},
         "linear": {"kernels"},
         "moe": {"linear"},
         "quant": {"kernels", "linear", "memory"},
         "lora": {"quant"},  # PEFT adapters: read onto the fused matrices, applied per row, merged
-        "layers": {"batch", "cache", "linear", "moe", "rope"},
+        "layers": {"batch", "cache", "linear", "moe", "rope", "state"},
         "fused": {"batch", "cache", "kernels", "layers", "linear", "moe", "quant"},
-        "llama": {"batch", "cache", "fused", "layers", "linear", "rope"},
+        "llama": {"batch", "cache", "fused", "layers", "linear", "rope", "state"},
         "parallel": {"linear", "memory", "moe", "quant"},
         "weights": {"linear", "llama", "memory", "moe", "parallel", "quant"},  # GGUF blocks kept packed (quant/ggml.py)
     },

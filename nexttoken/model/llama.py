@@ -17,10 +17,12 @@ from .cache import KVCache
 from .layers import Block, RMSNorm
 from .linear import Linear
 from .rope import inverse_frequencies, longrope_inv_freq, rope_cos_sin
+from .state import SequenceState
 
 
 class Transformer(nn.Module):
-    """Token ids in, next-token logits out; all sequence state lives in the KVCache passed to forward."""
+    """Token ids in, next-token logits out; all sequence state lives in the state passed to forward (state.py's
+    SequenceState: a KVCache, or the engine's views of its paged pool), each layer reading and writing its own."""
 
     native_step = True  # fused.py may run its decode steps natively (it checks the layers; a stand-in model lacks this)
     adapters = None  # lora.AdapterSet once adapters are attached (lora.attach): rows then choose theirs (batch.lora)
@@ -69,7 +71,7 @@ class Transformer(nn.Module):
             cfg.num_hidden_layers, batch_size, cfg.num_key_value_heads, max_len, cfg.head_dim, self.dtype, self.device
         )
 
-    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: SequenceState) -> torch.Tensor:
         """input_ids (B, T) -> logits (B, V) when batch.last_only, else (B, T, V); in the weights' dtype.
         Rows with an adapter slot in batch.lora add that adapter's low-rank products (model/lora/layers.py)."""
         if batch.lora is not None:
@@ -78,7 +80,7 @@ class Transformer(nn.Module):
                 return self._forward(input_ids, batch, cache)
         return self._forward(input_ids, batch, cache)
 
-    def _forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+    def _forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: SequenceState) -> torch.Tensor:
         if fused.applies(self, input_ids, batch, cache):  # a plain float32 CPU decode step: one native call
             logits = fused.decode_step(self, input_ids, batch, cache)
             if logits is not None:
@@ -92,12 +94,12 @@ class Transformer(nn.Module):
             logits = torch.tanh(logits / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
         return logits / cfg.logits_scaling if cfg.logits_scaling != 1.0 else logits
 
-    def last_hidden_state(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+    def last_hidden_state(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: SequenceState) -> torch.Tensor:
         """input_ids (B, T) -> (B, T, C): the final norm's output at every position (transformers'
         `last_hidden_state`), what embeddings pool."""
         return self.norm(self._trunk(input_ids, batch, cache))
 
-    def _trunk(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+    def _trunk(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: SequenceState) -> torch.Tensor:
         """input_ids (B, T) -> (B, T, C): the embedding and every layer, before the final norm."""
         cfg = self.config
         x = self.embed(input_ids)  # (B, T, C)
