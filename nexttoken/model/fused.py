@@ -353,7 +353,10 @@ def _cache_ok(cache: KVCache) -> bool:
 
 
 def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> bool:
-    """Whether this forward is a plain float32 CPU decode step the native function computes as the modules do."""
+    """Whether this forward is a plain float32 CPU decode step the native function computes as the modules do.
+    Only conditions of this call (one token per row, no grad, CPU float32, no observer): what the model's layers are
+    is decided once per plan, by their declared kinds (_NATIVE_KINDS), and decode_step returns None for a model whose
+    plan refuses."""
     return (
         _ENABLED
         and isinstance(cache, KVCache)  # a view of the engine's pool (a one-token prefill chunk) runs the modules

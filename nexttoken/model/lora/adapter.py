@@ -79,6 +79,8 @@ def read_adapter(name: str, source: str | Path, cfg: ModelConfig, max_rank: int 
                  resolve: Resolver | None = None) -> LoraAdapter:
     """A PEFT LoRA adapter from a folder (or, through `resolve`, another source such as a Hub id), checked
     against the base model's config: its modules, their shapes, its options; rank at most `max_rank`."""
+    if not family(cfg.architecture).lora:
+        raise LoraError(f"LoRA adapters are not applied to {cfg.architecture} models yet; load it without adapters")
     path = _folder(source, resolve)
     config = _config(path)
     tensors = _tensors(path)
