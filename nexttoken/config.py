@@ -150,7 +150,7 @@ class ModelConfig:
             raise ModelLoadError(
                 f"{source}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}"
             )
-        switches = family.read(raw, source, layers)  # the family's own fields (families/<family>.py)
+        switches = {"layers": (FULL,) * layers} | family.read(raw, source, layers)  # families/<family>.py's fields
         rope = _rope_config(switches.pop("rope", raw), source, head_dim)
         local = switches.pop("rope_local", None)
         moe = switches.pop("moe", None)
@@ -178,7 +178,7 @@ class ModelConfig:
             moe=None if moe is None else _moe_config(moe, source),
             **switches,
         )
-        if cfg.layers and len(cfg.layers) != layers:
+        if len(cfg.layers) != layers:
             raise ModelLoadError(f"{source}: {len(cfg.layers)} layer kinds for num_hidden_layers={layers}")
         if cfg.hidden_act not in SUPPORTED_ACTIVATIONS:
             raise ModelLoadError(f"{source}: hidden activation {cfg.hidden_act!r} is not supported; "
