@@ -82,4 +82,3 @@ GEMMA3 = Family(
     "its scaling (`linear` on the 4B+ checkpoints); `sliding_window_pattern` read where `layer_types` is absent",
     read=_gemma3, gguf="gemma3", read_gguf=_gguf_gemma3, gguf_norm_shift=True,
 )
-FAMILIES = (GEMMA2, GEMMA3)

@@ -27,4 +27,3 @@ GRANITE = Family(
     "GraniteForCausalLM", ("granite",), "Granite 3", "embedding, attention, residual and logits multipliers",
     read=_granite, gguf="granite", read_gguf=_gguf, gguf_permuted=True,
 )
-FAMILIES = (GRANITE,)

@@ -26,4 +26,3 @@ MISTRAL = Family(
     "MistralForCausalLM", ("mistral",), "Mistral 7B", "a sliding window on every layer",
     read=every_layer_slides,
 )
-FAMILIES = (LLAMA, MISTRAL)

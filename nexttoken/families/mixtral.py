@@ -22,4 +22,3 @@ MIXTRAL = Family(
     "a sparse MoE MLP on every layer: softmax router, top k, renormalised over the k, weights kept in float32",
     read=_mixtral, moe_prefix="block_sparse_moe.", expert_names=("w1", "w3", "w2"),
 )
-FAMILIES = (MIXTRAL,)

@@ -17,4 +17,3 @@ OLMO2 = Family(
     "norms after attention and MLP (not before); q/k RMSNorm over the whole projection",
     read=_olmo2, gguf="olmo2",
 )
-FAMILIES = (OLMO2,)

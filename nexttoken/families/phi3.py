@@ -22,4 +22,3 @@ PHI3 = Family(
     "(`longrope`, and Phi-3's old names `su` / `yarn`); a sliding window on every layer",
     read=_phi3, gguf="phi3", fused_checkpoint=True,
 )
-FAMILIES = (PHI3,)

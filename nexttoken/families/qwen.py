@@ -60,4 +60,3 @@ QWEN3_MOE = Family(
     "Qwen3's per-head q/k norms; top k with `norm_topk_prob`",
     read=_qwen3_moe, gguf="qwen3moe", read_gguf=_gguf_qwen3_moe,
 )
-FAMILIES = (QWEN2, QWEN3, QWEN2_MOE, QWEN3_MOE)

@@ -43,4 +43,3 @@ SMOLLM3 = Family(
     "window on the `layer_types` sliding layers when `use_sliding_window`",
     read=_smollm3, gguf="smollm3", read_gguf=_gguf, gguf_permuted=True,
 )
-FAMILIES = (SMOLLM3,)
