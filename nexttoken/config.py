@@ -1,8 +1,9 @@
 """The model's architecture, read once from a Hugging Face `config.json` and validated there.
 
-One dataclass covers every supported family (docs/models.md): Llama, Mistral, Qwen2/3, OLMo 2, Granite, Gemma 2/3,
-Phi-3 and the mixtures of experts differ in switches (biases, norms and where they sit, sliding windows, RoPE
-variants, soft-caps, multipliers, a sparse MLP), so one module with flags reads better than a copy per family.
+One dataclass covers every supported family (docs/models.md): the families differ in switches (biases, norms and
+where they sit, per-layer kinds: sliding windows, NoPE, RoPE variants, soft-caps, multipliers, a sparse MLP). What
+each family's config means is its declaration's (nexttoken/families/: `Family.read` returns its switches); this
+module reads the fields every family shares and validates the whole.
 """
 
 from __future__ import annotations
@@ -11,27 +12,19 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from .errors import MissingFileError, ModelLoadError
+from .families import BY_ARCHITECTURE, BY_MODEL_TYPE, FAMILIES, FULL, LayerKind
 
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Olmo2ForCausalLM",
-    "GraniteForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-    "Qwen3MoeForCausalLM", "Phi3ForCausalLM",
-)
+# Derived views of the family registry (nexttoken/families/), for the messages and the callers that list them.
+SUPPORTED_ARCHITECTURES = tuple(f.architecture for f in FAMILIES)
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
-_GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
-_MOE = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 # model_type -> architecture, for a config.json without `architectures` (transformers' AutoModelForCausalLM maps
 # the model_type the same way: its MODEL_FOR_CAUSAL_LM_MAPPING_NAMES).
-ARCHITECTURE_OF_MODEL_TYPE = {
-    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "granite": "GraniteForCausalLM",
-    "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "mixtral": "MixtralForCausalLM",
-    "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "phi3": "Phi3ForCausalLM",
-}
+ARCHITECTURE_OF_MODEL_TYPE = MappingProxyType({t: f.architecture for t, f in BY_MODEL_TYPE.items()})
 
 
 @dataclass(frozen=True)
@@ -87,9 +80,10 @@ class ModelConfig:
     residual_multiplier: float = 1.0
     logits_scaling: float = 1.0
     mlp_bias: bool = False
-    # Layers that attend only to the last `sliding_window` positions (Mistral: all; Qwen2: from max_window_layers).
+    # Each layer's kind (families/base.py's LayerKind: its mixer, a sliding window of the last `sliding_window`
+    # positions, its RoPE: the model's, Gemma 3's local one, or none); () means every layer full attention.
     sliding_window: int | None = None
-    sliding_layers: tuple[bool, ...] = ()
+    layers: tuple[LayerKind, ...] = ()
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
@@ -106,16 +100,15 @@ class ModelConfig:
     rope_local: RopeConfig | None = None
     moe: MoeConfig | None = None
 
+    def layer(self, i: int) -> LayerKind:
+        """Layer i's kind (full attention with the model's RoPE when the config names none)."""
+        return self.layers[i] if self.layers else FULL
+
     @property
-    def plain(self) -> bool:
-        """Llama's block exactly: no q/k norms, norms before the attention and the MLP, no multipliers, SiLU, no
-        soft-capping, a dense MLP (the fused native step computes this and every other family's block)."""
-        return (self.qk_norm is None and not self.norm_after and self.embedding_multiplier == 1.0
-                and self.attention_multiplier is None and self.residual_multiplier == 1.0 and self.logits_scaling == 1.0
-                and self.hidden_act == "silu" and not self.norm_plus_one and not self.sandwich_norm
-                and self.embed_scale is None and self.attn_logit_softcapping is None
-                and self.final_logit_softcapping is None and self.rope_local is None and self.moe is None
-                and self.rope.type != "longrope")
+    def sliding_layers(self) -> tuple[bool, ...]:
+        """Which layers attend only the last `sliding_window` positions (Mistral: all; Qwen2: from
+        max_window_layers; Gemma: alternating)."""
+        return tuple(kind.window for kind in self.layers)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "ModelConfig":
@@ -133,10 +126,10 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config") -> "ModelConfig":
         archs = raw.get("architectures") or []
-        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-        if arch is None and not archs:  # no `architectures`: the model_type names it, as transformers reads it
-            arch = ARCHITECTURE_OF_MODEL_TYPE.get(raw.get("model_type"))  # type: ignore[arg-type]
-        if arch is None:
+        family = next((BY_ARCHITECTURE[a] for a in archs if a in BY_ARCHITECTURE), None)
+        if family is None and not archs:  # no `architectures`: the model_type names it, as transformers reads it
+            family = BY_MODEL_TYPE.get(raw.get("model_type"))  # type: ignore[arg-type]
+        if family is None:
             what = f"architecture {archs!r}" if archs else f"model_type {raw.get('model_type')!r} (no architectures)"
             raise ModelLoadError(
                 f"{source}: unsupported {what}; nexttoken supports {', '.join(SUPPORTED_ARCHITECTURES)} (model "
@@ -157,15 +150,12 @@ class ModelConfig:
             raise ModelLoadError(
                 f"{source}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}"
             )
-
-        sliding_window, sliding_layers = _sliding_window(arch, raw, layers, source)
-        gemma = arch in _GEMMA
-        if arch == "Gemma3ForCausalLM":  # two RoPEs: the global layers' and the sliding layers'
-            rope, rope_local = _gemma3_ropes(raw, source, head_dim)
-        else:
-            rope, rope_local = _rope_config(raw, source, head_dim), None
+        switches = {"layers": (FULL,) * layers} | family.read(raw, source, layers)  # families/<family>.py's fields
+        rope = _rope_config(switches.pop("rope", raw), source, head_dim)
+        local = switches.pop("rope_local", None)
+        moe = switches.pop("moe", None)
         cfg = cls(
-            architecture=arch,
+            architecture=family.architecture,
             vocab_size=int(need("vocab_size")),
             hidden_size=hidden,
             intermediate_size=int(need("intermediate_size")),
@@ -178,30 +168,18 @@ class ModelConfig:
             rope=rope,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", False)),
-            qkv_bias=arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and bool(raw.get("qkv_bias", True))),
-            qk_norm={"Qwen3ForCausalLM": "head", "Olmo2ForCausalLM": "projection", "Gemma3ForCausalLM": "head",
-                     "Qwen3MoeForCausalLM": "head"}.get(arch),
-            norm_after=arch == "Olmo2ForCausalLM",
-            embedding_multiplier=float(raw.get("embedding_multiplier", 1.0)) if arch == "GraniteForCausalLM" else 1.0,
-            attention_multiplier=_attention_multiplier(arch, raw, source),
-            residual_multiplier=float(raw.get("residual_multiplier", 1.0)) if arch == "GraniteForCausalLM" else 1.0,
-            logits_scaling=float(raw.get("logits_scaling", 1.0)) if arch == "GraniteForCausalLM" else 1.0,
             mlp_bias=bool(raw.get("mlp_bias", False)),
-            sliding_window=sliding_window,
-            sliding_layers=sliding_layers,
             bos_token_id=raw.get("bos_token_id"),
             eos_token_id=raw.get("eos_token_id"),
             pad_token_id=raw.get("pad_token_id"),
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             hidden_act=raw.get("hidden_activation") or raw.get("hidden_act") or "silu",
-            norm_plus_one=gemma,
-            sandwich_norm=gemma,
-            embed_scale=hidden**0.5 if gemma else None,
-            attn_logit_softcapping=_cap(raw, "attn_logit_softcapping", source) if arch == "Gemma2ForCausalLM" else None,
-            final_logit_softcapping=_cap(raw, "final_logit_softcapping", source) if gemma else None,
-            rope_local=rope_local,
-            moe=_moe_config(arch, raw, layers, source) if arch in _MOE else None,
+            rope_local=None if local is None else _rope_config(local, source, head_dim),
+            moe=None if moe is None else _moe_config(moe, source),
+            **switches,
         )
+        if len(cfg.layers) != layers:
+            raise ModelLoadError(f"{source}: {len(cfg.layers)} layer kinds for num_hidden_layers={layers}")
         if cfg.hidden_act not in SUPPORTED_ACTIVATIONS:
             raise ModelLoadError(f"{source}: hidden activation {cfg.hidden_act!r} is not supported; "
                                  f"supported: {', '.join(SUPPORTED_ACTIVATIONS)}")
@@ -210,63 +188,13 @@ class ModelConfig:
         return cfg
 
 
-def _attention_multiplier(arch: str, raw: dict[str, Any], source: str) -> float | None:
-    """The attention scores' scale where it is not 1/sqrt(head_dim): Granite's multiplier, Gemma's
-    query_pre_attn_scalar ** -0.5."""
-    if arch == "GraniteForCausalLM":
-        return float(raw["attention_multiplier"])
-    if arch in _GEMMA:
-        scalar = float(raw.get("query_pre_attn_scalar", 256))
-        if not scalar > 0:
-            raise ModelLoadError(f"{source}: query_pre_attn_scalar must be > 0, got {scalar}")
-        return scalar**-0.5
-    return None
-
-
-def _cap(raw: dict[str, Any], key: str, source: str) -> float | None:
-    value = raw.get(key)
-    if value is None:
-        return None
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ModelLoadError(f"{source}: {key} must be a positive number or null, got {value!r}")
-    return float(value)
-
-
-def _gemma3_ropes(raw: dict[str, Any], source: str, head_dim: int) -> tuple[RopeConfig, RopeConfig]:
-    """Gemma 3's two RoPEs: (global layers', sliding layers'). transformers 5 writes rope_parameters keyed by layer
-    type; older configs write rope_theta + rope_scaling (global) and rope_local_base_freq (sliding)."""
-    params = raw.get("rope_parameters") or {}
-    if "full_attention" in params or "sliding_attention" in params:
-        full = {**params.get("full_attention", {})}
-        local = {**params.get("sliding_attention", {})}
-        full.setdefault("rope_theta", 1_000_000.0)
-        local.setdefault("rope_theta", 10_000.0)
-    else:
-        full = {**(raw.get("rope_scaling") or {}), "rope_theta": raw.get("rope_theta", 1_000_000.0)}
-        local = {"rope_theta": raw.get("rope_local_base_freq", 10_000.0)}
-    return (_rope_config({"rope_parameters": full}, source, head_dim),
-            _rope_config({"rope_parameters": local}, source, head_dim))
-
-
-def _moe_config(arch: str, raw: dict[str, Any], layers: int, source: str) -> MoeConfig:
-    experts = raw.get("num_local_experts") if arch == "MixtralForCausalLM" else (
-        raw.get("num_experts") or raw.get("num_local_experts"))
-    top_k = raw.get("num_experts_per_tok")
+def _moe_config(fields: dict[str, Any], source: str) -> MoeConfig:
+    """A family's MoE fields (families/reading.py), the expert counts checked."""
+    experts, top_k = fields["num_experts"], fields["top_k"]
     if not (isinstance(experts, int) and isinstance(top_k, int) and 1 <= top_k <= experts):
         raise ModelLoadError(f"{source}: a mixture of experts needs 1 <= num_experts_per_tok <= the number of "
                              f"experts, got num_experts_per_tok={top_k!r} of {experts!r}")
-    if arch == "MixtralForCausalLM":
-        return MoeConfig(experts, top_k, int(raw["intermediate_size"]), True, True, 0, (True,) * layers)
-    step = int(raw.get("decoder_sparse_step", 1))
-    dense = set(raw.get("mlp_only_layers") or [])
-    if step < 1:
-        raise ModelLoadError(f"{source}: decoder_sparse_step must be >= 1, got {step}")
-    sparse = tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
-    shared = int(raw.get("shared_expert_intermediate_size") or 0) if arch == "Qwen2MoeForCausalLM" else 0
-    if arch == "Qwen2MoeForCausalLM" and shared <= 0:
-        raise ModelLoadError(f"{source}: Qwen2-MoE needs shared_expert_intermediate_size > 0, got {shared}")
-    return MoeConfig(experts, top_k, int(raw["moe_intermediate_size"]), bool(raw.get("norm_topk_prob", False)),
-                     False, shared, sparse)
+    return MoeConfig(**fields)
 
 
 def _rope_config(raw: dict[str, Any], source: str, head_dim: int) -> RopeConfig:
@@ -274,8 +202,6 @@ def _rope_config(raw: dict[str, Any], source: str, head_dim: int) -> RopeConfig:
     params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
     theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type in ("su", "yarn") and raw.get("model_type") == "phi3":  # Phi-3's old names for longrope
-        rope_type = "longrope"
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ModelLoadError(
             f"{source}: rope type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
@@ -320,27 +246,3 @@ def _longrope_config(raw: dict[str, Any], params: dict[str, Any], theta: float, 
     return RopeConfig(theta=theta, type="longrope", factor=float(factor), original_max_position_embeddings=original,
                       short_factor=tuple(map(float, short)), long_factor=tuple(map(float, long)),
                       attention_factor=float(attention))
-
-
-def _sliding_window(arch: str, raw: dict[str, Any], layers: int,
-                    source: str = "config") -> tuple[int | None, tuple[bool, ...]]:
-    window = raw.get("sliding_window")
-    if arch == "LlamaForCausalLM" or window is None:
-        return None, (False,) * layers
-    if arch in _GEMMA:  # alternating sliding and global layers: layer_types, or Gemma 3's older pattern
-        types = raw.get("layer_types")
-        if types is None:
-            pattern = 2 if arch == "Gemma2ForCausalLM" else int(raw.get("sliding_window_pattern", 6))
-            types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
-        if len(types) != layers:
-            raise ModelLoadError(f"{source}: layer_types has {len(types)} entries for num_hidden_layers={layers}")
-        return int(window), tuple(t == "sliding_attention" for t in types)
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"):
-        if not raw.get("use_sliding_window", False):
-            return None, (False,) * layers
-        types = raw.get("layer_types")
-        if types is None:
-            first = int(raw.get("max_window_layers", layers))
-            types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
-        return int(window), tuple(t == "sliding_attention" for t in types)
-    return int(window), (True,) * layers  # Mistral: every layer

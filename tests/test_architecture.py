@@ -10,11 +10,12 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "nexttoken"
 
 # Each part of the package and the parts it may import (besides itself). Lower layers first.
-BASE = {"errors", "config"}
+BASE = {"errors", "families", "config"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "extras": {"errors"},
-    "config": {"errors"},
+    "families": {"errors"},  # each model family declared once (below config, which reads configs through them)
+    "config": {"errors", "families"},
     "model": BASE,
     "text": {"errors"},  # tokenizer, chat template, detokenizer, GGUF vocabulary, infill
     "generation": BASE | {"model", "text"},
@@ -94,14 +95,15 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "native_abi": set(),  # csrc/nt_abi.h's structs and codes, mirrored and checked; the one chooser of kinds
         "arithmetic": set(),  # the arithmetic policy a model holds (fused step, prefill precision, GGUF activations)
         "kernels": {"native_abi"}, "batch": set(), "memory": set(), "rope": set(),
+        "state": {"batch"},  # the per-sequence state protocol each layer kind reads and writes
         "cache": {"batch", "memory"},
         "linear": {"kernels", "native_abi"},
         "moe": {"linear"},
         "quant": {"arithmetic", "kernels", "linear", "memory", "native_abi"},
         "lora": {"quant"},  # PEFT adapters: read onto the fused matrices, applied per row, merged
-        "layers": {"batch", "cache", "linear", "moe", "rope"},
+        "layers": {"batch", "cache", "linear", "moe", "rope", "state"},
         "fused": {"arithmetic", "batch", "cache", "kernels", "layers", "linear", "moe", "native_abi", "quant"},
-        "llama": {"arithmetic", "batch", "cache", "fused", "layers", "linear", "rope"},
+        "llama": {"arithmetic", "batch", "cache", "fused", "layers", "linear", "rope", "state"},
         "parallel": {"linear", "memory", "moe", "quant"},
         "weights": {"arithmetic", "linear", "llama", "memory", "moe", "parallel", "quant"},  # GGUF blocks kept packed (quant/ggml.py)
     },

@@ -35,7 +35,7 @@ constexpr Field kFields[] = {
     NT_FIELD(NtLayer, attn_norm), NT_FIELD(NtLayer, ffn_norm), NT_FIELD(NtLayer, qkv), NT_FIELD(NtLayer, o),
     NT_FIELD(NtLayer, w13), NT_FIELD(NtLayer, w2), NT_FIELD(NtLayer, k_cache), NT_FIELD(NtLayer, v_cache),
     NT_FIELD(NtLayer, k_scale), NT_FIELD(NtLayer, v_scale), NT_FIELD(NtLayer, q_norm), NT_FIELD(NtLayer, k_norm),
-    NT_FIELD(NtLayer, attn_post_norm), NT_FIELD(NtLayer, ffn_post_norm), NT_FIELD(NtLayer, sliding),
+    NT_FIELD(NtLayer, attn_post_norm), NT_FIELD(NtLayer, ffn_post_norm), NT_FIELD(NtLayer, sliding), NT_FIELD(NtLayer, no_rope),
     NT_FIELD(NtLayer, router), NT_FIELD(NtLayer, experts), NT_FIELD(NtLayer, shared),
     NT_FIELD(NtLayer, shared_gate), NT_FIELD(NtLayer, lora_qkv), NT_FIELD(NtLayer, lora_o),
     NT_FIELD(NtLayer, lora_w13), NT_FIELD(NtLayer, lora_w2),

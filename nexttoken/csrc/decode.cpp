@@ -276,7 +276,8 @@ int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B
   for (int64_t b = 0; b < B; ++b) {
     float* row = qkv + b * NQKV;
     qk_norms(m, L, row);
-    for (int64_t head = 0; head < H + Hkv; ++head) rope(row + head * D, cos_t + b * D, sin_t + b * D, D);
+    if (!L.no_rope)
+      for (int64_t head = 0; head < H + Hkv; ++head) rope(row + head * D, cos_t + b * D, sin_t + b * D, D);
     const Pages pages{tables + b * table_stride, m->cache_head_stride / D, m->cache_row_stride, 0};
     for (int64_t kh = 0; kh < Hkv; ++kh) {
       const int64_t at = pages.at(kv_lens[b] - 1, D) + kh * m->cache_head_stride;

@@ -71,6 +71,7 @@ struct NtLayer {
   const float* attn_post_norm;  // Gemma's sandwich: the attention output's norm (C,) before the residual add
   const float* ffn_post_norm;   // and the MLP output's
   int64_t sliding;              // 1: this layer attends the last NtModel.window columns (with local_inv_freq's RoPE)
+  int64_t no_rope;              // 1: q and k are not rotated (a NoPE layer: SmolLM3's every fourth)
   NtLinear router;              // a MoE layer: (E, C) float32 router (weight NULL: a dense MLP, w13 / w2 above)
   const NtExpert* experts;      // (E,) the experts' gated MLPs
   NtExpert shared;              // Qwen2-MoE's always-on expert (w13.weight NULL: none)

@@ -156,9 +156,11 @@ class _Plan:
         if type(model.norm) is not RMSNorm or cfg.head_dim > 512 or cfg.hidden_act not in _ACTIVATIONS:
             return
         sharded = _sharded(model)
+        self.local_rope = model.__dict__.get("local_inv_freq") is not None
         layers, self.experts = [], []  # experts: each MoE layer's (E,) _Expert array, kept alive with the plan
         for i, block in enumerate(model.layers):
-            layer = self._layer(block, cache, i, sharded)
+            build = _NATIVE_KINDS.get(cfg.layer(i).mixer)  # the declared kind's native layer, if it has one
+            layer = None if build is None else build(self, block, cache, i, sharded)
             if layer is None:
                 return
             layers.append(layer)
@@ -198,9 +200,14 @@ class _Plan:
         self.no_window.window = 0
         self.ok = True
 
-    def _layer(self, block: torch.nn.Module, cache: KVCache, i: int, sharded: bool) -> _Layer | None:
-        """Block i as csrc/decode.cpp's NtLayer, or None where it holds a part the native step does not compute."""
+    def _attention_layer(self, block: torch.nn.Module, cache: KVCache, i: int, sharded: bool) -> _Layer | None:
+        """Attention block i as csrc/decode.cpp's NtLayer, or None where it holds a part the native step does not
+        compute. Its kind's RoPE: the model's, none (NoPE: no_rope), or the local one, which the native step ties
+        to the sliding layers (NtModel.local_inv_freq)."""
         att, mlp = block.attention, block.mlp
+        kind = att.kind
+        if (kind.rope == "local") != (kind.window and self.local_rope):
+            return None
         if (type(block), type(att), type(block.attention_norm), type(block.ffn_norm)) != (Block, Attention, RMSNorm,
                                                                                              RMSNorm):
             return None
@@ -231,8 +238,14 @@ class _Plan:
         loras = [_lora(m) for m in (att.wqkv, att.wo, getattr(mlp, "w13", None), getattr(mlp, "w2", None))]
         return _Layer(block.attention_norm.weight.data_ptr(), block.ffn_norm.weight.data_ptr(), *linears,
                       cache.k[i].data_ptr(), cache.v[i].data_ptr(), *_scales(cache, i),
-                      *[None if n is None else n.weight.data_ptr() for n in norms], int(att.sliding), **moe,
+                      *[None if n is None else n.weight.data_ptr() for n in norms], int(att.sliding),
+                      no_rope=int(kind.rope is None), **moe,
                       lora_qkv=loras[0], lora_o=loras[1], lora_w13=loras[2], lora_w2=loras[3])
+
+
+# The declared layer kinds (families/base.py's LayerKind.mixer) the native step computes, and how each becomes an
+# NtLayer; a model with a layer of any other kind runs the modules (issue 41's recurrent kinds add theirs here).
+_NATIVE_KINDS = {"attention": _Plan._attention_layer}
 
 
 def _lora(module: torch.nn.Module | None) -> _Lora:
@@ -285,7 +298,10 @@ def _cache_ok(cache: KVCache) -> bool:
 
 
 def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> bool:
-    """Whether this forward is a plain float32 CPU decode step the native function computes as the modules do."""
+    """Whether this forward is a plain float32 CPU decode step the native function computes as the modules do.
+    Only conditions of this call (one token per row, no grad, CPU float32, no observer): what the model's layers are
+    is decided once per plan, by their declared kinds (_NATIVE_KINDS), and decode_step returns None for a model whose
+    plan refuses."""
     return (
         _fused_on(model)
         and isinstance(cache, KVCache)  # a view of the engine's pool (a one-token prefill chunk) runs the modules

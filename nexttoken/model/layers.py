@@ -1,5 +1,10 @@
 """The parts of a decoder block (docs/models.md): RMSNorm, attention with its RoPE and K/V cache writes, the gated
 MLP (or MoE) and the block that joins them; llama.py assembles them into the Transformer.
+
+A block's mixer is the module of its declared layer kind (families/base.py's LayerKind.mixer -> MIXERS below), with
+one contract: forward(x (B, T, C), batch, state, cos, sin) -> (B, T, C), reading and writing only its own layer's
+part of the per-sequence state (state.py's SequenceState). Attention is the one kind today; issue 41's recurrent
+kinds join MIXERS with their modules.
 """
 
 from __future__ import annotations
@@ -10,10 +15,10 @@ from torch import nn
 
 from ..config import ModelConfig
 from .batch import ForwardBatch
-from .cache import KVCache
 from .linear import Linear
 from .moe import MoE
 from .rope import apply_rope
+from .state import SequenceState
 
 
 class RMSNorm(nn.Module):
@@ -42,6 +47,9 @@ def activation(name: str):  # noqa: ANN201
 
 
 class Attention(nn.Module):
+    """The attention kinds (full, sliding, NoPE): reads its rows' K/V columns through `state.update`, after writing
+    the new tokens' own; rotates q and k with the RoPE its kind names (cos / sin None: a NoPE layer)."""
+
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
@@ -50,7 +58,8 @@ class Attention(nn.Module):
         self.split = (q_size, kv_size, kv_size)
         self.wqkv = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias or cfg.attention_bias)
         self.wo = Linear(q_size, cfg.hidden_size, bias=cfg.attention_bias)
-        self.sliding = cfg.sliding_layers[layer] if cfg.sliding_layers else False
+        self.kind = cfg.layer(layer)  # families/base.py's LayerKind: its window and its RoPE (None: NoPE)
+        self.sliding = self.kind.window
         # q and k RMS-normalised before RoPE: each head over its head_dim (Qwen3), or the whole projection (OLMo 2).
         self.qk_norm = cfg.qk_norm
         q_dim, k_dim = (self.head_dim, self.head_dim) if cfg.qk_norm == "head" else (q_size, kv_size)
@@ -60,7 +69,7 @@ class Attention(nn.Module):
         self.softcap = cfg.attn_logit_softcapping
 
     def forward(
-        self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor
+        self, x: torch.Tensor, batch: ForwardBatch, state: SequenceState, cos: torch.Tensor | None, sin: torch.Tensor | None
     ) -> torch.Tensor:
         B, T, _ = x.shape
         qk, v = self.wqkv(x).split((self.split[0] + self.split[1], self.split[2]), dim=-1)
@@ -73,9 +82,11 @@ class Attention(nn.Module):
             q, k = qk.split((self.n_heads, self.n_kv_heads), dim=2)
             qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=2)
         qk = qk.transpose(1, 2)  # (B, H + Hkv, T, D)
-        q, k = apply_rope(qk, cos, sin).split((self.n_heads, self.n_kv_heads), dim=1)  # (B, H|Hkv, T, D)
+        if cos is not None:  # a NoPE layer (SmolLM3) is handed no tables
+            qk = apply_rope(qk, cos, sin)
+        q, k = qk.split((self.n_heads, self.n_kv_heads), dim=1)  # (B, H|Hkv, T, D)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
-        keys, values = cache.update(self.layer, batch, k, v)  # (B, Hkv, S, D)
+        keys, values = state.update(self.layer, batch, k, v)  # (B, Hkv, S, D)
         mask = batch.window_mask if self.sliding else batch.mask
         if batch.rowwise and B > 1:  # each row alone: its numbers cannot depend on its batch-mates
             y = torch.cat([self._attend(q[b : b + 1], keys[b : b + 1], values[b : b + 1],
@@ -122,11 +133,15 @@ class MLP(nn.Module):
         return self.w2(self.act(gate) * up)
 
 
+# LayerKind.mixer -> the module that computes it (ModelConfig only declares kinds a family reader produced).
+MIXERS = {"attention": Attention}
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one)
-        self.attention = Attention(cfg, layer)
+        self.attention = MIXERS[cfg.layer(layer).mixer](cfg, layer)  # the declared kind's module
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one)
         self.mlp = MoE(cfg, lambda width: MLP(cfg, width)) if cfg.moe and cfg.moe.sparse_layers[layer] else MLP(cfg)
         self.norm_after, self.residual = cfg.norm_after, cfg.residual_multiplier
@@ -136,16 +151,16 @@ class Block(nn.Module):
         self.sandwich = cfg.sandwich_norm
 
     def forward(
-        self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache, cos: torch.Tensor, sin: torch.Tensor
+        self, x: torch.Tensor, batch: ForwardBatch, state: SequenceState, cos: torch.Tensor | None, sin: torch.Tensor | None
     ) -> torch.Tensor:
         if self.sandwich:
-            x = x + self.attention_post_norm(self.attention(self.attention_norm(x), batch, cache, cos, sin))
+            x = x + self.attention_post_norm(self.attention(self.attention_norm(x), batch, state, cos, sin))
             return x + self.ffn_post_norm(self.mlp(self.ffn_norm(x)))
         if self.norm_after:  # OLMo 2: the branch's output is normed, then added
-            x = x + self.attention_norm(self.attention(x, batch, cache, cos, sin))
+            x = x + self.attention_norm(self.attention(x, batch, state, cos, sin))
             return x + self.ffn_norm(self.mlp(x))
         if self.residual != 1.0:  # Granite scales each branch before the residual add
-            x = x + self.attention(self.attention_norm(x), batch, cache, cos, sin) * self.residual
+            x = x + self.attention(self.attention_norm(x), batch, state, cos, sin) * self.residual
             return x + self.mlp(self.ffn_norm(x)) * self.residual
-        x = x + self.attention(self.attention_norm(x), batch, cache, cos, sin)
+        x = x + self.attention(self.attention_norm(x), batch, state, cos, sin)
         return x + self.mlp(self.ffn_norm(x))

@@ -18,10 +18,12 @@ from .cache import KVCache
 from .layers import Block, RMSNorm
 from .linear import Linear
 from .rope import inverse_frequencies, longrope_inv_freq, rope_cos_sin
+from .state import SequenceState
 
 
 class Transformer(nn.Module):
-    """Token ids in, next-token logits out; all sequence state lives in the KVCache passed to forward."""
+    """Token ids in, next-token logits out; all sequence state lives in the state passed to forward (state.py's
+    SequenceState: a KVCache, or the engine's views of its paged pool), each layer reading and writing its own."""
 
     native_step = True  # fused.py may run its decode steps natively (it checks the layers; a stand-in model lacks this)
     adapters = None  # lora.AdapterRegistry once adapters are attached (lora.attach): rows choose slots (batch.lora)
@@ -89,7 +91,7 @@ class Transformer(nn.Module):
             cfg.num_hidden_layers, batch_size, cfg.num_key_value_heads, max_len, cfg.head_dim, self.dtype, self.device
         )
 
-    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: SequenceState) -> torch.Tensor:
         """input_ids (B, T) -> logits (B, V) when batch.last_only, else (B, T, V); in the weights' dtype.
         Rows with an adapter slot in batch.lora add that adapter's low-rank products (model/lora/layers.py)."""
         with running(self.arithmetic):  # this model's policy for its layers (quant/tiles.py's prefill)
@@ -99,7 +101,7 @@ class Transformer(nn.Module):
                     return self._forward(input_ids, batch, cache)
             return self._forward(input_ids, batch, cache)
 
-    def _forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+    def _forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: SequenceState) -> torch.Tensor:
         if fused.applies(self, input_ids, batch, cache):  # a plain float32 CPU decode step: one native call
             logits = fused.decode_step(self, input_ids, batch, cache)
             if logits is not None:
@@ -113,13 +115,13 @@ class Transformer(nn.Module):
             logits = torch.tanh(logits / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
         return logits / cfg.logits_scaling if cfg.logits_scaling != 1.0 else logits
 
-    def last_hidden_state(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+    def last_hidden_state(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: SequenceState) -> torch.Tensor:
         """input_ids (B, T) -> (B, T, C): the final norm's output at every position (transformers'
         `last_hidden_state`), what embeddings pool."""
         with running(self.arithmetic):
             return self.norm(self._trunk(input_ids, batch, cache))
 
-    def _trunk(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+    def _trunk(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: SequenceState) -> torch.Tensor:
         """input_ids (B, T) -> (B, T, C): the embedding and every layer, before the final norm."""
         cfg = self.config
         x = self.embed(input_ids)  # (B, T, C)
@@ -130,9 +132,8 @@ class Transformer(nn.Module):
         inv_freq = longrope_inv_freq(cfg.rope, self.inv_freq, self.long_inv_freq, batch.positions)
         cos, sin = rope_cos_sin(inv_freq, batch.positions, x.dtype, cfg.rope.attention_factor)
         local = None if self.local_inv_freq is None else rope_cos_sin(self.local_inv_freq, batch.positions, x.dtype)
+        # each layer rotates with the RoPE its kind names: the model's, the sliding layers' own, or none (NoPE)
+        tables = {"global": (cos, sin), "local": local or (cos, sin), None: (None, None)}
         for block in self.layers:
-            if local is not None and block.attention.sliding:
-                x = block(x, batch, cache, *local)
-            else:
-                x = block(x, batch, cache, cos, sin)
+            x = block(x, batch, cache, *tables[block.attention.kind.rope])
         return x

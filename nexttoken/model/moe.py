@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..families import family
 from .linear import KeptLinear
 
 
@@ -96,11 +97,9 @@ def checkpoint_parts(cfg: ModelConfig, layer: int) -> dict[str, list[str]]:
 
 
 def _prefix(cfg: ModelConfig, layer: int) -> str:
-    return f"model.layers.{layer}." + ("block_sparse_moe." if cfg.architecture == "MixtralForCausalLM" else "mlp.")
+    return f"model.layers.{layer}." + family(cfg.architecture).moe_prefix
 
 
 def _expert_names(cfg: ModelConfig) -> tuple[str, str, str]:
     """(gate, up, down) projections of one expert: Mixtral's w1 / w3 / w2, Qwen's gate_proj / up_proj / down_proj."""
-    if cfg.architecture == "MixtralForCausalLM":
-        return "w1", "w3", "w2"
-    return "gate_proj", "up_proj", "down_proj"
+    return family(cfg.architecture).expert_names

@@ -77,6 +77,7 @@ class NtLayer(ctypes.Structure):
     _fields_ = [("attn_norm", _p), ("ffn_norm", _p), ("qkv", NtLinear), ("o", NtLinear), ("w13", NtLinear),
                 ("w2", NtLinear), ("k_cache", _p), ("v_cache", _p), ("k_scale", _p), ("v_scale", _p),
                 ("q_norm", _p), ("k_norm", _p), ("attn_post_norm", _p), ("ffn_post_norm", _p), ("sliding", _i64),
+                ("no_rope", _i64),
                 ("router", NtLinear), ("experts", ctypes.POINTER(NtExpert)), ("shared", NtExpert),
                 ("shared_gate", NtLinear), ("lora_qkv", NtLora), ("lora_o", NtLora), ("lora_w13", NtLora),
                 ("lora_w2", NtLora)]

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
+from ..families import FAMILIES, family
 from ..errors import ModelLoadError, TensorParallelError
 from .quant.int8 import Int8Linear, quantize_rows
 from .linear import Linear
@@ -129,19 +130,14 @@ class Shards:
         )
 
 
-# The families whose checkpoints and blocks the split above is written for (and tested on, against one process).
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                 "Olmo2ForCausalLM", "GraniteForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
-                 "Phi3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
-
-
 def check_divisible(cfg: ModelConfig, size: int) -> None:
     """Raise ModelLoadError unless this model splits over `size` ranks."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ModelLoadError(f"tensor_parallel_size must be an integer >= 1, got {size!r}")
-    if size > 1 and cfg.architecture not in ARCHITECTURES:
+    if size > 1 and not family(cfg.architecture).tensor_parallel:
+        splits = ", ".join(f.architecture for f in FAMILIES if f.tensor_parallel)
         raise ModelLoadError(
-            f"tensor parallelism does not split {cfg.architecture} yet (it splits {', '.join(ARCHITECTURES)}): "
+            f"tensor parallelism does not split {cfg.architecture} yet (it splits {splits}): "
             "load it with tensor_parallel_size=1"
         )
     H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads

@@ -18,7 +18,7 @@ from nexttoken.errors import NextTokenError
 from nexttoken.model import kernels, native_abi
 from nexttoken.model.native_abi import CODES, STRUCTS, NativeABIError, NtExpert, NtLayer, NtLinear, NtLora, NtModel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 needs_compiler = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="needs g++")
 
 

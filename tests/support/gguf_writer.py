@@ -16,6 +16,7 @@ FAMILIES = {
     "llama-gqa": "llama", "qwen2-bias": "qwen2", "qwen3-qk-norm": "qwen3", "olmo2-post-norm": "olmo2",
     "granite-multipliers": "granite", "gemma2-softcap-sliding": "gemma2", "gemma3": "gemma3",
     "mixtral-moe": "llama", "qwen2-moe": "qwen2moe", "qwen3-moe-norm-topk": "qwen3moe", "phi3-plain": "phi3",
+    "smollm3-nope": "smollm3",
 }
 
 
@@ -75,7 +76,7 @@ def write_model(path: Path, arch: str, hf, quant: str | None = None) -> dict[str
         if g is None and base.endswith("block_sparse_moe.gate"):
             g = f"blk.{base.split('.')[2]}.ffn_gate_inp"
         assert g is not None, name
-        if arch in ("llama", "granite") and g.endswith(("attn_q", "attn_k")):  # llama.cpp's permute
+        if arch in ("llama", "granite", "smollm3") and g.endswith(("attn_q", "attn_k")):  # llama.cpp's permute
             heads = c.num_attention_heads if g.endswith("attn_q") else c.num_key_value_heads
             x = x.reshape(heads, 2, x.shape[0] // heads // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
         if arch in ("gemma2", "gemma3") and "norm" in g:
@@ -113,3 +114,20 @@ def rewrite(src: Path, dst: Path, arch: str | None = None, change=None) -> None:
         data, kind = change(t.name, data, kind) if change else (data, kind)
         w.add_tensor(t.name, data, raw_dtype=None if kind == T.F32 else kind)
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+def reference_tokens(hf, held: dict[str, torch.Tensor], ids: list[int], new: int) -> list[int]:  # noqa: ANN001
+    """transformers' greedy tokens on exactly the weights a GGUF file holds (`held`, write_model's answer)."""
+    from safetensors.torch import save_file
+    import tempfile
+    import transformers
+
+    with tempfile.TemporaryDirectory() as d:  # transformers on exactly the weights the file holds
+        hf.save_pretrained(d)
+        save_file({k: v.contiguous() for k, v in held.items()}, Path(d) / "model.safetensors", metadata={"format": "pt"})
+        ref = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    ref.config._attn_implementation = "eager"
+    with torch.no_grad():
+        out = ref.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+

@@ -79,6 +79,11 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "phi3-plain": ("phi3", dict(sliding_window=None)),  # Llama's block from a fused checkpoint: the native step runs
     "qwen3-moe-norm-topk": ("qwen3_moe", dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
                                               norm_topk_prob=True, head_dim=24)),
+    # SmolLM3: no RoPE in every fourth layer (layer 3 of 4, transformers' and llama.cpp's default), and a variant
+    # whose NoPE layers (every second) also slide over a window shorter than the tests' sequences.
+    "smollm3-nope": ("smollm3", dict(num_hidden_layers=4)),
+    "smollm3-nope-sliding": ("smollm3", dict(num_hidden_layers=4, no_rope_layer_interval=2, use_sliding_window=True,
+                                             sliding_window=5)),
 }
 
 
@@ -98,6 +103,7 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
         "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
         "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
+        "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
     }[arch]
     cfg = cfg_cls(**{**BASE, **overrides})
     cfg._attn_implementation = "eager"

@@ -25,6 +25,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ...config import ModelConfig
+from ...families import family
 from ...errors import LoraError, MissingFileError
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
@@ -78,6 +79,8 @@ def read_adapter(name: str, source: str | Path, cfg: ModelConfig, max_rank: int 
                  resolve: Resolver | None = None) -> LoraAdapter:
     """A PEFT LoRA adapter from a folder (or, through `resolve`, another source such as a Hub id), checked
     against the base model's config: its modules, their shapes, its options; rank at most `max_rank`."""
+    if not family(cfg.architecture).lora:
+        raise LoraError(f"LoRA adapters are not applied to {cfg.architecture} models yet; load it without adapters")
     path = _folder(source, resolve)
     config = _config(path)
     tensors = _tensors(path)
@@ -206,7 +209,7 @@ def _fused(tensors: dict[str, torch.Tensor], config: dict, cfg: ModelConfig,
             raise LoraError(f"{path}: layer {layer}'s MLP is a mixture of experts; nexttoken applies LoRA to its "
                             "attention only")
         target, part = _MODULES[module]
-        fused_checkpoint = cfg.architecture == "Phi3ForCausalLM"
+        fused_checkpoint = family(cfg.architecture).fused_checkpoint
         if (part is None) != (fused_checkpoint or target in ("wo", "w2")):
             raise LoraError(f"{path}: {module} is not a module of {cfg.architecture}")
         A, B = ab["A"].float(), ab["B"].float()

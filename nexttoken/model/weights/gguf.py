@@ -22,6 +22,7 @@ import torch
 
 from ...config import ModelConfig
 from ...errors import MissingFileError, ModelLoadError
+from ...families import BY_GGUF, Family
 from ..llama import Transformer
 from .gguf_reader import BigEndian, read_gguf
 from .loader import _expected_shapes as expected_shapes, build_model, resolve_dtype
@@ -29,20 +30,6 @@ from .loader import _expected_shapes as expected_shapes, build_model, resolve_dt
 # Weight types llama-quantize and GGUF-my-repo write for the families we run; dequantized by `gguf.quants`.
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
                    "Q6_K")
-
-# general.architecture -> transformers architecture (a llama file with experts is Mixtral).
-ARCHITECTURES = {
-    "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-    "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
-    "olmo2": "Olmo2ForCausalLM", "granite": "GraniteForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM",
-    "qwen3moe": "Qwen3MoeForCausalLM",
-}
-# Families whose q / k rows llama.cpp's converter permuted for its interleaved ("normal") RoPE: LlamaModel and its
-# subclasses in convert_hf_to_gguf.py (Mistral, Mixtral, SmolLM, Granite). The others use NeoX RoPE unpermuted.
-_PERMUTED = ("llama", "granite")
-# Gemma's checkpoints store RMSNorm weights w (applied as 1 + w); llama.cpp stores 1 + w.
-_NORM_SHIFTED = ("gemma2", "gemma3")
-
 
 @dataclass
 class GGUFFile:
@@ -94,17 +81,24 @@ def open_gguf(path: str | Path) -> GGUFFile:
 # ---- metadata -> config --------------------------------------------------------------------------------------
 
 
+def writer_family(g: GGUFFile) -> Family:
+    """The family whose llama.cpp architecture wrote the file (its permutation and norm-shift rules)."""
+    family = BY_GGUF.get(g.arch)
+    if family is None:
+        raise ModelLoadError(f"{g.path}: GGUF architecture {g.arch!r} is not supported; nexttoken runs GGUF files "
+                             f"of {', '.join(BY_GGUF)}")
+    return family
+
+
 def config_dict(g: GGUFFile) -> dict[str, Any]:
-    """The GGUF's hyperparameters as a transformers config dict (what `ModelConfig.from_dict` reads)."""
-    arch = g.arch
-    if arch not in ARCHITECTURES:
-        raise ModelLoadError(f"{g.path}: GGUF architecture {arch!r} is not supported; nexttoken runs GGUF files of "
-                             f"{', '.join(ARCHITECTURES)}")
+    """The GGUF's hyperparameters as a transformers config dict (what `ModelConfig.from_dict` reads): the keys
+    every llama.cpp architecture writes here, the family's own through its declaration (Family.read_gguf)."""
+    family = writer_family(g)
 
     def need(key: str) -> Any:
         value = g.get(key)
         if value is None:
-            raise ModelLoadError(f"{g.path}: the GGUF metadata has no {arch}.{key}; the file is incomplete")
+            raise ModelLoadError(f"{g.path}: the GGUF metadata has no {g.arch}.{key}; the file is incomplete")
         return value
 
     hidden, heads, layers = int(need("embedding_length")), int(need("attention.head_count")), int(need("block_count"))
@@ -113,14 +107,14 @@ def config_dict(g: GGUFFile) -> dict[str, Any]:
         if len(set(kv_heads)) != 1:
             raise ModelLoadError(f"{g.path}: KV heads differ between layers ({sorted(set(kv_heads))}); not supported")
         kv_heads = kv_heads[0]
-    head_dim = g.get("attention.key_length") or (g.get("rope.dimension_count") if arch in _PERMUTED else None)
+    head_dim = g.get("attention.key_length") or (g.get("rope.dimension_count") if family.gguf_permuted else None)
     head_dim = int(head_dim or hidden // heads)
     tokens = g.metadata.get("tokenizer.ggml.tokens")
     embed = g.tensors.get("token_embd.weight")
     vocab = g.get("vocab_size") or (len(tokens) if tokens else None) or (int(embed.shape[-1]) if embed else None)
     cfg: dict[str, Any] = {
-        "model_type": arch,
-        "architectures": [ARCHITECTURES[arch]],
+        "model_type": family.model_types[0],
+        "architectures": [family.architecture],
         "hidden_size": hidden,
         "intermediate_size": int(g.get("feed_forward_length") or g.get("expert_feed_forward_length") or 0),
         "num_hidden_layers": layers,
@@ -140,35 +134,7 @@ def config_dict(g: GGUFFile) -> dict[str, Any]:
     }
     if g.get("attention.sliding_window") is not None:
         cfg["sliding_window"] = int(g.get("attention.sliding_window"))
-    if arch == "llama" and g.get("expert_count"):
-        cfg["architectures"] = ["MixtralForCausalLM"]
-        cfg |= {"num_local_experts": int(g.get("expert_count")), "num_experts_per_tok": int(g.get("expert_used_count"))}
-    if arch in ("qwen2moe", "qwen3moe"):
-        cfg |= {"num_experts": int(need("expert_count")), "num_experts_per_tok": int(need("expert_used_count")),
-                "moe_intermediate_size": int(need("expert_feed_forward_length")),
-                # llama.cpp renormalises the chosen weights for Qwen3-MoE, never for Qwen2-MoE (as the checkpoints)
-                "norm_topk_prob": arch == "qwen3moe"}
-        if arch == "qwen2moe":
-            cfg["shared_expert_intermediate_size"] = int(need("expert_shared_feed_forward_length"))
-    if arch in ("gemma2", "gemma3"):
-        # llama.cpp's f_attention_scale: 1/sqrt(hidden / heads) for the 27B models, 1/sqrt(head_dim) otherwise.
-        big = (arch == "gemma2" and layers == 46) or (arch == "gemma3" and layers == 62)
-        cfg |= {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": hidden // heads if big else head_dim}
-        if arch == "gemma2":
-            cfg |= {"attn_logit_softcapping": g.get("attn_logit_softcapping", 50.0),
-                    "final_logit_softcapping": g.get("final_logit_softcapping", 30.0)}
-        else:  # llama.cpp's Gemma 3: five sliding layers then a global one; the local RoPE's base is 10000
-            cfg |= {"sliding_window_pattern": 6, "final_logit_softcapping": g.get("final_logit_softcapping"),
-                    "rope_theta": float(g.get("rope.freq_base", 1_000_000.0)), "rope_local_base_freq": 10_000.0,
-                    "rope_scaling": cfg.pop("rope_parameters")}
-    if arch == "granite":
-        cfg |= {"embedding_multiplier": float(g.get("embedding_scale", 1.0)),
-                "residual_multiplier": float(g.get("residual_scale", 1.0)),
-                "attention_multiplier": float(g.get("attention.scale", head_dim**-0.5)),
-                "logits_scaling": float(g.get("logit_scale", 1.0))}
-    if arch == "qwen2":
-        cfg["use_sliding_window"] = False
-    return cfg
+    return cfg | family.read_gguf(g, cfg)
 
 
 def _rope(g: GGUFFile, head_dim: int) -> dict[str, Any]:
@@ -275,7 +241,7 @@ def gguf_names(g: GGUFFile, cfg: ModelConfig, names: list[str]) -> dict[str, str
 def _as_checkpoint(g: GGUFFile, cfg: ModelConfig, gname: str, t: torch.Tensor) -> torch.Tensor:
     """A GGUF tensor's rows (float values or packed rows) in the checkpoint's layout: llama.cpp's q / k row
     permutation undone (it moves whole rows, so packed rows too)."""
-    if g.arch in _PERMUTED and gname.rsplit(".", 1)[0].endswith(("attn_q", "attn_k")):
+    if writer_family(g).gguf_permuted and gname.rsplit(".", 1)[0].endswith(("attn_q", "attn_k")):
         t = _unpermute(t, cfg.num_attention_heads if "attn_q" in gname else cfg.num_key_value_heads)
     return t
 
@@ -303,7 +269,7 @@ def checkpoint_tensors(g: GGUFFile, cfg: ModelConfig, names: list[str], dtype: t
             continue
         gname = dense[hf]
         t = _as_checkpoint(g, cfg, gname, _tensor(g, gname, torch.float32))
-        if g.arch in _NORM_SHIFTED and gname.endswith("norm.weight"):
+        if writer_family(g).gguf_norm_shift and gname.endswith("norm.weight"):
             t = t - 1
         if hf.endswith("shared_expert_gate.weight") and t.dim() == 1:  # llama.cpp keeps the (C,) vector
             t = t.unsqueeze(0)

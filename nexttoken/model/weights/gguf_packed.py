@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ...config import ModelConfig
+from ...families import family
 from ..llama import Transformer
 from ..quant.bf16 import BF16Embedding, BF16Linear
 from ..quant.ggml import GGML_TYPES, GGUFEmbedding, GGUFLinear, block_shape
@@ -54,7 +55,7 @@ def _dense(hf: str) -> bool:
 def _groups(cfg: ModelConfig, i: int) -> dict[str, list[str]]:
     """Our fused module (under layers.{i}.) -> the checkpoint weights whose rows it stacks (loader.to_state_dict)."""
     p = f"model.layers.{i}."
-    if cfg.architecture == "Phi3ForCausalLM":
+    if family(cfg.architecture).fused_checkpoint:
         return {"attention.wqkv": [p + "self_attn.qkv_proj.weight"], "attention.wo": [p + "self_attn.o_proj.weight"],
                 "mlp.w13": [p + "mlp.gate_up_proj.weight"], "mlp.w2": [p + "mlp.down_proj.weight"]}
     return {"attention.wqkv": [p + f"self_attn.{x}_proj.weight" for x in "qkv"],

@@ -11,6 +11,7 @@ from safetensors import SafetensorError, safe_open
 
 from ...config import ModelConfig
 from ...errors import MissingFileError, ModelLoadError
+from ...families import family
 from ..linear import KeptLinear, Linear
 from ..llama import Transformer
 from ..memory import copy_into_arena, empty_in_arena, release_freed_memory
@@ -124,7 +125,7 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _fused_checkpoint(cfg: ModelConfig) -> bool:
-    return cfg.architecture == "Phi3ForCausalLM"
+    return family(cfg.architecture).fused_checkpoint
 
 
 def check_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: Path) -> None:

@@ -21,7 +21,7 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf.constants import GGML_QUANT_SIZES  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
-from support.gguf_writer import FAMILIES, rewrite, write_model
+from support.gguf_writer import FAMILIES, reference_tokens, rewrite, write_model
 
 # Offsets of the float16 scale fields in each K-quant block (ggml-common.h): random bytes elsewhere are valid.
 _K_SCALES = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
@@ -136,20 +136,6 @@ EXTRA = {
 
 
 
-def _reference_tokens(hf, held: dict[str, torch.Tensor], ids: list[int], new: int) -> list[int]:  # noqa: ANN001
-    from safetensors.torch import save_file
-    import tempfile
-    import transformers
-
-    with tempfile.TemporaryDirectory() as d:  # transformers on exactly the weights the file holds
-        hf.save_pretrained(d)
-        save_file({k: v.contiguous() for k, v in held.items()}, Path(d) / "model.safetensors", metadata={"format": "pt"})
-        ref = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
-    ref.config._attn_implementation = "eager"
-    with torch.no_grad():
-        out = ref.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, eos_token_id=None,
-                           pad_token_id=0)
-    return out[0, len(ids):].tolist()
 
 
 @pytest.mark.parametrize("variant", list(FAMILIES))
@@ -162,7 +148,7 @@ def test_tiny_models_of_every_family_give_transformers_tokens(variant: str, tmp_
     assert llm.tokenizer is None and llm.name == variant
     ids = [5, 17, 33, 8, 61, 2, 40, 12]
     got = llm.generate(ids, max_new_tokens=8, ignore_eos=True).token_ids
-    assert got == _reference_tokens(hf, held, ids, 8)
+    assert got == reference_tokens(hf, held, ids, 8)
 
 
 # ---- damaged files -------------------------------------------------------------------------------------------

@@ -1,0 +1,38 @@
+"""Every supported model family, declared once (base.Family), and the registry the rest of the tree reads: by
+transformers architecture, by config.json `model_type`, by llama.cpp's GGUF `general.architecture`.
+
+Adding a family is one module here (its Family) and one entry in FAMILIES below; docs/models.md's table is
+rendered from this registry (`docs_table`, checked by tests/test_families.py).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from . import gemma, granite, llama, mixtral, olmo, phi3, qwen, smollm3
+from .base import FULL, LOCAL_SLIDING, MIXERS, NOPE, SLIDING, Family, GGUFMeta, LayerKind
+
+# In docs/models.md's order.
+FAMILIES: tuple[Family, ...] = (
+    llama.LLAMA, llama.MISTRAL, qwen.QWEN2, qwen.QWEN3, olmo.OLMO2, granite.GRANITE, gemma.GEMMA2, gemma.GEMMA3,
+    mixtral.MIXTRAL, qwen.QWEN2_MOE, qwen.QWEN3_MOE, phi3.PHI3,
+    smollm3.SMOLLM3,
+)
+BY_ARCHITECTURE = MappingProxyType({f.architecture: f for f in FAMILIES})
+BY_MODEL_TYPE = MappingProxyType({t: f for f in FAMILIES for t in f.model_types})
+BY_GGUF = MappingProxyType({f.gguf: f for f in FAMILIES if f.gguf})
+
+__all__ = ["BY_ARCHITECTURE", "BY_GGUF", "BY_MODEL_TYPE", "FAMILIES", "FULL", "LOCAL_SLIDING", "MIXERS", "NOPE",
+           "SLIDING", "Family", "GGUFMeta", "LayerKind", "docs_table", "family"]
+
+
+def family(architecture: str) -> Family:
+    """The declaration of a validated ModelConfig's architecture."""
+    return BY_ARCHITECTURE[architecture]
+
+
+def docs_table() -> str:
+    """docs/models.md's family table, from the declarations."""
+    rows = ["| `architectures` in config.json | examples | what the config switches on |", "|---|---|---|"]
+    rows += [f"| `{f.architecture}` | {f.examples} | {f.summary} |" for f in FAMILIES]
+    return "\n".join(rows)

@@ -1,0 +1,86 @@
+"""What a model family declares: the `Family` record and the per-layer `LayerKind`.
+
+A family is data plus two small readers, never code scattered over the tree: the config reader (`ModelConfig`), the
+weight readers (safetensors and GGUF), tensor parallelism, LoRA, the fused native step and docs/models.md all ask
+the declaration, and none keeps a list of architectures of its own. Declarations sit below `config` (they import
+only `errors`), so `ModelConfig.from_dict` reads a checkpoint through them; their readers return plain values
+(ModelConfig field names, raw RoPE parameter dicts) that config.py validates into its dataclasses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol
+
+# What mixes the tokens of a layer: attention over the KV cache (today), or, for issue 41's hybrids, a layer that
+# keeps a fixed-size recurrent state per sequence (gated delta rule, short convolution, Mamba2's state space).
+MIXERS = ("attention", "linear_attention", "convolution", "state_space")
+# Which RoPE an attention layer rotates q and k with: the model's ("global"), the sliding layers' own base
+# (Gemma 3's "local"), or none (NoPE: SmolLM3's every fourth layer).
+ROPES = ("global", "local", None)
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """The kind of one decoder layer: its mixer, whether it attends a sliding window only, and its RoPE."""
+
+    mixer: str = "attention"
+    window: bool = False  # attends only the last ModelConfig.sliding_window positions
+    rope: str | None = "global"
+
+    @property
+    def keeps_kv(self) -> bool:
+        """Whether the layer's per-sequence state is K/V columns (the paged pool); else a fixed-size state slot."""
+        return self.mixer == "attention"
+
+
+FULL = LayerKind()
+SLIDING = LayerKind(window=True)
+LOCAL_SLIDING = LayerKind(window=True, rope="local")  # Gemma 3: sliding layers rotate with their own RoPE
+NOPE = LayerKind(rope=None)
+NOPE_SLIDING = LayerKind(window=True, rope=None)  # SmolLM3 with use_sliding_window: its NoPE layers slide
+
+
+class GGUFMeta(Protocol):
+    """What a family's GGUF reader sees of an opened file (weights/gguf.py's GGUFFile)."""
+
+    path: Any
+    tensors: Mapping[str, Any]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """An architecture key without its prefix: get("block_count") reads "<arch>.block_count"."""
+
+
+# raw transformers config, source (for messages), layer count -> this family's ModelConfig fields (see config.py)
+ConfigReader = Callable[[dict[str, Any], str, int], dict[str, Any]]
+# opened GGUF file, the shared part of the config dict -> the family's keys of a transformers config dict
+GGUFReader = Callable[[GGUFMeta, dict[str, Any]], dict[str, Any]]
+
+
+def no_switches(raw: dict[str, Any], source: str, layers: int) -> dict[str, Any]:
+    """Llama's block as it is: every layer full attention with the model's RoPE."""
+    return {}
+
+
+def no_gguf_keys(g: GGUFMeta, cfg: dict[str, Any]) -> dict[str, Any]:
+    return {}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One architecture, declared once (a module per family under nexttoken/families/)."""
+
+    architecture: str  # transformers' class name, config.json's `architectures`
+    model_types: tuple[str, ...]  # config.json's `model_type` (read where `architectures` is absent)
+    examples: str  # docs/models.md: the checkpoints people know it by
+    summary: str  # docs/models.md: what the config switches on
+    read: ConfigReader = no_switches
+    gguf: str | None = None  # llama.cpp's `general.architecture`; None: no GGUF file of its own
+    read_gguf: GGUFReader = no_gguf_keys
+    gguf_permuted: bool = False  # llama.cpp's converter permuted q / k rows for its interleaved RoPE (LlamaModel)
+    gguf_norm_shift: bool = False  # llama.cpp stores RMSNorm weights as 1 + w (Gemma)
+    fused_checkpoint: bool = False  # q/k/v as `qkv_proj`, gate/up as `gate_up_proj` (Phi-3): our layout already
+    moe_prefix: str = "mlp."  # where a sparse layer's router and experts sit under model.layers.{i}.
+    expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # one expert's gate, up, down
+    tensor_parallel: bool = True  # model/parallel.py splits its checkpoints and blocks (tested against one process)
+    lora: bool = True  # PEFT adapters on q/k/v/o and gate/up/down (attention only on sparse MLP layers)
