@@ -16,6 +16,7 @@ from ...engine import LLMEngine
 from ...engine.async_engine import AsyncEngine, EngineClosedError, EngineDeadError
 from ...errors import NextTokenError
 from ...generation.processors.structured import CONSTRAINTS, compile_for, constraint_of
+from ...generation.config import no_token_left
 from ...generation.values import Thinking
 from ...tools import TemplateSupport, ToolsError, ToolUse, format_named, template_support
 from ...tools.reasoning import EFFORT_BUDGETS, ReasoningFormat, detect_format
@@ -25,7 +26,7 @@ from ..http.errors import APIError, bad_request, from_validation_error
 from ..http.shutdown import MESSAGE as SHUTTING_DOWN
 from ..http.streams import ClientGone, collect
 from ..metrics import ServerMetrics
-from ..openai.options import constraint_field, request_options, server_defaults
+from ..openai.options import constraint_field, request_field, request_options, server_defaults
 from ..openai.outputs import Choice, LogprobFormatter
 from ..openai.prompts import Limits, longest_token_bytes, new_tokens
 from ..settings import ServerSettings
@@ -131,6 +132,10 @@ class Serving:
         for name, ids in cfg.ids_outside(self.limits.vocab_size).items():  # bad_words_ids, logit_bias, ...
             raise bad_request(f"{name} contains token ids {ids[:5]} outside the vocabulary [0, "
                               f"{self.limits.vocab_size})", name)
+        banned = cfg.bans_every_token(self.limits.vocab_size)  # suppress_tokens = every id, ...: nothing to draw
+        if banned is not None:
+            raise bad_request(no_token_left(request_field(banned[0]), banned[1], self.limits.vocab_size),
+                              request_field(banned[0]))
         return cfg
 
     def _admit(self, count: int) -> None:
