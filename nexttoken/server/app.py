@@ -22,6 +22,7 @@ from .api.messages import Messages
 from .api.lora import LoraAdapters
 from .api.models import Models
 from .api.responses import Responses
+from .api.grammars import GrammarCompiler
 from .api.traces import TraceStore
 from .http.connections import AcceptErrors
 from .http.errors import ANTHROPIC_PATHS, APIError, anthropic_error_body, error_body
@@ -58,8 +59,9 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     metrics = ServerMetrics(lambda: async_engine.stats)
     async_engine = AsyncEngine(engine, on_step=metrics.on_step)
     traces = TraceStore(settings.model_name)  # one store: every API's traced choices are read back at one URL
+    grammars = GrammarCompiler(engine.tokenizer, engine.model.config.vocab_size, settings.grammar_compile_timeout_s)
     completions, chat, models, responses, messages, embeddings, infill, loras = (
-        api(engine, async_engine, metrics, settings, traces)
+        api(engine, async_engine, metrics, settings, traces, grammars)
         for api in (Completions, Chat, Models, Responses, Messages, Embeddings, Infill, LoraAdapters))
     chat.preamble_notice()
     drain = Drain(settings.shutdown_timeout_s)  # cli.py starts its clock on the signal
@@ -71,6 +73,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
         drain.attach(asyncio.get_running_loop(), lambda: async_engine.close(SHUTTING_DOWN))
         yield
         async_engine.shutdown()
+        grammars.close()
 
     app = FastAPI(title="nexttoken", lifespan=lifespan, docs_url=None, redoc_url=None)
     # Starlette runs the last added first: errors, Host, CORS, the key, the media type, then the body is read.

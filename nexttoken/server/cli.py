@@ -112,6 +112,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="JSON's whitespace under response_format / a JSON schema: flexible (the newlines and "
                         "indentation models write, bounded per gap) or compact (json.dumps' layout only); a request "
                         "sets its own with structured_outputs.whitespace")
+    p.add_argument("--grammar-compile-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="seconds a request waits for its structured-output grammar to compile (on a pool of its "
+                        "own); later it gets 400, the compile finishes in the background and its result is cached "
+                        "(default 10)")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="accepted for vLLM's command lines: tool_choice \"auto\" is always on when the call "
                         "format is known")
@@ -199,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     name = args.served_model_name or loaded.name
     for flag, value in (("--header-timeout", args.header_timeout), ("--max-connections", args.max_connections),
-                        ("--max-waiting-seqs", args.max_waiting_seqs + 1)):
+                        ("--max-waiting-seqs", args.max_waiting_seqs + 1),
+                        ("--grammar-compile-timeout", args.grammar_compile_timeout)):
         if value <= 0:
             print(f"nexttoken serve: {flag} must be > 0{' (or 0 for the waiting queue)' if 'waiting' in flag else ''}",
                   file=sys.stderr)
@@ -212,7 +217,8 @@ def run(args: argparse.Namespace) -> int:
                               structured_whitespace=args.structured_whitespace, host=args.host,
                               allowed_hosts=tuple(args.allowed_hosts), allowed_origins=tuple(args.allowed_origins),
                               max_waiting_seqs=args.max_waiting_seqs,
-                              special_tokens_in_content=args.special_tokens_in_content)
+                              special_tokens_in_content=args.special_tokens_in_content,
+                              grammar_compile_timeout_s=args.grammar_compile_timeout)
     speculative = None
     if args.num_speculative_tokens < 1:
         print("nexttoken serve: --num-speculative-tokens must be >= 1", file=sys.stderr)
