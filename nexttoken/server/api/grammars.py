@@ -2,11 +2,12 @@
 
 A compile can take half a minute (a GBNF rule of 60,000 alternatives: ~30 s here before llguidance refuses it),
 and llguidance offers no time limit (its LLParserLimits bound fuel and items, not seconds) and no way to stop a
-compile once begun. So compiles run on a small pool of their own (two threads: one slow compile does not hold up the quick ones), apart from the default executor that renders chat
-templates and tokenizes (a plain request never waits behind one); a request waits at most `budget_s` for its
-compile and is then refused (400) naming the budget, while the compile runs on and its result, a matcher or a
-refusal, is cached for the next request with the same constraint. Until then the constraint is refused at once.
-Compiles waiting or running are bounded: past `max_pending` a request is refused (429) instead of queued.
+compile once begun. So compiles run on a small pool of their own (two threads: one slow compile does not hold up
+the quick ones), apart from the default executor that renders chat templates and tokenizes (a plain request never
+waits behind one); a request waits at most `budget_s` for its compile and is then refused (400) naming the
+budget, while the compile runs on and its result, a matcher or a refusal, is cached for the next request with the
+same constraint. Until then the constraint is refused at once. Compiles waiting or running are bounded: past
+`max_pending` a request is refused (429) instead of queued.
 """
 
 from __future__ import annotations
