@@ -117,7 +117,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "launch": {"distributed"},
         "llm_engine": {"block_manager", "distributed", "embedding", "model_runner", "postprocess", "scheduler",
                        "sequence", "speculation"},
-        "async_engine": {"llm_engine", "sequence"},
+        "async_engine": {"embedding", "llm_engine", "sequence"},
     },
     "tools": {"parser": set(), "reasoning": set(), "messages": set(), "formats": {"parser"},
               "preamble": {"formats", "messages"}, "request": {"formats", "parser"}, "answer": {"parser", "reasoning"}},
