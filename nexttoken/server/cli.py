@@ -148,6 +148,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(docs/tensor_parallel.md)")
     p.add_argument("--tensor-parallel-timeout", type=float, default=60.0,
                    help="seconds a rank may stay silent (a step, or an idle heartbeat) before the server stops")
+    p.add_argument("--no-mmap", dest="mmap", action="store_false",
+                   help="read a GGUF file into memory instead of mapping it (llama.cpp's --no-mmap): the server no "
+                        "longer depends on the file, so truncating or replacing it cannot kill the server (with the "
+                        "map, the next request dies of SIGBUS); its pages cannot be shared or dropped by the kernel")
     p.add_argument("--no-webui", dest="webui", action="store_false",
                    help="do not serve the chat page at / (docs/webui.md); the API is unchanged")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
@@ -209,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
                              args.device, args.quantize, args.tensor_parallel_timeout, on_failure=_stop_now,
                              threads=args.threads)
     loaded = load_pretrained(source, dtype=args.dtype, device=args.device, quantize=args.quantize, model=model,
-                             **options)
+                             mmap=args.mmap, **options)
     if args.enable_lora or args.lora_modules or args.max_loras:
         _attach_adapters(loaded.model, args)
     try:
