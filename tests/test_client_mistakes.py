@@ -107,3 +107,16 @@ def test_the_largest_dry_penalty_stays_finite() -> None:
     out = DRY(100.0, 10.0, allowed_length=1)(ids, scores)
     assert math.isfinite(out.min().item()) and out[0, 6] == -torch.finfo(torch.float32).max
     assert (out[0, :6] == 0).all()
+
+
+def test_a_tool_message_without_tool_call_id_is_a_400(client) -> None:
+    model = client.models.list().data[0].id
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    turn = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=model, max_tokens=4, messages=[*turn, {"role": "tool", "content": "21"}])
+    assert "tool_call_id" in caught.value.body["message"] and "messages" in str(caught.value.body["param"])
+    ok = client.chat.completions.create(model=model, max_tokens=4, temperature=0,
+                                        messages=[*turn, {"role": "tool", "tool_call_id": "call_1", "content": "21"}])
+    assert ok.choices[0].finish_reason in ("length", "stop")
