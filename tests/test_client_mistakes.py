@@ -120,3 +120,13 @@ def test_a_tool_message_without_tool_call_id_is_a_400(client) -> None:
     ok = client.chat.completions.create(model=model, max_tokens=4, temperature=0,
                                         messages=[*turn, {"role": "tool", "tool_call_id": "call_1", "content": "21"}])
     assert ok.choices[0].finish_reason in ("length", "stop")
+
+
+def test_a_method_a_path_does_not_take_is_a_405_naming_every_method_it_takes(client) -> None:
+    root = str(client.base_url).rstrip("/")  # .../v1
+    plain = {"content-type": "text/plain"}
+    models = httpx.post(root + "/models", headers=plain, content="x")  # was 415: the media type checked first
+    assert models.status_code == 405 and models.headers["allow"] == "GET"
+    stored = httpx.post(root + "/responses/resp_1", headers=plain, content="x")
+    assert stored.status_code == 405 and stored.headers["allow"] == "DELETE, GET"  # DELETE was left out
+    assert httpx.post(root + "/chat/completions", headers=plain, content="x").status_code == 415  # still

@@ -53,6 +53,17 @@ from .webui import add_webui
 __all__ = ["ServerSettings", "build_app"]
 
 
+def _allowed(scope: dict) -> set[str]:
+    """The methods the app's routes take on this request's path (for a 405's Allow header)."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    for route in scope["app"].router.routes:
+        if route.matches(scope)[0] != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return methods
+
+
 def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     """The app over an engine (its model, tokenizer and defaults); the engine thread starts and stops with the
     app's lifespan."""
@@ -101,7 +112,10 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
         kind, message = kinds.get(exc.status_code, ("invalid_request_error", str(exc.detail)))
         body = (anthropic_error_body(exc.status_code, message) if request.url.path.startswith(ANTHROPIC_PATHS)
                 else error_body(message, kind))
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+        headers = exc.headers
+        if exc.status_code == 405:  # Starlette names the first matching route's methods; every route's count
+            headers = {**(headers or {}), "Allow": ", ".join(sorted(_allowed(request.scope)))}
+        return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
     app.post("/v1/completions", **ROUTES["completions"])(completions.completions)
     app.post("/v1/chat/completions", **ROUTES["chat"])(chat.chat_completions)
