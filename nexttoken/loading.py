@@ -49,7 +49,7 @@ def load(spec: LoadSpec, on_failure=None) -> Loaded:  # noqa: ANN001 - on_failur
         model = load_sharded(source.path, spec.tensor_parallel_size, spec.dtype, spec.device, spec.quantize,
                              spec.tensor_parallel_timeout, on_failure=on_failure, threads=spec.threads)
     main = load_pretrained(source, spec.dtype, spec.device, spec.quantize, model=model, tokenizer=spec.tokenizer,
-                           dequantize=spec.dequantize, gguf_activations=spec.gguf_activations,
+                           dequantize=spec.dequantize, gguf_activations=spec.gguf_activations, mmap=spec.mmap,
                            download_dir=spec.download_dir)
     if not spec.merge_lora and (spec.lora or spec.max_loras or spec.max_cpu_loras):
         _attach_adapters(main.model, spec)

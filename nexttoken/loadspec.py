@@ -65,6 +65,9 @@ class LoadSpec:
         None, "how a packed GGUF's products quantize their inputs per block of 32: int8 (llama.cpp's "
         "arithmetic) or int16 (close to the dequantized float model, more arithmetic)",
         "the arithmetic policy's: int8 (model/arithmetic.py)", choices=GGUF_ACTIVATIONS)
+    mmap: bool = _option(
+        True, "map a GGUF file rather than read it into memory (llama.cpp's default; --no-mmap reads it: the process "
+        "no longer depends on the file, so truncating or replacing it cannot kill it with SIGBUS)", "on")
     tensor_parallel_size: int = _option(
         1, "shard the model over N ranks: N-1 local worker processes, or the ranks torchrun started "
         "(docs/tensor_parallel.md; a Hugging Face folder, not a GGUF file)", metavar="N")

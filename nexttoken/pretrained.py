@@ -63,12 +63,15 @@ def load_pretrained(
     tokenizer: str | Path | None = None,
     dequantize: bool = False,
     gguf_activations: str | None = None,
+    mmap: bool = True,
 ) -> Pretrained:
     """Read a model (the packaged default model when path is None): a Hugging Face folder, a .gguf file, or a
     Hub id ("org/name", "org/name:Q4_K_M"; `revision`, `download_dir` = the Hub cache, `gguf_file`). `tokenizer`:
     a folder or Hub id whose tokenizer replaces the model's. `model`: the network loaded already (a
     tensor-parallel rank's shard); its tokenizer and defaults are read here. A quantized GGUF file's blocks stay
-    packed (model/quant/ggml.py) unless `dequantize` (or `quantize`, which starts from float weights) is given."""
+    packed (model/quant/ggml.py) unless `dequantize` (or `quantize`, which starts from float weights) is given.
+    mmap=False (llama.cpp's --no-mmap): a GGUF file is read into anonymous memory instead of mapped, so the model
+    no longer depends on the file (truncating a mapped file kills the process with SIGBUS at its next read)."""
     from .model.quant.quantize import apply_quantization
 
     source = resolve_source(path, revision, download_dir, gguf_file)
@@ -77,7 +80,7 @@ def load_pretrained(
             raise ModelLoadError(f"{source.path}: GGUF files load on one rank; tensor parallelism needs a folder")
         network, g = load_gguf_model(source.path, dtype=dtype, device=device,
                                      dequantize=dequantize or quantize not in (None, "none"),
-                                     activations=gguf_activations)
+                                     activations=gguf_activations, mmap=mmap)
         model = apply_quantization(network, quantize)
         tok = None  # a file without tokenizer.ggml.* is used with token ids, like a folder without tokenizer.json
         if tokenizer is None and "tokenizer.ggml.model" in g.metadata:

@@ -119,7 +119,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "launch": {"distributed"},
         "llm_engine": {"block_manager", "distributed", "embedding", "model_runner", "postprocess", "scheduler",
                        "sequence", "speculation"},
-        "async_engine": {"llm_engine", "sequence"},
+        "async_engine": {"embedding", "llm_engine", "sequence"},
     },
     "text": {"chat_template": set(), "tokenizer": {"chat_template"}, "detokenizer": {"tokenizer"},
              "infill": {"tokenizer"}, "gguf_vocab": {"tokenizer"}},

@@ -14,6 +14,7 @@ import threading
 from typing import AsyncIterator, Callable, TypeVar
 
 from ..errors import NextTokenError
+from .embedding import slices
 from .llm_engine import EngineStats, LLMEngine
 from ..generation.config import GenerationConfig
 from .sequence import TokenEvent
@@ -153,12 +154,20 @@ class AsyncEngine:
 
     async def embed(self, prompts: list[list[int]], pooling: str, normalize: bool = True,
                     dimensions: int | None = None) -> list:
-        """LLMEngine.embed, run on the engine thread between two steps (the model is the engine's to run)."""
-        if self._closed is not None:
-            raise EngineClosedError(self._closed)
-        if self.error is not None:
-            raise EngineDeadError(f"the engine stopped: {self.error!r}")
-        return await self.call(lambda engine: engine.embed(prompts, pooling, normalize, dimensions))
+        """LLMEngine.embed, run on the engine thread between two steps (the model is the engine's to run), a slice
+        of similar-length prompts at a time (embedding.slices): the next slice is sent when one is done, so the
+        engine steps its running requests in between and their streams keep flowing."""
+        out: list = [None] * len(prompts)
+        for group in slices(prompts):
+            if self._closed is not None:
+                raise EngineClosedError(self._closed)
+            if self.error is not None:
+                raise EngineDeadError(f"the engine stopped: {self.error!r}")
+            rows = [prompts[i] for i in group]
+            vectors = await self.call(lambda engine: engine.embed(rows, pooling, normalize, dimensions))
+            for i, vector in zip(group, vectors):
+                out[i] = vector
+        return out
 
     def _drain_inbox(self, block: bool) -> None:
         while True:

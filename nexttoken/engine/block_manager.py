@@ -15,7 +15,7 @@ and a hit is cut to a whole number of chunks. Prefix caching therefore never cha
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import Hashable
+from typing import Callable, Hashable
 
 import torch
 
@@ -39,6 +39,10 @@ class BlockManager:
         self._cached: dict[Hashable, int] = {}  # key -> block holding it (held or not)
         self._evictable: OrderedDict[int, None] = OrderedDict()  # hashed blocks nobody holds, least recent first
         self.queried_tokens = 0  # prompt tokens looked up
+        # Called with the free blocks written since the last call when the pool holds nothing (the KV pool's
+        # `release`: their pages go back to the system, so resident memory follows the tokens held).
+        self.release: Callable[[list[int]], None] | None = None
+        self._written: set[int] = set()  # blocks handed out since the last release
         self.hit_tokens = 0  # of them, found
 
     # ---- sizes -----------------------------------------------------------------------------------------------
@@ -92,6 +96,9 @@ class BlockManager:
                 else:
                     self._free.append(block)
         seq.block_table = []
+        if self.release is not None and self.num_used == 0 and self._written:
+            self.release(sorted(self._written.difference(self._key_of)))  # prefix-cached blocks stay: they may hit
+            self._written.clear()
 
     def _take(self) -> int:
         if self._free:
@@ -100,6 +107,7 @@ class BlockManager:
             block, _ = self._evictable.popitem(last=False)  # the least recently used cached block
             del self._cached[self._key_of.pop(block)]
         self._refs[block] = 1
+        self._written.add(block)
         return block
 
     # ---- the prefix cache ------------------------------------------------------------------------------------

@@ -178,6 +178,8 @@ class LLMEngine:
         runner = DistributedRunner if getattr(model, "cluster", None) is not None else ModelRunner
         self.runner = runner(model, num_blocks, block_size, self.max_model_len, cache_dtype)
         self.runner.blocks = self.blocks
+        cache = getattr(self.runner, "cache", None)
+        self.blocks.release = cache.release if cache is not None else None  # freed blocks' pages back when idle
         self.requests: dict[str, Sequence] = {}
         # `speculative`: the default for requests that ask for no speculation themselves
         self.speculator = Speculator(self.runner, self.scheduler.num_slots, speculative)

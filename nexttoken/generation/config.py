@@ -37,6 +37,10 @@ PENALTY_RANGE = (0.01, 100.0)  # multiplicative penalties outside it overflow fl
 # token certain or impossible, and much larger values overflow float32 scores. sequence_bias also takes -inf (a ban).
 BIAS_LIMIT = 100.0
 GUIDANCE_LIMIT = 100.0  # classifier-free guidance scales past it only overflow (the guided distribution is one-hot)
+# DRY's penalty is dry_multiplier * dry_base ** (n - allowed_length): a multiplier past 100 logits only bans harder,
+# and text-generation-webui's slider stops the base at 4 (10 leaves room); larger values overflow float32 scores.
+DRY_MULTIPLIER_LIMIT = 100.0
+DRY_BASE_LIMIT = 10.0
 
 
 @dataclass(frozen=True)
@@ -225,13 +229,50 @@ class GenerationConfig:
         outside = {name: sorted({t for t in ids if not 0 <= t < vocab_size}) for name, ids in named.items()}
         return {name: ids for name, ids in outside.items() if ids}
 
+    def bans_every_token(self, vocab_size: int) -> tuple[str, str] | None:
+        """(option, reason) when the bans these options set leave no id in [0, vocab_size) to choose at some step
+        (the sampler would draw from an empty distribution, greedy from a row of -inf); None when one is left.
+
+        Bans that hold at every step come first (suppress_tokens, single-token bad_words_ids, -inf single-token
+        sequence_bias), then the first step's (begin_suppress_tokens), then min_new_tokens' ban on the stop ids.
+        The option named is the one whose ids complete the ban."""
+        vocab = set(range(vocab_size))
+        biased = parse_sequence_bias(self.sequence_bias) if self.sequence_bias is not None else {}
+        stages = [
+            ("suppress_tokens", self.suppress_tokens or (), "at every step"),
+            ("bad_words_ids", [w[0] for w in self.bad_words_ids or () if len(w) == 1 and w[0] not in self.eos_ids],
+             "at every step"),  # a bad word that is one EOS id is dropped (processors.penalties.NoBadWords)
+            ("sequence_bias", [ids[0] for ids, b in biased.items() if len(ids) == 1 and b == -math.inf],
+             "at every step"),
+            ("begin_suppress_tokens", self.begin_suppress_tokens or (), "at the first step"),
+            ("min_new_tokens", [*self.eos_ids, *(self.stop_token_ids or ())] if self.min_new_tokens else (),
+             f"until min_new_tokens={self.min_new_tokens} (it bans the stop ids: EOS and stop_token_ids)"),
+        ]
+        banned: set[int] = set()
+        for name, ids, when in stages:
+            added = vocab & set(ids)
+            if added and banned | added >= vocab:
+                return name, when
+            banned |= added
+        return None
+
     def check_vocabulary(self, vocab_size: int) -> None:
-        """Raise GenerationConfigError naming the first option with a token id outside [0, vocab_size)."""
+        """Raise GenerationConfigError naming the first option with a token id outside [0, vocab_size), or the
+        option that leaves no token to choose."""
         for name, ids in self.ids_outside(vocab_size).items():
             raise GenerationConfigError(
                 f"{name} names token ids {ids[:5]} outside the vocabulary [0, {vocab_size}): use ids below "
                 f"{vocab_size}"
             )
+        banned = self.bans_every_token(vocab_size)
+        if banned is not None:
+            raise GenerationConfigError(no_token_left(*banned, vocab_size))
+
+
+def no_token_left(name: str, when: str, vocab_size: int) -> str:
+    """The message for an option that, with the bans before it, leaves no token to choose."""
+    return (f"{name} leaves no token to choose from: alone or with the bans before it, it bans all {vocab_size} "
+            f"ids of the vocabulary {when}; leave at least one id allowed")
 
 
 def _fail(name: str, value: Any, allowed: str) -> None:
@@ -449,8 +490,8 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "presence_penalty": _number(-2.0, 2.0),
     "frequency_penalty": _number(-2.0, 2.0),
     "logit_bias": _logit_bias,
-    "dry_multiplier": _number(0.0, math.inf),
-    "dry_base": _number(1.0, math.inf, lo_open=True),
+    "dry_multiplier": _number(0.0, DRY_MULTIPLIER_LIMIT),
+    "dry_base": _number(1.0, DRY_BASE_LIMIT, lo_open=True),
     "dry_allowed_length": _int_at_least(1, optional=False),
     "dry_penalty_last_n": _int_at_least(0, optional=False),
     "dry_sequence_breakers": _id_list,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .batch import ForwardBatch
-from .memory import lazy_zeros
+from .memory import discard_pages, lazy_zeros
 
 
 class KVCache:
@@ -110,6 +110,24 @@ class PagedKVCache:
     def nbytes(self) -> int:
         scales = 0 if self.k_scale is None else self.k_scale.nbytes + self.v_scale.nbytes
         return self.k.nbytes + self.v.nbytes + scales
+
+    def release(self, blocks: list[int]) -> None:
+        """Give back the memory of `blocks` (free, holding nothing anyone reads: they read as zeros after), so
+        resident memory follows the tokens held. Runs of neighbouring blocks are released together, per layer; a
+        block smaller than a page releases only the pages its run covers whole."""
+        runs: list[list[int]] = []
+        for b in sorted(blocks):
+            if runs and runs[-1][1] == b:
+                runs[-1][1] = b + 1
+            else:
+                runs.append([b, b + 1])
+        for t in (self.k, self.v, self.k_scale, self.v_scale):
+            if t is None or t.device.type != "cpu":
+                continue
+            n_blocks, per_block = t.shape[1], t[0, 0].nbytes  # (L, N, ...): a layer's blocks are contiguous
+            for layer in range(t.shape[0]):
+                for lo, hi in runs:
+                    discard_pages(t, (layer * n_blocks + lo) * per_block, (layer * n_blocks + hi) * per_block)
 
     @staticmethod
     def bytes_per_block(n_layers: int, n_kv_heads: int, block_size: int, head_dim: int, dtype: torch.dtype) -> int:

@@ -120,6 +120,24 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device 
     return torch.frombuffer(mapping, dtype=torch.uint8).view(dtype).view(shape)  # keeps `mapping` alive
 
 
+def discard_pages(t: torch.Tensor, start: int, end: int) -> None:
+    """Give the kernel back the pages wholly inside bytes [start, end) of CPU tensor `t`'s memory (an anonymous
+    private mapping, `lazy_zeros`): madvise(MADV_DONTNEED), after which they read as zeros and cost nothing until
+    written again. Pages shared with bytes outside the range are kept; a no-op off Linux."""
+    advise = getattr(_libc(), "madvise", None)
+    if advise is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    page = mmap.PAGESIZE
+    first = (t.data_ptr() + start + page - 1) // page * page
+    last = (t.data_ptr() + end) // page * page
+    if last > first:
+        advise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), mmap.MADV_DONTNEED)
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def available_memory(device: torch.device | str) -> int:
     """Bytes this process can still allocate on `device` without swapping or failing: the kernel's MemAvailable
     on CPU (cgroup limits included when they are lower), the free memory of a CUDA device."""

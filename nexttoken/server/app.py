@@ -23,6 +23,7 @@ from .api.lora import LoraAdapters
 from .api.models import Models
 from .api.responses import Responses
 from .api.serving import chat_renderer
+from .api.grammars import GrammarCompiler
 from .api.traces import TraceStore
 from .http.connections import AcceptErrors
 from .http.errors import ANTHROPIC_PATHS, APIError, anthropic_error_body, error_body
@@ -54,6 +55,17 @@ from .webui import add_webui
 __all__ = ["ServerSettings", "build_app"]
 
 
+def _allowed(scope: dict) -> set[str]:
+    """The methods the app's routes take on this request's path (for a 405's Allow header)."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    for route in scope["app"].router.routes:
+        if route.matches(scope)[0] != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return methods
+
+
 def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     """The app over an engine (its model, tokenizer and defaults); the engine thread starts and stops with the
     app's lifespan."""
@@ -61,8 +73,9 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     async_engine = AsyncEngine(engine, on_step=metrics.on_step)
     traces = TraceStore(settings.model_name)  # one store: every API's traced choices are read back at one URL
     renderer = chat_renderer(engine, settings)  # one: the chat template's probes run once per server
+    grammars = GrammarCompiler(engine.tokenizer, engine.model.config.vocab_size, settings.grammar_compile_timeout_s)
     completions, chat, models, responses, messages, embeddings, infill, loras = (
-        api(engine, async_engine, metrics, settings, traces, renderer)
+        api(engine, async_engine, metrics, settings, traces, renderer=renderer, grammars=grammars)
         for api in (Completions, Chat, Models, Responses, Messages, Embeddings, Infill, LoraAdapters))
     chat.preamble_notice()
     drain = Drain(settings.shutdown_timeout_s)  # cli.py starts its clock on the signal
@@ -74,6 +87,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
         drain.attach(asyncio.get_running_loop(), lambda: async_engine.close(SHUTTING_DOWN))
         yield
         async_engine.shutdown()
+        grammars.close()
 
     app = FastAPI(title="nexttoken", lifespan=lifespan, docs_url=None, redoc_url=None)
     # Starlette runs the last added first: errors, Host, CORS, the key, the media type, then the body is read.
@@ -102,7 +116,10 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
         kind, message = kinds.get(exc.status_code, ("invalid_request_error", str(exc.detail)))
         body = (anthropic_error_body(exc.status_code, message) if request.url.path.startswith(ANTHROPIC_PATHS)
                 else error_body(message, kind))
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+        headers = exc.headers
+        if exc.status_code == 405:  # Starlette names the first matching route's methods; every route's count
+            headers = {**(headers or {}), "Allow": ", ".join(sorted(_allowed(request.scope)))}
+        return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
     app.post("/v1/completions", **ROUTES["completions"])(completions.completions)
     app.post("/v1/chat/completions", **ROUTES["chat"])(chat.chat_completions)

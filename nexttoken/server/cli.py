@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from ..loadspec import PRECISION, SOURCE, LoadSpec, add_load_args
@@ -119,6 +120,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "integer and 10 fraction digits (llama.cpp's and XGrammar's reading; default); "
                         "--no-strict-json-schema: JSON Schema's literal reading. A request sets its own with "
                         "strict_json_schema")
+    p.add_argument("--grammar-compile-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="seconds a request waits for its structured-output grammar to compile (on a pool of its "
+                        "own); later it gets 400, the compile finishes in the background and its result is cached "
+                        "(default 10)")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="accepted for vLLM's command lines: tool_choice \"auto\" is always on when the call "
                         "format is known")
@@ -133,7 +138,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_load_args(lora, ["lora", "max_loras", "max_cpu_loras", "max_lora_rank"], flags={"lora": ["--lora-modules"]},
                   lora={"action": "store", "nargs": "+", "metavar": "NAME=PATH", "default": []},
                   max_lora_rank={"default": 16, "shown": "16, vLLM's"})
-    add_load_args(p, ["threads", "tensor_parallel_size", "tensor_parallel_timeout"])
+    add_load_args(p, ["tensor_parallel_size", "tensor_parallel_timeout"])
+    p.add_argument("--threads", type=int,
+                   help=f"torch intra-op threads (default: the usable cores minus one, {default_threads()} here: the "
+                        "event loop needs a core of its own; torch's own default takes every core and its OpenMP "
+                        "threads spin against the loop: 300 streamed requests at concurrency 32 on 2 cores took "
+                        "439 s with it, 23-25 s with 1 thread). With more than one thread, OpenMP's idle threads "
+                        "sleep (OMP_WAIT_POLICY=PASSIVE) unless OMP_WAIT_POLICY is set")
+    p.add_argument("--no-mmap", dest="mmap", action="store_false",
+                   help="read a GGUF file into memory instead of mapping it (llama.cpp's --no-mmap): the server no "
+                        "longer depends on the file, so truncating or replacing it cannot kill the server (with the "
+                        "map, the next request dies of SIGBUS); its pages cannot be shared or dropped by the kernel")
     p.add_argument("--no-webui", dest="webui", action="store_false",
                    help="do not serve the chat page at / (docs/webui.md); the API is unchanged")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
@@ -158,6 +173,29 @@ def _configure_logging(request_level: str) -> None:
     logging.getLogger("nexttoken.server.requests").setLevel(level)
 
 
+def default_threads() -> int:
+    """torch's intra-op threads when --threads is not given: the usable cores minus one, at least one."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - 1)
+
+
+def _passive_openmp(threads: int) -> None:
+    """With several torch threads, let OpenMP's idle ones sleep (OMP_WAIT_POLICY=PASSIVE) rather than spin
+    against the event loop, unless the user set a policy. libgomp reads the variable once, when torch loads it: it
+    is set before torch is imported, or, when torch is loaded already (the nexttoken package imports it) and this
+    process is the `nexttoken serve` command, the command starts again with it set (os.execv: the same process
+    id; the imports once more)."""
+    if threads <= 1 or "OMP_WAIT_POLICY" in os.environ:
+        return
+    loaded = "torch" in sys.modules
+    command = sys.argv[1:2] == ["serve"] and sys.orig_argv[-len(sys.argv) + 1:] == sys.argv[1:]
+    if loaded and not command:
+        return  # serve called in-process (tests, embedding apps): their process, their policy
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    if loaded:
+        os.execv(sys.executable, sys.orig_argv)
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -171,6 +209,9 @@ def run(args: argparse.Namespace) -> int:
     from .http.shutdown import BACKSTOP_S
 
     spec = _spec(args)  # every loading flag checked, before a file is read
+    if spec.threads is None and spec.tensor_parallel_size == 1:
+        spec = spec.replace(threads=default_threads())
+    _passive_openmp(spec.threads or 0)  # before torch loads (LoadSpec's module and the parsers import none)
     print(f"loading {spec.model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
     result = load(spec, on_failure=_stop_now)  # a rank that dies or hangs stops the server (_stop_now)
     loaded, draft = result.main, result.draft
@@ -196,7 +237,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     name, *aliases = args.served_model_name or [loaded.name]
     for flag, value in (("--header-timeout", args.header_timeout), ("--max-connections", args.max_connections),
-                        ("--max-waiting-seqs", args.max_waiting_seqs + 1)):
+                        ("--max-waiting-seqs", args.max_waiting_seqs + 1),
+                        ("--grammar-compile-timeout", args.grammar_compile_timeout)):
         if value <= 0:
             print(f"nexttoken serve: {flag} must be > 0{' (or 0 for the waiting queue)' if 'waiting' in flag else ''}",
                   file=sys.stderr)
@@ -211,7 +253,8 @@ def run(args: argparse.Namespace) -> int:
                               generation_config=args.generation_config,
                               allowed_hosts=tuple(args.allowed_hosts), allowed_origins=tuple(args.allowed_origins),
                               max_waiting_seqs=args.max_waiting_seqs,
-                              special_tokens_in_content=args.special_tokens_in_content, aliases=tuple(aliases))
+                              special_tokens_in_content=args.special_tokens_in_content, aliases=tuple(aliases),
+                              grammar_compile_timeout_s=args.grammar_compile_timeout)
     speculative = None
     if args.num_speculative_tokens < 1:
         print("nexttoken serve: --num-speculative-tokens must be >= 1", file=sys.stderr)

@@ -28,6 +28,7 @@ class ServerSettings:
     allowed_origins: tuple[str, ...] = ()  # web origins allowed to call it from a browser (CORS; "*": any)
     special_tokens_in_content: bool = True  # "<|im_start|>" in a message is the special token (False: plain text)
     max_waiting_seqs: int = 1024  # sequences queued for a slot; a request that would queue more gets 429
+    grammar_compile_timeout_s: float = 10.0  # a request waits this long for its grammar's compile, then gets 400
     aliases: tuple[str, ...] = ()  # more names requests may give the model (--served-model-name's others)
 
     @property

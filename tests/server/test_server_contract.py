@@ -146,10 +146,11 @@ def test_options_that_would_fail_inside_the_engine_are_400s(server) -> None:  # 
 
 
 def test_a_failure_inside_the_engine_is_a_500_for_that_request_alone(server) -> None:  # noqa: F811
-    """Suppressing every token leaves nothing to sample from: the options are valid, and the request fails at
-    run time. It gets OpenAI's 500 body without internal text (a stream: an error event, then [DONE]); the same
-    connection and every other request go on."""
-    bad = _body(suppress_tokens=list(range(512)), temperature=1)
+    """Suppressing every token but one, which no_repeat_ngram_size=1 bans once written, leaves nothing to sample
+    from at run time (suppressing every token outright is a 400 before it runs: test_client_mistakes.py). It gets
+    OpenAI's 500 body without internal text (a stream: an error event, then [DONE]); the same connection and every
+    other request go on."""
+    bad = _body(suppress_tokens=[i for i in range(512) if i != 5], no_repeat_ngram_size=1, temperature=1)
     with httpx.Client(timeout=60) as h:
         error = expect_error(h.post(server + "/v1/completions", json=bad), 500)
         assert error["type"] == "internal_server_error" and "Error" not in error["message"]

@@ -13,8 +13,10 @@ from typing import Any, Sequence
 import torch
 
 from ...errors import GenerationConfigError
+from ..config import DRY_BASE_LIMIT, DRY_MULTIPLIER_LIMIT
 
 NEG_INF = -math.inf
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def _number(name: str, v: Any, lo: float, hi: float = math.inf, lo_open: bool = False) -> float:
@@ -53,8 +55,8 @@ class DRY:
         penalty_last_n: int = 0,
         sequence_breakers: Sequence[int] = (),
     ) -> None:
-        self.multiplier = _number("dry_multiplier", multiplier, 0.0)
-        self.base = _number("dry_base", base, 1.0, lo_open=True)
+        self.multiplier = _number("dry_multiplier", multiplier, 0.0, DRY_MULTIPLIER_LIMIT)
+        self.base = _number("dry_base", base, 1.0, DRY_BASE_LIMIT, lo_open=True)
         if isinstance(allowed_length, bool) or not isinstance(allowed_length, int) or allowed_length < 1:
             raise GenerationConfigError(f"dry_allowed_length must be an integer >= 1, got {allowed_length!r}")
         if isinstance(penalty_last_n, bool) or not isinstance(penalty_last_n, int) or penalty_last_n < 0:
@@ -90,7 +92,8 @@ class DRY:
         for row, ids in enumerate(window.tolist()):
             for token, n in self.match_lengths(ids).items():
                 if n >= self.allowed_length:
-                    penalty[row, token] = self.multiplier * self.base ** (n - self.allowed_length)
+                    # at most 100 * 10 ** 49: past float32's range, so clamped (a ban either way, never inf - inf)
+                    penalty[row, token] = min(self.multiplier * self.base ** (n - self.allowed_length), FLOAT32_MAX)
         return scores - penalty
 
 

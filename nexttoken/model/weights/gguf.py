@@ -49,8 +49,9 @@ class GGUFFile:
         return self.metadata.get(f"{self.arch}.{key}", default)
 
 
-def open_gguf(path: str | Path) -> GGUFFile:
-    """Open a GGUF file; a missing, truncated or damaged file raises ModelLoadError naming it."""
+def open_gguf(path: str | Path, mmap: bool = True) -> GGUFFile:
+    """Open a GGUF file; a missing, truncated or damaged file raises ModelLoadError naming it. mmap=False: the
+    file's bytes are read into anonymous memory, not mapped (read_gguf), and nothing refers to the file after."""
     from gguf import GGUFReader
 
     path = Path(path)
@@ -63,8 +64,12 @@ def open_gguf(path: str | Path) -> GGUFFile:
                              "pass a .gguf written by llama.cpp, or a Hugging Face model folder")
     try:
         try:
-            metadata, tensors, mapped = read_gguf(path)  # one pass: GGUFReader takes seconds on a vocabulary
+            metadata, tensors, mapped = read_gguf(path, mmap)  # one pass: GGUFReader takes seconds on a vocabulary
+            mapped = mapped if mmap else None  # anonymous memory: its pages are the weights, never given back
         except BigEndian:
+            if not mmap:
+                raise ModelLoadError(f"{path} is a big-endian GGUF file: it is read through its map only; load it "
+                                     "with mmap (the default)") from None
             reader = GGUFReader(str(path), mode="c")  # copy-on-write: writable views, the file untouched
             metadata = {key: field.contents() for key, field in reader.fields.items()}
             tensors, mapped = reader.tensors, reader.data
@@ -279,7 +284,8 @@ def checkpoint_tensors(g: GGUFFile, cfg: ModelConfig, names: list[str], dtype: t
 
 def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
                     device: str | torch.device | None = None,
-                    dequantize: bool = False, activations: str | None = None) -> tuple[Transformer, GGUFFile]:
+                    dequantize: bool = False, activations: str | None = None,
+                    mmap: bool = True) -> tuple[Transformer, GGUFFile]:
     """Build our Transformer from a GGUF file; returns it with the opened file (its tokenizer metadata).
 
     By default a quantized file's matrices stay in their ggml blocks (and BF16 ones in bfloat16), multiplied
@@ -288,7 +294,9 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
     the float model of exactly gguf's dequantized values, the reference transformers' GGUF loader agrees with.
     activations="int16": the packed product quantizes its inputs to int16 per block of 32 instead of llama.cpp's
     int8: close to the float model's choices, at up to twice the kernel's arithmetic (docs/performance.md).
-    None: the arithmetic policy's default (model/arithmetic.py), which the model holds (model.arithmetic)."""
+    None: the arithmetic policy's default (model/arithmetic.py), which the model holds (model.arithmetic).
+    mmap=False (llama.cpp's --no-mmap): the file is read into anonymous memory; packed matrices are otherwise read
+    from the file's map, so truncating the file under a running process kills it (SIGBUS on the next read)."""
     from ..arithmetic import ACTIVATIONS, Arithmetic
     from ..quant.ggml import native_blocks
 
@@ -297,7 +305,7 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
     policy = Arithmetic.from_env()
     policy = policy if activations is None else policy.replace(gguf_activations=activations)
 
-    g = open_gguf(path)
+    g = open_gguf(path, mmap)
     device = torch.device(device or "cpu")
     torch_dtype = resolve_dtype(dtype, device)
     cfg = ModelConfig.from_dict(config_dict(g), source=str(g.path))

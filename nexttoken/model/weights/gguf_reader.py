@@ -34,9 +34,11 @@ class BigEndian(NextTokenError):
     """The file is big-endian: read it with the gguf package instead."""
 
 
-def read_gguf(path: Path) -> tuple[dict[str, Any], list[Any], np.memmap]:
+def read_gguf(path: Path, mmap_file: bool = True) -> tuple[dict[str, Any], list[Any], np.ndarray]:
     """(metadata key -> value, [gguf.ReaderTensor], the file's copy-on-write map) of the file. Raises ValueError / struct.error / EOFError /
-    UnicodeDecodeError on a damaged file, BigEndian for a file of the other byte order."""
+    UnicodeDecodeError on a damaged file, BigEndian for a file of the other byte order. mmap_file=False reads the
+    whole file into anonymous memory instead of mapping it (llama.cpp's --no-mmap): the tensors no longer depend
+    on the file, so truncating or replacing it cannot crash the process (SIGBUS on a mapped page past its end)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, ReaderTensor
     from gguf.quants import quant_shape_to_byte_shape
 
@@ -49,7 +51,8 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], list[Any], np.memmap]:
         start = -(-header.at // alignment) * alignment  # the data section begins at the next aligned offset
     finally:
         buf.close()
-    data = np.memmap(path, mode="c")  # copy-on-write: writable views, the file untouched (as GGUFReader's mode="c")
+    # copy-on-write: writable views, the file untouched (as GGUFReader's mode="c"); or a copy in anonymous memory
+    data = np.memmap(path, mode="c") if mmap_file else np.fromfile(path, dtype=np.uint8)
     tensors, names = [], set()
     for name, dims, raw_type, offset in infos:
         if name in names:

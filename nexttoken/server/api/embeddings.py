@@ -4,6 +4,7 @@ or base64 (little-endian float32, what the `openai` client decodes)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
 import torch
@@ -17,12 +18,18 @@ from ..openai.prompts import completion_prompts
 from ..openai.protocol import EmbeddingRequest
 from .serving import Serving, parse_body, unavailable
 
+MAX_INPUTS = 2048  # inputs per request, OpenAI's limit
+
 
 class Embeddings(Serving):
     async def create(self, request: Request) -> Response:
         req: EmbeddingRequest = parse_body(EmbeddingRequest, await request.body())
         self._check_model(req.model)
-        prompts = completion_prompts(req.input, self.tokenizer, self.limits, "input")
+        count = len(req.input) if isinstance(req.input, list) and not isinstance(req.input[0], int) else 1
+        if count > MAX_INPUTS:
+            raise bad_request(f"input has {count} items, over the limit of {MAX_INPUTS} per request (OpenAI's): "
+                              "split it into several requests", "input")
+        prompts = await asyncio.to_thread(completion_prompts, req.input, self.tokenizer, self.limits, "input")
         longest = max(len(p) for p in prompts)
         if longest > self.limits.max_model_len:
             raise bad_request(f"an input has {longest} tokens, over this model's maximum context length of "

@@ -4,7 +4,6 @@ over this state; app.py builds one of each and routes to them."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any, AsyncIterator
@@ -15,7 +14,8 @@ from pydantic import BaseModel, ValidationError
 from ...engine import LLMEngine
 from ...engine.async_engine import AsyncEngine, EngineClosedError, EngineDeadError
 from ...errors import NextTokenError, UnknownLoraError
-from ...generation.processors.structured import CONSTRAINTS, compile_for, constraint_of
+from ...generation.config import no_token_left
+from ...generation.processors.structured import CONSTRAINTS, constraint_of
 from ...generation.values import Thinking
 from ...model.lora import AdapterRegistry, registry_of
 from ...chat import TemplateSupport, ToolsError, ToolUse, format_named
@@ -27,11 +27,12 @@ from ..http.shutdown import MESSAGE as SHUTTING_DOWN
 from ..http.request_log import current_request
 from ..http.streams import ClientGone, collect
 from ..metrics import ServerMetrics
-from ..openai.options import (APPLIED_FIELDS, applied, constraint_field, model_defaults, request_options,
-                              server_defaults)
+from ..openai.options import (APPLIED_FIELDS, applied, constraint_field, model_defaults, request_field,
+                              request_options, server_defaults)
 from ..openai.outputs import Choice, LogprobFormatter
 from ..openai.prompts import TEMPLATE_LIMITS, Limits, longest_token_bytes, new_tokens
 from ..settings import ServerSettings
+from .grammars import GrammarCompiler
 from .traces import TraceStore
 
 log = logging.getLogger("nexttoken.server")
@@ -57,7 +58,8 @@ class Serving:
     """The state the APIs share: one per server, each API class built over it."""
 
     def __init__(self, core: LLMEngine, engine: AsyncEngine, metrics: ServerMetrics, settings: ServerSettings,
-                 traces: TraceStore | None = None, renderer: ChatRenderer | None = None) -> None:
+                 traces: TraceStore | None = None, renderer: ChatRenderer | None = None,
+                 grammars: GrammarCompiler | None = None) -> None:
         self.tokenizer, self.engine, self.metrics, self.settings = core.tokenizer, engine, metrics, settings
         # The Transformer (not `self.model`: Models.model is a route): its LoRA adapter slots are read here, the
         # engine's thread changes them.
@@ -71,6 +73,9 @@ class Serving:
         self.logprobs = LogprobFormatter(core.tokenizer)
         self.created = int(time.time())
         self.traces = traces or TraceStore(settings.model_name)  # traced requests' explain pages (one per server)
+        # grammar compiles: their own pool and time budget (one per server)
+        self.grammars = grammars or GrammarCompiler(core.tokenizer, self.limits.vocab_size,
+                                                    settings.grammar_compile_timeout_s)
         # The one chat renderer (chat/render.py, LLM.chat's too; one per server, `chat_renderer`): what the chat
         # template renders of tool use, probed once (a template without a tools section gets the tools preamble of
         # the call format, said in each response's header and, once, in the log: `preamble_notice`), the thinking
@@ -149,6 +154,10 @@ class Serving:
         for name, ids in cfg.ids_outside(self.limits.vocab_size).items():  # bad_words_ids, logit_bias, ...
             raise bad_request(f"{name} contains token ids {ids[:5]} outside the vocabulary [0, "
                               f"{self.limits.vocab_size})", name)
+        banned = cfg.bans_every_token(self.limits.vocab_size)  # suppress_tokens = every id, ...: nothing to draw
+        if banned is not None:
+            raise bad_request(no_token_left(request_field(banned[0]), banned[1], self.limits.vocab_size),
+                              request_field(banned[0]))
         return cfg
 
     def generation_defaults(self) -> dict:
@@ -172,12 +181,13 @@ class Serving:
                 "rate_limit_error", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
 
     async def _compile(self, req: Any, cfg: Any, field: str | None = None) -> None:
-        """Compile the request's grammar off the event loop (the engine then finds it cached); a constraint that
-        cannot be enforced is a 400 naming what (and the field that carried it), before any work is queued."""
+        """Compile the request's grammar on the compile pool, within its budget (the engine then finds it cached);
+        a constraint that cannot be enforced, or did not compile in time, is a 400 naming what (and the field that
+        carried it), before any work is queued."""
         if constraint_of(cfg) is None:
             return
         try:
-            compiled = await asyncio.to_thread(compile_for, cfg, self.tokenizer, self.limits.vocab_size)
+            compiled = await self.grammars.compile(cfg)
         except NextTokenError as e:
             raise bad_request(str(e), field or constraint_field(req)) from e
         self.metrics.grammar(compiled)  # type: ignore[arg-type]

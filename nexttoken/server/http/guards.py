@@ -151,7 +151,8 @@ class JsonOnly:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith(API_PATHS):
+        if (scope["type"] == "http" and scope["method"] == "POST" and scope["path"].startswith(API_PATHS)
+                and _posts_to_a_route(scope)):  # a POST to a GET-only path is the router's 405, not a 415
             declared = dict(scope.get("headers") or []).get(b"content-type", b"").decode("latin-1")
             media = declared.split(";", 1)[0].strip().lower()
             if media != "application/json":
@@ -160,6 +161,17 @@ class JsonOnly:
                 body = error_body_for(scope["path"], 415, message, "invalid_request_error", "unsupported_media_type")
                 return await _send_error(send, 415, body)
         await self.app(scope, receive, send)
+
+
+def _posts_to_a_route(scope: Scope) -> bool:
+    """Whether some route of the app takes this request's path and method (Starlette sets scope["app"] before its
+    middleware runs); True when there is no app to ask."""
+    from starlette.routing import Match
+
+    router = getattr(scope.get("app"), "router", None)
+    if router is None:
+        return True
+    return any(route.matches(scope)[0] == Match.FULL for route in router.routes)
 
 
 def _is_ip(host: str) -> bool:

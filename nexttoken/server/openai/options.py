@@ -136,6 +136,10 @@ def request_options(req: SamplingFields, base: GenerationConfig, **extra: Any) -
     return cfg
 
 
+def request_field(name: str) -> str:
+    """The request field that carries GenerationConfig's `name` (min_new_tokens: min_tokens)."""
+    return next((field for field, (renamed, _) in RENAMED.items() if renamed == name), name)
+
 
 def constraint_field(req: SamplingFields) -> str:
     """The request field that carried the structured-output constraint (for a 400's `param`)."""

@@ -267,6 +267,12 @@ class ChatMessage(_Strict):
     function_call: dict[str, Any] | None = None
     audio: dict[str, Any] | None = None
 
+    @model_validator(mode="after")
+    def _tool_result_names_its_call(self) -> "ChatMessage":
+        if self.role == "tool" and not self.tool_call_id:  # OpenAI requires it: which call this result answers
+            raise ValueError("a tool message needs tool_call_id: the id of the assistant's tool call it answers")
+        return self
+
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text or "" for part in self.content if part.type == "text")
