@@ -129,10 +129,11 @@ ROOMS: dict[str, dict[str, set[str]]] = {
     "server": {
         "settings": set(),
         "metrics": set(),
+        "bodies": set(),  # what every API's body shares: null is "not given", and the JSON Schema says so
         "http": {"metrics"},  # error bodies, guards, shutdown, the SSE bridge to the engine
-        "openai": {"http"},  # OpenAI's wire format: request bodies, prompts, options, outputs, Responses items
+        "openai": {"bodies", "http"},  # OpenAI's wire format: request bodies, prompts, options, outputs, Responses items
         "anthropic": {"http", "openai"},  # Anthropic's wire format: the Messages body, its blocks and stream events
-        "llamacpp": set(),  # llama.cpp's wire format: the /infill body
+        "llamacpp": {"bodies"},  # llama.cpp's wire format: the /infill body
         "api": {"anthropic", "http", "llamacpp", "metrics", "openai", "settings"},  # one module per API
         "webui": set(),  # the chat page (package data) and its routes
         "app": {"anthropic", "api", "http", "llamacpp", "metrics", "openai", "settings", "webui"},  # the request

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..bodies import NullIsAbsent
 
 
 class _Strict(BaseModel):
@@ -19,7 +21,9 @@ class ExtraChunk(_Strict):
     text: str
 
 
-class InfillRequest(_Strict):
+class InfillRequest(NullIsAbsent):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     model: str | None = None
     input_prefix: str = ""
     input_suffix: str = ""
@@ -44,11 +48,6 @@ class InfillRequest(_Strict):
     t_max_predict_ms: int | None = None
     response_fields: list[str] | None = None
     id_slot: int | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_absent(cls, data: Any) -> Any:
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
 def completion_body(req: InfillRequest, prompt_ids: list[int]) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model, field_validator, model_validator
 
+from ..bodies import NullIsAbsent
+
 MAX_STOP_STRINGS = 4
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")
 
@@ -28,16 +30,6 @@ Int = Annotated[int, BeforeValidator(_integral)]  # an integer field: ints, and 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class NullIsAbsent(BaseModel):
-    """A request body whose optional fields are nullable, null meaning "not given": the default applies (OpenAI's
-    and Anthropic's SDKs send null for options left unset)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_absent(cls, data: Any) -> Any:
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
 class StreamOptions(_Strict):
