@@ -310,5 +310,8 @@ def serve_worker(model) -> None:  # noqa: ANN001
             else:
                 plan = state.plan(msg)
                 state.runner.run(plan)  # type: ignore[union-attr] - plan() built it
+        except (dist.DistError, RuntimeError) as e:  # a collective of the step failed: a peer left mid-step
+            raise TensorParallelError(f"rank {ranks.rank}: rank 0 died or fell silent during a step "
+                                      f"({_short(e)})") from e
         finally:
             ranks.active = False
