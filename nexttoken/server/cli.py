@@ -182,7 +182,7 @@ def default_threads() -> int:
 def _passive_openmp(threads: int) -> None:
     """With several torch threads, let OpenMP's idle ones sleep (OMP_WAIT_POLICY=PASSIVE) rather than spin
     against the event loop, unless the user set a policy. libgomp reads the variable once, when torch loads it: it
-    is set before torch is imported, or, when torch is loaded already (the nexttoken package imports it) and this
+    is set before torch is imported (`nexttoken serve` imports none before this), or, when torch is loaded already and this
     process is the `nexttoken serve` command, the command starts again with it set (os.execv: the same process
     id; the imports once more)."""
     if threads <= 1 or "OMP_WAIT_POLICY" in os.environ:
@@ -213,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
         spec = spec.replace(threads=default_threads())
     _passive_openmp(spec.threads or 0)  # before torch loads (LoadSpec's module and the parsers import none)
     print(f"loading {spec.model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
+    openmp = os.environ.get("OMP_WAIT_POLICY", "unset")  # as libgomp will read it when torch loads, just below
     result = load(spec, on_failure=_stop_now)  # a rank that dies or hangs stops the server (_stop_now)
     loaded, draft = result.main, result.draft
     try:
@@ -272,6 +273,7 @@ def run(args: argparse.Namespace) -> int:
     app = build_app(engine, settings)
     print(f"serving {name!r} on http://{args.host}:{args.port}"
           + (f" (chat page: http://{args.host}:{args.port}/)" if args.webui else ""), file=sys.stderr, flush=True)
+    print(f"threads: {spec.threads or 'torch default'} (OMP_WAIT_POLICY={openmp})", file=sys.stderr, flush=True)
     if not args.api_key and not _loopback(args.host):
         print(f"nexttoken serve: WARNING: listening on {args.host} without --api-key: anyone who can reach this "
               "address can use the model. Set --api-key KEY, or bind to 127.0.0.1.", file=sys.stderr, flush=True)

@@ -55,7 +55,8 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait(timeout=15)
     except subprocess.TimeoutExpired:
         proc.kill()
-    Path(proc.stdout.name).unlink(missing_ok=True)  # the open handle still reads it
+    if isinstance(getattr(proc.stdout, "name", None), str):  # start_server's log file (not a pipe)
+        Path(proc.stdout.name).unlink(missing_ok=True)  # the open handle still reads it
 
 
 def model_id(client) -> str:  # noqa: ANN001
