@@ -7,7 +7,6 @@ with adapters made by `peft`."""
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 from pathlib import Path
 
@@ -17,8 +16,8 @@ import torch
 
 import nexttoken
 
-from support.server import CHAT_TEMPLATE, start_server, stop_server
 from support.lora import all_linear_adapter
+from support.server import start_server, stop_server, stories_with_chat_template
 
 openai = pytest.importorskip("openai")
 peft = pytest.importorskip("peft")
@@ -33,13 +32,7 @@ PROMPTS = ["Once upon a time", "The dog ran", "Lily saw a big"]
 @pytest.fixture(scope="module")
 def folders(shared_dir, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("lora-server")
-    base = root / "stories"
-    base.mkdir()
-    for file in (shared_dir / "models" / "stories260k").iterdir():
-        if file.name != "tokenizer_config.json":
-            (base / file.name).symlink_to(file)
-    config = json.loads((shared_dir / "models" / "stories260k" / "tokenizer_config.json").read_text())
-    (base / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
+    base = stories_with_chat_template(shared_dir, root / "stories")
     out = {"base": base, "a": all_linear_adapter(base, root / "a", 0, 4), "b": all_linear_adapter(base, root / "b", 1, 8),
            "c": all_linear_adapter(base, root / "c", 2, 2), "big": all_linear_adapter(base, root / "big", 3, 32)}
     damaged = root / "damaged"

@@ -18,7 +18,7 @@ import torch
 
 from nexttoken.text.tokenizer import Tokenizer
 from support.lora import all_linear_adapter
-from support.server import CHAT_TEMPLATE, free_port, start_server, stop_server
+from support.server import free_port, start_server, stop_server, stories_with_chat_template
 
 openai = pytest.importorskip("openai")
 peft = pytest.importorskip("peft")
@@ -33,13 +33,7 @@ N = 16
 @pytest.fixture(scope="module")
 def folders(shared_dir, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("lora-slots")
-    base = root / "stories"
-    base.mkdir()
-    for file in (shared_dir / "models" / "stories260k").iterdir():
-        if file.name != "tokenizer_config.json":
-            (base / file.name).symlink_to(file)
-    config = json.loads((shared_dir / "models" / "stories260k" / "tokenizer_config.json").read_text())
-    (base / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
+    base = stories_with_chat_template(shared_dir, root / "stories")
     return {"base": base, **{name: all_linear_adapter(base, root / name, 20 + i, 4) for i, name in enumerate(NAMES)}}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -17,6 +18,18 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )
 MAX_N = 4
+
+
+def stories_with_chat_template(shared_dir: Path, folder: Path) -> Path:
+    """stories260K in `folder` with CHAT_TEMPLATE as its chat template: the other files symlinked."""
+    folder.mkdir(parents=True)
+    src = shared_dir / "models" / "stories260k"
+    for file in src.iterdir():
+        if file.name != "tokenizer_config.json":
+            (folder / file.name).symlink_to(file)
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
+    return folder
 
 
 def free_port() -> int:
