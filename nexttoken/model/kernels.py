@@ -103,7 +103,7 @@ def why_unavailable() -> str:
     return _loaded()[1]
 
 
-class _Unsupported(Exception):
+class _Unsupported(NextTokenError):
     """The library loads, but this CPU cannot run it."""
 
 

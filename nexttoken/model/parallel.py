@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from ..families import FAMILIES, family
+from ..families import BY_ARCHITECTURE, FAMILIES
 from ..errors import ModelLoadError, TensorParallelError
 from .quant.int8 import Int8Linear, quantize_rows
 from .linear import Linear
@@ -134,7 +134,8 @@ def check_divisible(cfg: ModelConfig, size: int) -> None:
     """Raise ModelLoadError unless this model splits over `size` ranks."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ModelLoadError(f"tensor_parallel_size must be an integer >= 1, got {size!r}")
-    if size > 1 and not family(cfg.architecture).tensor_parallel:
+    declared = BY_ARCHITECTURE.get(cfg.architecture)
+    if size > 1 and not (declared and declared.tensor_parallel):
         splits = ", ".join(f.architecture for f in FAMILIES if f.tensor_parallel)
         raise ModelLoadError(
             f"tensor parallelism does not split {cfg.architecture} yet (it splits {splits}): "

@@ -169,9 +169,11 @@ def test_a_request_failing_at_run_time_ends_alone(stories) -> None:
     engine = _engine(stories)
     with pytest.raises(GenerationConfigError, match="logit_bias names token ids \\[100000\\] outside"):
         engine.add_request(stories.encode("A"), GREEDY.updated(logit_bias={100000: 5.0}))  # refused up front
-    # Sampling with every token suppressed: valid options, nothing left to sample from when it runs.
+    # Sampling with every token but one suppressed, which no_repeat_ngram_size=1 bans once written: valid options,
+    # nothing left to sample from when it runs (suppressing every token outright is refused up front).
     vocab = stories.model.config.vocab_size
-    bad = GREEDY.updated(do_sample=True, suppress_tokens=list(range(vocab)), max_new_tokens=5)
+    bad = GREEDY.updated(do_sample=True, suppress_tokens=[i for i in range(vocab) if i != 5], no_repeat_ngram_size=1,
+                         max_new_tokens=5)
     good = GREEDY.updated(max_new_tokens=5)
     failed, served = _run(engine, [stories.encode("A"), stories.encode("B")], [bad, good])
     assert failed.finish_reason == "error" and "probability tensor" in failed.out.stop_reason

@@ -49,8 +49,8 @@ class Messages(Chat):
         prompt = await self.render(_chat_request(chat_body(req)))
         return JSONResponse({"input_tokens": len(prompt.ids)})
 
-    def _stream(self, mid: str, run: ChatRun) -> AsyncIterator[str]:
-        return drive(run.events, _MessageEvents(self.settings.model_name, mid, run), run.answer)
+    def _stream(self, mid: str, run: ChatRun, model: str) -> AsyncIterator[str]:
+        return drive(run.events, _MessageEvents(model, mid, run), run.answer)
 
 
 class _MessageEvents(EventEncoder):
