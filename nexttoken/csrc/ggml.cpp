@@ -12,7 +12,7 @@
 //   Q4_K (256, 144): d, dmin, scales[12] (6-bit scales and mins), qs[128]          w = d*sc * q - dmin*m
 //   Q5_K (256, 176): d, dmin, scales[12], qh[32], qs[128]                           w = d*sc * q - dmin*m, q 5 bits
 //   Q6_K (256, 210): ql[128], qh[64], scales[16] int8, d                            w = d*sc * (q - 32), q 6 bits
-// (gguf-py's gguf/quants.py writes the same definitions in numpy; tests/test_ggml_blocks.py holds this file to it.)
+// (gguf-py's gguf/quants.py writes the same definitions in numpy; tests/model/quant/test_ggml_blocks.py holds this file to it.)
 //
 // Every type is read 64 elements (a "chunk") at a time into one vector of 64 unsigned bytes u (the stored q, with
 // the offset o of the type left in: w = a * (u - o) + b), in an order the type's bits unpack into cheaply (byte

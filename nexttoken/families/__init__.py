@@ -2,7 +2,7 @@
 transformers architecture, by config.json `model_type`, by llama.cpp's GGUF `general.architecture`.
 
 Adding a family is one module here (its Family) and one entry in FAMILIES below; docs/models.md's table is
-rendered from this registry (`docs_table`, checked by tests/test_families.py).
+rendered from this registry (`docs_table`, checked by tests/model/test_families.py).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from ..chat.tools.formats import FORMATS
 from ..chat.reasoning import FORMATS as REASONING_FORMATS
 
 # engine/llm_engine.py's KV_CACHE_DTYPES and POLICIES, engine/block_manager.py's DEFAULT_MEMORY_FRACTION (named here
-# so that the parser does not import torch; tests/test_kv_pool.py checks they agree)
+# so that the parser does not import torch; tests/engine/test_kv_pool.py checks they agree)
 KV_CACHE_DTYPES = ("auto", "bf16", "float32", "int8")
 POLICIES = ("fcfs", "priority")
 DEFAULT_MEMORY_PERCENT = 25

@@ -1,7 +1,7 @@
 """`nexttoken bench load | decode | gguf | lora | tp-memory`: each subcommand runs end to end on a tiny model with
 tiny sizes, and its JSON report parses with the keys docs/performance.md relies on. llama.cpp is not built on this
 machine: `bench gguf` says so in its report, and its peer plumbing runs on llama-bench's recorded output (the same
-recording tests/test_bench_model_matrix.py reads)."""
+recording tests/bench/test_bench_model_matrix.py reads)."""
 
 from __future__ import annotations
 

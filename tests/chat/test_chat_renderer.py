@@ -2,7 +2,7 @@
 splits into the same reasoning, content and tool calls as the server's Chat Completions (whole and streamed),
 Responses and Messages answers, on the real Qwen3 and DeepSeek-R1 chat templates.
 
-Models: chain models (tests/chain_model.py) whose greedy output is a chosen text, here one that thinks first; the
+Models: chain models (tests/support/chain_model.py) whose greedy output is a chosen text, here one that thinks first; the
 tokenizer is the real Qwen2.5 one with Qwen3's thinking tokens (support/reasoning.py's thinking_tokenizer)."""
 
 from __future__ import annotations

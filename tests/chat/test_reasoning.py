@@ -4,7 +4,7 @@ transformers renders it; the thinking budget that closes the block; tool calls a
 thinking; and the same thinking in every API (Chat Completions' reasoning_content / reasoning, Responses'
 reasoning items, Messages' thinking blocks).
 
-Models: chain models (tests/chain_model.py) whose greedy output is a chosen text, here one that thinks first."""
+Models: chain models (tests/support/chain_model.py) whose greedy output is a chosen text, here one that thinks first."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ def test_the_public_views_are_the_registry() -> None:
 
 
 def test_every_family_has_a_tiny_variant() -> None:
-    """Every declared family runs in the parity, fused, engine and tensor-parallel suites (tests/tiny_models.py
+    """Every declared family runs in the parity, fused, engine and tensor-parallel suites (tests/support/tiny_models.py
     names its models by model_type, Gemma 3's without the `_text`)."""
     declared = {t.removesuffix("_text") for f in FAMILIES for t in f.model_types}
     assert declared <= {arch for arch, _ in VARIANTS.values()}

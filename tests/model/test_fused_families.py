@@ -1,5 +1,5 @@
 """The fused native step on every family's block (csrc/decode.cpp's switches): against a float64 run of the modules,
-with quantized weights, and LongRoPE's per-row choice in the engine. tests/test_fused.py holds the token-for-token
+with quantized weights, and LongRoPE's per-row choice in the engine. tests/model/test_fused.py holds the token-for-token
 comparisons with the modules and transformers (generate and the engine's rows, batch invariance) for every variant.
 """
 

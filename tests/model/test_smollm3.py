@@ -2,7 +2,7 @@
 (nexttoken/families/smollm3.py): the config read as transformers reads it, tokens identical to transformers through
 `nexttoken.generate`, seeded sampling, the engine's rows on the native step, and GGUF files written as llama.cpp's
 converter writes them (architecture `smollm3`, q / k rows permuted, no key for the NoPE layers). The suites that run
-every variant of tests/tiny_models.py (test_fused*, test_generation_parity, test_tensor_parallel_models,
+every variant of tests/support/tiny_models.py (test_fused*, test_generation_parity, test_tensor_parallel_models,
 test_gguf_files) run the two SmolLM3 variants too."""
 
 from __future__ import annotations

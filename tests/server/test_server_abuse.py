@@ -339,7 +339,7 @@ def test_content_as_text_changes_nothing_else(shared_dir, name) -> None:
 def test_a_cache_larger_than_memory_is_refused_before_allocating(model_dir) -> None:  # noqa: F811
     """A KV pool far past the machine's memory: a message naming the bytes and the flags that lower them, and exit
     code 2, instead of a raw allocation traceback (or the machine swapping). (`--max-num-seqs` no longer reserves
-    memory: the paged pool is sized by --kv-cache-memory, tests/test_kv_pool.py.)"""
+    memory: the paged pool is sized by --kv-cache-memory, tests/engine/test_kv_pool.py.)"""
     cmd = [sys.executable, "-m", "nexttoken.cli", "serve", "--model", str(model_dir), "--port", str(free_port()),
            "--max-num-seqs", "1000000", "--kv-cache-memory", "1000TiB"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

@@ -350,8 +350,8 @@ def test_openai_fields_langchain_and_litellm_send_are_accepted(server, client) -
     for extra, param, said in [
         ({"response_format": {"type": "json_schema"}}, None, "json_schema"),  # offered, with its schema
         ({"response_format": {"type": "xml"}}, "response_format.type", "'xml'"),
-        # This model's template shows no tool-call format: tools need --tool-call-parser (tests/test_tools.py and
-        # tests/test_server_tools.py cover models that have one).
+        # This model's template shows no tool-call format: tools need --tool-call-parser (tests/chat/test_tools.py and
+        # tests/server/test_server_tools.py cover models that have one).
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "--tool-call-parser"),
         ({"tool_choice": "required"}, "tool_choice", "needs tools"), ({"audio": {"voice": "x"}}, None, "audio"),
         ({"functions": [{"name": "f"}]}, None, "send tools"),

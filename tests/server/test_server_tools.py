@@ -196,7 +196,7 @@ def test_tool_call_parser_setting_gives_a_model_a_format(model_dir, tmp_path) ->
     """stories260k's template shows no tool format; --tool-call-parser hermes gives it one (its tokenizer has
     no <tool_call> token, so the markers are plain text and "auto" uses the grammar engine's lazy trigger).
     Its template here renders the tools (as JSON, no call format): the hermes preamble a template without tools
-    gets would not fit stories260k's 512 positions (tests/test_agent_loops.py covers the preamble)."""
+    gets would not fit stories260k's 512 positions (tests/server/test_agent_loops.py covers the preamble)."""
     for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json"):
         (tmp_path / name).symlink_to(model_dir / name)
     config = json.loads((model_dir / "tokenizer_config.json").read_text())

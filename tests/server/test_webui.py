@@ -4,7 +4,7 @@ options reaching the request (read off the browser's own Network events), a JSON
 against /v1/traces/{id}.json, tool calls, reload, export, model text rendered as text, the keyboard, a phone's
 width, and no request anywhere but the server (the browser's proxy is a closed port: only loopback gets out).
 
-`NEXTTOKEN_DOCS_SCREENSHOTS=docs pytest tests/test_webui.py` refreshes docs/webui.png and docs/webui_phone.png.
+`NEXTTOKEN_DOCS_SCREENSHOTS=docs pytest tests/server/test_webui.py` refreshes docs/webui.png and docs/webui_phone.png.
 """
 
 from __future__ import annotations

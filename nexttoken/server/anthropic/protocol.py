@@ -20,7 +20,7 @@ from ..openai.protocol import PASSED_THROUGH, NullIsAbsent
 
 # Keys a block or tool may carry that change nothing for a local model (prompt caching, citations, how the
 # hosted service loads, calls and streams tools: `caller`, `toolset_name` come back null in an SDK block's
-# `model_dump()`). tests/test_anthropic_fields.py checks these tables against the installed SDK's types.
+# `model_dump()`). tests/server/test_anthropic_fields.py checks these tables against the installed SDK's types.
 IGNORED_KEYS = frozenset({"cache_control", "citations", "allowed_callers", "defer_loading", "eager_input_streaming",
                           "strict", "input_examples", "caller", "toolset_name"})
 # The fields each content block this server reads carries (the SDK's *BlockParam and response block models).

@@ -19,7 +19,7 @@ from nexttoken.pretrained import DEFAULT_MODEL_DIR
 
 openai = pytest.importorskip("openai")
 
-# `NEXTTOKEN_DOCS_SCREENSHOT=docs/tracing.png pytest tests/test_trace_page.py` refreshes the docs' picture.
+# `NEXTTOKEN_DOCS_SCREENSHOT=docs/tracing.png pytest tests/generation/trace/test_trace_page.py` refreshes the docs' picture.
 DOCS_SCREENSHOT = os.environ.get("NEXTTOKEN_DOCS_SCREENSHOT")
 
 
