@@ -8,31 +8,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from support.server import free_port, stop_server
-
-
-def start_server(model_dir: Path, *extra: str, env: dict[str, str]) -> tuple[subprocess.Popen, str]:  # noqa: F811
-    """test_server's start_server with the process environment given (and no --threads of its own)."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "nexttoken", "serve", "--model", str(model_dir), "--port",
-                             str(port), *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stdout.read().decode()}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server did not start")
+from support.server import start_server, stop_server
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -47,7 +28,7 @@ def _answers(url: str) -> bool:
 
 def test_several_threads_make_openmp_wait_passively_in_the_same_process(model_dir) -> None:  # noqa: F811
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    proc, url = start_server(model_dir, "--threads", "2", env=env)
+    proc, url = start_server(model_dir, threads=2, env=env)
     try:
         assert _answers(url)
     finally:
@@ -57,7 +38,7 @@ def test_several_threads_make_openmp_wait_passively_in_the_same_process(model_di
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads a process's environment from /proc")
 def test_a_wait_policy_the_user_set_is_kept(model_dir) -> None:  # noqa: F811
-    proc, url = start_server(model_dir, "--threads", "2", env={**os.environ, "OMP_WAIT_POLICY": "ACTIVE"})
+    proc, url = start_server(model_dir, threads=2, env={**os.environ, "OMP_WAIT_POLICY": "ACTIVE"})
     try:
         assert _environ(proc.pid).get("OMP_WAIT_POLICY") == "ACTIVE" and _answers(url)
     finally:

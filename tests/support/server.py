@@ -38,14 +38,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model_dir: Path, *extra: str, startup_s: float = 120) -> tuple[subprocess.Popen, str]:
+def start_server(model_dir: Path, *extra: str, startup_s: float = 120, threads: int | None = 1,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """`nexttoken serve` on a free port, answering /health; `threads` None: serve's own default, `env`: the
+    process environment (default: this one's)."""
     port = free_port()
     cmd = [sys.executable, "-m", "nexttoken.cli", "serve", "--model", str(model_dir), "--port", str(port),
-           "--threads", "1", "--chunk-size", "16", "--max-n", str(MAX_N), "--max-body-bytes", "20000", *extra]
+           *(["--threads", str(threads)] if threads is not None else []),
+           "--chunk-size", "16", "--max-n", str(MAX_N), "--max-body-bytes", "20000", *extra]
     # The server's output goes to a file, never a pipe nobody drains (a request log would fill it and block the
     # server); proc.stdout reads that file, so a test can still read what the server printed.
     log = tempfile.NamedTemporaryFile(prefix="nexttoken-server-", suffix=".log", delete=False)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or {**os.environ})
     log.close()
     proc.stdout = open(log.name, "rb")  # noqa: SIM115 - read by the tests, closed with the process
     url = f"http://127.0.0.1:{port}"
