@@ -31,6 +31,8 @@ if [[ ",$extras," == *",test,"* ]] && ! command -v chromium >/dev/null 2>&1 && c
     >/dev/null || echo "setup: chromium could not be installed; the browser tests will fail until it is"
 fi
 pip install -q -e "$target"
+# The tests convert tiny checkpoints with llama.cpp's own converter (the reference GGUF writer).
+if [[ ",$extras," == *",test,"* ]]; then bash scripts/llama_cpp_converter.sh; fi
 # Build the native decode kernels now (nexttoken/csrc/*.cpp, ~2 s); without a compiler nexttoken falls back to torch.
 .venv/bin/python -c "from nexttoken.model import kernels; print('setup: native kernel', 'built' if kernels.available() else 'unavailable (torch fallback)')" || true
 echo "setup: done ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
