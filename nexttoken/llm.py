@@ -454,6 +454,7 @@ def load(
     max_cpu_loras: int | None = None,
     dequantize: bool = False,
     gguf_activations: str | None = None,
+    prefill: str | None = None,
     threads: int | None = None,
 ) -> LLM:
     """Load a model (the packaged default model when path is None): a Hugging Face model folder, a GGUF file
@@ -469,10 +470,12 @@ def load(
     dtype: by default on CPU a bf16 checkpoint keeps bf16 weights with float32 activations (what quantize="bf16"
     builds; exact against transformers float32 on the same file), anything else float32; "float32" widens,
     "bfloat16" runs every module in bf16 (docs/models.md, Precision).
-    A GGUF file's quantized matrices stay in their blocks (Q4_K, Q8_0, ...) and are multiplied natively with 8-bit
-    activations, as llama.cpp does (gguf_activations="int16": int16 activations, close to the float model's
-    choices; None: the arithmetic policy's default, model/arithmetic.py); dequantize=True loads the float32 model
-    of their exact dequantized values.
+    A GGUF file's quantized matrices stay in their blocks (Q4_K, Q8_0, ...) and are multiplied natively, by default
+    with float32 activations on the blocks dequantized in registers: the answers of the file's own weights in
+    float32 (gguf_activations="int8": 8-bit activations per block as llama.cpp does, faster and inexact; "int16"
+    in between; None: the arithmetic policy's default, model/arithmetic.py); dequantize=True loads the float32
+    model of their exact dequantized values. prefill: how prompts' rows are multiplied, "float32" (exact, the
+    default) or "bfloat16" (llama.cpp's bf16 GEMMs: faster, inexact).
     threads: torch's intra-op threads for this process (default: torch's choice).
     tool_call_parser: the format the model writes tool calls in (vLLM's names: "hermes", "llama3_json",
     "mistral"); by default it is read off the chat template.
@@ -497,5 +500,6 @@ def load(
                        revision=revision, download_dir=download_dir, gguf_file=gguf_file, tokenizer=tokenizer,
                        lora=lora, merge_lora=merge, max_loras=max_loras, max_lora_rank=max_lora_rank,
                        max_cpu_loras=max_cpu_loras,
-                       dequantize=dequantize, gguf_activations=gguf_activations, threads=threads)
+                       dequantize=dequantize, gguf_activations=gguf_activations, prefill=prefill,
+                       threads=threads)
     return LLM.from_loaded(load_spec(spec), tool_call_parser)

@@ -51,6 +51,8 @@ def load(spec: LoadSpec, on_failure=None) -> Loaded:  # noqa: ANN001 - on_failur
     main = load_pretrained(source, spec.dtype, spec.device, spec.quantize, model=model, tokenizer=spec.tokenizer,
                            dequantize=spec.dequantize, gguf_activations=spec.gguf_activations, mmap=spec.mmap,
                            download_dir=spec.download_dir)
+    if spec.prefill is not None:  # the prompt products' precision (model/arithmetic.py): float32 unless asked
+        main.model.arithmetic = main.model.arithmetic.replace(prefill=spec.prefill)
     if not spec.merge_lora and (spec.lora or spec.max_loras or spec.max_cpu_loras):
         _attach_adapters(main.model, spec)
     return Loaded(main, _draft(spec, main) if spec.draft_model is not None else None, spec)

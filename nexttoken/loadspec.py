@@ -22,7 +22,8 @@ from .errors import LoraError, ModelLoadError
 # they agree).
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("int8", "int4", "bf16")
-GGUF_ACTIVATIONS = ("int8", "int16")
+GGUF_ACTIVATIONS = ("float32", "int16", "int8")
+PREFILL_PRECISIONS = ("float32", "bfloat16")
 DEVICES = ("cpu", "cuda", "mps", "xpu")
 
 MODEL_HELP = ("a Hugging Face model folder, a .gguf file, or a Hub id: org/name (a folder's files), org/name:Q4_K_M "
@@ -62,9 +63,13 @@ class LoadSpec:
         False, "load a quantized GGUF file as the float32 model of its dequantized weights (the exact reference) "
         "instead of multiplying its blocks as stored (the file's size and speed)", "off")
     gguf_activations: str | None = _option(
-        None, "how a packed GGUF's products quantize their inputs per block of 32: int8 (llama.cpp's "
-        "arithmetic) or int16 (close to the dequantized float model, more arithmetic)",
-        "the arithmetic policy's: int8 (model/arithmetic.py)", choices=GGUF_ACTIVATIONS)
+        None, "how a packed GGUF's products take their inputs: float32 (exact: the file's own weights in float32), "
+        "int16 per block of 32 (close), or int8 per block of 32 (llama.cpp's arithmetic: faster, inexact)",
+        "the arithmetic policy's: float32 (model/arithmetic.py)", choices=GGUF_ACTIVATIONS)
+    prefill: str | None = _option(
+        None, "how weight-only layers (GGUF blocks, bf16, int8, int4) multiply a prompt's rows: float32 (exact) or "
+        "bfloat16 GEMMs of bf16-rounded activations (llama.cpp's arithmetic: about twice as fast, inexact)",
+        "the arithmetic policy's: float32 (NEXTTOKEN_PREFILL)", choices=PREFILL_PRECISIONS)
     mmap: bool = _option(
         True, "map a GGUF file rather than read it into memory (llama.cpp's default; --no-mmap reads it: the process "
         "no longer depends on the file, so truncating or replacing it cannot kill it with SIGBUS)", "on")
@@ -208,6 +213,7 @@ _CHECKS = {
     "model": _text, "revision": _text, "gguf_file": _text, "download_dir": _text, "tokenizer": _text,
     "draft_model": _text, "dtype": _dtype, "device": _device,
     "quantize": _choice(QUANTIZATIONS + ("none",), " or None"), "gguf_activations": _choice(GGUF_ACTIVATIONS, " or None"),
+    "prefill": _choice(PREFILL_PRECISIONS, " or None"),
     "dequantize": _flag, "merge_lora": _flag, "tensor_parallel_size": _integer(1, False),
     "tensor_parallel_timeout": _seconds, "threads": _integer(1, True), "lora": _lora, "max_loras": _lora_count, "max_cpu_loras": _lora_count,
     "max_lora_rank": _lora_count,
@@ -231,7 +237,7 @@ def parse_adapters(specs: Iterable[str]) -> dict[str, str]:
 
 # ---- flags -------------------------------------------------------------------------------------------------------
 SOURCE = ("model", "revision", "gguf_file", "download_dir", "dequantize", "gguf_activations", "tokenizer")
-PRECISION = ("dtype", "device", "quantize")
+PRECISION = ("dtype", "device", "quantize", "prefill")
 
 
 def add_load_args(p: Any, names: Iterable[str], flags: Mapping[str, Iterable[str]] | None = None,

@@ -369,6 +369,99 @@ TARGET void tile16(const uint8_t* W, size_t row_bytes, const Acts<int16_t>& a, i
   for (int m = 0; m < M; ++m) out[m] = _mm512_add_ps(acc[m][0], acc[m][1]);
 }
 
+// Float32 activations: each chunk dequantized in registers, 16 consecutive byte positions at a time (w = a * (u - o)
+// + b, a single-rounded FMA where gguf-py rounds the product and the sum), then multiplied by the activations (in the
+// type's chunk order, float32) with FMAs: the file's own weights in float32 arithmetic, the exact default. The
+// dequantizing is done once per weight for all M rows, so it costs most at M = 1.
+template <int T>
+void order_acts(const float* x, int64_t M, int64_t K, int64_t Kp, std::vector<float>& out) {
+  if (out.size() < (size_t)M * Kp) out.resize((size_t)M * Kp);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = x + (size_t)m * K;
+    float* o = out.data() + (size_t)m * Kp;
+    if (!Traits<T>::SPLIT) {
+      memcpy(o, row, (size_t)K * 4);
+      for (int64_t k = K; k < Kp; ++k) o[k] = 0.f;
+      continue;
+    }
+    for (int64_t c = 0; c < Kp; c += 64)
+      for (int p = 0; p < 64; ++p) {
+        const int64_t k = c + element_at<T>(p);
+        o[c + p] = k < K ? row[k] : 0.f;
+      }
+  }
+}
+
+template <int T, int M>
+TARGET void tilef(const uint8_t* W, size_t row_bytes, const float* x, int64_t Kp, int64_t blocks, int64_t n,
+                  __m512* out) {
+  const uint8_t* row = W + (size_t)n * row_bytes;
+  const __m512i off = _mm512_set1_epi32(Traits<T>::OFFSET);
+  const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  __m512 acc[M][2];
+  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  const int64_t chunks = Kp / 64;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const bool two = Traits<T>::BLOCK == 256 || 2 * c + 1 < blocks;
+    const Chunk w = decode<T>(row, c, two);
+    __m512 wf[4];
+    for (int part = 0; part < 4; ++part) {  // byte positions [16 part, 16 part + 16)
+      __m128i u16;
+      switch (part) {  // the extract's lane index must be a constant
+        case 0: u16 = _mm512_castsi512_si128(w.u); break;
+        case 1: u16 = _mm512_extracti32x4_epi32(w.u, 1); break;
+        case 2: u16 = _mm512_extracti32x4_epi32(w.u, 2); break;
+        default: u16 = _mm512_extracti32x4_epi32(w.u, 3); break;
+      }
+      const __m512i lane = _mm512_add_epi32(idx, _mm512_set1_epi32(4 * part));
+      const __m512 q = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(u16), off));
+      const __m512 a = _mm512_permutexvar_ps(lane, w.a);
+      wf[part] = Traits<T>::MIN ? _mm512_fmadd_ps(a, q, _mm512_permutexvar_ps(lane, w.b)) : _mm512_mul_ps(a, q);
+    }
+    for (int m = 0; m < M; ++m) {
+      const float* xm = x + (size_t)m * Kp + 64 * c;
+      acc[m][0] = _mm512_fmadd_ps(wf[0], _mm512_loadu_ps(xm), acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(wf[1], _mm512_loadu_ps(xm + 16), acc[m][1]);
+      acc[m][0] = _mm512_fmadd_ps(wf[2], _mm512_loadu_ps(xm + 32), acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(wf[3], _mm512_loadu_ps(xm + 48), acc[m][1]);
+    }
+  }
+  for (int m = 0; m < M; ++m) out[m] = _mm512_add_ps(acc[m][0], acc[m][1]);
+}
+
+template <int T, int M>
+TARGET void runf(const uint8_t* W, const float* xo, const float* bias, int64_t N, int64_t K, int64_t Kp, void* y,
+                 int out_kind) {
+  const int64_t blocks = K / Traits<T>::BLOCK;
+  const size_t row_bytes = (size_t)blocks * Traits<T>::BYTES;
+  auto one = [&](int64_t n, __m512* v) { tilef<T, M>(W, row_bytes, xo, Kp, blocks, n, v); };
+  over_rows<M, 1>(one, one, N, K, nullptr, nullptr, bias, y, out_kind);
+}
+
+template <int T>
+int linear_f32(const uint8_t* W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K, void* y,
+               int out_kind) {
+  if (K % Traits<T>::BLOCK || M > 16) return 1;
+  const int64_t Kp = (K + 63) / 64 * 64;
+  static thread_local std::vector<float> xo;
+  for (int64_t m0 = 0; m0 < M; m0 += 8) {  // up to 8 activation rows per pass over the weights
+    const int64_t rows = M - m0 < 8 ? M - m0 : 8;
+    order_acts<T>(x + (size_t)m0 * K, rows, K, Kp, xo);
+    char* yo = (char*)y + (size_t)m0 * N * (out_kind == OUT_F32 ? 4 : 2);
+    switch (rows) {
+      case 1: runf<T, 1>(W, xo.data(), bias, N, K, Kp, yo, out_kind); break;
+      case 2: runf<T, 2>(W, xo.data(), bias, N, K, Kp, yo, out_kind); break;
+      case 3: runf<T, 3>(W, xo.data(), bias, N, K, Kp, yo, out_kind); break;
+      case 4: runf<T, 4>(W, xo.data(), bias, N, K, Kp, yo, out_kind); break;
+      case 5: runf<T, 5>(W, xo.data(), bias, N, K, Kp, yo, out_kind); break;
+      case 6: runf<T, 6>(W, xo.data(), bias, N, K, Kp, yo, out_kind); break;
+      case 7: runf<T, 7>(W, xo.data(), bias, N, K, Kp, yo, out_kind); break;
+      default: runf<T, 8>(W, xo.data(), bias, N, K, Kp, yo, out_kind); break;
+    }
+  }
+  return 0;
+}
+
 template <int T, int M, typename Q>
 TARGET void run(const uint8_t* W, const Acts<Q>& a, const float* bias, int64_t N, int64_t K, int64_t Kp, void* y,
                 int out_kind) {
@@ -405,10 +498,15 @@ int linear(const uint8_t* W, const float* x, const float* bias, int64_t M, int64
   return 0;
 }
 
+// acts: ACT_I8 (llama.cpp's arithmetic), ACT_I16, ACT_F32 (exact).
+enum Acts_ { ACT_I8 = 0, ACT_I16 = 1, ACT_F32 = 2 };
+
 template <int T>
 int linear_any(const uint8_t* W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K, void* y,
-               int out_kind, bool q16) {
-  return q16 ? linear<T, int16_t>(W, x, bias, M, N, K, y, out_kind) : linear<T, int8_t>(W, x, bias, M, N, K, y, out_kind);
+               int out_kind, int acts) {
+  if (acts == ACT_F32) return linear_f32<T>(W, x, bias, M, N, K, y, out_kind);
+  return acts == ACT_I16 ? linear<T, int16_t>(W, x, bias, M, N, K, y, out_kind)
+                         : linear<T, int8_t>(W, x, bias, M, N, K, y, out_kind);
 }
 
 // One row dequantized: element e = a * (u - o) (+ b), each product and sum rounded once in float32 as gguf-py's
@@ -465,9 +563,11 @@ namespace {
 // product goes through a buffer into its columns of y.
 const int MIXED = GGML_MIXED;  // nt_abi.h's flags on the type
 const int Q16 = GGML_Q16;      // int16 activations (Acts<int16_t>) instead of int8
+const int F32 = GGML_F32;      // float32 activations (tilef): the exact product
+const int FLAGS = Q16 | F32;
 
 int linear_mixed(const int64_t* desc, const float* x, const float* bias, int64_t M, int64_t N, int64_t K, void* y,
-                 int out_kind, bool q16) {
+                 int out_kind, int flags) {
   const size_t es = out_kind == OUT_F32 ? 4 : 2;
   static thread_local std::vector<char> part;
   int64_t n0 = 0;
@@ -476,7 +576,7 @@ int linear_mixed(const int64_t* desc, const float* x, const float* bias, int64_t
     const uint8_t* W = (const uint8_t*)(intptr_t)desc[3 + 3 * i];
     if (type == MIXED || n0 + rows > N) return 1;
     part.resize((size_t)M * rows * es);
-    if (nt_linear_ggml((int)type | (q16 ? Q16 : 0), W, x, bias ? bias + n0 : nullptr, M, rows, K, part.data(),
+    if (nt_linear_ggml((int)type | flags, W, x, bias ? bias + n0 : nullptr, M, rows, K, part.data(),
                        out_kind))
       return 1;
     for (int64_t m = 0; m < M; ++m) memcpy((char*)y + ((size_t)m * N + n0) * es, part.data() + (size_t)m * rows * es,
@@ -499,23 +599,24 @@ int nt_ggml_supported(void) {
 // W: (N, K / block * block bytes) ggml blocks of `type` (ggml's type id); x: (M, K) float32; bias (N,) or NULL;
 // y: (M, N) float32 or bfloat16. Returns 0, or 1 for an unknown type, K not whole blocks, or M > 16. Type 255: W is
 // a description of row ranges of different types (linear_mixed). type | 256: int16 activations per block of 32
-// (vpdpwssd) instead of int8: within ~2^-16 of the float product, for a run that must agree with the float model.
+// (vpdpwssd) instead of int8: within ~2^-16 of the float product. type | 512: float32 activations, the chunks
+// dequantized in registers (tilef): the float32 product of the file's own weights, the default.
 int nt_linear_ggml(int type, const uint8_t* W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K,
                    void* y, int out_kind) {
-  const bool q16 = type & Q16;
-  if (type == MIXED) return linear_mixed((const int64_t*)W, x, bias, M, N, K, y, out_kind, false);
-  if (type == (MIXED | Q16)) return linear_mixed((const int64_t*)W, x, bias, M, N, K, y, out_kind, true);
-  switch (type & ~Q16) {
-    case Q4_0: return linear_any<Q4_0>(W, x, bias, M, N, K, y, out_kind, q16);
-    case Q4_1: return linear_any<Q4_1>(W, x, bias, M, N, K, y, out_kind, q16);
-    case Q5_0: return linear_any<Q5_0>(W, x, bias, M, N, K, y, out_kind, q16);
-    case Q5_1: return linear_any<Q5_1>(W, x, bias, M, N, K, y, out_kind, q16);
-    case Q8_0: return linear_any<Q8_0>(W, x, bias, M, N, K, y, out_kind, q16);
-    case Q2_K: return linear_any<Q2_K>(W, x, bias, M, N, K, y, out_kind, q16);
-    case Q3_K: return linear_any<Q3_K>(W, x, bias, M, N, K, y, out_kind, q16);
-    case Q4_K: return linear_any<Q4_K>(W, x, bias, M, N, K, y, out_kind, q16);
-    case Q5_K: return linear_any<Q5_K>(W, x, bias, M, N, K, y, out_kind, q16);
-    case Q6_K: return linear_any<Q6_K>(W, x, bias, M, N, K, y, out_kind, q16);
+  const int flags = type & FLAGS;
+  const int acts = flags & F32 ? ACT_F32 : flags & Q16 ? ACT_I16 : ACT_I8;
+  if ((type & ~FLAGS) == MIXED) return linear_mixed((const int64_t*)W, x, bias, M, N, K, y, out_kind, flags);
+  switch (type & ~FLAGS) {
+    case Q4_0: return linear_any<Q4_0>(W, x, bias, M, N, K, y, out_kind, acts);
+    case Q4_1: return linear_any<Q4_1>(W, x, bias, M, N, K, y, out_kind, acts);
+    case Q5_0: return linear_any<Q5_0>(W, x, bias, M, N, K, y, out_kind, acts);
+    case Q5_1: return linear_any<Q5_1>(W, x, bias, M, N, K, y, out_kind, acts);
+    case Q8_0: return linear_any<Q8_0>(W, x, bias, M, N, K, y, out_kind, acts);
+    case Q2_K: return linear_any<Q2_K>(W, x, bias, M, N, K, y, out_kind, acts);
+    case Q3_K: return linear_any<Q3_K>(W, x, bias, M, N, K, y, out_kind, acts);
+    case Q4_K: return linear_any<Q4_K>(W, x, bias, M, N, K, y, out_kind, acts);
+    case Q5_K: return linear_any<Q5_K>(W, x, bias, M, N, K, y, out_kind, acts);
+    case Q6_K: return linear_any<Q6_K>(W, x, bias, M, N, K, y, out_kind, acts);
     default: return 1;
   }
 }

@@ -24,6 +24,7 @@ enum NtKind : int64_t {
 enum NtGgml : int64_t {
   GGML_MIXED = 255,  // the weight is a description of row ranges of several types (ggml.cpp's linear_mixed)
   GGML_Q16 = 256,    // int16 activations per block of 32 instead of int8
+  GGML_F32 = 512,    // float32 activations on the dequantized weights (exact; the default)
 };
 
 enum NtOut { OUT_F32 = 0, OUT_BF16 = 1 };  // an output's dtype: float32 or bfloat16

@@ -5,12 +5,17 @@ Three choices change a model's numbers without changing its weights:
 - `fused_step`: decode steps in one native call (fused.py, csrc/decode.cpp) where it applies, or the PyTorch
   modules (the reference it is tested against: the same tokens, logits within float32 rounding);
 - `prefill`: how weight-only layers (bf16 weights, int8 rows, int4 groups, GGUF blocks) multiply a prompt's many
-  rows (quant/tiles.py): "bfloat16" GEMMs of bf16-rounded activations, or "float32", exact;
-- `gguf_activations`: how a packed GGUF matrix quantizes its inputs per block of 32 (quant/ggml.py): "int8"
-  (llama.cpp's arithmetic) or "int16" (close to the dequantized float model).
+  rows (quant/tiles.py): "float32" (exact: the default) or "bfloat16" GEMMs of bf16-rounded activations (llama.cpp's
+  trade: about twice the rate, log-probs off by up to ~0.2 on a real model);
+- `gguf_activations`: how a packed GGUF matrix multiplies its inputs (quant/ggml.py): "float32" (exact: the blocks
+  dequantized in registers, float32 FMAs; the default), "int16" (per block of 32; within ~4e-3 in log-prob) or
+  "int8" (llama.cpp's arithmetic: fastest, and on SmolLM2's Q4_1 top-1 differs from the file's weights on ~3% of
+  positions).
 
-The defaults are this dataclass's fields; `Arithmetic.from_env()` lets NEXTTOKEN_FUSED=0 and
-NEXTTOKEN_PREFILL=float32 change them, read when a model is built (model.arithmetic). The model passes its policy
+Defaults are exact: a quantized file gives the answers of its own weights computed in float32 (docs/performance.md,
+Precision). llama.cpp's arithmetic is the opt-in `Arithmetic.llama_cpp()` (--prefill bfloat16
+--gguf-activations int8). The defaults are this dataclass's fields; `Arithmetic.from_env()` lets NEXTTOKEN_FUSED=0
+and NEXTTOKEN_PREFILL=bfloat16 change them, read when a model is built (model.arithmetic). The model passes its policy
 down: fused.py reads `model.arithmetic`, the model's forward makes it the one in force for its layers
 (`running`), quant/tiles.py reads `in_force()`. `changed(...)` is the scoped convenience behind
 `fused.disabled()` and `tiles.precision(...)`: inside the block (this thread or task only) every policy read is
@@ -28,8 +33,8 @@ from typing import Iterator, Mapping
 
 from ..errors import NextTokenError
 
-PRECISIONS = ("bfloat16", "float32")  # prefill products
-ACTIVATIONS = ("int8", "int16")  # GGUF packed products' activations
+PRECISIONS = ("float32", "bfloat16")  # prefill products: exact first
+ACTIVATIONS = ("float32", "int16", "int8")  # GGUF packed products' activations: exact first
 
 
 class ArithmeticPolicyError(NextTokenError, ValueError):
@@ -42,8 +47,8 @@ class Arithmetic:
     products' activations. Immutable: a change is a new policy (`replace`)."""
 
     fused_step: bool = True
-    prefill: str = "bfloat16"
-    gguf_activations: str = "int8"
+    prefill: str = "float32"
+    gguf_activations: str = "float32"
 
     def __post_init__(self) -> None:
         if not isinstance(self.fused_step, bool):
@@ -57,11 +62,16 @@ class Arithmetic:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Arithmetic":
         """The defaults, changed by NEXTTOKEN_FUSED=0 (decode steps run the modules) and NEXTTOKEN_PREFILL
-        (bfloat16 or float32)."""
+        (float32 or bfloat16)."""
         prefill = environ.get("NEXTTOKEN_PREFILL", cls.prefill)
         if prefill not in PRECISIONS:
             raise ArithmeticPolicyError(f"NEXTTOKEN_PREFILL={prefill!r}: use one of {', '.join(PRECISIONS)}")
         return cls(fused_step=environ.get("NEXTTOKEN_FUSED", "1") != "0", prefill=prefill)
+
+    @classmethod
+    def llama_cpp(cls) -> "Arithmetic":
+        """llama.cpp's arithmetic: bf16 prefill GEMMs and 8-bit activations on GGUF blocks (faster, inexact)."""
+        return cls(prefill="bfloat16", gguf_activations="int8")
 
     def replace(self, **changes: object) -> "Arithmetic":
         """This policy with some choices changed (validated)."""

@@ -40,6 +40,7 @@ class Kind(enum.IntEnum):
 
 GGML_MIXED = 255  # ggml "type" of a matrix of several parts: the weight is their int64 description
 GGML_Q16 = 256  # flag on a ggml type: int16 activations per block of 32 instead of int8
+GGML_F32 = 512  # flag on a ggml type: float32 activations on the dequantized weights (exact; the default)
 OUT_F32, OUT_BF16 = 0, 1  # an output's dtype
 KV_F32, KV_I8 = 0, 2  # NtModel.kv_kind
 NT_PLUS_ONE, NT_SANDWICH, NT_NORM_AFTER, NT_GELU = 1, 2, 4, 8  # NtModel.flags
@@ -47,7 +48,7 @@ QK_NONE, QK_HEAD, QK_PROJECTION = 0, 1, 2  # NtModel.qk_norm
 
 # Every code nt_abi.h defines, by its C name: what check compares with the library's.
 CODES: Mapping[str, int] = types.MappingProxyType({
-    **{k.name: int(k) for k in Kind}, "GGML_MIXED": GGML_MIXED, "GGML_Q16": GGML_Q16, "OUT_F32": OUT_F32,
+    **{k.name: int(k) for k in Kind}, "GGML_MIXED": GGML_MIXED, "GGML_Q16": GGML_Q16, "GGML_F32": GGML_F32, "OUT_F32": OUT_F32,
     "OUT_BF16": OUT_BF16, "KV_F32": KV_F32, "KV_I8": KV_I8, "NT_PLUS_ONE": NT_PLUS_ONE, "NT_SANDWICH": NT_SANDWICH,
     "NT_NORM_AFTER": NT_NORM_AFTER, "NT_GELU": NT_GELU, "QK_NONE": QK_NONE, "QK_HEAD": QK_HEAD,
     "QK_PROJECTION": QK_PROJECTION,

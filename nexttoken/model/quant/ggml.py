@@ -2,9 +2,11 @@
 dequantizes only the rows it looks up.
 
 A GGUF file's Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K matrices are rows of ggml blocks
-(ggml-common.h); csrc/ggml.cpp multiplies them with 8-bit activations quantized per block of 32 (ggml's Q8_0 /
-Q8_1), as llama.cpp does, so a 4-bit file reads its 4.5-5 bits a weight per token instead of the 32 of the
-dequantized float32 model. Prefill dequantizes a cache-sized block of rows at a time (exactly gguf's values) and
+(ggml-common.h); csrc/ggml.cpp multiplies them as stored, so a 4-bit file reads its 4.5-5 bits a weight per token
+instead of the 32 of the dequantized float32 model. By default (activations "float32") each block is dequantized
+in registers and multiplied by the float32 activations: the numbers of the file's own weights in float32, which
+is what the exactness tests hold it to. "int8" quantizes the activations per block of 32 as llama.cpp does (ggml's
+Q8_0 / Q8_1: less arithmetic per weight, inexact), "int16" in between. Prefill dequantizes a cache-sized block of rows at a time (exactly gguf's values) and
 runs torch's GEMM on it, as quant/int4.py does. `LLM.load(..., dequantize=True)` gives the float32 model instead,
 the exact reference (transformers' GGUF loader computes the same numbers).
 
@@ -22,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
-from ..native_abi import GGML_MIXED, GGML_Q16, NtLinear, weight_rows
+from ..native_abi import GGML_F32, GGML_MIXED, GGML_Q16, NtLinear, weight_rows
 from ..arithmetic import ACTIVATIONS, Arithmetic
 from . import tiles
 from .bf16 import TableEmbedding
@@ -32,6 +34,8 @@ GGML_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10,
               "Q5_K": 13, "Q6_K": 14}
 MIXED = GGML_MIXED  # csrc/nt_abi.h's type for a matrix of several parts
 Q16 = GGML_Q16  # csrc/nt_abi.h's flag on the type: int16 activations instead of int8
+# activations -> the flag on the type (csrc/nt_abi.h): float32 (exact), int16, or int8 (no flag: llama.cpp's)
+FLAGS = {"float32": GGML_F32, "int16": GGML_Q16, "int8": 0}
 
 
 def native_blocks() -> bool:
@@ -85,7 +89,7 @@ class GGUFLinear(nn.Module):
 
     def _describe(self) -> None:
         """native_kind / native_weight: what nt_linear reads (one part: its blocks; several: a description)."""
-        parts, flag = self.parts, Q16 if self.activations == "int16" else 0
+        parts, flag = self.parts, FLAGS[self.activations]
         if len(parts) == 1:
             self.native_kind, self.native_weight = kernels.GGML_KIND + (parts[0][1] | flag), parts[0][0]
             return

@@ -99,3 +99,25 @@ def test_product_is_quantized_activations_times_the_blocks(name: str) -> None:
         # each row's numbers are the same whatever rows share the call (batch invariance)
         alone = kernels.linear_ggml(x[-1:], packed, GGML_TYPES[name], K, bias)
         assert torch.equal(alone[0], got[-1].float())
+
+
+@pytest.mark.parametrize("name", GGML_TYPES)
+def test_float32_activations_product_is_the_float_product(name: str) -> None:
+    """Type | 512 (the default): the blocks dequantized in registers times float32 activations: the float64 product
+    of gguf's dequantized weights and the activations, up to float32 rounding (no activation rounding at all);
+    each row's numbers the same whatever rows share the call."""
+    block, _ = block_shape(name)
+    K = 3 * block if block == 256 else 9 * block  # an odd number of 32-blocks: a half chunk at the end
+    N = 37
+    packed = random_blocks(name, N, K, seed=11)
+    w = reference(packed, name, K).double()  # (N, K)
+    gen = torch.Generator().manual_seed(2)
+    bias = torch.randn(N, generator=gen)
+    for M in (1, 2, 5, 8, 9, 16):
+        x = torch.randn(M, K, generator=gen) * torch.rand(1, K, generator=gen)
+        got = kernels.linear_ggml(x, packed, GGML_TYPES[name] | 512, K, bias).double()
+        want = x.double() @ w.T + bias.double()
+        size = x.double().abs() @ w.abs().T
+        assert ((got - want).abs() <= 2e-6 * size + 1e-6).all(), (name, M, (got - want).abs().max())
+        alone = kernels.linear_ggml(x[-1:], packed, GGML_TYPES[name] | 512, K, bias)
+        assert torch.equal(alone[0], got[-1].float())
