@@ -26,7 +26,8 @@ def test_the_allowed_values_are_the_loaders() -> None:
 @pytest.mark.parametrize("options, words", [
     (dict(dtype="fp8"), ["dtype='fp8'", "float32, bfloat16, float16"]),
     (dict(quantize="int3"), ["quantize='int3'", "int8, int4, bf16"]),
-    (dict(gguf_activations="int4"), ["gguf_activations='int4'", "int8, int16"]),
+    (dict(gguf_activations="int4"), ["gguf_activations='int4'", "float32, int16, int8"]),
+    (dict(prefill="float16"), ["prefill='float16'", "float32, bfloat16"]),
     (dict(device="tpu"), ["device='tpu'", "cpu, cuda"]),
     (dict(tensor_parallel_size=0), ["tensor_parallel_size must be an integer >= 1"]),
     (dict(tensor_parallel_size=True), ["tensor_parallel_size must be an integer >= 1"]),

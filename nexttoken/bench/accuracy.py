@@ -106,3 +106,36 @@ def gguf_accuracy(path: str | Path, texts: list[str] | None = None, chunk: int =
     kinds = sorted({names[t] for m in packed.modules() if isinstance(m, GGUFLinear) for t in m.types})
     return {"model": str(path), "blocks": "+".join(kinds), "activations": activations, "tokens": total, "top1_agreement": agree / total,
             "kl_mean": kl_sum / total}
+
+
+@torch.inference_mode()
+def gguf_agreement(path: str | Path, activations: str = "float32", prefill: str = "float32",
+                   texts: list[str] | None = None, chunk: int = 16) -> dict:
+    """How a GGUF file's packed run under one arithmetic agrees with the file's own weights computed in float32
+    (dequantize=True, float32 prefill): top-1 agreement over every next-token prediction of the texts, and the
+    largest and mean error of the actual next token's log-prob; measured in decode-sized steps of `chunk` tokens
+    (the native kernels) and in one prefill per text (the prefill products), both counted."""
+    from ..model import arithmetic
+    from ..model.weights.gguf import load_gguf_model
+    from ..text.gguf_vocab import tokenizer_from_gguf
+
+    packed, g = load_gguf_model(path, activations=activations)
+    packed.arithmetic = packed.arithmetic.replace(prefill=prefill)
+    ref, _ = load_gguf_model(path, dequantize=True)
+    ref.arithmetic = ref.arithmetic.replace(prefill="float32")
+    tokenizer = tokenizer_from_gguf(g.metadata, str(path))
+    agree = total = 0
+    errors: list[torch.Tensor] = []
+    with arithmetic.changed():  # no enclosing change applies: each model's own policy does
+        for text in texts or TEXTS:
+            ids = tokenizer.encode(text)
+            nxt = torch.tensor(ids[1:])[:, None]
+            p = all_logits(ref, ids, chunk=len(ids)).log_softmax(-1)  # (T, V)
+            for step in (chunk, len(ids)):
+                q = all_logits(packed, ids, chunk=step).log_softmax(-1)
+                agree += int((p.argmax(-1) == q.argmax(-1)).sum())
+                total += len(ids)
+                errors.append((p[:-1].gather(1, nxt) - q[:-1].gather(1, nxt)).abs().reshape(-1))
+    err = torch.cat(errors)
+    return {"activations": activations, "prefill": prefill, "positions": total, "top1_agreement": agree / total,
+            "max_logprob_error": float(err.max()), "mean_logprob_error": float(err.mean())}

@@ -7,7 +7,11 @@ llama.cpp (llamacpp.FilePeer), so load that comes and goes on a shared machine s
   (llama-bench's tg at that depth; llama-batched-bench for batches);
 - prefill tok/s of one `prefill_len`-token prompt (llama-bench's pp);
 - load time (to the first token of a one-token prompt) and peak RSS of a whole process running batch 1
-  (nexttoken: a fresh memprobe process; llama.cpp: its llama-bench process's ru_maxrss).
+  (nexttoken: a fresh memprobe process; llama.cpp: its llama-bench process's ru_maxrss);
+- for a GGUF file, agreement with the file's own weights computed in float32 (accuracy.gguf_agreement: top-1 and
+  the next token's log-prob error over real text) of nexttoken's default arithmetic and of llama.cpp's (8-bit
+  activations on the blocks and bf16 prompt products, as nexttoken computes it with --gguf-activations int8
+  --prefill bfloat16).
 A model is a folder, a .gguf file or a Hub id; `FOLDER::FILE.gguf` compares a folder with a GGUF of the same
 weights (llama.cpp runs the file), and a .gguf model is compared with itself.
 """
@@ -114,6 +118,13 @@ def run_model(spec: ModelSpec, opts: Options, progress: Callable[[str], None]) -
                      f"decode {theirs} tok/s")
     label = precision(engine.model)
     del engine
+    agreement = None
+    if spec.path.suffix == ".gguf":
+        from .accuracy import gguf_agreement
+
+        progress(f"{spec.label}: agreement with its dequantized float32 run ...")
+        agreement = {"nexttoken": gguf_agreement(spec.path),
+                     "llama_cpp_arithmetic": gguf_agreement(spec.path, activations="int8", prefill="bfloat16")}
     progress(f"{spec.label}: load time and peak RSS (fresh process) ...")
     probe = process_probe(spec.path, opts)
     ours = {"precision": label, "prefill_tok_s": opts.prefill_len / median(prefill.prefill_s),
@@ -123,7 +134,8 @@ def run_model(spec: ModelSpec, opts: Options, progress: Callable[[str], None]) -
             "rounds": {"prefill_tok_s": [opts.prefill_len / s for s in prefill.prefill_s],
                        "decode_tok_s": {b: m.decode_tps for b, m in decode.items()}}}
     row = {"model": spec.label, "path": str(spec.path), "nexttoken": ours,
-           "llama_cpp": peer.result() if peer is not None else None, "llama_cpp_error": peer_error}
+           "llama_cpp": peer.result() if peer is not None else None, "llama_cpp_error": peer_error,
+           "agreement": agreement}
     row["ratios"] = ratios(ours, row["llama_cpp"])
     return row
 
@@ -159,31 +171,38 @@ def model_matrix_table(report: dict) -> str:
     """Markdown: per model a nexttoken line, a llama.cpp line and a ratio line."""
     batches = report["batch_sizes"]
     head = (["model", "engine", "precision"] + [f"decode b{b} tok/s" for b in batches]
-            + [f"prefill {report['prefill_len']} tok/s", "load s", "peak RSS MiB"])
+            + [f"prefill {report['prefill_len']} tok/s", "load s", "peak RSS MiB", "top-1 vs float32",
+               "max abs d-logp"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in report["rows"]:
         ours, theirs, x = row["nexttoken"], row["llama_cpp"], row["ratios"]
-        lines.append(_line(_short(row["model"]), "nexttoken", ours["precision"], ours, batches))
+        agreement = row.get("agreement") or {}
+        lines.append(_line(_short(row["model"]), "nexttoken", ours["precision"], ours, batches,
+                           agreement.get("nexttoken")))
         if theirs:
             lines.append(_line("", "llama.cpp", f"{theirs['model_type']} ({Path(theirs['gguf']).name})", theirs,
-                               batches))
+                               batches, agreement.get("llama_cpp_arithmetic")))
             cells = [_f(x.get(f"decode_b{b}"), ".2f", "x") for b in batches]
             diff = x.get("peak_rss_diff_mib")
             lines.append("| | **ratio** | nexttoken / llama.cpp | " + " | ".join(cells) + f" | "
                          f"{_f(x.get('prefill'), '.2f', 'x')} | {_f(x.get('load_time'), '.2f', 'x')} | "
-                         f"{'-' if diff is None else f'{diff:+.0f}'} |")
+                         f"{'-' if diff is None else f'{diff:+.0f}'} | | |")
     lines.append(
         f"\ndecode after a {report['decode_prompt']}-token prompt per sequence, {report['new_tokens']} new tokens; "
         f"prefill of one {report['prefill_len']}-token prompt; {report['threads']} threads; {report['rounds']} "
         "interleaved rounds (medians). Load: to the first token of a one-token prompt. Peak RSS: the whole process "
-        "at batch 1 (prefill + decode)." + (" 1-minute load average {:.1f} -> {:.1f}.".format(*report["load_average"])
+        "at batch 1 (prefill + decode). Agreement: with the file's own weights in float32 over every next-token "
+        "position of real text, decode steps and one prefill (llama.cpp's row: its arithmetic, 8-bit activations "
+        "and bf16 prompts, as nexttoken computes it)." + (" 1-minute load average {:.1f} -> {:.1f}.".format(*report["load_average"])
                                            if report.get("load_average") else ""))
     return "\n".join(lines)
 
 
-def _line(model: str, engine: str, prec: str, r: dict, batches: list[int]) -> str:
+def _line(model: str, engine: str, prec: str, r: dict, batches: list[int], agreement: dict | None = None) -> str:
     cells = [model, engine, prec] + [_f(r["decode_tok_s"].get(b), ".1f") for b in batches]
     cells += [_f(r["prefill_tok_s"], ".1f"), _f(r["load_s"], ".2f"), _f(r["peak_rss_mib"], ".0f")]
+    cells += ([f"{100 * agreement['top1_agreement']:.2f}%", f"{agreement['max_logprob_error']:.1e}"] if agreement
+              else ["-", "-"])
     return "| " + " | ".join(cells) + " |"
 
 

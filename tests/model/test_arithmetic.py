@@ -21,11 +21,13 @@ PROMPTS = torch.tensor([[1, 5, 17, 33, 9, 60], [1, 40, 41, 42, 43, 44]])
 
 
 def test_defaults_environment_and_validation() -> None:
-    assert Arithmetic() == Arithmetic(fused_step=True, prefill="bfloat16", gguf_activations="int8")
+    # exact by default: float32 prompts and float32 activations on GGUF blocks; llama.cpp's arithmetic an opt-in
+    assert Arithmetic() == Arithmetic(fused_step=True, prefill="float32", gguf_activations="float32")
+    assert Arithmetic.llama_cpp() == Arithmetic(prefill="bfloat16", gguf_activations="int8")
     assert Arithmetic.from_env({}) == Arithmetic()
-    assert Arithmetic.from_env({"NEXTTOKEN_FUSED": "0", "NEXTTOKEN_PREFILL": "float32"}) == Arithmetic(
-        fused_step=False, prefill="float32")
-    with pytest.raises(ArithmeticPolicyError, match="NEXTTOKEN_PREFILL='fp8': use one of bfloat16, float32"):
+    assert Arithmetic.from_env({"NEXTTOKEN_FUSED": "0", "NEXTTOKEN_PREFILL": "bfloat16"}) == Arithmetic(
+        fused_step=False, prefill="bfloat16")
+    with pytest.raises(ArithmeticPolicyError, match="NEXTTOKEN_PREFILL='fp8': use one of float32, bfloat16"):
         Arithmetic.from_env({"NEXTTOKEN_PREFILL": "fp8"})
     with pytest.raises(ArithmeticPolicyError, match="gguf_activations='int4'"):
         Arithmetic(gguf_activations="int4")
@@ -42,8 +44,8 @@ def test_a_model_is_built_with_the_environments_policy(tmp_path, monkeypatch) ->
     save_variant("llama-gqa", tmp_path)
     assert load_model(tmp_path).arithmetic == Arithmetic.from_env()
     monkeypatch.setenv("NEXTTOKEN_FUSED", "0")
-    monkeypatch.setenv("NEXTTOKEN_PREFILL", "float32")
-    assert load_model(tmp_path).arithmetic == Arithmetic(fused_step=False, prefill="float32")
+    monkeypatch.setenv("NEXTTOKEN_PREFILL", "bfloat16")
+    assert load_model(tmp_path).arithmetic == Arithmetic(fused_step=False, prefill="bfloat16")
 
 
 def count_native(monkeypatch) -> list[bool]:  # noqa: ANN001
@@ -93,9 +95,10 @@ def prompt_logits(model: torch.nn.Module) -> torch.Tensor:
 def test_the_models_policy_chooses_the_prefill_precision(tmp_path) -> None:
     """An int8 model's prompt: float32 by its policy is the float32 product of its dequantized weights up to
     summation order (the reference: the same model with every Int8Linear replaced by torch's nn.Linear of
-    q * scale); bfloat16, the default, is within bf16 rounding of it but not float32's."""
+    q * scale); bfloat16 (the opt-in) is within bf16 rounding of it but not float32's."""
     save_variant("llama-gqa", tmp_path)
     model = quantize_int8(load_model(tmp_path))
+    assert model.arithmetic.prefill == "float32"  # the default
     reference = quantize_int8(load_model(tmp_path))
     for parent in list(reference.modules()):
         if type(parent).__name__ == "Int8Embedding":
@@ -122,9 +125,9 @@ def test_the_models_policy_chooses_the_prefill_precision(tmp_path) -> None:
 def test_changes_are_scoped_to_their_block_and_thread() -> None:
     base = in_force()
     seen: list[Arithmetic] = []
-    with changed(prefill="float32", fused_step=False):
-        assert in_force() == base.replace(prefill="float32", fused_step=False)
-        assert in_force(Arithmetic()) == Arithmetic(fused_step=False, prefill="float32")
+    with changed(prefill="bfloat16", fused_step=False):
+        assert in_force() == base.replace(prefill="bfloat16", fused_step=False)
+        assert in_force(Arithmetic()) == Arithmetic(fused_step=False, prefill="bfloat16")
         worker = threading.Thread(target=lambda: seen.append(in_force()))
         worker.start()
         worker.join()

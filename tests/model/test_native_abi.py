@@ -179,7 +179,7 @@ def test_packed_layers_describe_their_kernels_kind() -> None:
     import torch
 
     from nexttoken.model import arithmetic
-    from nexttoken.model.native_abi import GGML_Q16, Kind, describe
+    from nexttoken.model.native_abi import GGML_F32, GGML_Q16, Kind, describe
     from nexttoken.model.quant.ggml import GGML_TYPES, GGUFLinear
     from nexttoken.model.quant.int4 import Int4Linear
 
@@ -187,6 +187,9 @@ def test_packed_layers_describe_their_kernels_kind() -> None:
     assert (describe(i4).kind, describe(i4).scale) == (Kind.W_I4, i4.scale.data_ptr())
     rows = torch.zeros(4, 34, dtype=torch.uint8)  # 4 rows of one Q8_0 block (32 values)
     layer = GGUFLinear([(rows, GGML_TYPES["Q8_0"])], 32, None)
-    assert describe(layer).kind == Kind.W_GGML + GGML_TYPES["Q8_0"] and describe(layer).weight == rows.data_ptr()
+    # float32 activations by default (exact)
+    assert describe(layer).kind == Kind.W_GGML + (GGML_TYPES["Q8_0"] | GGML_F32) and describe(layer).weight == rows.data_ptr()
+    layer.use_arithmetic(arithmetic.Arithmetic(gguf_activations="int8"))
+    assert describe(layer).kind == Kind.W_GGML + GGML_TYPES["Q8_0"] and layer.activations == "int8"
     layer.use_arithmetic(arithmetic.Arithmetic(gguf_activations="int16"))  # what a model's policy hands it
     assert describe(layer).kind == Kind.W_GGML + (GGML_TYPES["Q8_0"] | GGML_Q16) and layer.activations == "int16"
