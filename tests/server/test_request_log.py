@@ -1,6 +1,7 @@
 """The request log: `nexttoken serve` writes one line per request on stderr (method, path, status, model, prompt /
 completion tokens, duration, request id) and an error's cause; `--request-log-level warning` keeps only the
-errors. A real server (the SmolLM2 GGUF) as a subprocess, driven by the `openai` client; its output is read back."""
+errors. A real server (the SmolLM2 GGUF) as a subprocess, driven by the `openai` client; its output is read back.
+(The line's API, time to first token and finish reason, and its JSON form: test_observability.py.)"""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ pytestmark = requires_shared
 
 LINE = re.compile(r"(?P<level>INFO|WARNING|ERROR) nexttoken\.server\.requests: (?P<method>\w+) (?P<path>\S+) "
                   r"(?P<status>\d+) model=(?P<model>\S+) prompt_tokens=(?P<prompt>\d+) "
-                  r"completion_tokens=(?P<completion>\d+) duration_ms=(?P<ms>\d+) request_id=(?P<id>\S+)"
+                  r"completion_tokens=(?P<completion>\d+) duration_ms=(?P<ms>\d+) request_id=(?P<id>\S+) "
+                  r"api=(?P<api>\S+) ttft_ms=(?P<ttft>\d+|-) finish_reason=(?P<finish>\S+)"
                   r"(?: sampling=(?P<sampling>\S+))?(?: error=(?P<error>.*))?$")
 
 
