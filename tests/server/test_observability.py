@@ -1,4 +1,4 @@
-"""A server you can watch: after a few requests (chat and completions, streamed and not, one refused), a real
+"""A server you can watch: after a few requests (chat and completions, streamed and not, embeddings, one refused), a real
 `nexttoken serve --log-format json --otlp-traces-endpoint URL` (stories260K) is read three ways. Its /metrics
 parses with prometheus_client's own text parser and carries vLLM's metric names with the model_name label, their
 counts equal to the requests made and their token counters to the responses' usage; its request log has one JSON
@@ -35,6 +35,7 @@ PARENTS = {"obs-chat": ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"),
 @dataclass
 class Served:
     usage: dict[str, tuple[int, int, str]]  # request id -> (prompt tokens, completion tokens, finish reason)
+    embedded: int  # the embeddings request's prompt tokens
     metrics: str  # the /metrics text after the requests
     log: list[dict]  # the request log's JSON lines
     spans: list[Span]
@@ -75,13 +76,15 @@ def served(model_dir) -> Served:
             usage["obs-completion-stream"] = _streamed(client.completions.create(
                 model=NAME, prompt=LONG, max_tokens=4, temperature=0, stream=True,
                 stream_options={"include_usage": True}, extra_headers=_headers("obs-completion-stream")))
+            embedded = client.embeddings.create(model=NAME, input=["a cat", "a dog sat"],
+                                                extra_headers=_headers("obs-embed")).usage.prompt_tokens
             with pytest.raises(openai.BadRequestError):
                 client.completions.create(model=NAME, prompt="Hi", temperature=-1, extra_headers=_headers("obs-bad"))
             metrics = client.with_options(base_url=url).get("/metrics", cast_to=str)
         finally:
             stop_server(proc)  # the server's shutdown exports the spans it batched
         log = [json.loads(line) for line in proc.stdout.read().decode().splitlines() if line.startswith("{")]
-        return Served(usage, metrics, log, list(collector.spans))
+        return Served(usage, embedded, metrics, log, list(collector.spans))
 
 
 def _samples(text: str) -> tuple[dict[str, str], dict[tuple[str, frozenset], float]]:
@@ -144,7 +147,7 @@ def test_metrics_carry_vllm_names_with_the_requests_counts_and_tokens(served: Se
 
 def test_json_request_log_has_a_line_per_request_with_its_usage(served: Served) -> None:
     lines = {x["request_id"]: x for x in served.log if x["logger"] == "nexttoken.server.requests"}
-    assert set(lines) == {*served.usage, "obs-bad"}
+    assert set(lines) == {*served.usage, "obs-embed", "obs-bad"}
     apis = {"obs-chat": "openai.chat", "obs-chat-stream": "openai.chat", "obs-completion": "openai.completions",
             "obs-completion-stream": "openai.completions"}
     for request_id, (prompt, completion, finish) in served.usage.items():
@@ -154,6 +157,9 @@ def test_json_request_log_has_a_line_per_request_with_its_usage(served: Served) 
         assert (line["prompt_tokens"], line["completion_tokens"], line["finish_reason"]) == (prompt, completion, finish)
         assert 0 < line["ttft_ms"] <= line["duration_ms"]
         assert line["error"] is None and line["sampling"]["temperature"] == 0
+    embed = lines["obs-embed"]
+    assert (embed["status"], embed["model"], embed["api"], embed["prompt_tokens"], embed["completion_tokens"]) == (
+        200, NAME, "openai.embeddings", served.embedded, 0)
     bad = lines["obs-bad"]
     assert (bad["level"], bad["status"], bad["model"], bad["ttft_ms"], bad["finish_reason"]) == (
         "WARNING", 400, None, None, None)
@@ -162,7 +168,7 @@ def test_json_request_log_has_a_line_per_request_with_its_usage(served: Served) 
 
 def test_one_span_per_request_under_the_callers_traceparent(served: Served) -> None:
     spans = {s.attributes["gen_ai.request.id"]: s for s in served.spans}
-    assert len(served.spans) == len(spans) == len(served.usage) + 1  # the refused request's span too
+    assert len(served.spans) == len(spans) == len(served.usage) + 2  # the embeddings' and the refused one's too
     assert len({s.trace_id for s in served.spans}) == len(served.spans)  # a trace each
     for request_id, (prompt, completion, finish) in served.usage.items():
         span = spans[request_id]
@@ -177,6 +183,8 @@ def test_one_span_per_request_under_the_callers_traceparent(served: Served) -> N
         assert 0 <= a["gen_ai.latency.time_in_queue"] <= a["gen_ai.latency.time_to_first_token"]
         assert a["gen_ai.request.temperature"] == 0
         assert abs((span.end_ns - span.start_ns) / 1e9 - a["gen_ai.latency.e2e"]) < 1e-3
+    embed = spans["obs-embed"].attributes
+    assert (embed["gen_ai.usage.prompt_tokens"], embed["gen_ai.usage.num_sequences"]) == (served.embedded, 2)
     bad = spans["obs-bad"]
     assert bad.attributes["http.response.status_code"] == 400 and "gen_ai.usage.prompt_tokens" not in bad.attributes
 

@@ -48,11 +48,14 @@ def test_a_line_per_request_and_each_error_with_its_cause() -> None:
     assert (chat["level"], chat["method"], chat["status"], chat["model"]) == ("INFO", "POST", "200", model)
     assert int(chat["prompt"]) == good.usage.prompt_tokens and int(chat["completion"]) == good.usage.completion_tokens
     assert chat["id"] and chat["error"] is None and "max_tokens=5" in chat["sampling"]
+    assert (chat["api"], chat["finish"]) == ("openai.chat", good.choices[0].finish_reason)
+    assert 0 <= int(chat["ttft"]) <= int(chat["ms"])
     assert (stream["path"], stream["status"]) == ("/v1/completions", "200")
     assert (int(stream["prompt"]), int(stream["completion"])) == (streamed[-1].usage.prompt_tokens,
                                                                   streamed[-1].usage.completion_tokens)
     assert (bad["level"], bad["status"], bad["model"], bad["completion"]) == ("WARNING", "400", "-", "0")
     assert "temperature" in bad["error"]
+    assert (bad["api"], bad["ttft"], bad["finish"]) == ("openai.chat", "-", "-")
     assert empty["id"] == "client-chosen-id" and "messages" in empty["error"]
     assert not [x for x in lines if x["path"] == "/health"]  # polled: debug level only
 
