@@ -10,6 +10,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
@@ -87,26 +88,28 @@ class ServerMetrics:
 
     def observe(self, event: TokenEvent, clock: SequenceClock, model: str | None = None) -> None:
         """Record one event of a sequence (its clock is updated); `model`: the label (default: this server's)."""
-        v, label = self.vllm, model or self.model_name
+        label = model or self.model_name
         if event.token_ids:
+            v = self.vllm.of(label)
             if clock.first_token is None:
                 self.ttft.observe(event.time - event.arrival_time)
-                v.ttft.labels(label).observe(event.time - event.arrival_time)
+                v.ttft.observe(event.time - event.arrival_time)
                 if event.scheduled_time is not None:
                     queued = max(0.0, event.scheduled_time - event.arrival_time)
                     self.queue.observe(queued)
-                    v.queue.labels(label).observe(queued)
-                    v.prefill.labels(label).observe(max(0.0, event.time - event.scheduled_time))
+                    v.queue.observe(queued)
+                    v.prefill.observe(max(0.0, event.time - event.scheduled_time))
                 clock.first_token = event.time
             else:
-                self.itl.observe(event.time - clock.previous_token)  # type: ignore[operator]
-                v.itl.labels(label).observe(event.time - clock.previous_token)  # type: ignore[operator]
-                v.tpot_legacy.labels(label).observe(event.time - clock.previous_token)  # type: ignore[operator]
+                gap = event.time - clock.previous_token  # type: ignore[operator]
+                self.itl.observe(gap)
+                v.itl.observe(gap)
+                v.tpot_legacy.observe(gap)
             clock.previous_token = event.time
         if event.finished:
             self.e2e.observe(event.time - event.arrival_time)
             self.finished.labels(event.finish_reason).inc()
-            v.finished(label, event, clock)
+            self.vllm.finished(label, event, clock)
 
     def aborted(self, model: str | None = None) -> None:
         """A sequence whose client left before it finished (engine.stream's cleanup aborted it)."""
@@ -124,42 +127,55 @@ class ServerMetrics:
 
 
 class _VllmRequestMetrics:
-    """vLLM's per-request histograms and its finish counter (vllm/v1/metrics/loggers.py's names), per model."""
+    """vLLM's per-request histograms and its finish counter (vllm/v1/metrics/loggers.py's names), per model; `of`
+    hands out one model's children, made once (a label lookup per token would cost more than the observation)."""
 
     def __init__(self, r: CollectorRegistry) -> None:
         def hist(name: str, doc: str, buckets: tuple) -> Histogram:
             return Histogram(f"vllm:{name}", doc, MODEL, buckets=buckets, registry=r)
 
-        self.ttft = hist("time_to_first_token_seconds", "Arrival to first token, seconds", _LATENCY_BUCKETS)
-        self.itl = hist("inter_token_latency_seconds", "Between consecutive tokens of a sequence, seconds",
-                        _LATENCY_BUCKETS)
-        self.tpot_legacy = hist("time_per_output_token_seconds", "Between consecutive tokens (vLLM's older name "
-                                "of inter_token_latency_seconds), seconds", _LATENCY_BUCKETS)
-        self.tpot = hist("request_time_per_output_token_seconds", "A finished sequence's decode time / (output "
-                         "tokens - 1), seconds", _LATENCY_BUCKETS)
-        self.e2e = hist("e2e_request_latency_seconds", "Arrival to finish, seconds", _REQUEST_BUCKETS)
-        self.queue = hist("request_queue_time_seconds", "Arrival to first scheduled, seconds", _REQUEST_BUCKETS)
-        self.prefill = hist("request_prefill_time_seconds", "First scheduled to first token, seconds", _REQUEST_BUCKETS)
-        self.decode = hist("request_decode_time_seconds", "First token to last, seconds", _REQUEST_BUCKETS)
-        self.inference = hist("request_inference_time_seconds", "First scheduled to finish, seconds", _REQUEST_BUCKETS)
-        self.prompt_tokens = hist("request_prompt_tokens", "Prompt tokens of a finished sequence", _TOKEN_BUCKETS)
-        self.generation_tokens = hist("request_generation_tokens", "Tokens a finished sequence generated",
-                                      _TOKEN_BUCKETS)
+        self.families = {
+            "ttft": hist("time_to_first_token_seconds", "Arrival to first token, seconds", _LATENCY_BUCKETS),
+            "itl": hist("inter_token_latency_seconds", "Between consecutive tokens of a sequence, seconds",
+                        _LATENCY_BUCKETS),
+            "tpot_legacy": hist("time_per_output_token_seconds", "Between consecutive tokens (vLLM's older name of "
+                                "inter_token_latency_seconds), seconds", _LATENCY_BUCKETS),
+            "tpot": hist("request_time_per_output_token_seconds", "A finished sequence's decode time / (output "
+                         "tokens - 1), seconds", _LATENCY_BUCKETS),
+            "e2e": hist("e2e_request_latency_seconds", "Arrival to finish, seconds", _REQUEST_BUCKETS),
+            "queue": hist("request_queue_time_seconds", "Arrival to first scheduled, seconds", _REQUEST_BUCKETS),
+            "prefill": hist("request_prefill_time_seconds", "First scheduled to first token, seconds",
+                            _REQUEST_BUCKETS),
+            "decode": hist("request_decode_time_seconds", "First token to last, seconds", _REQUEST_BUCKETS),
+            "inference": hist("request_inference_time_seconds", "First scheduled to finish, seconds",
+                              _REQUEST_BUCKETS),
+            "prompt_tokens": hist("request_prompt_tokens", "Prompt tokens of a finished sequence", _TOKEN_BUCKETS),
+            "generation_tokens": hist("request_generation_tokens", "Tokens a finished sequence generated",
+                                      _TOKEN_BUCKETS),
+        }
         self.success = Counter("vllm:request_success", "Finished sequences, by finish reason (stop, length, abort)",
                                [*MODEL, "finished_reason"], registry=r)
+        self._models: dict[str, SimpleNamespace] = {}
+
+    def of(self, model: str) -> SimpleNamespace:
+        """`model`'s histograms (children labelled with it), by the short names of `families`."""
+        if model not in self._models:
+            self._models[model] = SimpleNamespace(**{k: h.labels(model) for k, h in self.families.items()})
+        return self._models[model]
 
     def finished(self, label: str, event: TokenEvent, clock: SequenceClock) -> None:
         """A sequence's last event: its whole-request histograms and its finish reason."""
-        self.e2e.labels(label).observe(event.time - event.arrival_time)
+        m = self.of(label)
+        m.e2e.observe(event.time - event.arrival_time)
         self.success.labels(label, event.finish_reason).inc()
-        self.prompt_tokens.labels(label).observe(event.num_prompt_tokens)
-        self.generation_tokens.labels(label).observe(event.num_output_tokens)
+        m.prompt_tokens.observe(event.num_prompt_tokens)
+        m.generation_tokens.observe(event.num_output_tokens)
         if event.scheduled_time is not None:
-            self.inference.labels(label).observe(max(0.0, event.time - event.scheduled_time))
+            m.inference.observe(max(0.0, event.time - event.scheduled_time))
         if clock.first_token is not None:
-            self.decode.labels(label).observe(event.time - clock.first_token)
+            m.decode.observe(event.time - clock.first_token)
             if event.num_output_tokens > 1:
-                self.tpot.labels(label).observe((event.time - clock.first_token) / (event.num_output_tokens - 1))
+                m.tpot.observe((event.time - clock.first_token) / (event.num_output_tokens - 1))
 
 
 class _EngineCollector:
