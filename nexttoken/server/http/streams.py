@@ -45,7 +45,6 @@ def run_jobs(
     merged: asyncio.Queue = asyncio.Queue()
     started = [False] * len(jobs)
     record = current_request()  # the request log's line for this request: its tokens
-
     label = model or metrics.model_name
 
     async def pump(k: int, job: Job) -> None:
