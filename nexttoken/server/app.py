@@ -29,6 +29,7 @@ from .http.connections import AcceptErrors
 from .http.errors import ANTHROPIC_PATHS, APIError, anthropic_error_body, error_body
 from .http.guards import ApiKeyGuard, BodyLimit, HostCheck, InternalErrors, JsonOnly
 from .http.request_log import RequestLog
+from .http.tracing import OtlpTracer
 from .http.shutdown import MESSAGE as SHUTTING_DOWN, Drain
 from .metrics import ServerMetrics
 from .anthropic.protocol import CountTokensRequest, MessagesRequest
@@ -69,7 +70,8 @@ def _allowed(scope: dict) -> set[str]:
 def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     """The app over an engine (its model, tokenizer and defaults); the engine thread starts and stops with the
     app's lifespan."""
-    metrics = ServerMetrics(lambda: async_engine.stats)
+    metrics = ServerMetrics(lambda: async_engine.stats, settings.model_name)
+    tracer = OtlpTracer(settings.otlp_traces_endpoint) if settings.otlp_traces_endpoint else None
     async_engine = AsyncEngine(engine, on_step=metrics.on_step)
     traces = TraceStore(settings.model_name)  # one store: every API's traced choices are read back at one URL
     renderer = chat_renderer(engine, settings)  # one: the chat template's probes run once per server
@@ -88,6 +90,8 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
         yield
         async_engine.shutdown()
         grammars.close()
+        if tracer is not None:
+            tracer.close()  # the batched spans are exported before the process exits
 
     app = FastAPI(title="nexttoken", lifespan=lifespan, docs_url=None, redoc_url=None)
     # Starlette runs the last added first: errors, Host, CORS, the key, the media type, then the body is read.
@@ -100,7 +104,8 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
                        allow_headers=["*"])
     app.add_middleware(HostCheck, bound=settings.host, allowed=settings.allowed_hosts)
     app.add_middleware(InternalErrors)  # whatever goes wrong below is a 500 in OpenAI's body
-    app.add_middleware(RequestLog, model_name=settings.model_name)  # outermost: one line per request, 500s too
+    # outermost: one line (and span) per request, 500s too
+    app.add_middleware(RequestLog, model_name=settings.model_name, tracer=tracer)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:

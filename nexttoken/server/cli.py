@@ -156,15 +156,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the request log on stderr: info (default) one line per request (method, path, status, "
                         "model, tokens, duration, request id); warning: only errors, with their cause; error: only "
                         "5xx (with the traceback); off: none; debug: /health and /metrics too")
+    p.add_argument("--log-format", choices=("text", "json"), default="text",
+                   help="the request log's (and nexttoken's other log lines') format on stderr: text (default), or "
+                        "json: one JSON object per line (time, level, logger, message; a request's line adds "
+                        "request_id, method, path, status, model, api, prompt_tokens, completion_tokens, ttft_ms, "
+                        "duration_ms, finish_reason, sampling, error)")
+    p.add_argument("--otlp-traces-endpoint", metavar="URL",
+                   help="export an OpenTelemetry trace of each request to this OTLP/HTTP collector (e.g. "
+                        "http://localhost:4318/v1/traces; a URL without a path gets /v1/traces): a span per "
+                        "request with vLLM's gen_ai.* attributes, a child of the caller's W3C traceparent. Needs "
+                        "pip install 'nexttoken[otel]'")
     p.set_defaults(run=run)
 
 
-def _configure_logging(request_level: str) -> None:
-    """nexttoken's loggers to stderr, with time and level; the request log at --request-log-level."""
+def _configure_logging(request_level: str, log_format: str = "text") -> None:
+    """nexttoken's loggers to stderr, with time and level (--log-format: text or JSON lines); the request log at
+    --request-log-level."""
     import logging
 
+    from .http.log_format import formatter
+
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(formatter(log_format))
     root = logging.getLogger("nexttoken")
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
@@ -209,6 +222,16 @@ def run(args: argparse.Namespace) -> int:
     from .http.shutdown import BACKSTOP_S
 
     spec = _spec(args)  # every loading flag checked, before a file is read
+    if args.otlp_traces_endpoint:  # the extra and the URL checked before the model loads
+        from ..errors import MissingExtraError
+        from .http.tracing import require_otel, traces_url
+
+        try:
+            require_otel()
+            traces_url(args.otlp_traces_endpoint)
+        except (MissingExtraError, ValueError) as e:
+            print(f"nexttoken serve: {e}", file=sys.stderr)
+            return 2
     if spec.threads is None and spec.tensor_parallel_size == 1:
         spec = spec.replace(threads=default_threads())
     _passive_openmp(spec.threads or 0)  # before torch loads (LoadSpec's module and the parsers import none)
@@ -255,7 +278,8 @@ def run(args: argparse.Namespace) -> int:
                               allowed_hosts=tuple(args.allowed_hosts), allowed_origins=tuple(args.allowed_origins),
                               max_waiting_seqs=args.max_waiting_seqs,
                               special_tokens_in_content=args.special_tokens_in_content, aliases=tuple(aliases),
-                              grammar_compile_timeout_s=args.grammar_compile_timeout)
+                              grammar_compile_timeout_s=args.grammar_compile_timeout,
+                              otlp_traces_endpoint=args.otlp_traces_endpoint)
     speculative = None
     if args.num_speculative_tokens < 1:
         print("nexttoken serve: --num-speculative-tokens must be >= 1", file=sys.stderr)
@@ -269,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
     except GenerationConfigError as e:  # a KV pool that cannot be had: the bytes and the flags, no traceback
         print(f"nexttoken serve: {e}", file=sys.stderr)
         return 2
-    _configure_logging(args.request_log_level)
+    _configure_logging(args.request_log_level, args.log_format)
     app = build_app(engine, settings)
     print(f"serving {name!r} on http://{args.host}:{args.port}"
           + (f" (chat page: http://{args.host}:{args.port}/)" if args.webui else ""), file=sys.stderr, flush=True)

@@ -30,6 +30,7 @@ class ServerSettings:
     max_waiting_seqs: int = 1024  # sequences queued for a slot; a request that would queue more gets 429
     grammar_compile_timeout_s: float = 10.0  # a request waits this long for its grammar's compile, then gets 400
     aliases: tuple[str, ...] = ()  # more names requests may give the model (--served-model-name's others)
+    otlp_traces_endpoint: str | None = None  # an OTLP/HTTP collector: one span per request (http/tracing.py)
 
     @property
     def served_names(self) -> tuple[str, ...]:

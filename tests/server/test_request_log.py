@@ -1,6 +1,7 @@
 """The request log: `nexttoken serve` writes one line per request on stderr (method, path, status, model, prompt /
 completion tokens, duration, request id) and an error's cause; `--request-log-level warning` keeps only the
-errors. A real server (the SmolLM2 GGUF) as a subprocess, driven by the `openai` client; its output is read back."""
+errors. A real server (the SmolLM2 GGUF) as a subprocess, driven by the `openai` client; its output is read back.
+(The line's API, time to first token and finish reason, and its JSON form: test_observability.py.)"""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ pytestmark = requires_shared
 
 LINE = re.compile(r"(?P<level>INFO|WARNING|ERROR) nexttoken\.server\.requests: (?P<method>\w+) (?P<path>\S+) "
                   r"(?P<status>\d+) model=(?P<model>\S+) prompt_tokens=(?P<prompt>\d+) "
-                  r"completion_tokens=(?P<completion>\d+) duration_ms=(?P<ms>\d+) request_id=(?P<id>\S+)"
+                  r"completion_tokens=(?P<completion>\d+) duration_ms=(?P<ms>\d+) request_id=(?P<id>\S+) "
+                  r"api=(?P<api>\S+) ttft_ms=(?P<ttft>\d+|-) finish_reason=(?P<finish>\S+)"
                   r"(?: sampling=(?P<sampling>\S+))?(?: error=(?P<error>.*))?$")
 
 
@@ -46,11 +48,14 @@ def test_a_line_per_request_and_each_error_with_its_cause() -> None:
     assert (chat["level"], chat["method"], chat["status"], chat["model"]) == ("INFO", "POST", "200", model)
     assert int(chat["prompt"]) == good.usage.prompt_tokens and int(chat["completion"]) == good.usage.completion_tokens
     assert chat["id"] and chat["error"] is None and "max_tokens=5" in chat["sampling"]
+    assert (chat["api"], chat["finish"]) == ("openai.chat", good.choices[0].finish_reason)
+    assert 0 <= int(chat["ttft"]) <= int(chat["ms"])
     assert (stream["path"], stream["status"]) == ("/v1/completions", "200")
     assert (int(stream["prompt"]), int(stream["completion"])) == (streamed[-1].usage.prompt_tokens,
                                                                   streamed[-1].usage.completion_tokens)
     assert (bad["level"], bad["status"], bad["model"], bad["completion"]) == ("WARNING", "400", "-", "0")
     assert "temperature" in bad["error"]
+    assert (bad["api"], bad["ttft"], bad["finish"]) == ("openai.chat", "-", "-")
     assert empty["id"] == "client-chosen-id" and "messages" in empty["error"]
     assert not [x for x in lines if x["path"] == "/health"]  # polled: debug level only
 

@@ -249,7 +249,10 @@ def test_disconnect_frees_the_slot(model_dir) -> None:
             model=model_id(openai.OpenAI(base_url=url + "/v1", api_key="x")), prompt="The end", max_tokens=5,
             temperature=0)
         assert after.usage.completion_tokens == 5  # the only slot was free again
-        assert _metric(httpx.get(url + "/metrics").text, abort) == before + 1
+        text = httpx.get(url + "/metrics").text
+        assert _metric(text, abort) == before + 1
+        # vLLM's name counts it too, under the model's name
+        assert _metric(text, f'vllm:request_success_total{{finished_reason="abort",model_name="{after.model}"}}') == 1
     finally:
         stop_server(proc)
 

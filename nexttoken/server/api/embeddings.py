@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from ...engine.async_engine import EngineClosedError, EngineDeadError
 from ...engine.embedding import EmbeddingError
 from ..http.errors import bad_request
+from ..http.request_log import current_request
 from ..openai.prompts import completion_prompts
 from ..openai.protocol import EmbeddingRequest
 from .serving import Serving, parse_body, unavailable
@@ -40,6 +41,10 @@ class Embeddings(Serving):
             raise bad_request(str(e), "dimensions" if "dimensions" in str(e) else "input") from e
         except (EngineClosedError, EngineDeadError) as e:
             raise unavailable(e) from e
+        record = current_request()  # the request log's line: its model and prompt tokens
+        if record is not None:
+            for prompt in prompts:
+                record.started(prompt, None, self.settings.model_name)
         data = [{"object": "embedding", "index": i, "embedding": _encoded(v, req.encoding_format)}
                 for i, v in enumerate(vectors)]
         tokens = sum(len(p) for p in prompts)

@@ -19,7 +19,7 @@ from ...engine.async_engine import AsyncEngine
 from ...engine.sequence import TokenEvent
 from ...generation.config import GenerationConfig
 from ...errors import NextTokenError
-from ..metrics import ServerMetrics
+from ..metrics import SequenceClock, ServerMetrics
 from .request_log import current_request
 
 
@@ -35,31 +35,34 @@ class Job:
 
 
 def run_jobs(
-    engine: AsyncEngine, jobs: list[Job], metrics: ServerMetrics, arrival: float, reserved: bool = False
+    engine: AsyncEngine, jobs: list[Job], metrics: ServerMetrics, arrival: float, reserved: bool = False,
+    model: str | None = None,
 ) -> AsyncIterator[tuple[int, TokenEvent]]:
     """(choice index, event) from all jobs as they come; closing this iterator cancels the unfinished ones. The
     jobs start now (their streams on the next turn of the loop); `reserved`: engine.reserve counted them, and a
-    job whose stream never starts (cancelled first) is handed back."""
+    job whose stream never starts (cancelled first) is handed back. `model`: the served model the metrics and the
+    request log name (default: the server's)."""
     merged: asyncio.Queue = asyncio.Queue()
     started = [False] * len(jobs)
     record = current_request()  # the request log's line for this request: its tokens
+    label = model or metrics.model_name
 
     async def pump(k: int, job: Job) -> None:
-        previous, finished = None, False
+        clock, finished = SequenceClock(), False
         started[k] = True
         if record is not None:
-            record.started(job.prompt_ids, job.lora)
+            record.started(job.prompt_ids, job.lora, label)
         try:
             async for event in engine.stream(job.request_id, job.prompt_ids, job.params, arrival, job.group or None,
                                            priority=job.priority, reserved=reserved, lora=job.lora):
-                metrics.observe(event, previous)
+                metrics.observe(event, clock, label)
                 if record is not None:
-                    record.completion_tokens += len(event.token_ids)
-                previous, finished = (event.time if event.token_ids else previous), event.finished
+                    record.add(event)
+                finished = event.finished
                 await merged.put((job.index, event))
         except asyncio.CancelledError:
             if not finished:
-                metrics.finished.labels("abort").inc()  # the client left: engine.stream's cleanup aborted it
+                metrics.aborted(label)  # the client left: engine.stream's cleanup aborted it
             raise
         except Exception as e:  # noqa: BLE001 - handed to the consumer, who decides the response
             await merged.put((job.index, e))
