@@ -83,8 +83,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2, help="interleaved repetitions; medians are reported")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per run (batch 1)")
-    p.add_argument("--activations", choices=["int8", "int16"], default="int8",
-                   help="the packed blocks' activations (llama.cpp's are int8)")
+    p.add_argument("--activations", choices=["float32", "int16", "int8"], default="float32",
+                   help="the packed blocks' activations: float32 (exact, nexttoken's default) or llama.cpp's int8")
     p.add_argument("--dequantize", action="store_true", help="also the file dequantized to a float32 model")
     p.add_argument("--out", default="bench-gguf", help="output prefix: writes OUT.json")
     p.set_defaults(run=run)
