@@ -139,6 +139,8 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "app": {"anthropic", "api", "http", "llamacpp", "metrics", "openai", "settings", "webui"},  # the request
         # schemas for /openapi.json
         "cli": {"app", "http", "settings"},
+        "batch": {"http"},  # OpenAI's batch format, and a file of requests run through the app's own routes
+        "run_batch": {"app", "batch", "cli", "settings"},  # `nexttoken run-batch`
     },
 }
 
