@@ -44,8 +44,9 @@ class BatchRequest:
         return self.custom_id if self.custom_id is not None else ("line", self.line)
 
 
-def parse_line(number: int, text: str) -> BatchRequest:
-    """One input line as a request, or as the 400 that answers it."""
+def parse_line(number: int, text: str, endpoints: tuple[str, ...] = ENDPOINTS) -> BatchRequest:
+    """One input line as a request, or as the 400 that answers it; `endpoints`: the urls it may name (a server
+    batch's one endpoint)."""
 
     def refused(message: str, param: str | None, custom_id: str | None = None) -> BatchRequest:
         where = f"line {number}: " if custom_id is None else f"line {number} ({custom_id!r}): "
@@ -67,8 +68,9 @@ def parse_line(number: int, text: str) -> BatchRequest:
     if item.get("method") != "POST":
         return refused(f"method must be \"POST\", got {item.get('method')!r}", "method", custom_id)
     url = item.get("url")
-    if url not in ENDPOINTS:
-        return refused(f"url {url!r} is not a batch endpoint: use one of {', '.join(ENDPOINTS)}", "url", custom_id)
+    if url not in endpoints:
+        return refused(f"url {url!r} is not {'a' if len(endpoints) > 1 else 'the'} batch endpoint: use "
+                       f"{'one of ' if len(endpoints) > 1 else ''}{', '.join(endpoints)}", "url", custom_id)
     if "body" not in item:
         return refused("body is required: the request the url's API gets", "body", custom_id)
     body = item["body"]
@@ -78,10 +80,10 @@ def parse_line(number: int, text: str) -> BatchRequest:
     return BatchRequest(number, custom_id, url, json.dumps(body).encode())
 
 
-def parse_requests(lines: Iterable[str]) -> list[BatchRequest]:
+def parse_requests(lines: Iterable[str], endpoints: tuple[str, ...] = ENDPOINTS) -> list[BatchRequest]:
     """Every non-blank line as a request (or its 400); a custom_id given twice is a BatchError naming it, before
     any work (a resumed run could not tell the answers apart)."""
-    requests = [parse_line(n, text) for n, text in enumerate(lines, 1) if text.strip()]
+    requests = [parse_line(n, text, endpoints) for n, text in enumerate(lines, 1) if text.strip()]
     seen: dict[str, int] = {}
     for r in requests:
         if r.custom_id is not None and r.custom_id in seen:

@@ -27,11 +27,13 @@ async def started(app: Any) -> AsyncIterator[None]:
 
 
 async def run_requests(app: ASGIApp, requests: Iterable[BatchRequest], on_answer: Callable[[dict[str, Any]], None],
-                       concurrency: int) -> None:
-    """Answer every request through `app`, `concurrency` at once; on_answer(output line) as each is done."""
+                       concurrency: int, headers: dict[str, str] | None = None) -> None:
+    """Answer every request through `app`, `concurrency` at once; on_answer(output line) as each is done.
+    `headers`: sent with each (the server's API key, for a batch the server runs on itself)."""
     pending = iter(requests)
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=None) as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=None,
+                                 headers=headers) as client:
 
         async def worker() -> None:
             for request in pending:  # the workers share the one iterator: each line is taken once
