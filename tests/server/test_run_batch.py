@@ -160,3 +160,68 @@ def test_a_duplicate_custom_id_is_refused_by_name(model_dir, tmp_path, capsys):
     assert code == 2
     assert "custom_id 'twice' is on line 1 and line 3" in err
     assert not (tmp_path / "out.jsonl").exists()  # refused before any work
+
+
+# ---- the same machinery over HTTP: /v1/files and /v1/batches, driven by the `openai` SDK ------------------------
+
+def _finish(client, batch_id: str, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    batch = client.batches.retrieve(batch_id)
+    while batch.status in ("validating", "in_progress", "finalizing", "cancelling") and time.monotonic() < deadline:
+        time.sleep(0.1)
+        batch = client.batches.retrieve(batch_id)
+    return batch
+
+
+def test_the_sdks_batch_gives_the_servers_answers(batch, server, client):
+    requests, _, _ = batch
+    chat = [line for line in requests.read_text().splitlines()[:40] if '"/v1/chat/completions"' in line]
+    lines = chat + ["not json", chat[0].replace('"custom_id": "req-', '"custom_id": "other-').replace(
+        "/v1/chat/completions", "/v1/completions")]
+    upload = client.files.create(file=("requests.jsonl", "\n".join(lines).encode()), purpose="batch")
+    assert (upload.purpose, upload.bytes) == ("batch", len("\n".join(lines).encode()))
+    created = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions",
+                                    completion_window="24h", metadata={"run": "test"})
+    done = _finish(client, created.id)
+    assert done.status == "completed" and done.metadata == {"run": "test"}
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (
+        len(lines), len(chat), 2)
+    answers = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
+    errors = [json.loads(x) for x in client.files.content(done.error_file_id).text.splitlines()]
+    assert sorted(str(e["custom_id"]) for e in errors) == ["None", "other-4"]
+    assert {e["response"]["body"]["error"]["param"] for e in errors} == {None, "url"}
+    bodies = {json.loads(line)["custom_id"]: json.loads(line)["body"] for line in chat}
+    assert sorted(a["custom_id"] for a in answers) == sorted(bodies)
+    with httpx.Client(base_url=server, timeout=120) as http:
+        for a in answers:
+            want = http.post("/v1/chat/completions", json=bodies[a["custom_id"]]).json()
+            assert _without_ids(a["response"]["body"]) == _without_ids(want), a["custom_id"]
+    assert created.id in [b.id for b in client.batches.list()]
+    assert {upload.id, done.output_file_id, done.error_file_id} <= {f.id for f in client.files.list()}
+
+
+def test_a_cancelled_batch_stops_and_the_server_goes_on(server, client, model_dir):
+    body = {"model": model_dir.name, "prompt": "Once upon a time", "max_tokens": 64, "temperature": 0}
+    lines = [json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions", "body": body})
+             for i in range(100)]  # within the test server's 20,000-byte bodies
+    upload = client.files.create(file=("long.jsonl", "\n".join(lines).encode()), purpose="batch")
+    created = client.batches.create(input_file_id=upload.id, endpoint="/v1/completions", completion_window="24h")
+    cancelled = client.batches.cancel(created.id)
+    assert cancelled.status == "cancelled" and cancelled.cancelled_at is not None
+    assert cancelled.request_counts.completed < 100
+    assert client.completions.create(**{**body, "max_tokens": 2}).choices[0].finish_reason == "length"
+
+
+def test_batch_mistakes_are_the_apis_errors(client):
+    openai = pytest.importorskip("openai")
+    with pytest.raises(openai.NotFoundError, match="no file 'file-nope'"):
+        client.batches.create(input_file_id="file-nope", endpoint="/v1/completions", completion_window="24h")
+    line = json.dumps({"custom_id": "twice", "method": "POST", "url": "/v1/completions", "body": {}})
+    upload = client.files.create(file=("dup.jsonl", f"{line}\n{line}\n".encode()), purpose="batch")
+    with pytest.raises(openai.BadRequestError, match="custom_id 'twice' is on line 1 and line 2"):
+        client.batches.create(input_file_id=upload.id, endpoint="/v1/completions", completion_window="24h")
+    with pytest.raises(openai.NotFoundError, match="no batch"):
+        client.batches.retrieve("batch_nope")
+    assert client.files.delete(upload.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.content(upload.id)
