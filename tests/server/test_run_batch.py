@@ -225,3 +225,14 @@ def test_batch_mistakes_are_the_apis_errors(client):
     assert client.files.delete(upload.id).deleted
     with pytest.raises(openai.NotFoundError):
         client.files.content(upload.id)
+
+
+def test_only_files_take_a_multipart_body(server):
+    """A page may post multipart without a preflight: it can store a file, never start a batch (JSON only)."""
+    multipart = {"Content-Type": "multipart/form-data; boundary=x"}
+    refused = httpx.post(server + "/v1/batches", content="--x\r\n\r\n--x--", headers=multipart, timeout=30)
+    assert refused.status_code == 415 and "application/json" in refused.json()["error"]["message"]
+    broken = httpx.post(server + "/v1/files", content="--x\r\n\r\n--x--", headers=multipart, timeout=30)
+    assert broken.status_code == 400 and broken.json()["error"]["type"] == "invalid_request_error"
+    no_file = httpx.post(server + "/v1/files", data={"purpose": "batch"}, files={"x": ("a", b"")}, timeout=30)
+    assert no_file.status_code == 400 and no_file.json()["error"]["param"] == "file"
