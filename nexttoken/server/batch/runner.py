@@ -51,4 +51,8 @@ async def answer(client: httpx.AsyncClient, request: BatchRequest) -> dict[str, 
         if response.status_code != 429:
             break
         await asyncio.sleep(float(response.headers.get("retry-after", 1)))
-    return output_line(request, response.status_code, json.loads(response.content), request_id)
+    try:
+        body = json.loads(response.content)
+    except json.JSONDecodeError:  # every API answers JSON: kept as text, should one not
+        body = response.text
+    return output_line(request, response.status_code, body, request_id)
