@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import GenerationConfigError
     from ..loading import load
     from .app import build_app
-    from .batch import read_requests, resume
+    from .batch.lines import read_requests, resume
     from .settings import ServerSettings
 
     concurrency = args.concurrency or 2 * args.max_num_seqs
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 async def _run(app: Any, todo: list, output: str, concurrency: int, total: int, progress: bool) -> None:
     from tqdm import tqdm
 
-    from .batch import run_requests, started
+    from .batch.runner import run_requests, started
 
     bar = tqdm(total=total, initial=total - len(todo), unit="req", file=sys.stderr, disable=not progress,
                dynamic_ncols=True)

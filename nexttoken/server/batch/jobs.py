@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..http.errors import APIError, bad_request
 from .files import FileStore
-from .lines import ENDPOINTS, BatchError, parse_requests
+from .lines import BatchError, parse_requests
 from .runner import run_requests
 
 log = logging.getLogger("nexttoken.server")

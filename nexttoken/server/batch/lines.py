@@ -17,8 +17,7 @@ from typing import Any, Iterable
 
 from ...errors import NextTokenError
 from ..http.errors import error_body
-
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
+from . import ENDPOINTS
 # A line without a readable custom_id is known by its number: its error message starts with it (resume reads it).
 _LINE = re.compile(r"^line (\d+): ")
 

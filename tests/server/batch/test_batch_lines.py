@@ -8,8 +8,7 @@ import json
 import pytest
 
 from nexttoken.errors import NextTokenError
-from nexttoken.server.batch import BatchError, parse_requests, resume
-from nexttoken.server.batch.lines import output_line, refusal
+from nexttoken.server.batch.lines import BatchError, output_line, parse_requests, refusal, resume
 
 GOOD = {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "max_tokens": 1}}
 
