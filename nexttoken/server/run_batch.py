@@ -70,8 +70,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"loading {spec.model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
     loaded = load(spec).main
     name, *aliases = args.served_model_name or [loaded.name]
-    settings = ServerSettings(name, pooling=model_pooling(loaded.path) or "last", webui=False,
-                              aliases=tuple(aliases), max_seqs_per_request=max(256, args.max_num_seqs))
+    settings = ServerSettings(name, pooling=model_pooling(loaded.path) or "last", webui=False, aliases=tuple(aliases))
     engine = LLMEngine(loaded.model, loaded.tokenizer, config, loaded.generation_config)
     app = build_app(engine, settings)
     # The answers, errors too, are in the output file: the request log says only what went wrong in the server.

@@ -135,6 +135,8 @@ def resume(path: str | Path, requests: list[BatchRequest]) -> list[BatchRequest]
     by a kill is removed from the file (its request runs again); an answer to a custom_id the input does not have
     is a BatchError: the file is another batch's output."""
     path = Path(path)
+    if not path.parent.is_dir():
+        raise BatchError(f"the output file's folder {str(path.parent)!r} does not exist: create it first")
     if not path.exists():
         return requests
     data = path.read_bytes()

@@ -50,6 +50,8 @@ def test_resume_skips_answered_lines_and_drops_a_line_cut_by_a_kill(tmp_path):
     requests = parse_requests([json.dumps(GOOD), "{oops", json.dumps({**GOOD, "custom_id": "b"})])
     out = tmp_path / "results.jsonl"
     assert resume(out, requests) == requests  # no output file yet
+    with pytest.raises(BatchError, match="does not exist: create it first"):
+        resume(tmp_path / "missing" / "results.jsonl", requests)
     done = [json.dumps(output_line(requests[0], 200, {"ok": 1})), json.dumps(refusal(requests[1]))]
     out.write_text("\n".join(done) + "\n" + json.dumps(output_line(requests[2], 200, {}))[:25])
     assert resume(out, requests) == [requests[2]]  # "b" was cut short: it runs again
