@@ -4,6 +4,7 @@ each of its 3 bad lines; a run killed halfway and run again answers each line on
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -236,3 +237,39 @@ def test_only_files_take_a_multipart_body(server):
     assert broken.status_code == 400 and broken.json()["error"]["type"] == "invalid_request_error"
     no_file = httpx.post(server + "/v1/files", data={"purpose": "batch"}, files={"x": ("a", b"")}, timeout=30)
     assert no_file.status_code == 400 and no_file.json()["error"]["param"] == "file"
+
+
+def test_a_batch_on_a_server_with_a_key_runs_with_that_key(model_dir, one_thread):
+    """The batch's own requests pass the server's key guard (the app in this process, through ASGI)."""
+    from nexttoken.engine import EngineConfig, LLMEngine
+    from nexttoken.loading import load
+    from nexttoken.loadspec import LoadSpec
+    from nexttoken.server import ServerSettings, build_app
+    from nexttoken.server.batch.runner import started
+
+    loaded = load(LoadSpec(model=model_dir)).main
+    engine = LLMEngine(loaded.model, loaded.tokenizer, EngineConfig(max_num_seqs=4, chunk_size=16),
+                       loaded.generation_config)
+    app = build_app(engine, ServerSettings(loaded.name, api_key="sesame", webui=False))
+    line = json.dumps({"custom_id": "k", "method": "POST", "url": "/v1/completions",
+                       "body": {"model": loaded.name, "prompt": "Once", "max_tokens": 2, "temperature": 0}})
+
+    async def run() -> tuple[int, dict, list[dict]]:
+        async with started(app), httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1",
+                                                   headers={"authorization": "Bearer sesame"}) as http:
+            keyless = (await http.post("/v1/files", files={"file": ("r.jsonl", b"x")}, data={"purpose": "batch"},
+                                       headers={"authorization": ""})).status_code
+            upload = (await http.post("/v1/files", files={"file": ("r.jsonl", line.encode())},
+                                      data={"purpose": "batch"})).json()
+            batch = (await http.post("/v1/batches", json={"input_file_id": upload["id"], "completion_window": "24h",
+                                                          "endpoint": "/v1/completions"})).json()
+            while batch["status"] == "in_progress":
+                await asyncio.sleep(0.05)
+                batch = (await http.get(f"/v1/batches/{batch['id']}")).json()
+            content = (await http.get(f"/v1/files/{batch['output_file_id']}/content")).text
+            return keyless, batch, [json.loads(x) for x in content.splitlines()]
+
+    keyless, batch, answers = asyncio.run(run())
+    assert keyless == 401
+    assert batch["status"] == "completed" and batch["request_counts"]["completed"] == 1
+    assert answers[0]["custom_id"] == "k" and answers[0]["response"]["status_code"] == 200
