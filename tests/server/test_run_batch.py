@@ -223,6 +223,8 @@ def test_batch_mistakes_are_the_apis_errors(client):
         client.batches.create(input_file_id=upload.id, endpoint="/v1/completions", completion_window="24h")
     with pytest.raises(openai.NotFoundError, match="no batch"):
         client.batches.retrieve("batch_nope")
+    with pytest.raises(openai.BadRequestError, match="limit must be an integer from 1 to 100, got '0'"):
+        client.batches.list(limit=0)
     assert client.files.delete(upload.id).deleted
     with pytest.raises(openai.NotFoundError):
         client.files.content(upload.id)

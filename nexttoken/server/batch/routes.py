@@ -55,10 +55,10 @@ def add_batch_routes(app: FastAPI, concurrency: int, api_key: str | None) -> Bat
         return JSONResponse(batches.create(request.app, body).object())
 
     @app.get("/v1/batches", include_in_schema=False)
-    async def list_batches(after: str | None = None, limit: int = 20) -> JSONResponse:
-        if not 1 <= limit <= 100:
-            raise bad_request(f"limit must be 1 to 100, got {limit}", "limit")
-        return JSONResponse(batches.listing(after, limit))
+    async def list_batches(after: str | None = None, limit: str = "20") -> JSONResponse:
+        if not (limit.isdigit() and 1 <= int(limit) <= 100):  # read here: FastAPI's own refusal is a 422
+            raise bad_request(f"limit must be an integer from 1 to 100, got {limit!r}", "limit")
+        return JSONResponse(batches.listing(after, int(limit)))
 
     @app.get("/v1/batches/{batch_id}", include_in_schema=False)
     async def get_batch(batch_id: str) -> JSONResponse:
