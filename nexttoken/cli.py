@@ -1,4 +1,4 @@
-"""`nexttoken generate | chat | replay | serve | bench | loadtest`: thin shells over the Python API.
+"""`nexttoken generate | chat | replay | serve | run-batch | bench | loadtest`: thin shells over the Python API.
 
 Generation flags are GenerationConfig's field names (`--top-p` sets `top_p`), each with its line from
 generation/option_help.py; a flag left out leaves the model's own default in place. Loading flags are LoadSpec's
@@ -239,8 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .loadtest import add_parser as add_loadtest_parser
     from .server.cli import add_parser as add_serve_parser
+    from .server.run_batch import add_parser as add_run_batch_parser
 
     add_serve_parser(sub)
+    add_run_batch_parser(sub)
     add_loadtest_parser(sub)
     for command in sub.choices.values():  # every option's help ends with its default
         command.formatter_class = DefaultsHelpFormatter

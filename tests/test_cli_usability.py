@@ -17,7 +17,7 @@ from nexttoken.generation.option_help import OPTION_HELP
 
 ROOT = Path(__file__).resolve().parents[1]
 GGUF = "models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
-COMMANDS = ["generate", "chat", "replay", "serve", "bench", "loadtest"]
+COMMANDS = ["generate", "chat", "replay", "serve", "run-batch", "bench", "loadtest"]
 
 
 def _python(*args: str, stdin: str = "", env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:

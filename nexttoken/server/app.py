@@ -24,6 +24,7 @@ from .api.models import Models
 from .api.responses import Responses
 from .api.serving import chat_renderer
 from .api.grammars import GrammarCompiler
+from .batch.routes import add_batch_routes
 from .api.traces import TraceStore
 from .http.connections import AcceptErrors
 from .http.errors import ANTHROPIC_PATHS, APIError, anthropic_error_body, error_body
@@ -88,6 +89,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
         async_engine.start()
         drain.attach(asyncio.get_running_loop(), lambda: async_engine.close(SHUTTING_DOWN))
         yield
+        await batches.close()  # running batches are cancelled (their answers so far kept in their files)
         async_engine.shutdown()
         grammars.close()
         if tracer is not None:
@@ -116,7 +118,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kinds = {404: ("not_found_error", f"no route {request.url.path!r}: see /v1/models, /v1/completions, "
-                                          "/v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /infill, /v1/traces/{id}, /tokenize, /detokenize, /health, /metrics"),
+                                          "/v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /infill, /v1/traces/{id}, /v1/files, /v1/batches, /tokenize, /detokenize, /health, /metrics"),
                  405: ("invalid_request_error", f"{request.method} is not allowed on {request.url.path!r}")}
         kind, message = kinds.get(exc.status_code, ("invalid_request_error", str(exc.detail)))
         body = (anthropic_error_body(exc.status_code, message) if request.url.path.startswith(ANTHROPIC_PATHS)
@@ -146,6 +148,8 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     app.get("/v1/traces/{trace_id}", **ROUTES["trace"])(traces.get)
     app.post("/v1/load_lora_adapter", **MORE_ROUTES["load_lora"])(loras.load)
     app.post("/v1/unload_lora_adapter", **MORE_ROUTES["unload_lora"])(loras.unload)
+    # OpenAI's files and batches: a batch runs through this app's own routes (batch/), as `nexttoken run-batch` does
+    batches = add_batch_routes(app, 2 * engine.config.max_num_seqs, settings.api_key)
     if settings.webui:
         add_webui(app)
 

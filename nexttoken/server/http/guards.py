@@ -19,6 +19,9 @@ from .shutdown import MESSAGE as SHUTTING_DOWN, Drain
 # /metrics stay open for probes and scrapers.
 API_PATHS = ("/v1/", "/tokenize", "/detokenize", "/infill", "/responses")
 _PROTECTED = (*API_PATHS, "/openapi.json")
+# The one path that takes a multipart body (a file upload, as OpenAI's): a page may store a file there without a
+# preflight, but it cannot start a batch on it (POST /v1/batches is JSON only).
+UPLOADS = ("/v1/files",)
 
 
 async def _send_error(send: Send, status: int, body: dict) -> None:
@@ -143,7 +146,8 @@ class ApiKeyGuard:
 
 
 class JsonOnly:
-    """POSTs to the API must say `Content-Type: application/json` (415 otherwise, in OpenAI's body). A web page can
+    """POSTs to the API must say `Content-Type: application/json` (415 otherwise, in OpenAI's body; UPLOADS take
+    multipart/form-data too). A web page can
     send text/plain, form and multipart bodies to any address without asking (no CORS preflight): refusing them
     keeps pages from starting generations on a server without a key."""
 
@@ -155,7 +159,7 @@ class JsonOnly:
                 and _posts_to_a_route(scope)):  # a POST to a GET-only path is the router's 405, not a 415
             declared = dict(scope.get("headers") or []).get(b"content-type", b"").decode("latin-1")
             media = declared.split(";", 1)[0].strip().lower()
-            if media != "application/json":
+            if media != "application/json" and not (media == "multipart/form-data" and scope["path"] in UPLOADS):
                 message = (f"the request body must be JSON, sent with Content-Type: application/json (got "
                            f"{declared[:100]!r})")
                 body = error_body_for(scope["path"], 415, message, "invalid_request_error", "unsupported_media_type")
