@@ -71,7 +71,7 @@ struct Code {
 #define NT_CODE(c) Code{#c, (int64_t)(c)}
 
 constexpr Code kCodes[] = {
-    NT_CODE(W_F32),       NT_CODE(W_BF16),      NT_CODE(W_I8),          NT_CODE(W_I4),       NT_CODE(W_GGML),
+    NT_CODE(W_F32),       NT_CODE(W_BF16),      NT_CODE(W_I8),          NT_CODE(W_I4),       NT_CODE(W_I8_F32),   NT_CODE(W_I4_F32),  NT_CODE(W_GGML),
     NT_CODE(GGML_MIXED),  NT_CODE(GGML_Q16),    NT_CODE(GGML_F32),    NT_CODE(OUT_F32),       NT_CODE(OUT_BF16),   NT_CODE(KV_F32),
     NT_CODE(KV_I8),       NT_CODE(NT_PLUS_ONE), NT_CODE(NT_SANDWICH),   NT_CODE(NT_NORM_AFTER),
     NT_CODE(NT_GELU),     NT_CODE(QK_NONE),     NT_CODE(QK_HEAD),       NT_CODE(QK_PROJECTION),

@@ -254,6 +254,8 @@ int nt_dequantize_i8(const int8_t* q, const float* scale, int64_t N, int64_t K, 
 
 int nt_linear_i4(const uint8_t* W, const uint16_t* S, const float* x, const float* bias, int64_t M, int64_t N,
                  int64_t K, void* y, int out_kind);  // int4.cpp
+int nt_linear_i4f(const uint8_t* W, const uint16_t* S, const float* x, const float* bias, int64_t M, int64_t N,
+                  int64_t K, void* y, int out_kind);  // int4.cpp, float32 activations
 int nt_linear_ggml(int type, const uint8_t* W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K,
                    void* y, int out_kind);  // ggml.cpp
 
@@ -264,7 +266,10 @@ int nt_linear(const void* W, int kind, const float* x, const float* bias, const 
               int64_t K, void* y, int out_kind) {
   if (kind >= W_GGML) return nt_linear_ggml(kind - W_GGML, (const uint8_t*)W, x, bias, M, N, K, y, out_kind);
   if (kind == W_I4) return nt_linear_i4((const uint8_t*)W, (const uint16_t*)scale, x, bias, M, N, K, y, out_kind);
-  if (kind == W_I8 && scale && K <= 16384 && has_vnni()) {
+  if (kind == W_I4_F32) return nt_linear_i4f((const uint8_t*)W, (const uint16_t*)scale, x, bias, M, N, K, y, out_kind);
+  const bool exact = kind == W_I8_F32;  // int8 rows times float32 activations: the float kernel below
+  if (exact) kind = W_I8;
+  if (kind == W_I8 && !exact && scale && K <= 16384 && has_vnni()) {
     const int64_t Kp = (K + 31) / 32 * 32;
     static thread_local int16_t xq[8 * 16384];  // (8, Kp) quantized activations
     float xscale[8];

@@ -211,9 +211,87 @@ TARGET_I4 void dequant_row(const uint8_t* W, const uint16_t* S, int64_t K, int64
   }
 }
 
+// Float32 activations (the exact default): x (M, K) -> xo (M, Kp) float32 in the chunks' order (position p of chunk
+// c: column col_of[p], zero past K). Each chunk's 128 weights are widened to float32 in registers, (q + 8 - 8) *
+// scale, and multiplied with FMAs: the float32 product of the dequantized weights, no activation rounding. Within
+// each 16-byte quarter of a chunk, byte j belongs to group j / 4 (column_of), for its low and high nibble alike.
+void order_rows(const float* x, int64_t M, int64_t K, int64_t Kp, float* xo) {
+  int64_t col_of[CHUNK];
+  for (int64_t b = 0; b < 64; ++b)
+    for (int64_t h = 0; h < 2; ++h) col_of[64 * h + b] = column_of(b, h);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t c = 0; c < Kp; c += CHUNK)
+      for (int64_t p = 0; p < CHUNK; ++p) {
+        const int64_t col = c + col_of[p];
+        xo[(size_t)m * Kp + c + p] = col < K ? x[(size_t)m * K + col] : 0.f;
+      }
+}
+
+template <int M>
+TARGET_I4 void tilef(const uint8_t* W, const uint16_t* S, const float* xo, int64_t Kp, int64_t n, __m512* out) {
+  const uint8_t* row = W + (size_t)n * (Kp / 2);
+  const uint16_t* sc = S + (size_t)n * (Kp / 32);
+  const __m512i nib = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi32(8);
+  const __m512i quarter = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  __m512 acc[M][2];
+  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < Kp / CHUNK; ++c) {
+    const __m512i v = _mm512_loadu_si512((const void*)(row + 64 * c));
+    const __m512i half[2] = {_mm512_and_si512(v, nib), _mm512_and_si512(_mm512_srli_epi16(v, 4), nib)};
+    const __m128 g = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i*)(sc + 4 * c)));  // the chunk's four scales
+    const __m512 s = _mm512_permutexvar_ps(quarter, _mm512_castps128_ps512(g));       // lane j: group j / 4
+    for (int h = 0; h < 2; ++h)
+      for (int q = 0; q < 4; ++q) {
+        __m128i u;
+        switch (q) {  // the extract's lane index must be a constant
+          case 0: u = _mm512_castsi512_si128(half[h]); break;
+          case 1: u = _mm512_extracti32x4_epi32(half[h], 1); break;
+          case 2: u = _mm512_extracti32x4_epi32(half[h], 2); break;
+          default: u = _mm512_extracti32x4_epi32(half[h], 3); break;
+        }
+        const __m512 w = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(u), eight)), s);
+        for (int m = 0; m < M; ++m)
+          acc[m][q & 1] = _mm512_fmadd_ps(w, _mm512_loadu_ps(xo + (size_t)m * Kp + CHUNK * c + 64 * h + 16 * q),
+                                          acc[m][q & 1]);
+      }
+  }
+  for (int m = 0; m < M; ++m) out[m] = _mm512_add_ps(acc[m][0], acc[m][1]);
+}
+
+template <int M>
+TARGET_I4 void runf(const uint8_t* W, const uint16_t* S, const float* xo, const float* bias, int64_t N, int64_t Kp,
+                    void* y, int out_kind) {
+  auto one = [&](int64_t n, __m512* v) { tilef<M>(W, S, xo, Kp, n, v); };
+  over_rows<M, 1>(one, one, N, Kp, nullptr, nullptr, bias, y, out_kind);
+}
+
 }  // namespace
 
 extern "C" {
+
+// nt_linear_i4 with float32 activations (tilef): the exact product of the dequantized weights, the default.
+int nt_linear_i4f(const uint8_t* W, const uint16_t* S, const float* x, const float* bias, int64_t M, int64_t N,
+                  int64_t K, void* y, int out_kind) {
+  const int64_t Kp = (K + CHUNK - 1) / CHUNK * CHUNK;
+  if (Kp > 32768 || M > 16) return 1;
+  alignas(64) static thread_local float xo[8 * 32768];  // (8, Kp) activations, chunk order
+  for (int64_t m0 = 0; m0 < M; m0 += 8) {
+    const int64_t rows = M - m0 < 8 ? M - m0 : 8;
+    order_rows(x + (size_t)m0 * K, rows, K, Kp, xo);
+    char* yo = (char*)y + (size_t)m0 * N * (out_kind == OUT_F32 ? 4 : 2);
+    switch (rows) {
+      case 1: runf<1>(W, S, xo, bias, N, Kp, yo, out_kind); break;
+      case 2: runf<2>(W, S, xo, bias, N, Kp, yo, out_kind); break;
+      case 3: runf<3>(W, S, xo, bias, N, Kp, yo, out_kind); break;
+      case 4: runf<4>(W, S, xo, bias, N, Kp, yo, out_kind); break;
+      case 5: runf<5>(W, S, xo, bias, N, Kp, yo, out_kind); break;
+      case 6: runf<6>(W, S, xo, bias, N, Kp, yo, out_kind); break;
+      case 7: runf<7>(W, S, xo, bias, N, Kp, yo, out_kind); break;
+      default: runf<8>(W, S, xo, bias, N, Kp, yo, out_kind); break;
+    }
+  }
+  return 0;
+}
 
 int nt_int4_supported(void) {
   __builtin_cpu_init();

@@ -17,6 +17,8 @@ enum NtKind : int64_t {
   W_BF16 = 1,   // bfloat16 rows, widened exactly
   W_I8 = 2,     // int8 rows times one float32 scale per row (NtLinear.scale)
   W_I4 = 3,     // int4.cpp's grouped 4-bit layout, float16 scales per group of 32 (NtLinear.scale)
+  W_I8_F32 = 4,  // W_I8 multiplied with float32 activations (exact; the default) instead of int16 per row
+  W_I4_F32 = 5,  // W_I4 multiplied with float32 activations (exact; the default) instead of int8 per group
   W_GGML = 16,  // W_GGML + t: GGUF's blocks of ggml type t (ggml.cpp); t may carry the two flags below
 };
 

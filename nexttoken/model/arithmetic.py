@@ -10,7 +10,10 @@ Three choices change a model's numbers without changing its weights:
 - `gguf_activations`: how a packed GGUF matrix multiplies its inputs (quant/ggml.py): "float32" (exact: the blocks
   dequantized in registers, float32 FMAs; the default), "int16" (per block of 32; within ~4e-3 in log-prob) or
   "int8" (llama.cpp's arithmetic: fastest, and on SmolLM2's Q4_1 top-1 differs from the file's weights on ~3% of
-  positions).
+  positions);
+- `quantized_activations`: how nexttoken's own weight-only layers (`quantize="int8"` rows, `"int4"` groups) take
+  their inputs at decode: "float32" (exact: the weights widened in registers, float32 FMAs; the default) or
+  "integer" (int16 per row for int8 weights, int8 per group of 32 for int4: VNNI dot products, faster, inexact).
 
 Defaults are exact: a quantized file gives the answers of its own weights computed in float32 (docs/performance.md,
 Precision). llama.cpp's arithmetic is the opt-in `Arithmetic.llama_cpp()` (--prefill bfloat16
@@ -35,6 +38,7 @@ from ..errors import NextTokenError
 
 PRECISIONS = ("float32", "bfloat16")  # prefill products: exact first
 ACTIVATIONS = ("float32", "int16", "int8")  # GGUF packed products' activations: exact first
+QUANTIZED_ACTIVATIONS = ("float32", "integer")  # int8 / int4 weight-only layers' activations: exact first
 
 
 class ArithmeticPolicyError(NextTokenError, ValueError):
@@ -49,6 +53,7 @@ class Arithmetic:
     fused_step: bool = True
     prefill: str = "float32"
     gguf_activations: str = "float32"
+    quantized_activations: str = "float32"
 
     def __post_init__(self) -> None:
         if not isinstance(self.fused_step, bool):
@@ -58,6 +63,9 @@ class Arithmetic:
         if self.gguf_activations not in ACTIVATIONS:
             raise ArithmeticPolicyError(f"gguf_activations={self.gguf_activations!r}: use one of "
                                         f"{', '.join(ACTIVATIONS)}")
+        if self.quantized_activations not in QUANTIZED_ACTIVATIONS:
+            raise ArithmeticPolicyError(f"quantized_activations={self.quantized_activations!r}: use one of "
+                                        f"{', '.join(QUANTIZED_ACTIVATIONS)}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Arithmetic":
@@ -70,8 +78,9 @@ class Arithmetic:
 
     @classmethod
     def llama_cpp(cls) -> "Arithmetic":
-        """llama.cpp's arithmetic: bf16 prefill GEMMs and 8-bit activations on GGUF blocks (faster, inexact)."""
-        return cls(prefill="bfloat16", gguf_activations="int8")
+        """llama.cpp's arithmetic: bf16 prefill GEMMs, 8-bit activations on GGUF blocks and integer activations on
+        int8 / int4 weights (faster, inexact)."""
+        return cls(prefill="bfloat16", gguf_activations="int8", quantized_activations="integer")
 
     def replace(self, **changes: object) -> "Arithmetic":
         """This policy with some choices changed (validated)."""
@@ -113,9 +122,10 @@ def changed(**changes: object) -> Iterator[None]:
     """Inside the block, every policy read (any model's, or the defaults) has these choices changed: e.g.
     changed(fused_step=False) runs the modules' decode steps, changed(prefill="float32") exact prefills. A
     model's GGUF activations are how its layers were built: set model.arithmetic for those."""
-    if "gguf_activations" in changes:
-        raise ArithmeticPolicyError("gguf_activations is how a model's GGUF layers were built: set "
-                                    "model.arithmetic = model.arithmetic.replace(gguf_activations=...) instead")
+    for name in ("gguf_activations", "quantized_activations"):
+        if name in changes:
+            raise ArithmeticPolicyError(f"{name} is how a model's quantized layers were built: set "
+                                        f"model.arithmetic = model.arithmetic.replace({name}=...) instead")
     Arithmetic().replace(**changes)  # validated here, at the block, not at the first read
     token = _CHANGES.set(_CHANGES.get() + tuple(changes.items()))
     try:

@@ -152,6 +152,8 @@ def load(path: Path) -> ctypes.CDLL:
     lib.nt_int4_supported.restype = i
     lib.nt_linear_i4.argtypes = [p, p, p, p, i64, i64, i64, p, i]
     lib.nt_linear_i4.restype = i
+    lib.nt_linear_i4f.argtypes = [p, p, p, p, i64, i64, i64, p, i]
+    lib.nt_linear_i4f.restype = i
     lib.nt_quantize_i4.argtypes = [p, i64, i64, p, i64, p, p]
     lib.nt_quantize_i4.restype = i
     lib.nt_dequantize_i4.argtypes = [p, p, i64, i64, p, i]
@@ -187,8 +189,10 @@ def linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     scale: torch.Tensor | None = None,
+    kind: int | None = None,
 ) -> torch.Tensor:
-    """x (..., K) @ weight (N, K)^T * scale (N,) + bias (N,); bias/scale float32. Output in x's dtype."""
+    """x (..., K) @ weight (N, K)^T * scale (N,) + bias (N,); bias/scale float32. Output in x's dtype. `kind`:
+    nt_abi.h's NtKind where the weight's dtype does not say it (W_I8_F32: int8 rows, float32 activations)."""
     lib = library()
     assert lib is not None
     N, K = weight.shape
@@ -198,7 +202,7 @@ def linear(
     y = torch.empty((*x.shape[:-1], N), dtype=x.dtype)  # (..., N)
     rc = lib.nt_linear(
         weight.data_ptr(),
-        _W_KIND[weight.dtype],
+        _W_KIND[weight.dtype] if kind is None else kind,
         xf.data_ptr(),
         None if bias is None else bias.data_ptr(),
         None if scale is None else scale.data_ptr(),
@@ -240,15 +244,16 @@ def int4_available() -> bool:
 
 
 def linear_int4(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, K: int,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
+                bias: torch.Tensor | None = None, exact: bool = True) -> torch.Tensor:
     """x (..., K) @ W^T (+ bias (N,) float32) for 4-bit W: packed (N, Kp/2) uint8 and scales (N, Kp/32) float16
-    as nexttoken/model/quant/int4.py lays them out; at most MAX_ROWS rows of x. Output in x's dtype."""
+    as nexttoken/model/quant/int4.py lays them out; at most MAX_ROWS rows of x. Output in x's dtype. exact: float32
+    activations (nt_linear_i4f), else int8 per group of 32 (nt_linear_i4)."""
     lib = library()
     assert lib is not None and x.shape[-1] == K
     N = packed.shape[0]
     xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()  # (..., K)
     y = torch.empty((*x.shape[:-1], N), dtype=x.dtype)  # (..., N)
-    rc = lib.nt_linear_i4(packed.data_ptr(), scales.data_ptr(), xf.data_ptr(),
+    rc = (lib.nt_linear_i4f if exact else lib.nt_linear_i4)(packed.data_ptr(), scales.data_ptr(), xf.data_ptr(),
                           None if bias is None else bias.data_ptr(), xf.numel() // K, N, K, y.data_ptr(),
                           _OUT_KIND[x.dtype])
     assert rc == 0

@@ -35,6 +35,8 @@ class Kind(enum.IntEnum):
     W_BF16 = 1
     W_I8 = 2  # then NtLinear.scale holds one float32 scale per row
     W_I4 = 3  # int4.cpp's grouped layout, float16 scales per group of 32
+    W_I8_F32 = 4  # W_I8 with float32 activations (exact; the default) instead of int16 per row
+    W_I4_F32 = 5  # W_I4 with float32 activations (exact; the default) instead of int8 per group
     W_GGML = 16  # + the ggml type id (| the GGML_* flags below): GGUF's blocks
 
 

@@ -23,7 +23,10 @@ PROMPTS = torch.tensor([[1, 5, 17, 33, 9, 60], [1, 40, 41, 42, 43, 44]])
 def test_defaults_environment_and_validation() -> None:
     # exact by default: float32 prompts and float32 activations on GGUF blocks; llama.cpp's arithmetic an opt-in
     assert Arithmetic() == Arithmetic(fused_step=True, prefill="float32", gguf_activations="float32")
-    assert Arithmetic.llama_cpp() == Arithmetic(prefill="bfloat16", gguf_activations="int8")
+    assert Arithmetic.llama_cpp() == Arithmetic(prefill="bfloat16", gguf_activations="int8",
+                                                quantized_activations="integer")
+    with pytest.raises(ArithmeticPolicyError, match="quantized_activations='int4'"):
+        Arithmetic(quantized_activations="int4")
     assert Arithmetic.from_env({}) == Arithmetic()
     assert Arithmetic.from_env({"NEXTTOKEN_FUSED": "0", "NEXTTOKEN_PREFILL": "bfloat16"}) == Arithmetic(
         fused_step=False, prefill="bfloat16")

@@ -151,6 +151,7 @@ def test_each_weight_layer_describes_its_own_kind() -> None:
     from nexttoken.model.linear import KeptLinear, Linear
     from nexttoken.model.native_abi import Kind, describe, describe_table
     from nexttoken.model.quant.bf16 import BF16Embedding, BF16Linear
+    from nexttoken.model.arithmetic import Arithmetic
     from nexttoken.model.quant.int8 import Int8Embedding, Int8Linear
 
     torch.manual_seed(0)
@@ -160,7 +161,9 @@ def test_each_weight_layer_describes_its_own_kind() -> None:
     bf = BF16Linear.from_linear(lin)
     assert describe(bf).kind == Kind.W_BF16 and describe(bf).weight == bf.weight.data_ptr()
     i8 = Int8Linear.from_linear(lin)
-    assert (describe(i8).kind, describe(i8).scale) == (Kind.W_I8, i8.scale.data_ptr())
+    assert (describe(i8).kind, describe(i8).scale) == (Kind.W_I8_F32, i8.scale.data_ptr())  # exact by default
+    i8.use_arithmetic(Arithmetic(quantized_activations="integer"))
+    assert describe(i8).kind == Kind.W_I8
     assert describe(torch.nn.Linear(16, 8)) is None  # not a layer the kernels know
     assert describe(Linear(16, 8).half()) is None  # float16 rows: no kind
     assert describe(Linear(16, 8).to(torch.bfloat16)) is None  # a bfloat16 bias: the kernels add float32 biases
@@ -184,7 +187,9 @@ def test_packed_layers_describe_their_kernels_kind() -> None:
     from nexttoken.model.quant.int4 import Int4Linear
 
     i4 = Int4Linear.from_linear(torch.nn.Linear(64, 8))
-    assert (describe(i4).kind, describe(i4).scale) == (Kind.W_I4, i4.scale.data_ptr())
+    assert (describe(i4).kind, describe(i4).scale) == (Kind.W_I4_F32, i4.scale.data_ptr())  # exact by default
+    i4.use_arithmetic(arithmetic.Arithmetic(quantized_activations="integer"))
+    assert describe(i4).kind == Kind.W_I4
     rows = torch.zeros(4, 34, dtype=torch.uint8)  # 4 rows of one Q8_0 block (32 values)
     layer = GGUFLinear([(rows, GGML_TYPES["Q8_0"])], 32, None)
     # float32 activations by default (exact)

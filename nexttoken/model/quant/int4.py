@@ -6,10 +6,12 @@ round to q in [-8, 7]: w ~= q * d. A weight then costs 4.5 bits (4 + 16/32), a q
 plus the scales, and decode (bound by reading the weights) runs that much faster in the native kernel
 (csrc/int4.cpp). Prefill dequantizes blocks of rows and runs torch's GEMM on them, as the int8 layer does.
 
-The decode kernel multiplies int8 activations, quantized per group of 32 columns (quantize_activations:
-llama.cpp's Q8_0 scheme), with VNNI's vpdpbusd, 64 products per instruction (int16 activations took 32 per
-instruction and made int4 compute-bound). Top-1 agreement with float32 on real text (`nexttoken bench --accuracy
---quantize int4`): 93.97% on the packaged model and 85.66% on stories260k, against 94.20% / 85.78% with int16.
+The decode kernel by default widens each chunk's weights to float32 in registers and multiplies them with the
+float32 activations (nt_linear_i4f: exactly the dequantized weights' float32 product). The model's arithmetic
+policy `quantized_activations="integer"` takes the faster, inexact path instead: int8 activations per group of 32
+columns (quantize_activations: llama.cpp's Q8_0 scheme) with VNNI's vpdpbusd, 64 products per instruction.
+Top-1 agreement with float32 on real text (`nexttoken bench --accuracy --quantize int4`, integer activations):
+93.97% on the packaged model and 85.66% on stories260k, against 94.20% / 85.78% with int16.
 
 Layout (what the kernel reads): K padded with zero weights to Kp, a multiple of 128; `weight` (N, Kp/2) uint8,
 whose bytes [64c, 64c + 64) of a row hold its 128-column chunk c; byte b keeps column COLUMN_OF[b] of the chunk
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
+from ..arithmetic import Arithmetic
 from ..native_abi import Kind, NtLinear, weight_rows
 from . import tiles
 
@@ -137,6 +140,15 @@ class Int4Linear(nn.Module):
         self.register_buffer("weight", packed)  # (N, Kp/2) uint8
         self.register_buffer("scale", scale)  # (N, Kp/32) float16
         self.register_buffer("bias", bias)  # (N,) float32 or None
+        self.activations = Arithmetic.quantized_activations  # the policy's default: "float32", exact
+
+    def use_arithmetic(self, policy: Arithmetic) -> None:
+        """A model's policy: quantized_activations "float32" (exact) or "integer" (int8 per group at decode)."""
+        self.activations = policy.quantized_activations
+
+    @property
+    def exact(self) -> bool:
+        return getattr(self, "activations", "float32") == "float32"
 
     @classmethod
     def from_linear(cls, linear: nn.Module) -> "Int4Linear":
@@ -154,7 +166,7 @@ class Int4Linear(nn.Module):
         native = (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
                   and not torch.is_grad_enabled() and kernels.int4_available())
         if native and x2.shape[0] <= kernels.MAX_ROWS and padded(K) <= MAX_DECODE_K:  # decode: weights streamed once
-            return kernels.linear_int4(x, self.weight, self.scale, K, self.bias)
+            return kernels.linear_int4(x, self.weight, self.scale, K, self.bias, exact=self.exact)
         if native:
             y = self._prefill_in_blocks(x2)
         else:
@@ -170,4 +182,5 @@ class Int4Linear(nn.Module):
 
     def native(self) -> NtLinear | None:
         """The kernels' description (native_abi.describe): W_I4, int4.cpp's layout, where its kernels run here."""
-        return weight_rows(self.weight, self.bias, self.scale, Kind.W_I4) if kernels.int4_available() else None
+        kind = Kind.W_I4_F32 if self.exact else Kind.W_I4
+        return weight_rows(self.weight, self.bias, self.scale, kind) if kernels.int4_available() else None

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
-from ..native_abi import NtLinear, weight_rows
+from ..arithmetic import Arithmetic
+from ..native_abi import Kind, NtLinear, weight_rows
 from . import tiles
 
 
@@ -23,6 +24,16 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight", qweight)  # (N, K) int8
         self.register_buffer("scale", scale)  # (N,) float32
         self.register_buffer("bias", bias)  # (N,) float32 or None
+        self.activations = Arithmetic.quantized_activations  # the policy's default: "float32", exact
+
+    def use_arithmetic(self, policy: Arithmetic) -> None:
+        """A model's policy: quantized_activations "float32" (exact) or "integer" (int16 per row at decode)."""
+        self.activations = policy.quantized_activations
+
+    @property
+    def kind(self) -> int:
+        """nt_abi.h's NtKind of this layer's decode product: int8 rows with float32 or int16 activations."""
+        return int(Kind.W_I8_F32 if getattr(self, "activations", "float32") == "float32" else Kind.W_I8)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
@@ -32,7 +43,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if kernels.usable(x, self.weight):
-            return kernels.linear(x, self.weight, self.bias, self.scale)
+            return kernels.linear(x, self.weight, self.bias, self.scale, kind=self.kind)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # (M, K)
         # torch's own int8 weight-only kernel for few rows; past the native kernel's rows dequantizing in blocks is
@@ -55,7 +66,9 @@ class Int8Linear(nn.Module):
 
     def native(self) -> NtLinear | None:
         """The kernels' description (native_abi.describe): int8 rows and their float32 scales."""
-        return weight_rows(self.weight, self.bias, self.scale)
+        if self.weight.dtype != torch.int8 or not self.weight.is_contiguous():
+            return None
+        return weight_rows(self.weight, self.bias, self.scale, kind=self.kind)
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

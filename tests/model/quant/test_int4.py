@@ -81,9 +81,13 @@ def test_kernel_matches_torch_on_the_dequantized_weights(N, K, M) -> None:
     packed, scales = quantize_groups(w)
     deq = dequantize_groups(packed, scales, K).double()
     with torch.no_grad():
-        y = kernels.linear_int4(x, packed, scales, K, bias)
-        y_bf16 = kernels.linear_int4(x.to(torch.bfloat16), packed, scales, K)
-    # The kernel's own arithmetic: int8 activations per group of 32 (quantize_activations), sums in float32.
+        exact_y = kernels.linear_int4(x, packed, scales, K, bias)  # the default: float32 activations
+        y = kernels.linear_int4(x, packed, scales, K, bias, exact=False)
+        y_bf16 = kernels.linear_int4(x.to(torch.bfloat16), packed, scales, K, exact=False)
+    # The default: the float product of the dequantized weights, up to float32 rounding
+    want = x.double() @ deq.T + bias.double()
+    assert ((exact_y.double() - want).abs() <= 2e-6 * (x.double().abs() @ deq.abs().T) + 1e-6).all()
+    # The integer path's own arithmetic: int8 activations per group of 32 (quantize_activations), float32 sums.
     exact = linear_reference(x, packed, scales, K) + bias.double()
     assert (y.double() - exact).abs().max() < 1e-5 * float(exact.abs().max()) + 1e-6
     # Against float activations: each activation off by at most half its group's step.
@@ -116,6 +120,12 @@ def test_native_dequantize_equals_the_torch_reference(dtype) -> None:
     assert torch.equal(kernels.dequantize_int4(packed, scales, 161, dtype), dequantize_groups(packed, scales, 161).to(dtype))
 
 
+def layer_policy(activations: str):  # noqa: ANN201
+    from nexttoken.model.arithmetic import Arithmetic
+
+    return Arithmetic(quantized_activations=activations)
+
+
 @needs_int4
 def test_layer_decode_prefill_and_fallback_agree(monkeypatch) -> None:
     lin = torch.nn.Linear(200, 300, bias=True)
@@ -124,14 +134,21 @@ def test_layer_decode_prefill_and_fallback_agree(monkeypatch) -> None:
     with torch.no_grad():
         with tiles.precision("float32"):
             prefill = layer(x)  # 80 rows: dequantized blocks + GEMM
-        fast = layer(x)  # the default: bf16 activations and tiles, bf16 GEMM (quant/tiles.py)
-        decode = layer(x[:, :1])  # 2 rows: the native kernel
+        with tiles.precision("bfloat16"):
+            fast = layer(x)  # the opt-in: bf16 activations and tiles, bf16 GEMM (quant/tiles.py)
+        assert torch.equal(layer(x), prefill)  # the default prefill is float32's
+        exact_decode = layer(x[:, :1])  # 2 rows: the native kernel, float32 activations (the default)
+        layer.use_arithmetic(layer_policy("integer"))
+        decode = layer(x[:, :1])  # int8 activations per group
         monkeypatch.setattr(kernels, "int4_available", lambda: False)
         fallback = layer(x)  # torch on the whole dequantized matrix
         bf16 = torch.nn.functional.linear(x.bfloat16(), layer.dequantized().bfloat16()).float() + layer.bias
     assert torch.allclose(prefill, fallback, atol=1e-5)
     assert torch.equal(fast, bf16)
-    # decode multiplies int8 activations (quantize_activations): its own arithmetic exactly, float activations
+    deq = layer.dequantized().double()
+    want = x[:, 0].double() @ deq.T + layer.bias.double()
+    assert ((exact_decode[:, 0].double() - want).abs() <= 2e-6 * (x[:, 0].double().abs() @ deq.abs().T) + 1e-6).all()
+    # with quantized_activations="integer" decode multiplies int8 activations (quantize_activations): its own arithmetic exactly, float activations
     # within half an activation step per column
     exact = linear_reference(x[:, 0], layer.weight, layer.scale, 200) + layer.bias.double()  # (2, 300)
     assert torch.allclose(decode[:, 0].double(), exact, rtol=1e-5, atol=1e-5)
