@@ -21,12 +21,14 @@ from .api.infill import Infill
 from .api.messages import Messages
 from .api.lora import LoraAdapters
 from .api.models import Models
+from .api.ollama import Ollama
 from .api.responses import Responses
 from .api.serving import chat_renderer
 from .api.grammars import GrammarCompiler
 from .api.traces import TraceStore
 from .http.connections import AcceptErrors
-from .http.errors import ANTHROPIC_PATHS, APIError, anthropic_error_body, error_body
+from .http.errors import (ANTHROPIC_PATHS, OLLAMA_PATHS, APIError, anthropic_error_body, error_body_for,
+                          ollama_error_body)
 from .http.guards import ApiKeyGuard, BodyLimit, HostCheck, InternalErrors, JsonOnly
 from .http.request_log import RequestLog
 from .http.shutdown import MESSAGE as SHUTTING_DOWN, Drain
@@ -66,6 +68,19 @@ def _allowed(scope: dict) -> set[str]:
     return methods
 
 
+def add_ollama_routes(app: FastAPI, ollama: Ollama) -> None:
+    """Ollama's API under /api/ (docs/serving.md): generation, embeddings and the model listing."""
+    app.post("/api/chat", tags=["ollama"])(ollama.chat)
+    app.post("/api/generate", tags=["ollama"])(ollama.generate)
+    app.post("/api/embed", tags=["ollama"])(ollama.embed)
+    app.post("/api/embeddings", tags=["ollama"])(ollama.embeddings)
+    app.post("/api/show", tags=["ollama"])(ollama.show)
+    app.get("/api/tags", tags=["ollama"])(ollama.tags)
+    app.get("/api/ps", tags=["ollama"])(ollama.ps)
+    app.get("/api/version", tags=["ollama"])(ollama.version)
+    app.head("/api/version", include_in_schema=False)(ollama.version)
+
+
 def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     """The app over an engine (its model, tokenizer and defaults); the engine thread starts and stops with the
     app's lifespan."""
@@ -74,9 +89,9 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     traces = TraceStore(settings.model_name)  # one store: every API's traced choices are read back at one URL
     renderer = chat_renderer(engine, settings)  # one: the chat template's probes run once per server
     grammars = GrammarCompiler(engine.tokenizer, engine.model.config.vocab_size, settings.grammar_compile_timeout_s)
-    completions, chat, models, responses, messages, embeddings, infill, loras = (
+    completions, chat, models, responses, messages, embeddings, infill, loras, ollama = (
         api(engine, async_engine, metrics, settings, traces, renderer=renderer, grammars=grammars)
-        for api in (Completions, Chat, Models, Responses, Messages, Embeddings, Infill, LoraAdapters))
+        for api in (Completions, Chat, Models, Responses, Messages, Embeddings, Infill, LoraAdapters, Ollama))
     chat.preamble_notice()
     drain = Drain(settings.shutdown_timeout_s)  # cli.py starts its clock on the signal
 
@@ -106,6 +121,8 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
         if request.url.path.startswith(ANTHROPIC_PATHS):  # each API answers in its own error body
             return JSONResponse(anthropic_error_body(exc.status, exc.message), status_code=exc.status)
+        if request.url.path.startswith(OLLAMA_PATHS):
+            return JSONResponse(ollama_error_body(exc.message), status_code=exc.status, headers=exc.headers)
         return exc.response()
 
     @app.exception_handler(StarletteHTTPException)
@@ -114,8 +131,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
                                           "/v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /infill, /v1/traces/{id}, /tokenize, /detokenize, /health, /metrics"),
                  405: ("invalid_request_error", f"{request.method} is not allowed on {request.url.path!r}")}
         kind, message = kinds.get(exc.status_code, ("invalid_request_error", str(exc.detail)))
-        body = (anthropic_error_body(exc.status_code, message) if request.url.path.startswith(ANTHROPIC_PATHS)
-                else error_body(message, kind))
+        body = error_body_for(request.url.path, exc.status_code, message, kind)
         headers = exc.headers
         if exc.status_code == 405:  # Starlette names the first matching route's methods; every route's count
             headers = {**(headers or {}), "Allow": ", ".join(sorted(_allowed(request.scope)))}
@@ -141,6 +157,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     app.get("/v1/traces/{trace_id}", **ROUTES["trace"])(traces.get)
     app.post("/v1/load_lora_adapter", **MORE_ROUTES["load_lora"])(loras.load)
     app.post("/v1/unload_lora_adapter", **MORE_ROUTES["unload_lora"])(loras.unload)
+    add_ollama_routes(app, ollama)
     if settings.webui:
         add_webui(app)
 

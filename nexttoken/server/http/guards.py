@@ -17,7 +17,7 @@ from .shutdown import MESSAGE as SHUTTING_DOWN, Drain
 
 # The API's paths: what the key guards (with the API's description) and what must be sent as JSON; /health and
 # /metrics stay open for probes and scrapers.
-API_PATHS = ("/v1/", "/tokenize", "/detokenize", "/infill", "/responses")
+API_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize", "/infill", "/responses")
 _PROTECTED = (*API_PATHS, "/openapi.json")
 
 

@@ -1,0 +1,348 @@
+"""Ollama's API (what the `ollama` Python client, Open WebUI and many editor plugins speak): POST /api/chat and
+/api/generate over the chat request path (the request translated by ollama/protocol.py, answered as NDJSON lines
+or one body), /api/embed and the legacy /api/embeddings over the engine's embeddings, and the model listing
+(/api/tags, /api/ps, /api/show) from `served_models`. Errors on /api/ are Ollama's `{"error": "..."}` (app.py
+picks the body by path)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version as package_version
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from starlette.responses import StreamingResponse
+
+from ...chat import ToolCallDelta
+from ...config import ARCHITECTURE_OF_MODEL_TYPE
+from ...chat.answer import Thinking
+from ...chat.render import ChatPrompt
+from ...chat.tools.parser import ToolCall
+from ...engine.async_engine import EngineClosedError, EngineDeadError
+from ...engine.embedding import EmbeddingError
+from ...text.infill import InfillError, fim_prompt
+from ..http.errors import APIError, bad_request
+from ..http.streams import SSEResponse
+from ..ollama.models import ServedModel, matches, ps_card, show_card, tag_card
+from ..ollama.protocol import (ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, Options, ShowRequest,
+                               chat_body, generate_messages, generating_fields, in_ollama_terms,
+                               ollama_tool_calls)
+from ..openai.prompts import check_ids, completion_prompts
+from ..openai.protocol import ChatCompletionRequest
+from .chat import Chat, ChatRun
+from .serving import collect_choices, log, parse_body, tool_parse_failure, unavailable
+from .streaming import EventEncoder, Step, Tally, drive
+
+DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+
+
+class NDJSONResponse(SSEResponse):
+    """Ollama's stream: one JSON object a line (application/x-ndjson), stopping (and cancelling the request) when
+    the client leaves, as SSEResponse does."""
+
+    def __init__(self, content: AsyncIterator[str]) -> None:
+        StreamingResponse.__init__(self, content, media_type="application/x-ndjson")
+
+
+def line(body: dict[str, Any]) -> str:
+    return json.dumps(body) + "\n"
+
+
+def now() -> str:
+    """Ollama's created_at: RFC 3339 in UTC."""
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+@dataclasses.dataclass
+class Clock:
+    """A request's times in nanoseconds (Ollama's durations): arrival, its first generated token, the end."""
+
+    start: int = dataclasses.field(default_factory=time.monotonic_ns)
+    first: int | None = None
+
+    async def timed(self, events: AsyncIterator) -> AsyncIterator:
+        """`events` as they come, the first token's time noted."""
+        try:
+            async for index, event in events:
+                if self.first is None and event.token_ids:
+                    self.first = time.monotonic_ns()
+                yield index, event
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    def final(self, done_reason: str | None, prompt_tokens: int, tokens: int) -> dict[str, Any]:
+        """The last body's fields: why it ended, the counts and durations (the model is loaded: no load time)."""
+        end = time.monotonic_ns()
+        first = self.first or end
+        return {"done": True, "done_reason": {"length": "length"}.get(done_reason or "stop", "stop"),
+                "total_duration": end - self.start, "load_duration": 0, "prompt_eval_count": prompt_tokens,
+                "prompt_eval_duration": first - self.start, "eval_count": tokens, "eval_duration": end - first}
+
+
+class Ollama(Chat):
+    def served_models(self) -> list[ServedModel]:
+        """The models this server serves, as Ollama's listing shows them: one today, under each served name (the
+        one place to ask a registry of models instead)."""
+        net, config = self.network, self.network.config
+        tensors = [*net.parameters(), *net.buffers()]
+        first = next(net.parameters())
+        size = sum(t.numel() * t.element_size() for t in tensors)
+        capabilities = ("completion", *(("tools",) if self._tools_offered() else ()),
+                        *(("thinking",) if self.reasoning is not None else ()))
+        template = (self.tokenizer.chat_template or "") if self.tokenizer is not None else ""
+        family = next((t for t, a in ARCHITECTURE_OF_MODEL_TYPE.items() if a == config.architecture),
+                      config.architecture)  # Ollama's family is the model type ("llama", "qwen2")
+        return [ServedModel(name, family, sum(p.numel() for p in net.parameters()), size,
+                            DTYPES.get(str(first.dtype).removeprefix("torch."), str(first.dtype)),
+                            self.limits.max_model_len, config.hidden_size, config.num_hidden_layers,
+                            config.num_attention_heads, config.num_key_value_heads, config.vocab_size, template,
+                            capabilities, self._loaded_at, size if first.device.type != "cpu" else 0)
+                for name in self.settings.served_names]
+
+    @property
+    def _loaded_at(self) -> datetime:
+        return datetime.fromtimestamp(self.created, timezone.utc)
+
+    def _tools_offered(self) -> bool:
+        support = self.template_support
+        return bool(self.settings.tool_call_parser or (support is not None and support.tools))
+
+    def _served(self, name: str) -> str:
+        """The served name a request's `model` means (Ollama's `name:latest` too); else Ollama's 404."""
+        found = next((m.name for m in self.served_models() if matches(m, name)), None)
+        if found is not None:
+            return found
+        if name in self.adapters():
+            return name
+        served = ", ".join(repr(m.tagged) for m in self.served_models())
+        raise APIError(404, f"model {name!r} not found: this server serves {served}", "model",
+                       code="model_not_found")
+
+    def _check_options(self, options: Options, think: Any, model: str) -> None:
+        if options.num_ctx is not None and options.num_ctx > self.limits.max_model_len:
+            raise bad_request(f"options.num_ctx: {options.num_ctx} is over the {self.limits.max_model_len} tokens "
+                              f"{self.limits.what.removesuffix(' is')}: send num_ctx <= {self.limits.max_model_len} "
+                              "(the server's context is set at start, --max-model-len)", "options.num_ctx")
+        if think not in (None, False) and self.reasoning is None:
+            raise bad_request(f"{model!r} does not support thinking: its chat template has no thinking block; "
+                              "leave `think` out", "think")
+
+    # ---- /api/chat and /api/generate -------------------------------------------------------------------------
+
+    async def chat(self, request: Request) -> Response:
+        clock, arrival = Clock(), time.monotonic()
+        req: ChatRequest = parse_body(ChatRequest, await request.body())
+        request.state.keep_alive_s = req.keep_alive_s  # idle unload reads it (docs/serving.md)
+        model = self._served(req.model)
+        self._check_options(req.options, req.think, req.model)
+        if not req.messages:  # Ollama's way to load a model (or, with keep_alive 0, unload it)
+            return JSONResponse(self._loaded(req, {"message": {"role": "assistant", "content": ""}}))
+        run = await self._start(_chat_request(chat_body(req, model)), arrival)
+        events = clock.timed(run.events)
+        head = {"model": req.model}
+        if req.stream:
+            return NDJSONResponse(drive(events, _Lines(head, run, clock, "chat"), run.answer))
+        choices = await collect_choices(request, 1, events)
+        if choices is None:
+            return Response(status_code=499)
+        c = choices[0]
+        message = _message(run, c.text, c.finish_reason == "length")
+        return JSONResponse({**head, "created_at": now(), "message": message,
+                             **clock.final(c.finish_reason, len(run.prompt_ids), len(c.token_ids))})
+
+    async def generate(self, request: Request) -> Response:
+        clock, arrival = Clock(), time.monotonic()
+        req: GenerateRequest = parse_body(GenerateRequest, await request.body())
+        request.state.keep_alive_s = req.keep_alive_s
+        model = self._served(req.model)
+        self._check_options(req.options, req.think, req.model)
+        if not req.prompt and not req.suffix:
+            return JSONResponse(self._loaded(req, {"response": ""}))
+        chat = _chat_request({**generating_fields(req, model), "messages": generate_messages(req)})
+        context = list(req.context or [])
+        check_ids(context, self.limits.vocab_size, "context")
+        if req.raw or req.suffix:  # the prompt as it is (or the model's fill-in-the-middle layout)
+            prompt = await self._raw_prompt(req, context)
+        else:
+            prompt = await self.render(chat)
+            prompt = dataclasses.replace(prompt, ids=context + prompt.ids)
+        run = await self._start(chat, arrival, prompt)
+        events = clock.timed(run.events)
+        head = {"model": req.model}
+        if req.stream:
+            return NDJSONResponse(drive(events, _Lines(head, run, clock, "generate"), run.answer))
+        choices = await collect_choices(request, 1, events)
+        if choices is None:
+            return Response(status_code=499)
+        c = choices[0]
+        message = _message(run, c.text, c.finish_reason == "length")
+        body = {**head, "created_at": now(), "response": message["content"],
+                **({"thinking": message["thinking"]} if "thinking" in message else {}),
+                **clock.final(c.finish_reason, len(run.prompt_ids), len(c.token_ids)),
+                "context": run.prompt_ids + c.token_ids}
+        return JSONResponse(body)
+
+    async def _start(self, chat: ChatCompletionRequest, arrival: float, prompt: ChatPrompt | None = None) -> ChatRun:
+        """The chat request path, its errors naming Ollama's fields."""
+        try:
+            return await self.start_chat(chat, arrival, "ollama", prompt)
+        except APIError as e:
+            raise in_ollama_terms(e) from e
+
+    async def _raw_prompt(self, req: GenerateRequest, context: list[int]) -> ChatPrompt:
+        """A raw (or fill-in-the-middle) prompt: no chat template, no thinking or calls read out of the answer."""
+        if req.suffix:
+            try:
+                ids = await asyncio.to_thread(fim_prompt, self.tokenizer, req.prompt, req.suffix)
+            except InfillError as e:
+                raise bad_request(str(e), "suffix") from e
+        else:
+            ids = (await asyncio.to_thread(completion_prompts, req.prompt, self.tokenizer, self.limits))[0]
+        check_ids(ids, self.limits.vocab_size, "prompt")
+        return ChatPrompt(context + ids, req.prompt, None, None, False, None)
+
+    def _loaded(self, req: Any, empty: dict[str, Any]) -> dict[str, Any]:
+        """The answer to a request with nothing to generate: the model is loaded ("load"; keep_alive 0: "unload",
+        which idle unload carries out)."""
+        reason = "unload" if req.keep_alive_s == 0 else "load"
+        return {"model": req.model, "created_at": now(), **empty, "done": True, "done_reason": reason}
+
+    # ---- /api/embed, /api/embeddings ---------------------------------------------------------------------------
+
+    async def embed(self, request: Request) -> Response:
+        clock = Clock()
+        req: EmbedRequest = parse_body(EmbedRequest, await request.body())
+        self._served(req.model)
+        self._check_options(req.options, None, req.model)
+        texts = [req.input] if isinstance(req.input, str) else req.input
+        if not texts:
+            return JSONResponse({"model": req.model, "embeddings": []})
+        prompts = await self._embedded_prompts(texts, req.truncate)
+        vectors = await self._embed(prompts, True, req.dimensions)
+        tokens = sum(len(p) for p in prompts)
+        end = time.monotonic_ns()
+        return JSONResponse({"model": req.model, "embeddings": [v.tolist() for v in vectors],
+                             "total_duration": end - clock.start, "load_duration": 0, "prompt_eval_count": tokens})
+
+    async def embeddings(self, request: Request) -> Response:
+        req: EmbeddingsRequest = parse_body(EmbeddingsRequest, await request.body())
+        self._served(req.model)
+        self._check_options(req.options, None, req.model)
+        prompts = await self._embedded_prompts([req.prompt], True)
+        vectors = await self._embed(prompts, False, None)  # the legacy route's vectors are not normalized
+        return JSONResponse({"embedding": vectors[0].tolist()})
+
+    async def _embedded_prompts(self, texts: list[str], truncate: bool) -> list[list[int]]:
+        if any(not t for t in texts):
+            raise bad_request("input: an input is empty; send non-empty texts", "input")
+        prompts = await asyncio.to_thread(completion_prompts, texts, self.tokenizer, self.limits, "input")
+        longest = max(len(p) for p in prompts)
+        if longest > self.limits.max_model_len and not truncate:
+            raise bad_request(f"the input length exceeds the context length: an input has {longest} tokens, "
+                              f"{self.limits.what} {self.limits.max_model_len}: shorten it, or send truncate=true",
+                              "input")
+        return [p[: self.limits.max_model_len] for p in prompts]
+
+    async def _embed(self, prompts: list[list[int]], normalize: bool, dimensions: int | None) -> list:
+        try:
+            return await self.engine.embed(prompts, self.settings.pooling, normalize, dimensions)
+        except EmbeddingError as e:
+            raise bad_request(str(e), "dimensions" if "dimensions" in str(e) else "input") from e
+        except (EngineClosedError, EngineDeadError) as e:
+            raise unavailable(e) from e
+
+    # ---- the models --------------------------------------------------------------------------------------------
+
+    async def tags(self) -> dict:
+        return {"models": [tag_card(m) for m in self.served_models()]}
+
+    async def ps(self) -> dict:
+        return {"models": [ps_card(m) for m in self.served_models()]}
+
+    async def show(self, request: Request) -> dict:
+        req: ShowRequest = parse_body(ShowRequest, await request.body())
+        name = req.model or req.name
+        if not name:
+            raise bad_request("model is required: the name of a model /api/tags lists", "model")
+        served = self._served(name)
+        return show_card(next(m for m in self.served_models() if m.name == served))
+
+    async def version(self) -> dict:
+        """nexttoken's version (Ollama's route says Ollama's)."""
+        try:
+            return {"version": package_version("nexttoken")}
+        except PackageNotFoundError:  # a source tree that is not installed
+            return {"version": "0.0.0"}
+
+
+def _chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
+    try:
+        return parse_body(ChatCompletionRequest, json.dumps(body).encode())
+    except APIError as e:
+        raise in_ollama_terms(e) from e
+
+
+def _message(run: ChatRun, text: str, cut: bool) -> dict[str, Any]:
+    """A whole answer as Ollama's message: content, thinking (with a reasoning format), the calls."""
+    try:
+        answer = run.prompt.split(text, cut=cut)
+    except Exception as e:  # noqa: BLE001 - this request alone fails, in the API's body
+        log.exception("parsing an answer (thinking, tool calls) failed")
+        raise tool_parse_failure() from e
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+    if answer.reasoning:
+        message["thinking"] = answer.reasoning
+    if answer.tool_calls:
+        message["tool_calls"] = ollama_tool_calls(answer.tool_calls)
+    return message
+
+
+class _Lines(EventEncoder):
+    """Ollama's NDJSON stream: a line per event with text (thinking and content apart), a line with the calls
+    once the answer is done, then the last line with done, the counts and durations (and /api/generate's
+    context); a failure is an {"error"} line."""
+
+    def __init__(self, head: dict, run: ChatRun, clock: Clock, kind: str) -> None:
+        self.head, self.run, self.clock, self.kind = head, run, clock, kind
+        self.ids: list[int] = []
+        self.calls: dict[int, list[str]] = {}  # call index -> [id, name, argument text]
+
+    def _body(self, content: str, thinking: str, **more: Any) -> dict[str, Any]:
+        if self.kind == "generate":
+            return {**self.head, "created_at": now(), "response": content,
+                    **({"thinking": thinking} if thinking else {}), **more}
+        message = {"role": "assistant", "content": content, **({"thinking": thinking} if thinking else {})}
+        return {**self.head, "created_at": now(), "message": message, **more}
+
+    def step(self, step: Step, tally: Tally) -> list[str]:
+        self.ids += step.event.token_ids
+        content, thinking = [], []
+        for piece in step.pieces or []:
+            if isinstance(piece, Thinking):
+                thinking.append(piece.text)
+            elif isinstance(piece, ToolCallDelta):
+                call = self.calls.setdefault(piece.index, [piece.id or "", piece.name or "", ""])
+                call[2] += piece.arguments
+            else:
+                content.append(piece)
+        lines = [line(self._body("".join(content), "".join(thinking), done=False))] if content or thinking else []
+        if step.event.finished and self.calls:
+            calls = ollama_tool_calls([ToolCall(*self.calls[k]) for k in sorted(self.calls)])
+            if calls:
+                lines.append(line({**self.head, "created_at": now(), "message": {
+                    "role": "assistant", "content": "", "tool_calls": calls}, "done": False}))
+        return lines
+
+    def failed(self, error: APIError, tally: Tally) -> list[str]:
+        return [line({"error": error.message})]
+
+    def end(self, tally: Tally) -> list[str]:
+        final = self.clock.final(tally.finish.get(0, (None, None))[0], len(self.run.prompt_ids), tally.tokens)
+        if self.kind == "generate":
+            final["context"] = self.run.prompt_ids + self.ids
+        return [line(self._body("", "", **final))]
