@@ -134,10 +134,10 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "openai": {"bodies", "http"},  # OpenAI's wire format: request bodies, prompts, options, outputs, Responses items
         "anthropic": {"http", "openai"},  # Anthropic's wire format: the Messages body, its blocks and stream events
         "llamacpp": {"bodies"},  # llama.cpp's wire format: the /infill body
-        "ollama": {"bodies", "http"},  # Ollama's wire format: its bodies and their translation, its model cards
+        "ollama": {"bodies", "http", "openai"},  # Ollama's wire format: its bodies and their translation, its model cards
         "api": {"anthropic", "http", "llamacpp", "metrics", "ollama", "openai", "settings"},  # one module per API
         "webui": set(),  # the chat page (package data) and its routes
-        "app": {"anthropic", "api", "http", "llamacpp", "metrics", "openai", "settings", "webui"},  # the request
+        "app": {"anthropic", "api", "http", "llamacpp", "metrics", "ollama", "openai", "settings", "webui"},  # the request
         # schemas for /openapi.json
         "cli": {"app", "http", "settings"},
     },

@@ -35,6 +35,7 @@ from .http.shutdown import MESSAGE as SHUTTING_DOWN, Drain
 from .metrics import ServerMetrics
 from .anthropic.protocol import CountTokensRequest, MessagesRequest
 from .llamacpp.protocol import InfillRequest
+from .ollama.schema import BODIES as OLLAMA_BODIES, ROUTES as OLLAMA_ROUTES
 from .openai.protocol import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
 from .openai.responses import ResponsesRequest
 from .openai.schema import (API_ERRORS, COMPLETION, COUNT, MESSAGE, RESPONSE, ROUTES, anthropic_operation, components,
@@ -42,7 +43,7 @@ from .openai.schema import (API_ERRORS, COMPLETION, COUNT, MESSAGE, RESPONSE, RO
 
 # The other APIs' routes in /openapi.json: their request bodies and answers (Messages' errors in Anthropic's body).
 MORE_BODIES = (ResponsesRequest, InfillRequest, MessagesRequest, CountTokensRequest, LoadLoraAdapterRequest,
-               UnloadLoraAdapterRequest)
+               UnloadLoraAdapterRequest, *OLLAMA_BODIES)
 MORE_ROUTES = {
     "responses": operation(ResponsesRequest, RESPONSE, *API_ERRORS, stream=True),
     "infill": operation(InfillRequest, COMPLETION, *API_ERRORS, stream=True),
@@ -70,15 +71,10 @@ def _allowed(scope: dict) -> set[str]:
 
 def add_ollama_routes(app: FastAPI, ollama: Ollama) -> None:
     """Ollama's API under /api/ (docs/serving.md): generation, embeddings and the model listing."""
-    app.post("/api/chat", tags=["ollama"])(ollama.chat)
-    app.post("/api/generate", tags=["ollama"])(ollama.generate)
-    app.post("/api/embed", tags=["ollama"])(ollama.embed)
-    app.post("/api/embeddings", tags=["ollama"])(ollama.embeddings)
-    app.post("/api/show", tags=["ollama"])(ollama.show)
-    app.get("/api/tags", tags=["ollama"])(ollama.tags)
-    app.get("/api/ps", tags=["ollama"])(ollama.ps)
-    app.get("/api/version", tags=["ollama"])(ollama.version)
-    app.head("/api/version", include_in_schema=False)(ollama.version)
+    for name in ("chat", "generate", "embed", "embeddings", "show"):
+        app.post(f"/api/{name}", **OLLAMA_ROUTES[name])(getattr(ollama, name))
+    for name in ("tags", "ps", "version"):
+        app.get(f"/api/{name}", **OLLAMA_ROUTES[name])(getattr(ollama, name))
 
 
 def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:

@@ -192,3 +192,16 @@ def test_keep_alive_durations() -> None:
 
     assert [keep_alive_s(v) for v in ("5m", "1h30m", "300ms", "10", 0, 90, "0")] == [300, 5400, 0.3, 10, 0, 90, 0]
     assert keep_alive_s(-1) == keep_alive_s("-1m") == float("inf")
+
+
+def test_the_routes_are_in_the_openapi_document(apis) -> None:
+    """/openapi.json carries Ollama's routes with their bodies and Ollama's error body: test_server_fuzz.py's
+    fuzzer reaches them from there."""
+    doc = httpx.get(apis[0] + "/openapi.json").json()
+    routes = {"/api/chat": "post", "/api/generate": "post", "/api/embed": "post", "/api/embeddings": "post",
+              "/api/show": "post", "/api/tags": "get", "/api/ps": "get", "/api/version": "get"}
+    assert {path: next(iter(doc["paths"][path])) for path in routes} == routes
+    chat = doc["paths"]["/api/chat"]["post"]
+    assert chat["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/OllamaChatRequest")
+    assert chat["responses"]["400"]["content"]["application/json"]["schema"]["properties"] == {
+        "error": {"type": "string"}}

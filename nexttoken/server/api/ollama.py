@@ -29,8 +29,8 @@ from ...text.infill import InfillError, fim_prompt
 from ..http.errors import APIError, bad_request
 from ..http.streams import SSEResponse
 from ..ollama.models import ServedModel, matches, ps_card, show_card, tag_card
-from ..ollama.protocol import (ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, Options, ShowRequest,
-                               chat_body, generate_messages, generating_fields, in_ollama_terms,
+from ..ollama.protocol import (OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest, OllamaGenerateRequest,
+                               OllamaOptions, OllamaShowRequest, chat_body, generate_messages, generating_fields, in_ollama_terms,
                                ollama_tool_calls)
 from ..openai.prompts import check_ids, completion_prompts
 from ..openai.protocol import ChatCompletionRequest
@@ -123,7 +123,7 @@ class Ollama(Chat):
         raise APIError(404, f"model {name!r} not found: this server serves {served}", "model",
                        code="model_not_found")
 
-    def _check_options(self, options: Options, think: Any, model: str) -> None:
+    def _check_options(self, options: OllamaOptions, think: Any, model: str) -> None:
         if options.num_ctx is not None and options.num_ctx > self.limits.max_model_len:
             raise bad_request(f"options.num_ctx: {options.num_ctx} is over the {self.limits.max_model_len} tokens "
                               f"{self.limits.what.removesuffix(' is')}: send num_ctx <= {self.limits.max_model_len} "
@@ -136,7 +136,7 @@ class Ollama(Chat):
 
     async def chat(self, request: Request) -> Response:
         clock, arrival = Clock(), time.monotonic()
-        req: ChatRequest = parse_body(ChatRequest, await request.body())
+        req: OllamaChatRequest = parse_body(OllamaChatRequest, await request.body())
         request.state.keep_alive_s = req.keep_alive_s  # idle unload reads it (docs/serving.md)
         model = self._served(req.model)
         self._check_options(req.options, req.think, req.model)
@@ -157,7 +157,7 @@ class Ollama(Chat):
 
     async def generate(self, request: Request) -> Response:
         clock, arrival = Clock(), time.monotonic()
-        req: GenerateRequest = parse_body(GenerateRequest, await request.body())
+        req: OllamaGenerateRequest = parse_body(OllamaGenerateRequest, await request.body())
         request.state.keep_alive_s = req.keep_alive_s
         model = self._served(req.model)
         self._check_options(req.options, req.think, req.model)
@@ -194,7 +194,7 @@ class Ollama(Chat):
         except APIError as e:
             raise in_ollama_terms(e) from e
 
-    async def _raw_prompt(self, req: GenerateRequest, context: list[int]) -> ChatPrompt:
+    async def _raw_prompt(self, req: OllamaGenerateRequest, context: list[int]) -> ChatPrompt:
         """A raw (or fill-in-the-middle) prompt: no chat template, no thinking or calls read out of the answer."""
         if req.suffix:
             try:
@@ -216,7 +216,8 @@ class Ollama(Chat):
 
     async def embed(self, request: Request) -> Response:
         clock = Clock()
-        req: EmbedRequest = parse_body(EmbedRequest, await request.body())
+        req: OllamaEmbedRequest = parse_body(OllamaEmbedRequest, await request.body())
+        request.state.keep_alive_s = req.keep_alive_s
         self._served(req.model)
         self._check_options(req.options, None, req.model)
         texts = [req.input] if isinstance(req.input, str) else req.input
@@ -230,7 +231,8 @@ class Ollama(Chat):
                              "total_duration": end - clock.start, "load_duration": 0, "prompt_eval_count": tokens})
 
     async def embeddings(self, request: Request) -> Response:
-        req: EmbeddingsRequest = parse_body(EmbeddingsRequest, await request.body())
+        req: OllamaEmbeddingsRequest = parse_body(OllamaEmbeddingsRequest, await request.body())
+        request.state.keep_alive_s = req.keep_alive_s
         self._served(req.model)
         self._check_options(req.options, None, req.model)
         prompts = await self._embedded_prompts([req.prompt], True)
@@ -265,7 +267,7 @@ class Ollama(Chat):
         return {"models": [ps_card(m) for m in self.served_models()]}
 
     async def show(self, request: Request) -> dict:
-        req: ShowRequest = parse_body(ShowRequest, await request.body())
+        req: OllamaShowRequest = parse_body(OllamaShowRequest, await request.body())
         name = req.model or req.name
         if not name:
             raise bad_request("model is required: the name of a model /api/tags lists", "model")

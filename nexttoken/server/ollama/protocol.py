@@ -43,7 +43,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class Options(_Strict, NullIsAbsent):
+class OllamaOptions(_Strict, NullIsAbsent):
     """Ollama's `options` (its Modelfile parameters). An unknown key is a 400, as every option is here."""
 
     temperature: float | None = None
@@ -79,23 +79,23 @@ class Options(_Strict, NullIsAbsent):
     penalize_newline: bool | None = None
 
 
-class Function(_Strict):
+class OllamaFunction(_Strict):
     name: str
     arguments: dict[str, Any]
     index: int | None = None  # Ollama numbers a turn's calls; the order says the same
 
 
-class ToolCall(_Strict):
-    function: Function
+class OllamaToolCall(_Strict):
+    function: OllamaFunction
     id: str | None = None
 
 
-class Message(_Strict, NullIsAbsent):
+class OllamaMessage(_Strict, NullIsAbsent):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     thinking: str | None = None  # a past turn's thinking: chat templates leave it out of later turns
     images: list[str] | None = None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[OllamaToolCall] | None = None
     tool_name: str | None = None  # a tool message: the tool whose result it is
     tool_call_id: str | None = None
 
@@ -105,15 +105,8 @@ Think = Union[bool, Literal["low", "medium", "high"]]
 KeepAlive = Union[float, int, str]
 
 
-class _Generating(_Strict, NullIsAbsent):
-    model: str = Field(min_length=1)
-    stream: bool = True  # Ollama streams unless told not to
-    format: Format | None = None
-    options: Options = Field(default_factory=Options)
-    keep_alive: KeepAlive | None = None
-    think: Think | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
+class _KeptAlive(_Strict, NullIsAbsent):
+    keep_alive: KeepAlive | None = None  # how long the model stays loaded after this request (idle unload)
 
     @field_validator("keep_alive")
     @classmethod
@@ -128,12 +121,22 @@ class _Generating(_Strict, NullIsAbsent):
         return DEFAULT_KEEP_ALIVE_S if self.keep_alive is None else keep_alive_s(self.keep_alive)
 
 
-class ChatRequest(_Generating):
-    messages: list[Message] = Field(default_factory=list)  # none: load the model, generate nothing
+class _Generating(_KeptAlive):
+    model: str = Field(min_length=1)
+    stream: bool = True  # Ollama streams unless told not to
+    format: Format | None = None
+    options: OllamaOptions = Field(default_factory=OllamaOptions)
+    think: Think | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+
+class OllamaChatRequest(_Generating):
+    messages: list[OllamaMessage] = Field(default_factory=list)  # none: load the model, generate nothing
     tools: list[dict[str, Any]] | None = None
 
 
-class GenerateRequest(_Generating):
+class OllamaGenerateRequest(_Generating):
     prompt: str = ""  # empty: load the model, generate nothing
     suffix: str | None = None  # fill in the middle: the text after the answer
     system: str | None = None
@@ -143,25 +146,23 @@ class GenerateRequest(_Generating):
     images: list[str] | None = None
 
 
-class EmbedRequest(_Strict, NullIsAbsent):
+class OllamaEmbedRequest(_KeptAlive):
     model: str = Field(min_length=1)
     input: Union[str, list[str]]
     truncate: bool = True  # cut an input longer than the context (false: a 400)
     dimensions: int | None = Field(None, ge=1)
-    options: Options = Field(default_factory=Options)
-    keep_alive: KeepAlive | None = None
+    options: OllamaOptions = Field(default_factory=OllamaOptions)
 
 
-class EmbeddingsRequest(_Strict, NullIsAbsent):
+class OllamaEmbeddingsRequest(_KeptAlive):
     """The legacy /api/embeddings: one prompt, its embedding as the model gives it (not normalized)."""
 
     model: str = Field(min_length=1)
     prompt: str = Field(min_length=1)
-    options: Options = Field(default_factory=Options)
-    keep_alive: KeepAlive | None = None
+    options: OllamaOptions = Field(default_factory=OllamaOptions)
 
 
-class ShowRequest(_Strict, NullIsAbsent):
+class OllamaShowRequest(_Strict, NullIsAbsent):
     model: str | None = None
     name: str | None = None  # the older name of `model`
     verbose: bool = False
@@ -189,7 +190,7 @@ def keep_alive_s(value: KeepAlive) -> float:
     return math.inf if value < 0 else float(value)
 
 
-def sampling_fields(options: Options) -> dict[str, Any]:
+def sampling_fields(options: OllamaOptions) -> dict[str, Any]:
     """The Chat Completions fields that sample as `options` say."""
     body = {SAME_MEANING[name]: getattr(options, name) for name in SAME_MEANING
             if name in options.model_fields_set}
@@ -228,7 +229,7 @@ def think_fields(think: Think | None) -> dict[str, Any]:
     return {"chat_template_kwargs": {"enable_thinking": True}, "reasoning_effort": think}
 
 
-def chat_messages(messages: list[Message]) -> list[dict[str, Any]]:
+def chat_messages(messages: list[OllamaMessage]) -> list[dict[str, Any]]:
     """Ollama's messages as Chat Completions messages: a call gets an id (`call_<turn>_<k>`), and a tool message
     answers the call its tool_name names (else the next unanswered one)."""
     out: list[dict[str, Any]] = []
@@ -266,7 +267,7 @@ def generating_fields(req: _Generating, model: str) -> dict[str, Any]:
             **think_fields(req.think)}
 
 
-def chat_body(req: ChatRequest, model: str) -> dict[str, Any]:
+def chat_body(req: OllamaChatRequest, model: str) -> dict[str, Any]:
     """The Chat Completions body that asks for the same thing."""
     body = {**generating_fields(req, model), "messages": chat_messages(req.messages)}
     if req.tools:
@@ -274,7 +275,7 @@ def chat_body(req: ChatRequest, model: str) -> dict[str, Any]:
     return body
 
 
-def generate_messages(req: GenerateRequest) -> list[dict[str, Any]]:
+def generate_messages(req: OllamaGenerateRequest) -> list[dict[str, Any]]:
     """A templated generate request's conversation: the system prompt, then the prompt as the user's turn."""
     if req.images:
         raise bad_request("images: this model reads text only; send the prompt without images", "images")
