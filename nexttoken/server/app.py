@@ -124,7 +124,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kinds = {404: ("not_found_error", f"no route {request.url.path!r}: see /v1/models, /v1/completions, "
-                                          "/v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /infill, /v1/traces/{id}, /tokenize, /detokenize, /health, /metrics"),
+                                          "/v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /infill, /v1/traces/{id}, /tokenize, /detokenize, /health, /metrics; Ollama's /api/chat, /api/generate, /api/embed, /api/tags, /api/show, /api/ps, /api/version"),
                  405: ("invalid_request_error", f"{request.method} is not allowed on {request.url.path!r}")}
         kind, message = kinds.get(exc.status_code, ("invalid_request_error", str(exc.detail)))
         body = error_body_for(request.url.path, exc.status_code, message, kind)

@@ -12,76 +12,29 @@ import json
 import time
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version as package_version
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from starlette.responses import StreamingResponse
 
-from ...chat import ToolCallDelta
-from ...config import ARCHITECTURE_OF_MODEL_TYPE
-from ...chat.answer import Thinking
 from ...chat.render import ChatPrompt
-from ...chat.tools.parser import ToolCall
+from ...config import ARCHITECTURE_OF_MODEL_TYPE
 from ...engine.async_engine import EngineClosedError, EngineDeadError
 from ...engine.embedding import EmbeddingError
 from ...text.infill import InfillError, fim_prompt
 from ..http.errors import APIError, bad_request
-from ..http.streams import SSEResponse
 from ..ollama.models import ServedModel, matches, ps_card, show_card, tag_card
 from ..ollama.protocol import (OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest, OllamaGenerateRequest,
-                               OllamaOptions, OllamaShowRequest, chat_body, generate_messages, generating_fields, in_ollama_terms,
-                               ollama_tool_calls)
+                               OllamaOptions, OllamaShowRequest, chat_body, generate_messages, generating_fields,
+                               in_ollama_terms, ollama_tool_calls)
 from ..openai.prompts import check_ids, completion_prompts
 from ..openai.protocol import ChatCompletionRequest
 from .chat import Chat, ChatRun
+from .ollama_lines import Clock, NDJSONResponse, OllamaLines, now
 from .serving import collect_choices, log, parse_body, tool_parse_failure, unavailable
-from .streaming import EventEncoder, Step, Tally, drive
+from .streaming import drive
 
 DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
-
-
-class NDJSONResponse(SSEResponse):
-    """Ollama's stream: one JSON object a line (application/x-ndjson), stopping (and cancelling the request) when
-    the client leaves, as SSEResponse does."""
-
-    def __init__(self, content: AsyncIterator[str]) -> None:
-        StreamingResponse.__init__(self, content, media_type="application/x-ndjson")
-
-
-def line(body: dict[str, Any]) -> str:
-    return json.dumps(body) + "\n"
-
-
-def now() -> str:
-    """Ollama's created_at: RFC 3339 in UTC."""
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-@dataclasses.dataclass
-class Clock:
-    """A request's times in nanoseconds (Ollama's durations): arrival, its first generated token, the end."""
-
-    start: int = dataclasses.field(default_factory=time.monotonic_ns)
-    first: int | None = None
-
-    async def timed(self, events: AsyncIterator) -> AsyncIterator:
-        """`events` as they come, the first token's time noted."""
-        try:
-            async for index, event in events:
-                if self.first is None and event.token_ids:
-                    self.first = time.monotonic_ns()
-                yield index, event
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
-
-    def final(self, done_reason: str | None, prompt_tokens: int, tokens: int) -> dict[str, Any]:
-        """The last body's fields: why it ended, the counts and durations (the model is loaded: no load time)."""
-        end = time.monotonic_ns()
-        first = self.first or end
-        return {"done": True, "done_reason": {"length": "length"}.get(done_reason or "stop", "stop"),
-                "total_duration": end - self.start, "load_duration": 0, "prompt_eval_count": prompt_tokens,
-                "prompt_eval_duration": first - self.start, "eval_count": tokens, "eval_duration": end - first}
 
 
 class Ollama(Chat):
@@ -146,7 +99,7 @@ class Ollama(Chat):
         events = clock.timed(run.events)
         head = {"model": req.model}
         if req.stream:
-            return NDJSONResponse(drive(events, _Lines(head, run, clock, "chat"), run.answer))
+            return NDJSONResponse(drive(events, OllamaLines(head, run, clock, "chat"), run.answer))
         choices = await collect_choices(request, 1, events)
         if choices is None:
             return Response(status_code=499)
@@ -175,7 +128,7 @@ class Ollama(Chat):
         events = clock.timed(run.events)
         head = {"model": req.model}
         if req.stream:
-            return NDJSONResponse(drive(events, _Lines(head, run, clock, "generate"), run.answer))
+            return NDJSONResponse(drive(events, OllamaLines(head, run, clock, "generate"), run.answer))
         choices = await collect_choices(request, 1, events)
         if choices is None:
             return Response(status_code=499)
@@ -302,49 +255,3 @@ def _message(run: ChatRun, text: str, cut: bool) -> dict[str, Any]:
     if answer.tool_calls:
         message["tool_calls"] = ollama_tool_calls(answer.tool_calls)
     return message
-
-
-class _Lines(EventEncoder):
-    """Ollama's NDJSON stream: a line per event with text (thinking and content apart), a line with the calls
-    once the answer is done, then the last line with done, the counts and durations (and /api/generate's
-    context); a failure is an {"error"} line."""
-
-    def __init__(self, head: dict, run: ChatRun, clock: Clock, kind: str) -> None:
-        self.head, self.run, self.clock, self.kind = head, run, clock, kind
-        self.ids: list[int] = []
-        self.calls: dict[int, list[str]] = {}  # call index -> [id, name, argument text]
-
-    def _body(self, content: str, thinking: str, **more: Any) -> dict[str, Any]:
-        if self.kind == "generate":
-            return {**self.head, "created_at": now(), "response": content,
-                    **({"thinking": thinking} if thinking else {}), **more}
-        message = {"role": "assistant", "content": content, **({"thinking": thinking} if thinking else {})}
-        return {**self.head, "created_at": now(), "message": message, **more}
-
-    def step(self, step: Step, tally: Tally) -> list[str]:
-        self.ids += step.event.token_ids
-        content, thinking = [], []
-        for piece in step.pieces or []:
-            if isinstance(piece, Thinking):
-                thinking.append(piece.text)
-            elif isinstance(piece, ToolCallDelta):
-                call = self.calls.setdefault(piece.index, [piece.id or "", piece.name or "", ""])
-                call[2] += piece.arguments
-            else:
-                content.append(piece)
-        lines = [line(self._body("".join(content), "".join(thinking), done=False))] if content or thinking else []
-        if step.event.finished and self.calls:
-            calls = ollama_tool_calls([ToolCall(*self.calls[k]) for k in sorted(self.calls)])
-            if calls:
-                lines.append(line({**self.head, "created_at": now(), "message": {
-                    "role": "assistant", "content": "", "tool_calls": calls}, "done": False}))
-        return lines
-
-    def failed(self, error: APIError, tally: Tally) -> list[str]:
-        return [line({"error": error.message})]
-
-    def end(self, tally: Tally) -> list[str]:
-        final = self.clock.final(tally.finish.get(0, (None, None))[0], len(self.run.prompt_ids), tally.tokens)
-        if self.kind == "generate":
-            final["context"] = self.run.prompt_ids + self.ids
-        return [line(self._body("", "", **final))]
