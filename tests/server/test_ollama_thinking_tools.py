@@ -52,6 +52,8 @@ def test_thinking_and_calls_whole_and_streamed(apis) -> None:
     assert [(c.function.name, c.function.arguments) for c in r.message.tool_calls] == [
         (call.function.name, json.loads(call.function.arguments))] == [("now", {"tz": "CET"})]
     assert r.eval_count == ref.usage.completion_tokens
+    low = client.chat(model=model, messages=QUESTION, tools=TOOLS, think="low", options=GREEDY)  # an effort
+    assert (low.message.thinking, low.message.tool_calls) == (r.message.thinking, r.message.tool_calls)
 
     parts = list(client.chat(model=model, messages=QUESTION, tools=TOOLS, think=True, options=GREEDY, stream=True))
     assert "".join(p.message.thinking or "" for p in parts) == "Let me see"
