@@ -135,6 +135,15 @@ def test_list_show_ps_version(apis, model_dir) -> None:
     assert httpx.get(url + "/api/version").json() == {"version": version("nexttoken")}
 
 
+def test_num_ctx_below_the_context_bounds_the_answer(apis) -> None:
+    url, client, chat, model = apis
+    r = client.chat(model=model, messages=MESSAGES, options=dict(temperature=0, num_predict=30))
+    short = client.chat(model=model, messages=MESSAGES, options=dict(temperature=0, num_predict=30,
+                                                                      num_ctx=r.prompt_eval_count + 5))
+    assert (short.eval_count, short.done_reason) == (5, "length") and r.eval_count > 5
+    assert r.message.content.startswith(short.message.content)
+
+
 def test_streams_by_default_as_ndjson_and_loads_on_an_empty_request(apis) -> None:
     url, client, chat, model = apis
     body = {"model": model, "messages": MESSAGES[1:], "options": {"temperature": 0, "num_predict": 4}}
@@ -154,6 +163,7 @@ def test_streams_by_default_as_ndjson_and_loads_on_an_empty_request(apis) -> Non
     (lambda c, m: c.chat(model=m, messages=MESSAGES, options={"num_predictt": 3}), 400, "options.num_predictt"),
     (lambda c, m: c.chat(model=m, messages=MESSAGES, options={"num_ctx": 1 << 20}), 400, "num_ctx"),
     (lambda c, m: c.chat(model=m, messages=MESSAGES, options={"num_predict": 0}), 400, "num_predict"),
+    (lambda c, m: c.chat(model=m, messages=MESSAGES, options={"num_ctx": 4}), 400, "num_ctx"),
     (lambda c, m: c.chat(model=m, messages=MESSAGES, options={"repeat_penalty": 1.2, "repeat_last_n": 64}), 400,
      "repeat_last_n"),
     (lambda c, m: c.chat(model=m, messages=MESSAGES, options={"temperature": -1}), 400, "options.temperature"),

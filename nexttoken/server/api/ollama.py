@@ -95,7 +95,7 @@ class Ollama(Chat):
         self._check_options(req.options, req.think, req.model)
         if not req.messages:  # Ollama's way to load a model (or, with keep_alive 0, unload it)
             return JSONResponse(self._loaded(req, {"message": {"role": "assistant", "content": ""}}))
-        run = await self._start(_chat_request(chat_body(req, model)), arrival)
+        run = await self._start(_chat_request(chat_body(req, model)), arrival, req.options)
         events = clock.timed(run.events)
         head = {"model": req.model}
         if req.stream:
@@ -119,12 +119,9 @@ class Ollama(Chat):
         chat = _chat_request({**generating_fields(req, model), "messages": generate_messages(req)})
         context = list(req.context or [])
         check_ids(context, self.limits.vocab_size, "context")
-        if req.raw or req.suffix:  # the prompt as it is (or the model's fill-in-the-middle layout)
-            prompt = await self._raw_prompt(req, context)
-        else:
-            prompt = await self.render(chat)
-            prompt = dataclasses.replace(prompt, ids=context + prompt.ids)
-        run = await self._start(chat, arrival, prompt)
+        # the prompt as it is (or the model's fill-in-the-middle layout), else through the chat template
+        prompt = await self._raw_prompt(req, context) if req.raw or req.suffix else None
+        run = await self._start(chat, arrival, req.options, prompt, context)
         events = clock.timed(run.events)
         head = {"model": req.model}
         if req.stream:
@@ -140,12 +137,29 @@ class Ollama(Chat):
                 "context": run.prompt_ids + c.token_ids}
         return JSONResponse(body)
 
-    async def _start(self, chat: ChatCompletionRequest, arrival: float, prompt: ChatPrompt | None = None) -> ChatRun:
-        """The chat request path, its errors naming Ollama's fields."""
+    async def _start(self, chat: ChatCompletionRequest, arrival: float, options: OllamaOptions,
+                     prompt: ChatPrompt | None = None, context: list[int] | None = None) -> ChatRun:
+        """The chat request path (the conversation rendered after `context`, unless `prompt` is given), within
+        `options.num_ctx`; its errors name Ollama's fields."""
         try:
-            return await self.start_chat(chat, arrival, "ollama", prompt)
+            if prompt is None:
+                prompt = await self.render(chat)
+                prompt = dataclasses.replace(prompt, ids=(context or []) + prompt.ids)
+            return await self.start_chat(self._within(chat, len(prompt.ids), options), arrival, "ollama", prompt)
         except APIError as e:
             raise in_ollama_terms(e) from e
+
+    def _within(self, chat: ChatCompletionRequest, prompt: int, options: OllamaOptions) -> ChatCompletionRequest:
+        """A request under a num_ctx below the served context: its prompt and answer fit in num_ctx tokens (the
+        answer is cut there; a longer prompt is a 400, where Ollama would drop its start)."""
+        if options.num_ctx is None or options.num_ctx >= self.limits.max_model_len:
+            return chat
+        room = options.num_ctx - prompt
+        if room < 1:
+            raise bad_request(f"the prompt has {prompt} tokens, which leaves no room for an answer in "
+                              f"options.num_ctx={options.num_ctx}: raise num_ctx (up to {self.limits.max_model_len}) "
+                              "or shorten the prompt", "options.num_ctx")
+        return chat.model_copy(update={"max_tokens": min(chat.max_tokens or room, room)})
 
     async def _raw_prompt(self, req: OllamaGenerateRequest, context: list[int]) -> ChatPrompt:
         """A raw (or fill-in-the-middle) prompt: no chat template, no thinking or calls read out of the answer."""
