@@ -217,3 +217,29 @@ def test_the_routes_are_in_the_openapi_document(apis) -> None:
     assert chat["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/OllamaChatRequest")
     assert chat["responses"]["400"]["content"]["application/json"]["schema"]["properties"] == {
         "error": {"type": "string"}}
+
+
+def test_clients_that_send_no_json_media_type(apis) -> None:
+    """Ollama takes any media type, and `curl -d` sends a form's: so do its routes here, but not from a web page
+    (a browser sends Origin with every cross-origin POST)."""
+    url, client, chat, model = apis
+    body = json.dumps({"model": model, "prompt": "Once", "raw": True, "stream": False, "options": {"num_predict": 2}})
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    r = httpx.post(url + "/api/generate", content=body, headers=form, timeout=60)
+    assert r.status_code == 200 and r.json()["eval_count"] == 2
+    r = httpx.post(url + "/api/generate", content=body, headers={**form, "origin": "https://page.example"})
+    assert r.status_code == 415 and set(r.json()) == {"error"}
+    r = httpx.post(url + "/v1/completions", content=body, headers=form)  # the other APIs keep asking for JSON
+    assert r.status_code == 415
+
+
+def test_litellm_ollama_chat_route(apis, monkeypatch) -> None:
+    litellm = pytest.importorskip("litellm")
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm reads its price list off the net otherwise
+    url, client, chat, model = apis
+    ref = chat.chat.completions.create(model=model, messages=MESSAGES, temperature=0, max_tokens=8)
+    r = litellm.completion(model=f"ollama_chat/{model}", api_base=url, messages=MESSAGES, temperature=0, max_tokens=8)
+    assert r.choices[0].message.content == ref.choices[0].message.content
+    assert r.usage.completion_tokens == ref.usage.completion_tokens
+    e = litellm.embedding(model=f"ollama/{model}", api_base=url, input=["Once upon a time"])
+    assert e.data[0]["embedding"] == chat.embeddings.create(model=model, input="Once upon a time").data[0].embedding
