@@ -175,6 +175,7 @@ def test_streams_by_default_as_ndjson_and_loads_on_an_empty_request(apis) -> Non
     (lambda c, m: c.generate(model=m, prompt="def f(", suffix="return 1"), 400, "fill-in-the-middle"),
     (lambda c, m: c.generate(model=m, prompt="Hi", context=[1, 10 ** 6]), 400, "context"),
     (lambda c, m: c.embed(model=m, input=["a" * 4000], truncate=False), 400, "context length"),
+    (lambda c, m: c.embed(model=m, input=["a"] * 2049), 400, "2049 texts"),
     (lambda c, m: c.show("nope"), 404, "not found"),
     (lambda c, m: c.chat(model=m, messages=MESSAGES, format={"type": "object", "minProperties": "x"}), 400, "format:"),
 ])

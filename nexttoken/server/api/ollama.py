@@ -30,6 +30,7 @@ from ..ollama.protocol import (OllamaChatRequest, OllamaEmbeddingsRequest, Ollam
 from ..openai.prompts import check_ids, completion_prompts
 from ..openai.protocol import ChatCompletionRequest
 from .chat import Chat, ChatRun
+from .embeddings import MAX_INPUTS
 from .ollama_lines import Clock, NDJSONResponse, OllamaLines, now
 from .serving import collect_choices, log, parse_body, tool_parse_failure, unavailable
 from .streaming import drive
@@ -207,6 +208,9 @@ class Ollama(Chat):
         return JSONResponse({"embedding": vectors[0].tolist()})
 
     async def _embedded_prompts(self, texts: list[str], truncate: bool) -> list[list[int]]:
+        if len(texts) > MAX_INPUTS:
+            raise bad_request(f"input has {len(texts)} texts, over the limit of {MAX_INPUTS} per request: split it "
+                              "into several requests", "input")
         if any(not t for t in texts):
             raise bad_request("input: an input is empty; send non-empty texts", "input")
         prompts = await asyncio.to_thread(completion_prompts, texts, self.tokenizer, self.limits, "input")
