@@ -146,7 +146,7 @@ def test_num_ctx_below_the_context_bounds_the_answer(apis) -> None:
 
 def test_streams_by_default_as_ndjson_and_loads_on_an_empty_request(apis) -> None:
     url, client, chat, model = apis
-    body = {"model": model, "messages": MESSAGES[1:], "options": {"temperature": 0, "num_predict": 4}}
+    body = {"model": model, "messages": MESSAGES[1:], "options": {"temperature": 0, "num_predict": 4.0}}  # integral
     with httpx.stream("POST", url + "/api/chat", json=body, timeout=60) as r:
         assert r.headers["content-type"] == "application/x-ndjson"
         lines = [json.loads(line) for line in r.iter_lines() if line]

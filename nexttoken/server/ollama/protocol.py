@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..bodies import NullIsAbsent
 from ..http.errors import APIError, bad_request
+from ..openai.protocol import Int
 
 # Options that tune how Ollama's runner loads and batches (GPU layers, threads, mmap, ...) or trims a long prompt:
 # accepted, with no effect on this server (its engine is set up by `nexttoken serve`'s flags).
@@ -48,25 +49,25 @@ class OllamaOptions(_Strict, NullIsAbsent):
 
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Int | None = None
     min_p: float | None = None
-    seed: int | None = None  # negative: a random seed (Ollama's -1)
-    num_predict: int | None = Field(None, ge=-2)  # -1: until the end; -2: until the context is full
+    seed: Int | None = None  # negative: a random seed (Ollama's -1)
+    num_predict: Int | None = Field(None, ge=-2)  # -1: until the end; -2: until the context is full
     stop: list[str] | None = None
     repeat_penalty: float | None = None
-    repeat_last_n: int | None = Field(None, ge=-1)  # -1: the whole sequence (the only window offered), 0: off
+    repeat_last_n: Int | None = Field(None, ge=-1)  # -1: the whole sequence (the only window offered), 0: off
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     typical_p: float | None = None
-    mirostat: int | None = None
+    mirostat: Int | None = None
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None
-    num_ctx: int | None = Field(None, ge=1)  # checked against the served context (the handler knows it)
+    num_ctx: Int | None = Field(None, ge=1)  # checked against the served context (the handler knows it)
     # NO_EFFECT
     numa: bool | None = None
-    num_batch: int | None = None
-    num_gpu: int | None = None
-    main_gpu: int | None = None
+    num_batch: Int | None = None
+    num_gpu: Int | None = None
+    main_gpu: Int | None = None
     low_vram: bool | None = None
     f16_kv: bool | None = None
     logits_all: bool | None = None
@@ -74,8 +75,8 @@ class OllamaOptions(_Strict, NullIsAbsent):
     use_mmap: bool | None = None
     use_mlock: bool | None = None
     embedding_only: bool | None = None
-    num_thread: int | None = None
-    num_keep: int | None = None
+    num_thread: Int | None = None
+    num_keep: Int | None = None
     penalize_newline: bool | None = None
 
 
@@ -141,7 +142,7 @@ class OllamaGenerateRequest(_Generating):
     suffix: str | None = None  # fill in the middle: the text after the answer
     system: str | None = None
     template: str | None = None  # a Go template over the model's: refused (see `generate_messages`)
-    context: list[int] | None = None  # a previous answer's `context`: the conversation so far, as token ids
+    context: list[Int] | None = None  # a previous answer's `context`: the conversation so far, as token ids
     raw: bool = False  # the prompt as it is, no chat template
     images: list[str] | None = None
 
@@ -150,7 +151,7 @@ class OllamaEmbedRequest(_KeptAlive):
     model: str = Field(min_length=1)
     input: Union[str, list[str]]
     truncate: bool = True  # cut an input longer than the context (false: a 400)
-    dimensions: int | None = Field(None, ge=1)
+    dimensions: Int | None = Field(None, ge=1)
     options: OllamaOptions = Field(default_factory=OllamaOptions)
 
 
