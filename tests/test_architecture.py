@@ -134,11 +134,12 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "openai": {"bodies", "http"},  # OpenAI's wire format: request bodies, prompts, options, outputs, Responses items
         "anthropic": {"http", "openai"},  # Anthropic's wire format: the Messages body, its blocks and stream events
         "llamacpp": {"bodies"},  # llama.cpp's wire format: the /infill body
+        "ollama": {"bodies", "http", "openai"},  # Ollama's wire format: its bodies and their translation, its model cards
         # OpenAI's batch format, a file of requests run through the app's own routes, /v1/files and /v1/batches
         "batch": {"http"},
-        "api": {"anthropic", "http", "llamacpp", "metrics", "openai", "settings"},  # one module per API
+        "api": {"anthropic", "http", "llamacpp", "metrics", "ollama", "openai", "settings"},  # one module per API
         "webui": set(),  # the chat page (package data) and its routes
-        "app": {"anthropic", "api", "batch", "http", "llamacpp", "metrics", "openai", "settings", "webui"},  # the request
+        "app": {"anthropic", "api", "batch", "http", "llamacpp", "metrics", "ollama", "openai", "settings", "webui"},
         # schemas for /openapi.json
         "cli": {"app", "http", "settings"},
         "run_batch": {"app", "batch", "cli", "settings"},  # `nexttoken run-batch`

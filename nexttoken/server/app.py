@@ -21,13 +21,15 @@ from .api.infill import Infill
 from .api.messages import Messages
 from .api.lora import LoraAdapters
 from .api.models import Models
+from .api.ollama import Ollama
 from .api.responses import Responses
 from .api.serving import chat_renderer
 from .api.grammars import GrammarCompiler
 from .batch.routes import add_batch_routes
 from .api.traces import TraceStore
 from .http.connections import AcceptErrors
-from .http.errors import ANTHROPIC_PATHS, APIError, anthropic_error_body, error_body
+from .http.errors import (ANTHROPIC_PATHS, OLLAMA_PATHS, APIError, anthropic_error_body, error_body_for,
+                          ollama_error_body)
 from .http.guards import ApiKeyGuard, BodyLimit, HostCheck, InternalErrors, JsonOnly
 from .http.request_log import RequestLog
 from .http.tracing import OtlpTracer
@@ -35,6 +37,7 @@ from .http.shutdown import MESSAGE as SHUTTING_DOWN, Drain
 from .metrics import ServerMetrics
 from .anthropic.protocol import CountTokensRequest, MessagesRequest
 from .llamacpp.protocol import InfillRequest
+from .ollama.schema import BODIES as OLLAMA_BODIES, ROUTES as OLLAMA_ROUTES
 from .openai.protocol import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
 from .openai.responses import ResponsesRequest
 from .openai.schema import (API_ERRORS, COMPLETION, COUNT, MESSAGE, RESPONSE, ROUTES, anthropic_operation, components,
@@ -42,7 +45,7 @@ from .openai.schema import (API_ERRORS, COMPLETION, COUNT, MESSAGE, RESPONSE, RO
 
 # The other APIs' routes in /openapi.json: their request bodies and answers (Messages' errors in Anthropic's body).
 MORE_BODIES = (ResponsesRequest, InfillRequest, MessagesRequest, CountTokensRequest, LoadLoraAdapterRequest,
-               UnloadLoraAdapterRequest)
+               UnloadLoraAdapterRequest, *OLLAMA_BODIES)
 MORE_ROUTES = {
     "responses": operation(ResponsesRequest, RESPONSE, *API_ERRORS, stream=True),
     "infill": operation(InfillRequest, COMPLETION, *API_ERRORS, stream=True),
@@ -68,6 +71,14 @@ def _allowed(scope: dict) -> set[str]:
     return methods
 
 
+def add_ollama_routes(app: FastAPI, ollama: Ollama) -> None:
+    """Ollama's API under /api/ (docs/serving.md): generation, embeddings and the model listing."""
+    for name in ("chat", "generate", "embed", "embeddings", "show"):
+        app.post(f"/api/{name}", **OLLAMA_ROUTES[name])(getattr(ollama, name))
+    for name in ("tags", "ps", "version"):
+        app.get(f"/api/{name}", **OLLAMA_ROUTES[name])(getattr(ollama, name))
+
+
 def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     """The app over an engine (its model, tokenizer and defaults); the engine thread starts and stops with the
     app's lifespan."""
@@ -77,9 +88,9 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     traces = TraceStore(settings.model_name)  # one store: every API's traced choices are read back at one URL
     renderer = chat_renderer(engine, settings)  # one: the chat template's probes run once per server
     grammars = GrammarCompiler(engine.tokenizer, engine.model.config.vocab_size, settings.grammar_compile_timeout_s)
-    completions, chat, models, responses, messages, embeddings, infill, loras = (
+    completions, chat, models, responses, messages, embeddings, infill, loras, ollama = (
         api(engine, async_engine, metrics, settings, traces, renderer=renderer, grammars=grammars)
-        for api in (Completions, Chat, Models, Responses, Messages, Embeddings, Infill, LoraAdapters))
+        for api in (Completions, Chat, Models, Responses, Messages, Embeddings, Infill, LoraAdapters, Ollama))
     chat.preamble_notice()
     drain = Drain(settings.shutdown_timeout_s)  # cli.py starts its clock on the signal
 
@@ -113,16 +124,17 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
         if request.url.path.startswith(ANTHROPIC_PATHS):  # each API answers in its own error body
             return JSONResponse(anthropic_error_body(exc.status, exc.message), status_code=exc.status)
+        if request.url.path.startswith(OLLAMA_PATHS):
+            return JSONResponse(ollama_error_body(exc.message), status_code=exc.status, headers=exc.headers)
         return exc.response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kinds = {404: ("not_found_error", f"no route {request.url.path!r}: see /v1/models, /v1/completions, "
-                                          "/v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /infill, /v1/traces/{id}, /v1/files, /v1/batches, /tokenize, /detokenize, /health, /metrics"),
+                                          "/v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /infill, /v1/traces/{id}, /v1/files, /v1/batches, /tokenize, /detokenize, /health, /metrics; Ollama's /api/chat, /api/generate, /api/embed, /api/tags, /api/show, /api/ps, /api/version"),
                  405: ("invalid_request_error", f"{request.method} is not allowed on {request.url.path!r}")}
         kind, message = kinds.get(exc.status_code, ("invalid_request_error", str(exc.detail)))
-        body = (anthropic_error_body(exc.status_code, message) if request.url.path.startswith(ANTHROPIC_PATHS)
-                else error_body(message, kind))
+        body = error_body_for(request.url.path, exc.status_code, message, kind)
         headers = exc.headers
         if exc.status_code == 405:  # Starlette names the first matching route's methods; every route's count
             headers = {**(headers or {}), "Allow": ", ".join(sorted(_allowed(request.scope)))}
@@ -150,6 +162,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     app.post("/v1/unload_lora_adapter", **MORE_ROUTES["unload_lora"])(loras.unload)
     # OpenAI's files and batches: a batch runs through this app's own routes (batch/), as `nexttoken run-batch` does
     batches = add_batch_routes(app, 2 * engine.config.max_num_seqs, settings.api_key)
+    add_ollama_routes(app, ollama)
     if settings.webui:
         add_webui(app)
 

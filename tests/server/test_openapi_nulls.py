@@ -12,6 +12,8 @@ from nexttoken.server.anthropic.protocol import MessagesRequest
 from nexttoken.server.llamacpp.protocol import InfillRequest
 from nexttoken.server.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                               EmbeddingRequest, TokenizeRequest)
+from nexttoken.server.ollama.protocol import (OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest,
+                                              OllamaGenerateRequest, OllamaShowRequest)
 from nexttoken.server.openai.responses import ResponsesRequest
 
 BODIES = {  # each model and a smallest body it accepts
@@ -19,6 +21,8 @@ BODIES = {  # each model and a smallest body it accepts
     TokenizeRequest: {"prompt": "x"}, DetokenizeRequest: {"tokens": [1]}, EmbeddingRequest: {"input": "x"},
     ResponsesRequest: {"input": "hi"}, InfillRequest: {"input_prefix": "a"},
     MessagesRequest: {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
+    OllamaChatRequest: {"model": "m"}, OllamaGenerateRequest: {"model": "m"}, OllamaShowRequest: {},
+    OllamaEmbedRequest: {"model": "m", "input": "x"}, OllamaEmbeddingsRequest: {"model": "m", "prompt": "x"},
 }
 
 

@@ -237,6 +237,18 @@ def test_openapi_is_behind_the_key(keyed) -> None:
     assert httpx.get(keyed + "/health").status_code == 200  # probes stay open
 
 
+def test_ollamas_routes_are_behind_the_key(keyed) -> None:
+    """/api/ needs the key too (in Ollama's error body), and the `ollama` client passes it as it does for
+    OLLAMA_API_KEY: Authorization: Bearer."""
+    ollama = pytest.importorskip("ollama")
+    r = httpx.post(keyed + "/api/chat", json={"model": "m", "messages": []})
+    assert r.status_code == 401 and set(r.json()) == {"error"}
+    with pytest.raises(ollama.ResponseError) as e:
+        ollama.Client(host=keyed).list()
+    assert e.value.status_code == 401
+    assert ollama.Client(host=keyed, headers={"Authorization": "Bearer sesame"}).list().models
+
+
 # ---- values -------------------------------------------------------------------------------------------------------
 
 def test_integral_floats_are_integers(server) -> None:

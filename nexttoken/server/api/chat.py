@@ -73,10 +73,12 @@ class Chat(Serving):
         check_ids(prompt.ids, self.limits.vocab_size, "messages")
         return prompt
 
-    async def start_chat(self, req: ChatCompletionRequest, arrival: float, prefix: str = "chatcmpl") -> ChatRun:
+    async def start_chat(self, req: ChatCompletionRequest, arrival: float, prefix: str = "chatcmpl",
+                         prompt: ChatPrompt | None = None) -> ChatRun:
         """The one chat request path: tools checked, the template rendered, the options translated and the
-        grammar compiled, then the jobs queued on the engine."""
-        prompt = await self.render(req)
+        grammar compiled, then the jobs queued on the engine. `prompt`: rendered already (Ollama's /api/generate
+        with a `context` or `raw`), over `req`'s options."""
+        prompt = prompt if prompt is not None else await self.render(req)
         use, ids = prompt.use, prompt.ids
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         cfg = self._options(req, [ids], max_tokens, "messages", top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0)

@@ -91,8 +91,18 @@ def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
 
 
+OLLAMA_PATHS = ("/api/",)  # the routes that answer in Ollama's body
+
+
+def ollama_error_body(message: str) -> dict[str, Any]:
+    """Ollama's error body: `{"error": "..."}` (the status says the kind)."""
+    return {"error": message}
+
+
 def error_body_for(path: str, status: int, message: str, type: str, code: str | None = None) -> dict[str, Any]:
-    """The error body in the API's own format: Anthropic's on its routes, OpenAI's elsewhere."""
+    """The error body in the API's own format: Anthropic's and Ollama's on their routes, OpenAI's elsewhere."""
     if path.startswith(ANTHROPIC_PATHS):
         return anthropic_error_body(status, message)
+    if path.startswith(OLLAMA_PATHS):
+        return ollama_error_body(message)
     return error_body(message, type, None, code)

@@ -12,12 +12,12 @@ import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import error_body_for
+from .errors import OLLAMA_PATHS, error_body_for
 from .shutdown import MESSAGE as SHUTTING_DOWN, Drain
 
 # The API's paths: what the key guards (with the API's description) and what must be sent as JSON; /health and
 # /metrics stay open for probes and scrapers.
-API_PATHS = ("/v1/", "/tokenize", "/detokenize", "/infill", "/responses")
+API_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize", "/infill", "/responses")
 _PROTECTED = (*API_PATHS, "/openapi.json")
 # The one path that takes a multipart body (a file upload, as OpenAI's): a page may store a file there without a
 # preflight, but it cannot start a batch on it (POST /v1/batches is JSON only).
@@ -159,12 +159,20 @@ class JsonOnly:
                 and _posts_to_a_route(scope)):  # a POST to a GET-only path is the router's 405, not a 415
             declared = dict(scope.get("headers") or []).get(b"content-type", b"").decode("latin-1")
             media = declared.split(";", 1)[0].strip().lower()
-            if media != "application/json" and not (media == "multipart/form-data" and scope["path"] in UPLOADS):
+            upload = media == "multipart/form-data" and scope["path"] in UPLOADS
+            if media != "application/json" and not upload and not _ollama_client(scope):
                 message = (f"the request body must be JSON, sent with Content-Type: application/json (got "
                            f"{declared[:100]!r})")
                 body = error_body_for(scope["path"], 415, message, "invalid_request_error", "unsupported_media_type")
                 return await _send_error(send, 415, body)
         await self.app(scope, receive, send)
+
+
+def _ollama_client(scope: Scope) -> bool:
+    """A POST to Ollama's routes from no web page: Ollama takes any media type, and its clients send none (litellm)
+    or a form's (`curl -d`, Ollama's own examples). A page cannot pass for one: browsers send an Origin header with
+    every cross-origin POST."""
+    return scope["path"].startswith(OLLAMA_PATHS) and b"origin" not in dict(scope.get("headers") or [])
 
 
 def _posts_to_a_route(scope: Scope) -> bool:
