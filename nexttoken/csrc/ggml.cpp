@@ -373,13 +373,108 @@ TARGET void tile16(const uint8_t* W, size_t row_bytes, const Acts<int16_t>& a, i
 // + b, a single-rounded FMA where gguf-py rounds the product and the sum), then multiplied by the activations (in the
 // type's chunk order, float32) with FMAs: the file's own weights in float32 arithmetic, the exact default. The
 // dequantizing is done once per weight for all M rows, so it costs most at M = 1.
+// The common types are widened straight from their stored bytes in natural element order (direct<T>: a 16-byte
+// load widened to 16 int32 lanes, nibbles split by a mask and a shift, one FMA applying scale and offset), about
+// half the instructions of going through the chunk decoder; the others use decode<T>'s chunk (tilef below).
+template <int T> struct Direct { enum { ON = 0 }; };
+template <> struct Direct<Q4_0> { enum { ON = 1 }; };
+template <> struct Direct<Q4_1> { enum { ON = 1 }; };
+template <> struct Direct<Q8_0> { enum { ON = 1 }; };
+template <> struct Direct<Q4_K> { enum { ON = 1 }; };
+template <> struct Direct<Q6_K> { enum { ON = 1 }; };
+
+// 16 bytes -> 16 int32 lanes (zero- or sign-extended) as floats.
+TARGET inline __m512i widen_u8(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)); }
+
+// Chunk c's 64 weights (elements 64c .. 64c + 63, natural order) as four vectors of 16 floats: w = a * q + b as
+// gguf-py computes it, the product and sum fused (one rounding instead of two). `two`: for the 32-blocks, whether
+// block 2c + 1 exists (its vectors are zero otherwise).
+template <int T> TARGET void direct(const uint8_t* row, int64_t c, bool two, __m512* w);
+
+template <> TARGET void direct<Q4_0>(const uint8_t* row, int64_t c, bool two, __m512* w) {
+  const __m512i nib = _mm512_set1_epi32(0x0f);
+  for (int i = 0; i < 2; ++i) {
+    if (i == 1 && !two) { w[2] = w[3] = _mm512_setzero_ps(); break; }
+    const uint8_t* b = row + (2 * c + i) * 18;
+    const __m512 d = _mm512_set1_ps(half(b)), off = _mm512_set1_ps(-8.f * half(b));
+    const __m512i v = widen_u8(b + 2);
+    w[2 * i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, nib)), d, off);  // elements 0-15: low nibbles
+    w[2 * i + 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), d, off);  // 16-31: high nibbles
+  }
+}
+
+template <> TARGET void direct<Q4_1>(const uint8_t* row, int64_t c, bool two, __m512* w) {
+  const __m512i nib = _mm512_set1_epi32(0x0f);
+  for (int i = 0; i < 2; ++i) {
+    if (i == 1 && !two) { w[2] = w[3] = _mm512_setzero_ps(); break; }
+    const uint8_t* b = row + (2 * c + i) * 20;
+    const __m512 d = _mm512_set1_ps(half(b)), m = _mm512_set1_ps(half(b + 2));
+    const __m512i v = widen_u8(b + 4);
+    w[2 * i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, nib)), d, m);
+    w[2 * i + 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), d, m);
+  }
+}
+
+template <> TARGET void direct<Q8_0>(const uint8_t* row, int64_t c, bool two, __m512* w) {
+  for (int i = 0; i < 2; ++i) {
+    if (i == 1 && !two) { w[2] = w[3] = _mm512_setzero_ps(); break; }
+    const uint8_t* b = row + (2 * c + i) * 34;
+    const __m512 d = _mm512_set1_ps(half(b));
+    for (int h = 0; h < 2; ++h)
+      w[2 * i + h] = _mm512_mul_ps(
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(b + 2 + 16 * h)))), d);
+  }
+}
+
+// Q4_K: chunk c is sub-blocks 2j (the low nibbles of qs[32j .. 32j + 32)) and 2j + 1 (their high nibbles) of block
+// c / 4, j = c % 4; w = d * sc * q - dmin * m.
+template <> TARGET void direct<Q4_K>(const uint8_t* row, int64_t c, bool, __m512* w) {
+  const uint8_t* blk = row + (c / 4) * 144;
+  const int j = (int)(c % 4);
+  const float d = half(blk), dmin = half(blk + 2);
+  int sc0, m0, sc1, m1;
+  scale_min_k4(2 * j, blk + 4, &sc0, &m0);
+  scale_min_k4(2 * j + 1, blk + 4, &sc1, &m1);
+  const __m512 a0 = _mm512_set1_ps(d * (float)sc0), b0 = _mm512_set1_ps(-dmin * (float)m0);
+  const __m512 a1 = _mm512_set1_ps(d * (float)sc1), b1 = _mm512_set1_ps(-dmin * (float)m1);
+  const __m512i nib = _mm512_set1_epi32(0x0f);
+  for (int h = 0; h < 2; ++h) {
+    const __m512i v = widen_u8(blk + 16 + 32 * j + 16 * h);
+    w[h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, nib)), a0, b0);
+    w[2 + h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), a1, b1);
+  }
+}
+
+// Q6_K: chunk c is elements [64 odd, 64 odd + 64) of half h = j / 2 of block c / 4 (j = c % 4, odd = j % 2):
+// element l (0..31) from ql[l] and element 32 + l from ql[32 + l], their nibble `odd` and the 2-bit field 2 odd
+// (resp. 2 odd + 1) of qh[l]; w = d * sc * (q - 32), 16 elements per int8 scale.
+template <> TARGET void direct<Q6_K>(const uint8_t* row, int64_t c, bool, __m512* w) {
+  const uint8_t* blk = row + (c / 4) * 210;
+  const int j = (int)(c % 4), h = j / 2, odd = j % 2;
+  const float d = half(blk + 208);
+  const uint8_t* ql = blk + 64 * h;
+  const uint8_t* qh = blk + 128 + 32 * h;
+  const int8_t* sc = (const int8_t*)(blk + 192 + 8 * h);
+  const __m512i three = _mm512_set1_epi32(3), nib = _mm512_set1_epi32(0x0f), off = _mm512_set1_epi32(32);
+  for (int part = 0; part < 4; ++part) {  // elements 16 part .. 16 part + 15 of the chunk
+    const int l0 = 16 * (part % 2), second = part / 2;  // second: from ql[32 + l], qh field 2 odd + 1
+    const __m512i v = widen_u8(ql + 32 * second + l0);
+    const __m512i lo = odd ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, nib);
+    const __m512i hb = _mm512_and_si512(_mm512_srli_epi32(widen_u8(qh + l0), 2 * (2 * odd + second)), three);
+    const __m512i q = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hb, 4)), off);
+    // the scale of sub-block (16 elements) l0 / 16 + 2 second + 4 odd of the half
+    const __m512 a = _mm512_set1_ps(d * (float)sc[l0 / 16 + 2 * second + 4 * odd]);
+    w[part] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), a);
+  }
+}
+
 template <int T>
 void order_acts(const float* x, int64_t M, int64_t K, int64_t Kp, std::vector<float>& out) {
   if (out.size() < (size_t)M * Kp) out.resize((size_t)M * Kp);
   for (int64_t m = 0; m < M; ++m) {
     const float* row = x + (size_t)m * K;
     float* o = out.data() + (size_t)m * Kp;
-    if (!Traits<T>::SPLIT) {
+    if (!Traits<T>::SPLIT || Direct<T>::ON) {
       memcpy(o, row, (size_t)K * 4);
       for (int64_t k = K; k < Kp; ++k) o[k] = 0.f;
       continue;
@@ -403,8 +498,11 @@ TARGET void tilef(const uint8_t* W, size_t row_bytes, const float* x, int64_t Kp
   const int64_t chunks = Kp / 64;
   for (int64_t c = 0; c < chunks; ++c) {
     const bool two = Traits<T>::BLOCK == 256 || 2 * c + 1 < blocks;
-    const Chunk w = decode<T>(row, c, two);
     __m512 wf[4];
+    if constexpr (Direct<T>::ON) {
+      direct<T>(row, c, two, wf);
+    } else {
+    const Chunk w = decode<T>(row, c, two);
     for (int part = 0; part < 4; ++part) {  // byte positions [16 part, 16 part + 16)
       __m128i u16;
       switch (part) {  // the extract's lane index must be a constant
@@ -417,6 +515,7 @@ TARGET void tilef(const uint8_t* W, size_t row_bytes, const float* x, int64_t Kp
       const __m512 q = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(u16), off));
       const __m512 a = _mm512_permutexvar_ps(lane, w.a);
       wf[part] = Traits<T>::MIN ? _mm512_fmadd_ps(a, q, _mm512_permutexvar_ps(lane, w.b)) : _mm512_mul_ps(a, q);
+    }
     }
     for (int m = 0; m < M; ++m) {
       const float* xm = x + (size_t)m * Kp + 64 * c;
