@@ -455,16 +455,19 @@ template <> TARGET void direct<Q6_K>(const uint8_t* row, int64_t c, bool, __m512
   const uint8_t* ql = blk + 64 * h;
   const uint8_t* qh = blk + 128 + 32 * h;
   const int8_t* sc = (const int8_t*)(blk + 192 + 8 * h);
-  const __m512i three = _mm512_set1_epi32(3), nib = _mm512_set1_epi32(0x0f), off = _mm512_set1_epi32(32);
-  for (int part = 0; part < 4; ++part) {  // elements 16 part .. 16 part + 15 of the chunk
-    const int l0 = 16 * (part % 2), second = part / 2;  // second: from ql[32 + l], qh field 2 odd + 1
-    const __m512i v = widen_u8(ql + 32 * second + l0);
-    const __m512i lo = odd ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, nib);
-    const __m512i hb = _mm512_and_si512(_mm512_srli_epi32(widen_u8(qh + l0), 2 * (2 * odd + second)), three);
-    const __m512i q = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hb, 4)), off);
-    // the scale of sub-block (16 elements) l0 / 16 + 2 second + 4 odd of the half
-    const __m512 a = _mm512_set1_ps(d * (float)sc[l0 / 16 + 2 * second + 4 * odd]);
-    w[part] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), a);
+  const __m512i three = _mm512_set1_epi32(3), nib = _mm512_set1_epi32(0x0f);
+  for (int half16 = 0; half16 < 2; ++half16) {  // l = 16 half16 .. + 15: chunk elements l and 32 + l
+    const int l0 = 16 * half16;
+    const __m512i hv = _mm512_srli_epi32(widen_u8(qh + l0), 4 * odd);  // qh[l]'s fields 2 odd and 2 odd + 1 low
+    for (int second = 0; second < 2; ++second) {  // second: element 32 + l, from ql[32 + l], qh field 2 odd + 1
+      const __m512i v = widen_u8(ql + 32 * second + l0);
+      const __m512i lo = odd ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, nib);
+      const __m512i hb = _mm512_and_si512(second ? _mm512_srli_epi32(hv, 2) : hv, three);
+      const __m512i u = _mm512_or_si512(lo, _mm512_slli_epi32(hb, 4));  // q + 32
+      // the scale of sub-block (16 elements) half16 + 2 second + 4 odd of the half; (q + 32) * a - 32 a
+      const float a = d * (float)sc[half16 + 2 * second + 4 * odd];
+      w[half16 + 2 * second] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), _mm512_set1_ps(a), _mm512_set1_ps(-32.f * a));
+    }
   }
 }
 
@@ -493,8 +496,13 @@ TARGET void tilef(const uint8_t* W, size_t row_bytes, const float* x, int64_t Kp
   const uint8_t* row = W + (size_t)n * row_bytes;
   const __m512i off = _mm512_set1_epi32(Traits<T>::OFFSET);
   const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-  __m512 acc[M][2];
-  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  // Four independent sums per row (one per 16-element part): at one or two rows the FMA latency, not the
+  // throughput, would set the pace. The same four for every M, so that a row's numbers never depend on the rows
+  // sharing the call (batch invariance).
+  constexpr int A = 4;
+  __m512 acc[M][A];
+  for (int m = 0; m < M; ++m)
+    for (int a = 0; a < A; ++a) acc[m][a] = _mm512_setzero_ps();
   const int64_t chunks = Kp / 64;
   for (int64_t c = 0; c < chunks; ++c) {
     const bool two = Traits<T>::BLOCK == 256 || 2 * c + 1 < blocks;
@@ -519,13 +527,14 @@ TARGET void tilef(const uint8_t* W, size_t row_bytes, const float* x, int64_t Kp
     }
     for (int m = 0; m < M; ++m) {
       const float* xm = x + (size_t)m * Kp + 64 * c;
-      acc[m][0] = _mm512_fmadd_ps(wf[0], _mm512_loadu_ps(xm), acc[m][0]);
-      acc[m][1] = _mm512_fmadd_ps(wf[1], _mm512_loadu_ps(xm + 16), acc[m][1]);
-      acc[m][0] = _mm512_fmadd_ps(wf[2], _mm512_loadu_ps(xm + 32), acc[m][0]);
-      acc[m][1] = _mm512_fmadd_ps(wf[3], _mm512_loadu_ps(xm + 48), acc[m][1]);
+      for (int p = 0; p < 4; ++p) acc[m][p % A] = _mm512_fmadd_ps(wf[p], _mm512_loadu_ps(xm + 16 * p), acc[m][p % A]);
     }
   }
-  for (int m = 0; m < M; ++m) out[m] = _mm512_add_ps(acc[m][0], acc[m][1]);
+  for (int m = 0; m < M; ++m) {
+    __m512 s = acc[m][0];
+    for (int a = 1; a < A; ++a) s = _mm512_add_ps(s, acc[m][a]);
+    out[m] = s;
+  }
 }
 
 template <int T, int M>
