@@ -49,16 +49,14 @@ def _rope(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _gguf(g: GGUFMeta, cfg: dict[str, Any]) -> dict[str, Any]:
-    """llama.cpp's gpt-oss keys: expert counts and width, the window (every other layer, the first sliding), YaRN
-    (its factor and original context; beta 32 / 1 and no truncation, as the checkpoints set)."""
-    rope = {"rope_theta": cfg["rope_parameters"]["rope_theta"]}
-    if g.get("rope.scaling.type") == "yarn":
-        rope |= {"rope_type": "yarn", "factor": float(gguf_need(g, "rope.scaling.factor")), "beta_fast": 32.0,
-                 "beta_slow": 1.0, "truncate": False,
-                 "original_max_position_embeddings": int(gguf_need(g, "rope.scaling.original_context_length"))}
+    """llama.cpp's gpt-oss keys: expert counts and width; the window's layers are transformers' default (every
+    other, the first sliding: llama.cpp's swa pattern 2); YaRN as the generic reader reads it, untruncated as the
+    checkpoints set it."""
+    rope = cfg["rope_parameters"]
     return {"num_local_experts": int(gguf_need(g, "expert_count")),
             "num_experts_per_tok": int(gguf_need(g, "expert_used_count")),
-            "intermediate_size": int(gguf_need(g, "expert_feed_forward_length")), "rope_parameters": rope}
+            "intermediate_size": int(gguf_need(g, "expert_feed_forward_length")),
+            "rope_parameters": rope | {"truncate": False} if rope.get("rope_type") == "yarn" else rope}
 
 
 GPT_OSS = Family(

@@ -12,7 +12,7 @@ import torch
 
 CONFIG = dict(
     vocab_size=96, hidden_size=64, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, max_position_embeddings=256, sliding_window=4, num_local_experts=4,
+    num_key_value_heads=2, head_dim=16, max_position_embeddings=128, sliding_window=4, num_local_experts=4,
     num_experts_per_tok=2, initializer_range=0.3, bos_token_id=1, eos_token_id=2, pad_token_id=0,
     tie_word_embeddings=False, swiglu_limit=7.0,
     rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=4.0, beta_fast=32.0, beta_slow=1.0,

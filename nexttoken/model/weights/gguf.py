@@ -147,9 +147,15 @@ def _rope(g: GGUFFile, head_dim: int) -> dict[str, Any]:
     and Phi-3's LongRoPE factors (the `rope_factors_long` / `_short` tensors)."""
     params: dict[str, Any] = {"rope_theta": float(g.get("rope.freq_base", 10000.0)), "rope_type": "default"}
     kind = g.get("rope.scaling.type")
-    if kind not in (None, "none", "linear"):
-        raise ModelLoadError(f"{g.path}: RoPE scaling {kind!r} is not supported (supported: linear, Llama 3's, "
+    if kind not in (None, "none", "linear", "yarn"):
+        raise ModelLoadError(f"{g.path}: RoPE scaling {kind!r} is not supported (supported: linear, yarn, Llama 3's, "
                              "Phi-3's LongRoPE)")
+    if kind == "yarn":  # the family's reader adds what llama.cpp does not store (gpt-oss: no truncation)
+        original = g.get("rope.scaling.original_context_length")
+        params |= {"rope_type": "yarn", "factor": float(g.get("rope.scaling.factor", 1.0)),
+                   "beta_fast": float(g.get("rope.scaling.yarn_beta_fast", 32.0)),
+                   "beta_slow": float(g.get("rope.scaling.yarn_beta_slow", 1.0)),
+                   "original_max_position_embeddings": int(original or g.get("context_length"))}
     if kind == "linear" and float(g.get("rope.scaling.factor", 1.0)) != 1.0:
         params |= {"rope_type": "linear", "factor": float(g.get("rope.scaling.factor"))}
     if "rope_freqs.weight" in g.tensors:
@@ -263,7 +269,7 @@ def checkpoint_tensors(g: GGUFFile, cfg: ModelConfig, names: list[str], dtype: t
             layer, expert, proj = int(base.split(".")[2]), int(base.split(".")[-2]), base.split(".")[-1]
             part = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down",
                     "w2": "down"}[proj]
-            key = f"blk.{layer}.ffn_{part}_exps.weight"
+            key = f"blk.{layer}.ffn_{part}_exps.{suffix}"  # (experts, out, in) weights, (experts, out) biases
             if key not in g.tensors:
                 continue
             if key not in stacked:
