@@ -28,7 +28,7 @@ from .gguf_reader import BigEndian, read_gguf
 from .loader import _expected_shapes as expected_shapes, build_model, resolve_dtype
 
 # Weight types llama-quantize and GGUF-my-repo write for the families we run; dequantized by `gguf.quants`.
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "MXFP4", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
                    "Q6_K")
 
 @dataclass
