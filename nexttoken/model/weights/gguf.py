@@ -296,6 +296,8 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
 
     By default a quantized file's matrices stay in their ggml blocks (and BF16 ones in bfloat16), multiplied
     natively with float32 activations (gguf_packed.py): the file's size in memory and llama.cpp's arithmetic.
+    MoE experts stay packed too where the kernels read their type (MXFP4 on any CPU, the ggml block types where
+    those kernels run).
     dequantize=True (also implied by a dtype other than float32, a non-CPU device, or no AVX-512 VNNI here) gives
     the float model of exactly gguf's dequantized values, the reference transformers' GGUF loader agrees with.
     activations="int16": the packed product quantizes its inputs to int16 per block of 32 instead of llama.cpp's
@@ -316,20 +318,30 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
     torch_dtype = resolve_dtype(dtype, device)
     cfg = ModelConfig.from_dict(config_dict(g), source=str(g.path))
     names = list(expected_shapes(cfg))
-    if not dequantize and device.type == "cpu" and torch_dtype == torch.float32 and native_blocks():
-        from .gguf_packed import build_packed_model, file_rows, keepable, release_pages
+    if not dequantize and device.type == "cpu" and torch_dtype == torch.float32:
+        from .gguf_packed import build_packed_model, file_rows, keepable, keepable_experts, release_pages
 
         dense = gguf_names(g, cfg, names)
-        kept = keepable(g, cfg, dense)
-        if kept:
-            floats = checkpoint_tensors(g, cfg, [n for n in names if n not in kept], torch.float32)
+        kept = keepable(g, cfg, dense) if native_blocks() else {}
+        experts = keepable_experts(g, cfg)  # (stacked tensor, expert, type) by checkpoint name
+        if kept or experts:
+            floats = checkpoint_tensors(g, cfg, [n for n in names if n not in kept and n not in experts],
+                                        torch.float32)
 
             def rows_of(hf: str) -> tuple[torch.Tensor, str]:
+                if hf in experts:  # one expert's rows of the stacked (experts, rows, row bytes) tensor
+                    key, expert, kind = experts[hf]
+                    t = g.tensors[key]
+                    return file_rows(g, key).reshape(int(t.shape[2]), int(t.shape[1]), -1)[expert], kind
                 gname = dense[hf]
                 return _as_checkpoint(g, cfg, gname, file_rows(g, gname)), g.tensors[gname].tensor_type.name
 
-            shapes = {hf: tuple(int(d) for d in reversed(g.tensors[dense[hf]].shape)) for hf in kept}
-            model = build_packed_model(g, cfg, floats, shapes, rows_of, policy.gguf_activations)
+            def shape(gname: str) -> tuple[int, ...]:
+                return tuple(int(d) for d in reversed(g.tensors[gname].shape))
+
+            shapes = {hf: shape(dense[hf]) for hf in kept}
+            expert_shapes = {hf: shape(key)[1:] for hf, (key, _, _) in experts.items()}
+            model = build_packed_model(g, cfg, floats, shapes, rows_of, policy.gguf_activations, expert_shapes)
             model.arithmetic = policy
             release_pages(g.mapped)  # the pages read while copying: decode faults back the ones it uses
             return model, g
