@@ -23,6 +23,7 @@ from nexttoken.model import fused, load_model
 from nexttoken.model.quant import tiles
 from nexttoken.model.quant.mxfp4 import Mxfp4Linear
 from nexttoken.model.rope import inverse_frequencies
+from nexttoken.model.weights.gguf import load_gguf_model
 from support import gpt_oss
 from support.tiny_models import PROMPTS, left_padded
 
@@ -105,7 +106,31 @@ def test_engine_rows_equal_transformers_alone(pair) -> None:
     ids = [5, 17, 33, 8, 61, 2, 40, 12]
     want = hf.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False, eos_token_id=None,
                        pad_token_id=0)[0, len(ids):].tolist()
-    assert nexttoken.load(folder).generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == want
+    traced = nexttoken.load(folder).generate(ids, max_new_tokens=10, ignore_eos=True, trace=True)
+    assert traced.token_ids == want and len(traced.trace["steps"]) == 10
+
+
+def test_speculative_decoding_is_lossless(pair, tmp_path: Path) -> None:
+    """Prompt lookup and a draft gpt-oss (other weights) verified on the modules path: the plain engine's tokens
+    and log-probs, batched."""
+    _, target, _ = pair
+    gpt_oss.save(tmp_path, seed=1)
+    draft = load_model(tmp_path)
+    prompts = [[1, 5, 9, 22] * 3, [1, 7, 8], [1] + list(range(40, 60))]
+    cfg = GenerationConfig(max_new_tokens=16, top_k=None, top_logprobs=2, eos_token_id=None)
+
+    def run(draft_model=None, **options):  # noqa: ANN001, ANN202
+        engine = LLMEngine(target, None, EngineConfig(chunk_size=8, max_num_seqs=4, max_model_len=128))
+        seqs = [engine.add_request(p, cfg.updated(**options), draft_model=draft_model) for p in prompts]
+        while engine.has_unfinished():
+            engine.step()
+        return [(s.out.token_ids, s.out.logprobs, s.out.top_logprobs) for s in seqs], engine.stats()
+
+    plain, _ = run()
+    lookup, stats = run(prompt_lookup_num_tokens=3)
+    assert lookup == plain and stats.spec_steps_total > 0
+    drafted, stats = run(draft, num_assistant_tokens=3)
+    assert drafted == plain and stats.spec_draft_tokens_total > 0
 
 
 def test_tensor_parallelism_is_refused_by_name(pair) -> None:
@@ -141,9 +166,9 @@ def gguf_pair(tmp_path_factory, shared_dir):
 
 
 def test_gguf_from_llama_cpps_converter(gguf_pair, monkeypatch) -> None:
-    """The converter's file: read with its experts dequantized it gives the folder's (= transformers') tokens;
-    read as stored (the default) its experts are Mxfp4Linear, within float rounding of the dequantized model's
-    logits (prefill and decode) with the same tokens."""
+    """The converter's file (gpt-oss's names, YaRN and window keys, sinks, expert biases): read with its experts
+    dequantized it gives the folder's (= transformers') tokens; read as stored (the default) its experts are
+    Mxfp4Linear, within float rounding of the dequantized model's logits (prefill and decode), the same tokens."""
     from gguf import GGUFReader
 
     from nexttoken.bench.accuracy import all_logits
@@ -151,17 +176,34 @@ def test_gguf_from_llama_cpps_converter(gguf_pair, monkeypatch) -> None:
     hf, folder, path = gguf_pair
     types = {t.name: t.tensor_type.name for t in GGUFReader(str(path)).tensors}
     assert types["blk.0.ffn_gate_exps.weight"] == types["blk.3.ffn_down_exps.weight"] == "MXFP4"
-    ids = [5, 17, 33, 8, 61, 2, 40, 12]
-    want = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=None,
-                       pad_token_id=0)[0, len(ids):].tolist()
-    exact = nexttoken.load(path, dequantize=True)
-    assert exact.model.config.layers == (SLIDING, FULL, SLIDING, FULL)
-    assert exact.generate(ids, max_new_tokens=12, ignore_eos=True).token_ids == want
-    packed = nexttoken.load(path)
-    assert isinstance(packed.model.layers[2].mlp.experts[3].w2, Mxfp4Linear)
-    assert packed.generate(ids, max_new_tokens=12, ignore_eos=True).token_ids == want
-    long = ids + [9, 30, 3, 7, 1, 19, 22, 50, 11, 4]
+    ids = torch.tensor([[5, 17, 33, 8, 61, 2, 40, 12]])
+    want = hf.generate(ids, **GREEDY)
+    exact, _ = load_gguf_model(path, dequantize=True)  # the model alone: a 151k-token GGUF vocabulary is slow to read
+    assert exact.config.layers == (SLIDING, FULL, SLIDING, FULL)
+    assert torch.equal(nexttoken.generate(exact, ids, **GREEDY), want)
+    packed, _ = load_gguf_model(path)
+    assert isinstance(packed.layers[2].mlp.experts[3].w2, Mxfp4Linear)
+    assert torch.equal(nexttoken.generate(packed, ids, **GREEDY), want)
+    long = ids[0].tolist() + [9, 30, 3, 7, 1, 19, 22, 50, 11, 4]
     with tiles.precision("float32"):
         for chunk in (len(long), 1):  # > 16 rows: dequantized tiles; 1 row: the native product
-            assert torch.allclose(all_logits(packed.model, long, chunk=chunk),
-                                  all_logits(exact.model, long, chunk=chunk), atol=1e-4, rtol=1e-4)
+            assert torch.allclose(all_logits(packed, long, chunk=chunk), all_logits(exact, long, chunk=chunk),
+                                  atol=1e-4, rtol=1e-4)
+
+
+def test_lora_on_the_attention_equals_peft(pair, tmp_path: Path) -> None:
+    """A PEFT adapter on q/k/v/o (gpt-oss's experts are stacked parameters, no LoRA target): per-row and merged,
+    PEFT's tokens, which differ from the base model's."""
+    from support.lora import make_adapter, peft_greedy, peft_model
+
+    hf, _, folder = pair
+    adapter = make_adapter(hf, tmp_path / "adapter", seed=3, r=4, lora_alpha=8,
+                           target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    ref = peft_model(folder, adapter)
+    llm = nexttoken.load(folder, lora={"a": adapter})
+    merged = nexttoken.load(folder, lora={"a": adapter}, merge=True)
+    prompt = PROMPTS[1]
+    want = peft_greedy(ref, prompt, 10)
+    assert llm.generate(prompt, lora="a", max_new_tokens=10, min_new_tokens=10).token_ids == want
+    assert merged.generate(prompt, max_new_tokens=10, min_new_tokens=10).token_ids == want
+    assert llm.generate(prompt, max_new_tokens=10, min_new_tokens=10).token_ids != want

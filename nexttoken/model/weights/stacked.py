@@ -88,4 +88,4 @@ def _matrix(t: dict[str, torch.Tensor], name: str, source: object) -> torch.Tens
                                  f"{'blocks' if blocks is None else 'scales'}; the checkpoint is incomplete")
         return dequantize_mxfp4(blocks, scales)
     w = t.pop(name, None)
-    return None if w is None else w.transpose(1, 2)
+    return None if w is None else w.transpose(1, 2).contiguous()  # contiguous rows: the native kernels read them
