@@ -159,9 +159,14 @@ class MLP(nn.Module):
 
 
 def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
-    """gpt-oss's expert gate, in transformers' order: gate clamped above, up both sides, (up + 1) * glu."""
+    """gpt-oss's expert gate, in transformers' order: gate clamped above, up both sides, (up + 1) * glu.
+    gate and up (..., I). The sigmoid reads its input through rows of stride I + 1, so torch runs it one row at a
+    time: over one flat tensor its vector and remainder paths round differently, and a row's numbers would then
+    depend on how many rows share the call (the engine's batch invariance)."""
     gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
-    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+    rows = gate.new_empty(*gate.shape[:-1], gate.shape[-1] + 1)[..., :-1]  # (..., I) with a row stride of I + 1
+    torch.mul(gate, alpha, out=rows)
+    return (up + 1) * (gate * torch.sigmoid(rows))
 
 
 # LayerKind.mixer -> the module that computes it (ModelConfig only declares kinds a family reader produced).
