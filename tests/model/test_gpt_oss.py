@@ -23,7 +23,7 @@ from nexttoken.model import fused, load_model
 from nexttoken.model.quant import tiles
 from nexttoken.model.quant.mxfp4 import Mxfp4Linear
 from nexttoken.model.rope import inverse_frequencies
-from nexttoken.model.weights.gguf import load_gguf_model
+from nexttoken.model.weights.gguf import load_gguf_model, open_gguf
 from support import gpt_oss
 from support.tiny_models import PROMPTS, left_padded
 
@@ -140,13 +140,29 @@ def test_tensor_parallelism_is_refused_by_name(pair) -> None:
 
 
 def test_mxfp4_checkpoint_equals_transformers_on_its_values(tmp_path: Path) -> None:
-    """The released checkpoints' experts (`*_blocks` / `*_scales`, quant_method mxfp4): dequantized exactly at
-    load, the tokens of transformers holding the same values."""
+    """The released checkpoints' experts (`*_blocks` / `*_scales`, quant_method mxfp4): kept packed by default
+    (Mxfp4Linear), dequantized exactly for bfloat16 or int8; either way the tokens of transformers holding the same
+    values (bfloat16: logits within bf16 rounding of the float model's)."""
     hf = gpt_oss.build(seed=1)
     gpt_oss.quantize_mxfp4(hf, tmp_path)
     ids, mask = left_padded(PROMPTS)
-    assert torch.equal(nexttoken.generate(load_model(tmp_path), ids, attention_mask=mask, **GREEDY),
-                       hf.generate(input_ids=ids, attention_mask=mask, **GREEDY))
+    want = hf.generate(input_ids=ids, attention_mask=mask, **GREEDY)
+    packed = load_model(tmp_path)
+    assert isinstance(packed.layers[1].mlp.experts[2].w13, Mxfp4Linear) and packed.quantization == "mxfp4"
+    with tiles.precision("float32"):  # prefill through exactly dequantized tiles in float32
+        assert torch.equal(nexttoken.generate(packed, ids, attention_mask=mask, **GREEDY), want)
+    exact = load_model(tmp_path, quantize="int8")
+    assert not isinstance(exact.layers[1].mlp.experts[2].w13, Mxfp4Linear)
+    bf16 = load_model(tmp_path, dtype="bfloat16")
+    assert bf16.layers[1].mlp.experts[2].w13.weight.dtype == torch.bfloat16
+    first = dict(GREEDY, max_new_tokens=1, output_logits=True, return_dict_in_generate=True)
+    exact_logits = nexttoken.generate(packed, ids, attention_mask=mask, **first).logits[0]
+    bf16_logits = nexttoken.generate(bf16, ids, attention_mask=mask, **first).logits[0].float()
+    theirs = hf.to(torch.bfloat16).generate(input_ids=ids, attention_mask=mask, **first).logits[0].float()
+    hf.float()
+    # bf16 rounding moves near-tied router choices, so no closer than transformers' own bf16 run is to float32
+    assert (bf16_logits - theirs).abs().max() <= max(0.02 * exact_logits.abs().max(),
+                                                     (theirs - exact_logits).abs().max())
 
 
 @pytest.fixture(scope="module")
@@ -169,12 +185,10 @@ def test_gguf_from_llama_cpps_converter(gguf_pair, monkeypatch) -> None:
     """The converter's file (gpt-oss's names, YaRN and window keys, sinks, expert biases): read with its experts
     dequantized it gives the folder's (= transformers') tokens; read as stored (the default) its experts are
     Mxfp4Linear, within float rounding of the dequantized model's logits (prefill and decode), the same tokens."""
-    from gguf import GGUFReader
-
     from nexttoken.bench.accuracy import all_logits
 
     hf, folder, path = gguf_pair
-    types = {t.name: t.tensor_type.name for t in GGUFReader(str(path)).tensors}
+    types = {name: t.tensor_type.name for name, t in open_gguf(path).tensors.items()}
     assert types["blk.0.ffn_gate_exps.weight"] == types["blk.3.ffn_down_exps.weight"] == "MXFP4"
     ids = torch.tensor([[5, 17, 33, 8, 61, 2, 40, 12]])
     want = hf.generate(ids, **GREEDY)

@@ -266,15 +266,33 @@ def load_model(
 
 def _load_stacked(path: Path, cfg: ModelConfig, dtype: str | torch.dtype | None, device: torch.device,
                   quantize: str | None) -> Transformer:
-    """A checkpoint whose experts are stacked (gpt-oss): read whole, unstacked (stacked.py: MXFP4 experts
-    dequantized exactly), then built as any checkpoint; precision by resolve_precision's rule."""
-    from .stacked import unstack
+    """A checkpoint whose experts are stacked (gpt-oss): read whole and unstacked (stacked.py), then built as any
+    checkpoint; precision by resolve_precision's rule. MXFP4 experts (the released checkpoints') stay packed
+    (quant/mxfp4.py's Mxfp4Linear: 4.25 bits a weight, the exact values) where the model is float32 on CPU and not
+    quantized otherwise; elsewhere they are dequantized exactly."""
+    from .stacked import packed_experts, unstack
 
     files = safetensors_files(path)
     entries = read_headers(files)
     floats = {n: e for n, e in entries.items() if isinstance(e.dtype, torch.dtype)}
     precision = resolve_precision(dtype, device, stored_dtype(floats) if floats else None, quantize)
-    tensors = unstack(cfg, read_tensors(files), path)
+    tensors = read_tensors(files)
+    keep = (device.type == "cpu" and precision == Precision(torch.float32) and quantize in (None, "none"))
+    packed = packed_experts(cfg, tensors) if keep else {}
+    tensors = unstack(cfg, tensors, path)
+    if packed:
+        from .gguf_packed import build_packed_model
+
+        class _Source:  # what build_packed_model names in its messages
+            pass
+
+        source = _Source()
+        source.path = path
+        kinds = {hf: (int(rows.shape[0]), int(rows.shape[1]) // 17 * 32) for hf, rows in packed.items()}
+        model = build_packed_model(source, cfg, {n: t.float() for n, t in tensors.items()}, {},
+                                   lambda hf: (packed[hf], "MXFP4"), experts=kinds)
+        model.quantization = "mxfp4"  # the experts as the checkpoint stores them
+        return model
     model = build_model(cfg, tensors, path, device, precision.dtype)
     if precision.bf16_weights:
         model = quantize_bf16(model)

@@ -49,6 +49,26 @@ def mxfp4_to_ggml(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return torch.cat((scales[..., None], qs), dim=-1).reshape(*blocks.shape[:-2], -1).contiguous()
 
 
+def packed_experts(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The MXFP4 experts kept as stored: each expert projection's checkpoint name (loader.py's) -> its rows as
+    ggml's MXFP4 blocks (out, K / 32 * 17) uint8 (quant/mxfp4.py's Mxfp4Linear reads them), for every stacked
+    matrix the checkpoint holds as `*_blocks` / `*_scales`; their entries are taken out of `tensors`."""
+    moe = cfg.moe
+    assert moe is not None
+    kept: dict[str, torch.Tensor] = {}
+    for i in range(cfg.num_hidden_layers):
+        x = f"model.layers.{i}.mlp.experts."
+        for name, parts in (("gate_up_proj", ("gate_proj", "up_proj")), ("down_proj", ("down_proj",))):
+            blocks, scales = tensors.get(x + name + "_blocks"), tensors.get(x + name + "_scales")
+            if blocks is None or scales is None:
+                continue
+            rows = mxfp4_to_ggml(tensors.pop(x + name + "_blocks"), tensors.pop(x + name + "_scales"))  # (E, N, .)
+            for e in range(moe.num_experts):
+                for j, part in enumerate(parts):  # gate / up interleaved: even / odd rows
+                    kept[f"{x}{e}.{part}.weight"] = rows[e, j :: len(parts)]
+    return kept
+
+
 def unstack(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: object) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors under loader.py's names (see the module docstring); other tensors as they are."""
     moe = cfg.moe
@@ -64,13 +84,12 @@ def unstack(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: object) 
                 out[p + f"mlp.gate.{kind}"] = out.pop(p + f"mlp.router.{kind}")
         x = p + "mlp.experts."
         gate_up, down = _matrix(out, x + "gate_up_proj", source), _matrix(out, x + "down_proj", source)
-        if gate_up is None or down is None:
-            continue  # the shape check names what is missing
         gate_up_bias, down_bias = out.pop(x + "gate_up_proj_bias", None), out.pop(x + "down_proj_bias", None)
         for e in range(E):
-            w = gate_up[e]  # (2I, C) rows of outputs, gate and up interleaved
-            out[f"{x}{e}.gate_proj.weight"], out[f"{x}{e}.up_proj.weight"] = w[0::2], w[1::2]
-            out[f"{x}{e}.down_proj.weight"] = down[e]  # (C, I)
+            if gate_up is not None:  # (2I, C) rows of outputs, gate and up interleaved
+                out[f"{x}{e}.gate_proj.weight"], out[f"{x}{e}.up_proj.weight"] = gate_up[e, 0::2], gate_up[e, 1::2]
+            if down is not None:
+                out[f"{x}{e}.down_proj.weight"] = down[e]  # (C, I)
             if gate_up_bias is not None:
                 out[f"{x}{e}.gate_proj.bias"], out[f"{x}{e}.up_proj.bias"] = gate_up_bias[e, 0::2], gate_up_bias[e, 1::2]
             if down_bias is not None:
