@@ -151,8 +151,11 @@ def test_mxfp4_checkpoint_equals_transformers_on_its_values(tmp_path: Path) -> N
     assert isinstance(packed.layers[1].mlp.experts[2].w13, Mxfp4Linear) and packed.quantization == "mxfp4"
     with tiles.precision("float32"):  # prefill through exactly dequantized tiles in float32
         assert torch.equal(nexttoken.generate(packed, ids, attention_mask=mask, **GREEDY), want)
-    exact = load_model(tmp_path, quantize="int8")
-    assert not isinstance(exact.layers[1].mlp.experts[2].w13, Mxfp4Linear)
+    int8 = load_model(tmp_path, quantize="int8")
+    assert not isinstance(int8.layers[1].mlp.experts[2].w13, Mxfp4Linear)
+    bf16_weights = load_model(tmp_path, quantize="bf16")  # what a bf16 checkpoint (the released ones) loads as
+    assert isinstance(bf16_weights.layers[1].mlp.experts[2].w13, Mxfp4Linear)
+    assert bf16_weights.layers[1].attention.wqkv.weight.dtype == torch.bfloat16
     bf16 = load_model(tmp_path, dtype="bfloat16")
     assert bf16.layers[1].mlp.experts[2].w13.weight.dtype == torch.bfloat16
     first = dict(GREEDY, max_new_tokens=1, output_logits=True, return_dict_in_generate=True)

@@ -268,8 +268,9 @@ def _load_stacked(path: Path, cfg: ModelConfig, dtype: str | torch.dtype | None,
                   quantize: str | None) -> Transformer:
     """A checkpoint whose experts are stacked (gpt-oss): read whole and unstacked (stacked.py), then built as any
     checkpoint; precision by resolve_precision's rule. MXFP4 experts (the released checkpoints') stay packed
-    (quant/mxfp4.py's Mxfp4Linear: 4.25 bits a weight, the exact values) where the model is float32 on CPU and not
-    quantized otherwise; elsewhere they are dequantized exactly."""
+    (quant/mxfp4.py's Mxfp4Linear: 4.25 bits a weight, the exact values) where the activations are float32 on CPU
+    (the other matrices float32, or bf16 as a bf16 checkpoint loads by default); for int8 / int4 and bfloat16
+    activations they are dequantized exactly."""
     from .stacked import packed_experts, unstack
 
     files = safetensors_files(path)
@@ -277,7 +278,7 @@ def _load_stacked(path: Path, cfg: ModelConfig, dtype: str | torch.dtype | None,
     floats = {n: e for n, e in entries.items() if isinstance(e.dtype, torch.dtype)}
     precision = resolve_precision(dtype, device, stored_dtype(floats) if floats else None, quantize)
     tensors = read_tensors(files)
-    keep = (device.type == "cpu" and precision == Precision(torch.float32) and quantize in (None, "none"))
+    keep = device.type == "cpu" and precision.dtype == torch.float32 and quantize in (None, "none", "bf16")
     packed = packed_experts(cfg, tensors) if keep else {}
     tensors = unstack(cfg, tensors, path)
     if packed:
@@ -292,7 +293,7 @@ def _load_stacked(path: Path, cfg: ModelConfig, dtype: str | torch.dtype | None,
         model = build_packed_model(source, cfg, {n: t.float() for n, t in tensors.items()}, {},
                                    lambda hf: (packed[hf], "MXFP4"), experts=kinds)
         model.quantization = "mxfp4"  # the experts as the checkpoint stores them
-        return model
+        return quantize_bf16(model) if precision.bf16_weights else model  # (a bf16 checkpoint's default on CPU)
     model = build_model(cfg, tensors, path, device, precision.dtype)
     if precision.bf16_weights:
         model = quantize_bf16(model)
