@@ -282,16 +282,13 @@ def _load_stacked(path: Path, cfg: ModelConfig, dtype: str | torch.dtype | None,
     packed = packed_experts(cfg, tensors) if keep else {}
     tensors = unstack(cfg, tensors, path)
     if packed:
+        from types import SimpleNamespace
+
         from .gguf_packed import build_packed_model
 
-        class _Source:  # what build_packed_model names in its messages
-            pass
-
-        source = _Source()
-        source.path = path
-        kinds = {hf: (int(rows.shape[0]), int(rows.shape[1]) // 17 * 32) for hf, rows in packed.items()}
-        model = build_packed_model(source, cfg, {n: t.float() for n, t in tensors.items()}, {},
-                                   lambda hf: (packed[hf], "MXFP4"), experts=kinds)
+        shapes = {hf: (int(rows.shape[0]), int(rows.shape[1]) // 17 * 32) for hf, rows in packed.items()}  # (N, K)
+        model = build_packed_model(SimpleNamespace(path=path), cfg, {n: t.float() for n, t in tensors.items()}, {},
+                                   lambda hf: (packed[hf], "MXFP4"), experts=shapes)
         model.quantization = "mxfp4"  # the experts as the checkpoint stores them
         return quantize_bf16(model) if precision.bf16_weights else model  # (a bf16 checkpoint's default on CPU)
     model = build_model(cfg, tensors, path, device, precision.dtype)
