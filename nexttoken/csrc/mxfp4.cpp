@@ -49,18 +49,19 @@ MXFP4_TARGET void rows_f32(const uint8_t* W, const float* x, const float* bias, 
 #pragma omp parallel for schedule(static) if (N * K >= (1 << 16))
   for (int64_t n = 0; n < N; ++n) {
     const uint8_t* row = W + n * blocks * BYTES;
-    __m512 acc[MAX_M];
-    for (int64_t m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    __m512 acc[MAX_M], acc2[MAX_M];  // two chains per row: the first 16 and the last 16 elements of each block
+    for (int64_t m = 0; m < M; ++m) acc[m] = acc2[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
       __m512 lo, hi;
       decode(row + b * BYTES, table, &lo, &hi);
       for (int64_t m = 0; m < M; ++m) {
         const float* xb = x + m * K + b * BLOCK;
         acc[m] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xb), acc[m]);
-        acc[m] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16), acc[m]);
+        acc2[m] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16), acc2[m]);
       }
     }
-    for (int64_t m = 0; m < M; ++m) y[m * N + n] = _mm512_reduce_add_ps(acc[m]) + (bias ? bias[n] : 0.0f);
+    for (int64_t m = 0; m < M; ++m)
+      y[m * N + n] = _mm512_reduce_add_ps(_mm512_add_ps(acc[m], acc2[m])) + (bias ? bias[n] : 0.0f);
   }
 }
 
