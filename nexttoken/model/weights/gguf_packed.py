@@ -25,7 +25,7 @@ from ...families import family
 from ..llama import Transformer
 from ..quant.bf16 import BF16Embedding, BF16Linear
 from ..quant.ggml import GGML_TYPES, GGUFEmbedding, GGUFLinear, block_shape, native_blocks
-from ..quant.mxfp4 import Mxfp4Linear
+from .experts import keep_experts, mxfp4_layer
 from .loader import _owned, check_tensors, to_state_dict
 
 
@@ -121,7 +121,7 @@ def build_packed_model(g, cfg: ModelConfig, floats: dict[str, torch.Tensor], kep
                 parent, attr = _parent(block, module_name)
                 setattr(parent, attr, _kept_linear([rows_of(n) for n in group], getattr(parent, attr),
                                                    activations=activations))
-    _keep_experts(model, cfg, experts, rows_of, activations)
+    keep_experts(model, cfg, experts, rows_of, lambda parts, old: _kept_expert(parts, old, activations))
     tied = cfg.tie_word_embeddings
     if "model.embed_tokens.weight" in kept:
         table = _kept_linear([rows_of("model.embed_tokens.weight")], None, cfg.hidden_size, activations)
@@ -138,27 +138,10 @@ def build_packed_model(g, cfg: ModelConfig, floats: dict[str, torch.Tensor], kep
     return model.eval()
 
 
-def _keep_experts(model: Transformer, cfg: ModelConfig, experts: dict[str, tuple[int, int]], rows_of,  # noqa: ANN001
-                  activations: str | None) -> None:
-    """Each kept expert's gate/up (w13) and down (w2) as the file stores them, its float biases kept."""
-    if not experts:
-        return
-    gate, up, down = family(cfg.architecture).expert_names
-    for i, block in enumerate(model.layers):
-        prefix = f"model.layers.{i}.{family(cfg.architecture).moe_prefix}experts."
-        if f"{prefix}0.{gate}.weight" not in experts:
-            continue
-        for e, mlp in enumerate(block.mlp.experts):
-            x = f"{prefix}{e}."
-            mlp.w13 = _kept_expert([rows_of(x + gate + ".weight"), rows_of(x + up + ".weight")], mlp.w13, activations)
-            mlp.w2 = _kept_expert([rows_of(x + down + ".weight")], mlp.w2, activations)
-
-
 def _kept_expert(parts: list[tuple[torch.Tensor, str]], old: nn.Module, activations: str | None) -> nn.Module:
     """An expert projection of the row ranges `parts`: MXFP4 rows as one Mxfp4Linear, ggml blocks as GGUFLinear."""
     if all(name == "MXFP4" for _, name in parts):
-        rows = parts[0][0] if len(parts) == 1 else torch.cat([p for p, _ in parts])
-        return Mxfp4Linear(rows, old.in_features, None if old.bias is None else old.bias.detach())
+        return mxfp4_layer(parts, old)
     return _kept_linear(parts, old, activations=activations)
 
 

@@ -282,13 +282,22 @@ def _load_stacked(path: Path, cfg: ModelConfig, dtype: str | torch.dtype | None,
     packed = packed_experts(cfg, tensors) if keep else {}
     tensors = unstack(cfg, tensors, path)
     if packed:
-        from types import SimpleNamespace
+        from .experts import keep_experts, mxfp4_layer
 
-        from .gguf_packed import build_packed_model
-
-        shapes = {hf: (int(rows.shape[0]), int(rows.shape[1]) // 17 * 32) for hf, rows in packed.items()}  # (N, K)
-        model = build_packed_model(SimpleNamespace(path=path), cfg, {n: t.float() for n, t in tensors.items()}, {},
-                                   lambda hf: (packed[hf], "MXFP4"), experts=shapes)
+        shapes = {hf: torch.empty(rows.shape[0], rows.shape[1] // 17 * 32, device="meta")  # (N, K) stand-ins
+                  for hf, rows in packed.items()}
+        check_tensors(cfg, {**tensors, **shapes}, path)
+        state = to_state_dict(cfg, {**tensors, **shapes})
+        state = _owned({n: t for n, t in state.items() if not t.is_meta}, device, torch.float32)
+        with torch.device("meta"):
+            model = Transformer(cfg)
+        model.load_state_dict(state, assign=True, strict=False)
+        if cfg.tie_word_embeddings:
+            model.lm_head.weight = model.embed.weight
+        keep_experts(model, cfg, packed, lambda hf: (packed[hf], "MXFP4"), mxfp4_layer)
+        left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+        assert not left, f"not loaded: {left[:3]}"
+        model = model.eval()
         model.quantization = "mxfp4"  # the experts as the checkpoint stores them
         return quantize_bf16(model) if precision.bf16_weights else model  # (a bf16 checkpoint's default on CPU)
     model = build_model(cfg, tensors, path, device, precision.dtype)
