@@ -20,7 +20,7 @@ from .families import BY_ARCHITECTURE, BY_MODEL_TYPE, FAMILIES, FULL, LayerKind
 
 # Derived views of the family registry (nexttoken/families/), for the messages and the callers that list them.
 SUPPORTED_ARCHITECTURES = tuple(f.architecture for f in FAMILIES)
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # model_type -> architecture, for a config.json without `architectures` (transformers' AutoModelForCausalLM maps
 # the model_type the same way: its MODEL_FOR_CAUSAL_LM_MAPPING_NAMES).
@@ -40,6 +40,10 @@ class RopeConfig:
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
     attention_factor: float = 1.0
+    # yarn only (gpt-oss): the band between beta_fast and beta_slow rotations is interpolated, by transformers' rule
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,9 @@ class MoeConfig:
     router_weights_float32: bool  # Mixtral weighs expert outputs in float32; Qwen casts the weights to the dtype
     shared_intermediate_size: int = 0  # Qwen2-MoE: one always-on expert, scaled by sigmoid(shared gate); 0: none
     sparse_layers: tuple[bool, ...] = ()  # which layers are MoE (the others a dense MLP of intermediate_size)
+    # gpt-oss: the router has a bias and takes the softmax over the k chosen logits only (top k, then softmax)
+    router_bias: bool = False
+    softmax_after_topk: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,11 @@ class ModelConfig:
     final_logit_softcapping: float | None = None
     rope_local: RopeConfig | None = None
     moe: MoeConfig | None = None
+    # gpt-oss: a learned logit per head joins each softmax (attention sinks); the experts' SwiGLU clamped
+    # (gate <= limit, |up| <= limit) and computed as (up + 1) * gate * sigmoid(alpha * gate); None: the plain gate.
+    attention_sinks: bool = False
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
 
     def layer(self, i: int) -> LayerKind:
         """Layer i's kind (full attention with the model's RoPE when the config names none)."""
@@ -167,8 +179,8 @@ class ModelConfig:
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope=rope,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            attention_bias=bool(raw.get("attention_bias", False)),
-            mlp_bias=bool(raw.get("mlp_bias", False)),
+            attention_bias=bool(switches.pop("attention_bias", raw.get("attention_bias", False))),
+            mlp_bias=bool(switches.pop("mlp_bias", raw.get("mlp_bias", False))),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_id=raw.get("eos_token_id"),
             pad_token_id=raw.get("pad_token_id"),
@@ -210,6 +222,8 @@ def _rope_config(raw: dict[str, Any], source: str, head_dim: int) -> RopeConfig:
         raise ModelLoadError(f"{source}: partial_rotary_factor != 1 is not supported")
     if rope_type == "longrope":
         return _longrope_config(raw, params, theta, source, head_dim)
+    if rope_type == "yarn":
+        return _yarn_config(raw, params, theta, source)
     factor = float(params.get("factor", 1.0))
     if not (math.isfinite(factor) and factor >= 1.0):
         raise ModelLoadError(f"{source}: rope scaling factor must be >= 1, got {factor}")
@@ -246,3 +260,27 @@ def _longrope_config(raw: dict[str, Any], params: dict[str, Any], theta: float, 
     return RopeConfig(theta=theta, type="longrope", factor=float(factor), original_max_position_embeddings=original,
                       short_factor=tuple(map(float, short)), long_factor=tuple(map(float, long)),
                       attention_factor=float(attention))
+
+
+def _yarn_config(raw: dict[str, Any], params: dict[str, Any], theta: float, source: str) -> RopeConfig:
+    """YaRN (gpt-oss), by transformers' `_compute_yarn_parameters`: factor (default max_position_embeddings /
+    original context), beta_fast / beta_slow (32 / 1), truncate (True), and the cos/sin scale attention_factor
+    (default 0.1 ln(factor) + 1, or the mscale / mscale_all_dim ratio where both are given)."""
+    original = params.get("original_max_position_embeddings")
+    if not isinstance(original, int) or original < 1:
+        raise ModelLoadError(f"{source}: yarn needs original_max_position_embeddings, got {original!r}")
+    factor = params.get("factor")
+    factor = float(int(raw.get("max_position_embeddings", original)) / original if factor is None else factor)
+    if not (math.isfinite(factor) and factor > 0):
+        raise ModelLoadError(f"{source}: yarn factor must be a positive number, got {factor}")
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = params.get("attention_factor")
+    if attention is None:
+        m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    return RopeConfig(theta=theta, type="yarn", factor=factor, original_max_position_embeddings=original,
+                      attention_factor=float(attention), beta_fast=float(params.get("beta_fast") or 32),
+                      beta_slow=float(params.get("beta_slow") or 1), truncate=bool(params.get("truncate", True)))

@@ -83,4 +83,7 @@ class Family:
     moe_prefix: str = "mlp."  # where a sparse layer's router and experts sit under model.layers.{i}.
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # one expert's gate, up, down
     tensor_parallel: bool = True  # model/parallel.py splits its checkpoints and blocks (tested against one process)
+    # gpt-oss: each projection's experts stacked in one checkpoint tensor (model/weights/stacked.py unstacks them)
+    stacked_experts: bool = False
+    native_step: bool = True  # model/fused.py may run its decode steps natively (False: the modules path always)
     lora: bool = True  # PEFT adapters on q/k/v/o and gate/up/down (attention only on sparse MLP layers)

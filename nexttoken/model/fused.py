@@ -27,6 +27,7 @@ from typing import Iterator
 
 import torch
 
+from ..families import family
 from . import arithmetic, kernels
 from .batch import ForwardBatch
 from .cache import KVCache
@@ -154,6 +155,8 @@ class _Plan:
         self.ok = False
         self.biases: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []  # a rank's o / down biases per layer
         if type(model.norm) is not RMSNorm or cfg.head_dim > 512 or cfg.hidden_act not in _ACTIVATIONS:
+            return
+        if not family(cfg.architecture).native_step:  # a part decode.cpp does not compute (gpt-oss: sinks, ...)
             return
         sharded = _sharded(model)
         self.local_rope = model.__dict__.get("local_inv_freq") is not None

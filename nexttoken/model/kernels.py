@@ -33,7 +33,7 @@ from .native_abi import DTYPE_KIND, OUT_KIND, Kind, NativeABIError
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 SOURCES = (CSRC / "gemv.cpp", CSRC / "decode.cpp", CSRC / "int4.cpp", CSRC / "ggml.cpp",
-           CSRC / "abi.cpp")  # one library
+           CSRC / "abi.cpp", CSRC / "mxfp4.cpp")  # one library
 HEADERS = (CSRC / "rows.h", CSRC / "nt_abi.h")  # included by the sources: part of the cache key
 MAX_ROWS = 16  # activation rows per call; beyond that torch's GEMM is the faster choice
 _W_KIND = DTYPE_KIND  # nt_linear's kind of a float32 / bfloat16 / int8 weight (nt_abi.h's NtKind)
@@ -163,6 +163,11 @@ def load(path: Path) -> ctypes.CDLL:
     lib.nt_linear_ggml.restype = i
     lib.nt_dequantize_ggml.argtypes = [i, p, i64, i64, p, i]
     lib.nt_dequantize_ggml.restype = i
+    lib.nt_mxfp4_supported.restype = i
+    lib.nt_linear_mxfp4.argtypes = [p, p, p, i64, i64, i64, p]
+    lib.nt_linear_mxfp4.restype = i
+    lib.nt_dequantize_mxfp4.argtypes = [p, i64, i64, p]
+    lib.nt_dequantize_mxfp4.restype = i
     return lib
 
 
@@ -320,6 +325,38 @@ def dequantize_ggml(packed: torch.Tensor, ggml_type: int, K: int, dtype: torch.d
     out = torch.empty((N, K), dtype=dtype) if out is None else out[: N * K].view(N, K)
     rc = lib.nt_dequantize_ggml(ggml_type, packed.data_ptr(), N, K, out.data_ptr(), _OUT_KIND[dtype])
     assert rc == 0, f"nt_dequantize_ggml refused type {ggml_type}, K={K}"
+    return out
+
+
+def mxfp4_available() -> bool:
+    """Whether the MXFP4 kernels (csrc/mxfp4.cpp: AVX-512 F/BW/VL/DQ and FMA) run here."""
+    lib = library()
+    return lib is not None and bool(lib.nt_mxfp4_supported())
+
+
+def linear_mxfp4(x: torch.Tensor, packed: torch.Tensor, K: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., K) @ W^T (+ bias (N,) float32) for W as MXFP4 blocks: packed (N, K / 32 * 17) uint8 (csrc/mxfp4.cpp);
+    at most MAX_ROWS rows of x, float32 activations. Output in x's dtype."""
+    lib = library()
+    assert lib is not None and x.shape[-1] == K and packed.is_contiguous()
+    N = packed.shape[0]
+    xf = x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()  # (..., K)
+    y = torch.empty((*x.shape[:-1], N), dtype=torch.float32)  # (..., N)
+    rc = lib.nt_linear_mxfp4(packed.data_ptr(), xf.data_ptr(), None if bias is None else bias.data_ptr(),
+                             xf.numel() // K, N, K, y.data_ptr())
+    assert rc == 0, f"nt_linear_mxfp4 refused K={K}, {xf.numel() // K} rows"
+    return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
+def dequantize_mxfp4(packed: torch.Tensor, K: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """MXFP4 rows packed (N, K / 32 * 17) as (N, K) float32, exactly gguf.quants.dequantize's values; into `out`
+    (at least N * K float32) when given."""
+    lib = library()
+    assert lib is not None and packed.is_contiguous()
+    N = packed.shape[0]
+    out = torch.empty((N, K), dtype=torch.float32) if out is None else out[: N * K].view(N, K)
+    rc = lib.nt_dequantize_mxfp4(packed.data_ptr(), N, K, out.data_ptr())
+    assert rc == 0, f"nt_dequantize_mxfp4 refused K={K}"
     return out
 
 

@@ -67,6 +67,8 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(k_dim, cfg.rms_norm_eps, cfg.norm_plus_one) if cfg.qk_norm else None
         self.scale = cfg.attention_multiplier  # None: SDPA's 1/sqrt(head_dim)
         self.softcap = cfg.attn_logit_softcapping
+        # gpt-oss: one learned logit per head that joins every softmax (H,); None: no sinks
+        self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if cfg.attention_sinks else None
 
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, state: SequenceState, cos: torch.Tensor | None, sin: torch.Tensor | None
@@ -98,6 +100,8 @@ class Attention(nn.Module):
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
         """q (B, H, T, D), keys and values (B, Hkv, S, D), mask (B, 1, T, S) bool or None -> (B, H, T, D)."""
+        if self.sinks is not None:
+            return sink_attention(q, keys, values, mask, self.scale, self.sinks)
         if self.softcap is not None:
             return softcapped_attention(q, keys, values, mask, self.scale, self.softcap)
         return F.scaled_dot_product_attention(
@@ -120,6 +124,24 @@ def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
     return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
 
 
+def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                   scale: float | None, sinks: torch.Tensor) -> torch.Tensor:
+    """Attention with a learned logit per head in each softmax (gpt-oss's sinks: (H,)), which takes its share of
+    the probability and is then dropped: q (B, H, T, D), k and v (B, Hkv, S, D), mask (B, 1, T, S) bool or None ->
+    (B, H, T, D). transformers' eager order: scores in the activation dtype, the row max subtracted, softmax."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
+    scores = (q @ k.transpose(2, 3)) * (q.shape[-1] ** -0.5 if scale is None else scale)  # (B, H, T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    B, H, T, _ = scores.shape
+    logits = torch.cat([scores, sinks.to(scores.dtype).reshape(1, H, 1, 1).expand(B, H, T, 1)], dim=-1)
+    logits = logits - logits.max(dim=-1, keepdim=True).values
+    probs = torch.softmax(logits, dim=-1, dtype=logits.dtype)[..., :-1]  # the sink's share dropped
+    return probs.to(v.dtype) @ v
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, intermediate: int | None = None) -> None:
         super().__init__()
@@ -127,10 +149,24 @@ class MLP(nn.Module):
         self.w13 = Linear(cfg.hidden_size, 2 * self.intermediate, bias=cfg.mlp_bias)  # gate ++ up
         self.w2 = Linear(self.intermediate, cfg.hidden_size, bias=cfg.mlp_bias)
         self.act = activation(cfg.hidden_act)
+        self.limit, self.alpha = cfg.swiglu_limit, cfg.swiglu_alpha  # gpt-oss's clamped SwiGLU; None: the plain gate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w13(x).split(self.intermediate, dim=-1)
+        if self.limit is not None:
+            return self.w2(clamped_swiglu(gate, up, self.limit, self.alpha))
         return self.w2(self.act(gate) * up)
+
+
+def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
+    """gpt-oss's expert gate, in transformers' order: gate clamped above, up both sides, (up + 1) * glu.
+    gate and up (..., I). The sigmoid reads its input through rows of stride I + 1, so torch runs it one row at a
+    time: over one flat tensor its vector and remainder paths round differently, and a row's numbers would then
+    depend on how many rows share the call (the engine's batch invariance)."""
+    gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+    rows = gate.new_empty(*gate.shape[:-1], gate.shape[-1] + 1)[..., :-1]  # (..., I) with a row stride of I + 1
+    torch.mul(gate, alpha, out=rows)
+    return (up + 1) * (gate * torch.sigmoid(rows))
 
 
 # LayerKind.mixer -> the module that computes it (ModelConfig only declares kinds a family reader produced).

@@ -26,7 +26,8 @@ class MoE(nn.Module):
         moe = cfg.moe
         assert moe is not None
         self.top_k, self.norm_topk, self.float32_weights = moe.top_k, moe.norm_topk_prob, moe.router_weights_float32
-        self.gate = KeptLinear(cfg.hidden_size, moe.num_experts, bias=False)  # the router: (E, C)
+        self.gate = KeptLinear(cfg.hidden_size, moe.num_experts, bias=moe.router_bias)  # the router: (E, C)
+        self.softmax_after_topk = moe.softmax_after_topk
         self.experts = nn.ModuleList(mlp(moe.intermediate_size) for _ in range(moe.num_experts))
         self.shared = mlp(moe.shared_intermediate_size) if moe.shared_intermediate_size else None
         self.shared_gate = KeptLinear(cfg.hidden_size, 1, bias=False) if self.shared is not None else None
@@ -35,6 +36,9 @@ class MoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (N, C) -> (weights (N, k), chosen experts (N, k)), by transformers' rules for the family."""
+        if self.softmax_after_topk:  # gpt-oss: top k of the logits, softmax over those k, in the activations' dtype
+            top, chosen = torch.topk(self.gate(x), self.top_k, dim=-1)  # (N, k)
+            return torch.softmax(top, dim=-1, dtype=top.dtype), chosen
         probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # (N, E)
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # (N, k)
         if self.norm_topk:
@@ -66,9 +70,14 @@ def checkpoint_shapes(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]
     I, p = moe.intermediate_size, _prefix(cfg, layer)
     names = _expert_names(cfg)
     shapes = {p + "gate.weight": (moe.num_experts, C)}
+    if moe.router_bias:
+        shapes[p + "gate.bias"] = (moe.num_experts,)
     for e in range(moe.num_experts):
         shapes |= {f"{p}experts.{e}.{names[0]}.weight": (I, C), f"{p}experts.{e}.{names[1]}.weight": (I, C),
                    f"{p}experts.{e}.{names[2]}.weight": (C, I)}
+        if cfg.mlp_bias:  # gpt-oss: every expert's projections have biases
+            shapes |= {f"{p}experts.{e}.{names[0]}.bias": (I,), f"{p}experts.{e}.{names[1]}.bias": (I,),
+                       f"{p}experts.{e}.{names[2]}.bias": (C,)}
     if moe.shared_intermediate_size:
         S = moe.shared_intermediate_size
         shapes |= {p + "shared_expert.gate_proj.weight": (S, C), p + "shared_expert.up_proj.weight": (S, C),
@@ -84,10 +93,13 @@ def checkpoint_parts(cfg: ModelConfig, layer: int) -> dict[str, list[str]]:
     p, o = _prefix(cfg, layer), f"layers.{layer}.mlp."
     gate, up, down = _expert_names(cfg)
     sd = {o + "gate.weight": [p + "gate.weight"]}
+    if moe.router_bias:
+        sd[o + "gate.bias"] = [p + "gate.bias"]
     for e in range(moe.num_experts):
         x = f"{p}experts.{e}."
-        sd[f"{o}experts.{e}.w13.weight"] = [x + gate + ".weight", x + up + ".weight"]
-        sd[f"{o}experts.{e}.w2.weight"] = [x + down + ".weight"]
+        for kind in ("weight", "bias") if cfg.mlp_bias else ("weight",):
+            sd[f"{o}experts.{e}.w13.{kind}"] = [f"{x}{gate}.{kind}", f"{x}{up}.{kind}"]
+            sd[f"{o}experts.{e}.w2.{kind}"] = [f"{x}{down}.{kind}"]
     if moe.shared_intermediate_size:
         x = p + "shared_expert."
         sd[o + "shared.w13.weight"] = [x + "gate_proj.weight", x + "up_proj.weight"]

@@ -26,7 +26,31 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int, long: bool = False) -> 
         return inv_freq / rope.factor
     if rope.type == "llama3":
         return _llama3_scaling(inv_freq, rope)
+    if rope.type == "yarn":
+        return _yarn(rope, head_dim)
     return inv_freq
+
+
+def _yarn(rope: RopeConfig, dim: int) -> torch.Tensor:
+    """YaRN's frequencies (gpt-oss), transformers' `_compute_yarn_parameters` step by step: extrapolated (the
+    base's) above beta_fast rotations over the original context, interpolated (divided by factor) below beta_slow,
+    blended by a linear ramp between. (The cos/sin scale is rope.attention_factor, applied by rope_cos_sin.)"""
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(rope.original_max_position_embeddings / (rotations * 2 * math.pi))) / (
+            2 * math.log(rope.theta))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    pos_freqs = rope.theta ** (torch.arange(0, dim, 2, device="cpu").to(dtype=torch.float) / dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (rope.factor * pos_freqs)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low), 0, 1)
+    keep = 1 - ramp  # the share of the extrapolated (unscaled) frequency
+    return interpolation * (1 - keep) + extrapolation * keep
 
 
 def _llama3_scaling(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:

@@ -84,7 +84,15 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "smollm3-nope": ("smollm3", dict(num_hidden_layers=4)),
     "smollm3-nope-sliding": ("smollm3", dict(num_hidden_layers=4, no_rope_layer_interval=2, use_sliding_window=True,
                                              sliding_window=5)),
+    # gpt-oss: sinks, alternating sliding (5) and full layers, 4 experts (top 2) with the clamped SwiGLU and biases,
+    # YaRN (tests/model/test_gpt_oss.py has its own, more thorough model; support/gpt_oss.py).
+    "gpt-oss": ("gpt_oss", dict(num_hidden_layers=3, head_dim=16, sliding_window=5, num_local_experts=4,
+                                num_experts_per_tok=2, intermediate_size=48, rope_parameters=dict(
+                                    rope_type="yarn", rope_theta=150000.0, factor=4.0, truncate=False,
+                                    original_max_position_embeddings=32))),
 }
+# Variants that run one process only (their declaration refuses tensor parallelism).
+NO_TENSOR_PARALLEL = {"gpt-oss"}
 
 
 def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
@@ -104,15 +112,18 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
         "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
         "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
+        "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM),
     }[arch]
     cfg = cfg_cls(**{**BASE, **overrides})
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()
-    if arch in ("qwen2", "qwen2_moe"):  # random-init biases are zero; make them matter
+    if arch == "gpt_oss":
+        cfg._experts_implementation = "eager"  # transformers' own loop over the experts
+    if arch in ("qwen2", "qwen2_moe", "gpt_oss"):  # random-init biases (and gpt-oss's sinks) are zero; make them matter
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if name.endswith("bias"):
+                if name.endswith(("bias", "sinks")):
                     p.normal_(0, 0.3)
     if arch in ("qwen3", "olmo2", "qwen3_moe"):  # random-init norm weights are ones; make the q/k norms matter
         with torch.no_grad():

@@ -28,7 +28,7 @@ from .gguf_reader import BigEndian, read_gguf
 from .loader import _expected_shapes as expected_shapes, build_model, resolve_dtype
 
 # Weight types llama-quantize and GGUF-my-repo write for the families we run; dequantized by `gguf.quants`.
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "MXFP4", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
                    "Q6_K")
 
 @dataclass
@@ -147,9 +147,15 @@ def _rope(g: GGUFFile, head_dim: int) -> dict[str, Any]:
     and Phi-3's LongRoPE factors (the `rope_factors_long` / `_short` tensors)."""
     params: dict[str, Any] = {"rope_theta": float(g.get("rope.freq_base", 10000.0)), "rope_type": "default"}
     kind = g.get("rope.scaling.type")
-    if kind not in (None, "none", "linear"):
-        raise ModelLoadError(f"{g.path}: RoPE scaling {kind!r} is not supported (supported: linear, Llama 3's, "
+    if kind not in (None, "none", "linear", "yarn"):
+        raise ModelLoadError(f"{g.path}: RoPE scaling {kind!r} is not supported (supported: linear, yarn, Llama 3's, "
                              "Phi-3's LongRoPE)")
+    if kind == "yarn":  # the family's reader adds what llama.cpp does not store (gpt-oss: no truncation)
+        original = g.get("rope.scaling.original_context_length")
+        params |= {"rope_type": "yarn", "factor": float(g.get("rope.scaling.factor", 1.0)),
+                   "beta_fast": float(g.get("rope.scaling.yarn_beta_fast", 32.0)),
+                   "beta_slow": float(g.get("rope.scaling.yarn_beta_slow", 1.0)),
+                   "original_max_position_embeddings": int(original or g.get("context_length"))}
     if kind == "linear" and float(g.get("rope.scaling.factor", 1.0)) != 1.0:
         params |= {"rope_type": "linear", "factor": float(g.get("rope.scaling.factor"))}
     if "rope_freqs.weight" in g.tensors:
@@ -263,7 +269,7 @@ def checkpoint_tensors(g: GGUFFile, cfg: ModelConfig, names: list[str], dtype: t
             layer, expert, proj = int(base.split(".")[2]), int(base.split(".")[-2]), base.split(".")[-1]
             part = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down",
                     "w2": "down"}[proj]
-            key = f"blk.{layer}.ffn_{part}_exps.weight"
+            key = f"blk.{layer}.ffn_{part}_exps.{suffix}"  # (experts, out, in) weights, (experts, out) biases
             if key not in g.tensors:
                 continue
             if key not in stacked:
@@ -290,6 +296,8 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
 
     By default a quantized file's matrices stay in their ggml blocks (and BF16 ones in bfloat16), multiplied
     natively with float32 activations (gguf_packed.py): the file's size in memory and llama.cpp's arithmetic.
+    MoE experts stay packed too where the kernels read their type (MXFP4 on any CPU, the ggml block types where
+    those kernels run).
     dequantize=True (also implied by a dtype other than float32, a non-CPU device, or no AVX-512 VNNI here) gives
     the float model of exactly gguf's dequantized values, the reference transformers' GGUF loader agrees with.
     activations="int16": the packed product quantizes its inputs to int16 per block of 32 instead of llama.cpp's
@@ -310,20 +318,30 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
     torch_dtype = resolve_dtype(dtype, device)
     cfg = ModelConfig.from_dict(config_dict(g), source=str(g.path))
     names = list(expected_shapes(cfg))
-    if not dequantize and device.type == "cpu" and torch_dtype == torch.float32 and native_blocks():
-        from .gguf_packed import build_packed_model, file_rows, keepable, release_pages
+    if not dequantize and device.type == "cpu" and torch_dtype == torch.float32:
+        from .gguf_packed import build_packed_model, file_rows, keepable, keepable_experts, release_pages
 
         dense = gguf_names(g, cfg, names)
-        kept = keepable(g, cfg, dense)
-        if kept:
-            floats = checkpoint_tensors(g, cfg, [n for n in names if n not in kept], torch.float32)
+        kept = keepable(g, cfg, dense) if native_blocks() else {}
+        experts = keepable_experts(g, cfg)  # (stacked tensor, expert, type) by checkpoint name
+        if kept or experts:
+            floats = checkpoint_tensors(g, cfg, [n for n in names if n not in kept and n not in experts],
+                                        torch.float32)
 
             def rows_of(hf: str) -> tuple[torch.Tensor, str]:
+                if hf in experts:  # one expert's rows of the stacked (experts, rows, row bytes) tensor
+                    key, expert, kind = experts[hf]
+                    t = g.tensors[key]
+                    return file_rows(g, key).reshape(int(t.shape[2]), int(t.shape[1]), -1)[expert], kind
                 gname = dense[hf]
                 return _as_checkpoint(g, cfg, gname, file_rows(g, gname)), g.tensors[gname].tensor_type.name
 
-            shapes = {hf: tuple(int(d) for d in reversed(g.tensors[dense[hf]].shape)) for hf in kept}
-            model = build_packed_model(g, cfg, floats, shapes, rows_of, policy.gguf_activations)
+            def shape(gname: str) -> tuple[int, ...]:
+                return tuple(int(d) for d in reversed(g.tensors[gname].shape))
+
+            shapes = {hf: shape(dense[hf]) for hf in kept}
+            expert_shapes = {hf: shape(key)[1:] for hf, (key, _, _) in experts.items()}
+            model = build_packed_model(g, cfg, floats, shapes, rows_of, policy.gguf_activations, expert_shapes)
             model.arithmetic = policy
             release_pages(g.mapped)  # the pages read while copying: decode faults back the ones it uses
             return model, g

@@ -1,7 +1,9 @@
 """A GGUF file's matrices kept as the file stores them (the default for a quantized file): ggml blocks become
 quant/ggml.py's GGUFLinear / GGUFEmbedding, BF16 matrices BF16Linear / BF16Embedding (float32 activations, as
-llama.cpp runs them); everything else (norms, biases, F32 / F16 matrices, MoE experts, a fused matrix whose parts are
-not all blocks or all BF16) is dequantized to float32 as gguf.py does for the whole model with dequantize=True.
+llama.cpp runs them); MoE experts stored as MXFP4 (gpt-oss) become quant/mxfp4.py's Mxfp4Linear, and experts of the
+block types the kernels read GGUFLinear, one per expert projection (views of the file's stacked rows); everything
+else (norms, biases, F32 / F16 matrices, a fused matrix whose parts are not all blocks or all BF16) is dequantized
+to float32 as gguf.py does for the whole model with dequantize=True.
 
 No float copy of a kept matrix is made: o, down, the LM head and the token table are views of the reader's
 memory map (a private, copy-on-write mapping: pages are read from the page cache as decode touches them, as
@@ -22,7 +24,8 @@ from ...config import ModelConfig
 from ...families import family
 from ..llama import Transformer
 from ..quant.bf16 import BF16Embedding, BF16Linear
-from ..quant.ggml import GGML_TYPES, GGUFEmbedding, GGUFLinear, block_shape
+from ..quant.ggml import GGML_TYPES, GGUFEmbedding, GGUFLinear, block_shape, native_blocks
+from .experts import keep_experts, mxfp4_layer
 from .loader import _owned, check_tensors, to_state_dict
 
 
@@ -47,6 +50,36 @@ def keepable(g, cfg: ModelConfig, gguf_names: dict[str, str]) -> dict[str, str]:
     return kinds
 
 
+_EXPERT_PARTS = {"gate": 0, "up": 1, "down": 2}  # ffn_{part}_exps -> Family.expert_names' index
+
+
+def keepable_experts(g, cfg: ModelConfig) -> dict[str, tuple[str, int, str]]:  # noqa: ANN001 - a GGUFFile
+    """Checkpoint name of an expert's weight -> (its stacked GGUF tensor, its expert, the GGUF type name) for the
+    sparse layers whose three stacked projections the kept layers multiply: all MXFP4 (any CPU: Mxfp4Linear has a
+    torch fallback), or all block types csrc/ggml.cpp reads (where it runs)."""
+    moe = cfg.moe
+    if moe is None:
+        return {}
+    names = family(cfg.architecture).expert_names
+    kept = {}
+    for i in range(cfg.num_hidden_layers):
+        keys = {part: f"blk.{i}.ffn_{part}_exps.weight" for part in _EXPERT_PARTS}
+        if not moe.sparse_layers[i] or any(k not in g.tensors for k in keys.values()):
+            continue
+        types = {part: g.tensors[k].tensor_type.name for part, k in keys.items()}
+        widths = {part: int(g.tensors[k].shape[0]) for part, k in keys.items()}
+        mxfp4 = all(t == "MXFP4" for t in types.values())
+        blocks = native_blocks() and all(t in GGML_TYPES and widths[p] % block_shape(t)[0] == 0
+                                         for p, t in types.items())
+        if not (mxfp4 or blocks):
+            continue
+        prefix = f"model.layers.{i}.{family(cfg.architecture).moe_prefix}experts."
+        for e in range(moe.num_experts):
+            for part, key in keys.items():
+                kept[f"{prefix}{e}.{names[_EXPERT_PARTS[part]]}.weight"] = (key, e, types[part])
+    return kept
+
+
 def _dense(hf: str) -> bool:
     return hf in ("model.embed_tokens.weight", "lm_head.weight") or hf.rsplit(".", 2)[-2] in (
         "q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "gate_proj", "up_proj", "down_proj", "gate_up_proj")
@@ -64,10 +97,14 @@ def _groups(cfg: ModelConfig, i: int) -> dict[str, list[str]]:
 
 
 def build_packed_model(g, cfg: ModelConfig, floats: dict[str, torch.Tensor], kept: dict[str, tuple[int, int]],  # noqa: ANN001
-                       rows_of, activations: str | None = None) -> Transformer:  # noqa: ANN001 - rows_of(hf name) -> (rows, type name)
+                       rows_of, activations: str | None = None,  # noqa: ANN001 - rows_of(hf name) -> (rows, type name)
+                       experts: dict[str, tuple[int, int]] | None = None) -> Transformer:
     """The Transformer with the `kept` matrices (checkpoint name -> the file's (rows, columns)) as stored (rows_of
     gives each one's rows: uint8 blocks, or bfloat16 values, in PyTorch's row order) and the `floats` (checkpoint
-    name -> float32 tensor) for the rest. `activations`: how GGUFLinear quantizes its inputs (quant/ggml.py; None: the arithmetic policy's default)."""
+    name -> float32 tensor) for the rest. `activations`: how GGUFLinear quantizes its inputs (quant/ggml.py; None: the arithmetic policy's default).
+    `experts`: the MoE experts' weights kept as stored, by checkpoint name (keepable_experts), the same way."""
+    experts = experts or {}
+    kept = {**kept, **experts}
     shapes = dict(floats)
     for hf, shape in kept.items():  # stand-ins of the file's shapes: the checks and the state dict's names, no memory
         shapes[hf] = torch.empty(shape, device="meta")
@@ -84,6 +121,7 @@ def build_packed_model(g, cfg: ModelConfig, floats: dict[str, torch.Tensor], kep
                 parent, attr = _parent(block, module_name)
                 setattr(parent, attr, _kept_linear([rows_of(n) for n in group], getattr(parent, attr),
                                                    activations=activations))
+    keep_experts(model, cfg, experts, rows_of, lambda parts, old: _kept_expert(parts, old, activations))
     tied = cfg.tie_word_embeddings
     if "model.embed_tokens.weight" in kept:
         table = _kept_linear([rows_of("model.embed_tokens.weight")], None, cfg.hidden_size, activations)
@@ -98,6 +136,13 @@ def build_packed_model(g, cfg: ModelConfig, floats: dict[str, torch.Tensor], kep
     assert not left, f"not loaded: {left[:3]}"
     model.quantization = "gguf"
     return model.eval()
+
+
+def _kept_expert(parts: list[tuple[torch.Tensor, str]], old: nn.Module, activations: str | None) -> nn.Module:
+    """An expert projection of the row ranges `parts`: MXFP4 rows as one Mxfp4Linear, ggml blocks as GGUFLinear."""
+    if all(name == "MXFP4" for _, name in parts):
+        return mxfp4_layer(parts, old)
+    return _kept_linear(parts, old, activations=activations)
 
 
 def _parent(block: nn.Module, dotted: str) -> tuple[nn.Module, str]:

@@ -119,7 +119,9 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,), p + "self_attn.v_proj.bias": (kv,)}
         if cfg.attention_bias:
             shapes[p + "self_attn.o_proj.bias"] = (C,)
-        if cfg.mlp_bias:
+        if cfg.attention_sinks:  # gpt-oss (stacked.py names them as llama.cpp does: a `.weight`)
+            shapes[p + "self_attn.sinks.weight"] = (cfg.num_attention_heads,)
+        if cfg.mlp_bias and not (cfg.moe and cfg.moe.sparse_layers[i]):
             shapes |= {p + "mlp.gate_proj.bias": (I,), p + "mlp.up_proj.bias": (I,), p + "mlp.down_proj.bias": (C,)}
     return shapes
 
@@ -165,6 +167,8 @@ def state_parts(cfg: ModelConfig, names: set[str] | dict) -> dict[str, list[str]
         sd[o + "ffn_norm.weight"] = [p + second + ".weight"]
         if cfg.moe and cfg.moe.sparse_layers[i]:
             sd |= moe_parts(cfg, i)
+        if cfg.attention_sinks:
+            sd[o + "attention.sinks"] = [p + "self_attn.sinks.weight"]
         if cfg.qk_norm:
             sd[o + "attention.q_norm.weight"] = [p + "self_attn.q_norm.weight"]
             sd[o + "attention.k_norm.weight"] = [p + "self_attn.k_norm.weight"]
@@ -241,6 +245,8 @@ def load_model(
     the file straight into its place (reader.py). `dtype` / `quantize`: resolve_precision's rule (by default a
     bf16 checkpoint keeps bf16 weights with float32 activations on CPU); `quantize` is applied here."""
     path, device, cfg = _open_folder(path, device)
+    if family(cfg.architecture).stacked_experts:
+        return _load_stacked(path, cfg, dtype, device, quantize)
     entries = {n: e for n, e in read_headers(safetensors_files(path)).items() if not n.endswith(_IGNORED_SUFFIXES)}
     check_tensors(cfg, entries, path)
     check_dtypes(entries)
@@ -255,6 +261,48 @@ def load_model(
     model = model.to(device).eval()
     if precision.bf16_weights:  # the Linear modules already hold bf16 tensors: wrapped, not copied
         model = quantize_bf16(model, repack=False)
+    return apply_quantization(model, quantize)
+
+
+def _load_stacked(path: Path, cfg: ModelConfig, dtype: str | torch.dtype | None, device: torch.device,
+                  quantize: str | None) -> Transformer:
+    """A checkpoint whose experts are stacked (gpt-oss): read whole and unstacked (stacked.py), then built as any
+    checkpoint; precision by resolve_precision's rule. MXFP4 experts (the released checkpoints') stay packed
+    (quant/mxfp4.py's Mxfp4Linear: 4.25 bits a weight, the exact values) where the activations are float32 on CPU
+    (the other matrices float32, or bf16 as a bf16 checkpoint loads by default); for int8 / int4 and bfloat16
+    activations they are dequantized exactly."""
+    from .stacked import packed_experts, unstack
+
+    files = safetensors_files(path)
+    entries = read_headers(files)
+    floats = {n: e for n, e in entries.items() if isinstance(e.dtype, torch.dtype)}
+    precision = resolve_precision(dtype, device, stored_dtype(floats) if floats else None, quantize)
+    tensors = read_tensors(files)
+    keep = device.type == "cpu" and precision.dtype == torch.float32 and quantize in (None, "none", "bf16")
+    packed = packed_experts(cfg, tensors) if keep else {}
+    tensors = unstack(cfg, tensors, path)
+    if packed:
+        from .experts import keep_experts, mxfp4_layer
+
+        shapes = {hf: torch.empty(rows.shape[0], rows.shape[1] // 17 * 32, device="meta")  # (N, K) stand-ins
+                  for hf, rows in packed.items()}
+        check_tensors(cfg, {**tensors, **shapes}, path)
+        state = to_state_dict(cfg, {**tensors, **shapes})
+        state = _owned({n: t for n, t in state.items() if not t.is_meta}, device, torch.float32)
+        with torch.device("meta"):
+            model = Transformer(cfg)
+        model.load_state_dict(state, assign=True, strict=False)
+        if cfg.tie_word_embeddings:
+            model.lm_head.weight = model.embed.weight
+        keep_experts(model, cfg, packed, lambda hf: (packed[hf], "MXFP4"), mxfp4_layer)
+        left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+        assert not left, f"not loaded: {left[:3]}"
+        model = model.eval()
+        model.quantization = "mxfp4"  # the experts as the checkpoint stores them
+        return quantize_bf16(model) if precision.bf16_weights else model  # (a bf16 checkpoint's default on CPU)
+    model = build_model(cfg, tensors, path, device, precision.dtype)
+    if precision.bf16_weights:
+        model = quantize_bf16(model)
     return apply_quantization(model, quantize)
 
 
