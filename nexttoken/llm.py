@@ -199,6 +199,8 @@ class LLM:
             options["thinking"] = Thinking(*renderer.markers)  # the grammar waits for the answer after thinking
         if use is not None:
             options = tool_options(use, self._need_tokenizer(), options)
+        if prompt.harmony:  # gpt-oss's channel markers are special tokens: the answer's parser reads them
+            options["skip_special_tokens"] = False
         return _answered(self._complete([prompt.ids], self._request(options))[0], prompt)
 
     def tools_prompt(self, messages: Sequence[Message], use: ToolUse) -> list[int]:
