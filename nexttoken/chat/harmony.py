@@ -106,12 +106,14 @@ class HarmonyParser(AnswerParser):
         return self._drain()
 
     def finish(self, cut: bool = False) -> list[Any]:
-        """The end: a body's held-back text is what it is, unless `cut` (max_tokens): then a marker's start is
-        markup, dropped, and an open call is left out; an unfinished header is markup either way."""
+        """The end: a body's held-back text is what it is, unless it is a marker's start (`<|...`; a lone `<` only
+        when `cut` at max_tokens): markup, dropped; an open call is left out when `cut`; an unfinished header is
+        markup either way."""
         rest, self._pending = self._pending, ""
         if self._state == "body":
-            if cut:
-                rest = rest[: len(rest) - _marker_start(rest)]
+            keep = _marker_start(rest)
+            if cut or keep > 1:
+                rest = rest[: len(rest) - keep]
             self._body(rest)
             if self._kind == "call":
                 self._end_call(cut)
