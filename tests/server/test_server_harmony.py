@@ -42,7 +42,7 @@ def served(shared_dir, tmp_path_factory):
     folder = build_chat_model(tmp_path_factory.mktemp("gpt-oss-shaped"), tokenizer, "llama")
     ids = special_ids(folder)
     proc, url = start_server(folder, "--served-model-name", "m")
-    yield url, ids, {str(ids["<|end|>"]): 2.0, str(ids["<|call|>"]): 8.0, str(ids["<|return|>"]): 8.0}
+    yield url, ids, {str(ids["<|end|>"]): 2.0, str(ids["<|call|>"]): 8.0, str(ids["<|return|>"]): 8.0}, folder
     stop_server(proc)
 
 
@@ -67,7 +67,7 @@ def _openai(url: str) -> openai.OpenAI:
 # ---- the answer and its reasoning -------------------------------------------------------------------------------
 
 def test_chat_completions_reasoning_and_answer_whole_and_streamed(served) -> None:
-    url, ids, _ = served
+    url, ids, _, _ = served
     client = _openai(url)
     args = dict(model="m", messages=QUESTION, max_tokens=60, reasoning_effort="high",
                 extra_body={"grammar": _answer_grammar(ids)})
@@ -84,7 +84,7 @@ def test_chat_completions_reasoning_and_answer_whole_and_streamed(served) -> Non
 
 
 def test_responses_reasoning_item_and_message_whole_and_streamed(served) -> None:
-    url, ids, _ = served
+    url, ids, _, _ = served
     client = _openai(url)
     args = dict(model="m", input="Hi", max_output_tokens=60, reasoning={"effort": "low"},
                 extra_body={"grammar": _answer_grammar(ids)})
@@ -103,7 +103,7 @@ def test_responses_reasoning_item_and_message_whole_and_streamed(served) -> None
 
 
 def test_anthropic_thinking_and_text_blocks_whole_and_streamed(served) -> None:
-    url, ids, _ = served
+    url, ids, _, _ = served
     client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120)
     args = dict(model="m", max_tokens=60, messages=QUESTION, thinking={"type": "enabled", "budget_tokens": 2048},
                 extra_body={"grammar": _answer_grammar(ids)})
@@ -118,6 +118,16 @@ def test_anthropic_thinking_and_text_blocks_whole_and_streamed(served) -> None:
     assert [b.type for b in final.content] == ["thinking", "text"] and final.content[1].text == CONTENT
 
 
+def test_the_library_splits_the_same_answer(served) -> None:
+    """`LLM.chat` renders and reads harmony as the server does (chat/render.py): the markers kept in its text."""
+    import nexttoken
+
+    _, ids, _, folder = served
+    completion = nexttoken.load(folder).chat(QUESTION, grammar=_answer_grammar(ids), max_new_tokens=60,
+                                              chat_template_kwargs={"reasoning_effort": "low"})
+    assert (completion.reasoning_content, completion.text) == (REASONING, CONTENT)
+
+
 # ---- tool calls -------------------------------------------------------------------------------------------------
 
 def _valid(name: str, arguments: str) -> None:
@@ -126,7 +136,7 @@ def _valid(name: str, arguments: str) -> None:
 
 
 def test_chat_completions_tool_calls_whole_and_streamed(served) -> None:
-    url, _, bias = served
+    url, _, bias, _ = served
     client = _openai(url)
     for seed in range(3):
         args = dict(model="m", messages=QUESTION, tools=[WEATHER], tool_choice="required", max_tokens=100,
@@ -152,7 +162,7 @@ def test_chat_completions_tool_calls_whole_and_streamed(served) -> None:
 
 
 def test_responses_function_call_item_and_the_next_turn(served) -> None:
-    url, _, bias = served
+    url, _, bias, _ = served
     client = _openai(url)
     response = client.responses.create(model="m", input="Weather in Paris?", tools=[
         {"type": "function", "name": "get_weather", "description": "Current weather in a city.",
@@ -177,7 +187,7 @@ def test_responses_function_call_item_and_the_next_turn(served) -> None:
 
 def test_a_past_calls_reasoning_comes_back_in_the_prompt(served) -> None:
     """An assistant turn's reasoning_content (as this server returns it) is rendered as the call's analysis."""
-    url, _, _ = served
+    url, _, _, _ = served
     messages = [*QUESTION, {"role": "assistant", "content": None, "reasoning_content": "Call the weather tool.",
                             "tool_calls": [{"id": "call_1", "type": "function", "function": {
                                 "name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'}}]},
@@ -190,7 +200,7 @@ def test_a_past_calls_reasoning_comes_back_in_the_prompt(served) -> None:
 
 
 def test_anthropic_tool_use_block(served) -> None:
-    url, _, bias = served
+    url, _, bias, _ = served
     client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120)
     message = client.messages.create(
         model="m", max_tokens=100, messages=[{"role": "user", "content": "Weather in Paris?"}],
@@ -208,7 +218,7 @@ def test_the_openai_agents_sdk_calls_a_function_tool(served) -> None:
     from agents import (Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool,
                         set_tracing_disabled)
 
-    url, _, bias = served
+    url, _, bias, _ = served
     set_tracing_disabled(True)  # no export to OpenAI's servers
     calls: list[tuple[str, str]] = []
 

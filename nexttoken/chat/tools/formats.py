@@ -306,10 +306,9 @@ class Harmony(ToolFormat):
     def detect(template: str) -> bool:
         return "<|channel|>" in template and "<|message|>" in template
 
-    def parser(self) -> Any:
-        from ..harmony import HarmonyParser  # the answer's parser (thinking, content and calls together)
-
-        return HarmonyParser(calls=True)
+    def parser(self) -> ToolCallParser:
+        raise NotImplementedError("harmony's calls are read with its thinking and content, by chat/harmony.py's "
+                                  "HarmonyParser (ChatPrompt.answer picks it)")
 
     def preamble(self, tools: Sequence[Any]) -> str:  # the developer message's tools, as gpt-oss's template words it
         lines = ["# Tools", "", "## functions", "", "namespace functions {", ""]
