@@ -83,6 +83,22 @@ def test_chat_completions_reasoning_and_answer_whole_and_streamed(served) -> Non
     assert (reasoning, content) == (REASONING, CONTENT)
 
 
+def test_the_requests_effort_is_the_prompts_reasoning_level(served) -> None:
+    """reasoning_effort, and a thinking budget in tokens, reach gpt-oss's system message (the request's trace holds
+    the prompt it ran): no 400 for a budget, which harmony has none of."""
+    url, ids, _, _ = served
+    for fields, level in (({"reasoning_effort": "xhigh"}, "high"), ({"thinking_token_budget": 500}, "low"),
+                          ({}, "medium")):
+        r = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+            "model": "m", "messages": QUESTION, "max_tokens": 40, "grammar": _answer_grammar(ids), "trace": True,
+            **fields})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert (choice["message"]["reasoning_content"], choice["message"]["content"]) == (REASONING, CONTENT)
+        prompt = httpx.get(url + choice["trace"]["json_url"], timeout=60).json()["prompt_text"]
+        assert f"\nReasoning: {level}\n" in prompt and prompt.endswith("<|start|>assistant"), (fields, prompt)
+
+
 def test_responses_reasoning_item_and_message_whole_and_streamed(served) -> None:
     url, ids, _, _ = served
     client = _openai(url)
