@@ -44,6 +44,7 @@ MARKERS = (START, END, MESSAGE, CHANNEL, CONSTRAIN, RETURN, CALL)
 _ENDS = (END, RETURN, CALL)  # what ends a message's body
 _HEADER_CHARS = re.compile(r"[A-Za-z0-9_.=:/ -]*")  # a header's text outside its markers
 _HEADER_MAX = 256  # a longer "header" is not one: the text is not harmony
+_OPENINGS = (START, CHANNEL, " to=", CONSTRAIN, MESSAGE)  # how a header begins
 FUNCTIONS = "functions."
 
 # OpenAI's reasoning.effort names (and Anthropic's, mapped to them) as harmony's three levels.
@@ -92,7 +93,7 @@ class HarmonyParser(AnswerParser):
         self.allow_calls = calls
         self.read: list[ToolCall] = []
         self._pending = ""  # text not yet decided: a header, or a possible marker's start at a body's end
-        self._state = "first"  # first (the prompt wrote `<|start|>assistant`) | header | body
+        self._state = "header"  # header (the first one's role is the prompt's `<|start|>assistant`) | body
         self._kind = "content"  # the body's: thinking | content | call
         self._open = False  # the last call has started and not ended
         self._dropped: set[int] = set()  # calls left out: cut off, or arguments that are not JSON
@@ -134,7 +135,7 @@ class HarmonyParser(AnswerParser):
             return self._step_body()
         at = self._pending.find(MESSAGE)
         header = self._pending if at < 0 else self._pending[:at]
-        if not _header_prefix(header, self._state == "first"):
+        if not _header_prefix(header):
             self._state, self._kind = "body", "content"  # not harmony: the text is content
             return True
         if at < 0:
@@ -221,18 +222,19 @@ def _read_header(header: str) -> tuple[str | None, str | None]:
     return (channel.group(1) if channel else None), (recipient.group(1) if recipient else None)
 
 
-def _header_prefix(text: str, first: bool) -> bool:
-    """Whether `text` can begin a message's header: markers, and words of letters, digits and `_.=:/ -` between
-    them (the first message's header, after the prompt's role, begins with a marker or ` to=`)."""
-    if len(text) > _HEADER_MAX or (first and text and text[0] not in "< "):
+def _header_prefix(text: str) -> bool:
+    """Whether `text` can begin a message's header: it opens with a marker or ` to=` (a recipient right after the
+    prompt's role), then holds markers and words of letters, digits and `_.=:/ -` only."""
+    opened = text.lstrip("\n")
+    if len(text) > _HEADER_MAX or not any(opened.startswith(o) or o.startswith(opened) for o in _OPENINGS):
         return False
-    if text.startswith(START):
-        text = text[len(START):]
-    plain = text
+    if opened.startswith(START):
+        opened = opened[len(START):]
+    plain = opened
     for marker in (CHANNEL, CONSTRAIN):
         plain = plain.replace(marker, " ")
     keep = _marker_start(plain)
-    return _HEADER_CHARS.fullmatch(plain[: len(plain) - keep].strip("\n")) is not None
+    return _HEADER_CHARS.fullmatch(plain[: len(plain) - keep]) is not None
 
 
 def _marker_start(text: str) -> int:

@@ -165,8 +165,13 @@ def test_calls_without_tools_are_the_models_own_work_and_plain_text_is_content(r
     with_tools = renderer.render(QUESTION, renderer.tool_use(TOOLS)).split(_stripped(ANSWERS["call"]))
     assert [(c.name, c.arguments) for c in with_tools.tool_calls] == EXPECTED["call"][2]
     assert with_tools.reasoning == EXPECTED["call"][0] and with_tools.content == ""
-    plain = prompt.split("Hello, no channels here.")  # a model not trained on harmony
-    assert (plain.content, plain.reasoning) == ("Hello, no channels here.", None)
+    for text in ("Hello, no channels here.", " Hi there"):  # a model not trained on harmony
+        assert (prompt.split(text).content, prompt.split(text).reasoning) == (text, None)
+    after = prompt.split("<|channel|>final<|message|>Hi.<|end|>And more")  # text after a message, not harmony
+    assert (after.content, after.reasoning) == ("Hi.And more", None)
+    builtin = renderer.render(QUESTION, renderer.tool_use(TOOLS)).split(
+        '<|channel|>analysis to=browser.search code<|message|>{"query":"Paris"}')  # a built-in tool: not a call
+    assert (builtin.tool_calls, builtin.content, builtin.reasoning) == ([], "", '{"query":"Paris"}')
 
 
 def test_a_call_whose_arguments_are_not_an_object_is_left_out() -> None:
@@ -214,8 +219,8 @@ def test_the_grammar_takes_gpt_oss_answers_and_keeps_calls_in_their_schema(match
     assert not matcher("required", ANSWERS["call"].replace("get_weather", "get_time"))
 
 
-def test_the_markers_are_special_tokens_kept_in_the_text(folder, renderer) -> None:
+def test_the_markers_are_special_tokens_kept_in_the_text(renderer) -> None:
     use = renderer.tool_use(TOOLS)
-    tokenizer = Tokenizer.from_dir(folder)
+    tokenizer = renderer.tokenizer
     assert use.keeps_special_tokens(tokenizer)
     assert all(len(tokenizer.encode(s, add_special_tokens=False)) == 1 for s in SPECIALS)
