@@ -4,7 +4,7 @@ it as it streams into what the APIs report separately.
 After the prompt's `<|start|>assistant`, the model writes messages such as
 
     <|channel|>analysis<|message|>The user asks ...<|end|>
-    <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris"}<|call|>
+    <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Oslo"}<|call|>
     <|start|>assistant<|channel|>final<|message|>It is sunny.<|return|>
 
 (one line each here; the text has no newlines between them). A message's header (its role after `<|start|>`, the

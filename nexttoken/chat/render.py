@@ -87,11 +87,11 @@ class ChatRenderer:
         self.limits = limits
         self.special_in_content = special_in_content
         self.support: TemplateSupport = support or template_support(tokenizer)  # given: probed already
+        template = tokenizer.chat_template_for()
         if reasoning_parser is not None:
             self.reasoning: ReasoningFormat | None = reasoning_format_named(reasoning_parser)
         else:
-            self.reasoning = detect_format(tokenizer.chat_template_for())
-        template = tokenizer.chat_template_for()
+            self.reasoning = detect_format(template)
         self.harmony = ((self.reasoning is not None and self.reasoning.harmony) or tool_call_parser == "openai"
                         or (tool_call_parser is None and harmony.detect(template)))
         self.markers = None if self.harmony else self._markers()  # harmony's effort is a level, not a budget
