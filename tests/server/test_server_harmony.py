@@ -180,13 +180,23 @@ def test_chat_completions_tool_calls_whole_and_streamed(served) -> None:
 def test_responses_function_call_item_and_the_next_turn(served) -> None:
     url, _, bias, _ = served
     client = _openai(url)
-    response = client.responses.create(model="m", input="Weather in Paris?", tools=[
+    args = dict(model="m", input="Weather in Paris?", tools=[
         {"type": "function", "name": "get_weather", "description": "Current weather in a city.",
          "parameters": CITY}], tool_choice="required", max_output_tokens=100, extra_body={"logit_bias": bias,
                                                                                           "seed": 1})
+    response = client.responses.create(**args)
     calls = [item for item in response.output if item.type == "function_call"]
     assert len(calls) == 1, response.output
     _valid(calls[0].name, calls[0].arguments)
+    arguments = ""
+    for event in client.responses.create(**args, stream=True):  # streamed: the same call, its arguments in deltas
+        if event.type == "response.function_call_arguments.delta":
+            _clean(event.delta)
+            arguments += event.delta
+        if event.type == "response.completed":
+            assert [(i.name, i.arguments) for i in event.response.output if i.type == "function_call"] == \
+                [(calls[0].name, calls[0].arguments)]
+    assert arguments == calls[0].arguments
     for item in response.output:
         if item.type == "reasoning":
             _clean(item.content[0].text)
@@ -218,16 +228,24 @@ def test_a_past_calls_reasoning_comes_back_in_the_prompt(served) -> None:
 def test_anthropic_tool_use_block(served) -> None:
     url, _, bias, _ = served
     client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120)
-    message = client.messages.create(
-        model="m", max_tokens=100, messages=[{"role": "user", "content": "Weather in Paris?"}],
-        tools=[{"name": "get_weather", "description": "Current weather in a city.", "input_schema": CITY}],
-        tool_choice={"type": "any"}, extra_body={"logit_bias": bias, "seed": 2})
+    args = dict(model="m", max_tokens=100, messages=[{"role": "user", "content": "Weather in Paris?"}],
+                tools=[{"name": "get_weather", "description": "Current weather in a city.", "input_schema": CITY}],
+                tool_choice={"type": "any"}, extra_body={"logit_bias": bias, "seed": 2})
+    message = client.messages.create(**args)
     assert message.stop_reason == "tool_use", message
     uses = [b for b in message.content if b.type == "tool_use"]
     assert len(uses) == 1 and uses[0].name == "get_weather"
     jsonschema.validate(uses[0].input, CITY)
     for block in message.content:
         _clean(getattr(block, "thinking", None), getattr(block, "text", None))
+    with client.messages.stream(**args) as stream:  # streamed: the same blocks, input_json_delta adding up
+        for event in stream:
+            if event.type == "content_block_delta":
+                _clean(getattr(event.delta, "thinking", None), getattr(event.delta, "text", None),
+                       getattr(event.delta, "partial_json", None))
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use" and [b.input for b in final.content if b.type == "tool_use"] == \
+        [uses[0].input]
 
 
 def test_the_openai_agents_sdk_calls_a_function_tool(served) -> None:
