@@ -35,7 +35,11 @@ import json
 import re
 from typing import Any
 
+from ..errors import NextTokenError
+from ..generation.processors.structured import JSON_LAYOUTS
+from ..generation.values import bounded_schema
 from .answer import AnswerParser, Thinking, _merged
+from .tools.formats import format_named
 from .tools.parser import ToolCall, ToolCallDelta, openai_call_id
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
@@ -82,6 +86,27 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             m = {**m, "content": ""}
         out.append(m)
     return out
+
+
+def structured(cfg: Any, tokenizer: Any) -> Any:
+    """A request's options (GenerationConfig) with its JSON constraint (json_schema, json_object: structured
+    output) moved into harmony's final message, after the analysis the model writes first; other constraints, and
+    a tokenizer whose markers are not single tokens, as given."""
+    if cfg.json_schema is None and not cfg.json_object:
+        return cfg
+    schema = {"type": "object"} if cfg.json_schema is None else (
+        bounded_schema(cfg.json_schema) if cfg.strict_json_schema else dict(cfg.json_schema))
+    schema["x-guidance"] = dict(JSON_LAYOUTS[cfg.structured_whitespace], lenient=cfg.structured_best_effort)
+
+    def token_of(marker: str) -> int | None:
+        ids = tokenizer.encode(marker, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 else None
+
+    try:
+        grammar = format_named("openai").final_grammar("%json " + json.dumps(schema), token_of)  # type: ignore[attr-defined]
+    except NextTokenError:
+        return cfg
+    return cfg.updated(json_schema=None, json_object=False, grammar=grammar)
 
 
 class HarmonyParser(AnswerParser):

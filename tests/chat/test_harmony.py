@@ -20,10 +20,11 @@ from support.harmony import (ANSWERS, CONVERSATIONS, EXPECTED, MARKUP, QUESTION,
 
 from nexttoken.chat import ToolUse
 from nexttoken.chat.answer import Thinking
-from nexttoken.chat.harmony import HarmonyParser, effort
+from nexttoken.chat.harmony import HarmonyParser, effort, structured
 from nexttoken.chat.messages import template_messages
 from nexttoken.chat.render import ChatRenderer
 from nexttoken.chat.tools.parser import ToolCallDelta
+from nexttoken.generation.config import GenerationConfig
 from nexttoken.text.tokenizer import Tokenizer
 
 pytestmark = requires_shared
@@ -196,7 +197,12 @@ def matcher(folder):
     lltok = llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=len(tokenizer), eos_token=stops)
 
     def accepts(choice, text: str) -> bool:
-        grammar = ToolUse.of(TOOLS, choice, format="openai").grammar(tokenizer)
+        """Whether the calls' grammar under `choice` takes `text`; with a config as `choice`, its structured
+        output's grammar (chat/harmony.py `structured`)."""
+        if isinstance(choice, GenerationConfig):
+            grammar = structured(choice, tokenizer).grammar
+        else:
+            grammar = ToolUse.of(TOOLS, choice, format="openai").grammar(tokenizer)
         m = llguidance.LLMatcher(lltok, llguidance.LLMatcher.grammar_from_lark(grammar))
         assert not m.is_error(), m.get_error()
         ok = m.consume_tokens(tokenizer.encode(_stripped(text), add_special_tokens=False))
@@ -217,6 +223,20 @@ def test_the_grammar_takes_gpt_oss_answers_and_keeps_calls_in_their_schema(match
     bad = ANSWERS["call"].replace('"unit":"c"', '"unit":"kelvin"')
     assert not matcher("auto", bad) and not matcher("required", bad)
     assert not matcher("required", ANSWERS["call"].replace("get_weather", "get_time"))
+
+
+def test_structured_output_constrains_the_final_message_after_the_analysis(matcher) -> None:
+    schema = WEATHER["function"]["parameters"]
+    cfg = GenerationConfig(json_schema=schema, structured_whitespace="compact")
+    analysis = "<|channel|>analysis<|message|>Return JSON.<|end|><|start|>assistant"
+    for head in ("", analysis, analysis + "<|channel|>commentary<|message|>Here it is.<|end|><|start|>assistant"):
+        assert matcher(cfg, head + '<|channel|>final<|message|>{"city": "Paris", "unit": "c"}')
+        assert matcher(cfg, head + '<|channel|>final <|constrain|>json<|message|>{"city": "Rome"}')
+        assert not matcher(cfg, head + '<|channel|>final<|message|>{"city": 3}')  # outside the schema
+        assert not matcher(cfg, head + "<|channel|>final<|message|>Paris")
+    assert not matcher(cfg, '{"city": "Paris"}')  # JSON with no channel: not harmony
+    assert matcher(GenerationConfig(json_object=True), '<|channel|>final<|message|>{"any": [1]}')
+    assert structured(GenerationConfig(regex="a+"), None).regex == "a+"  # other constraints as given
 
 
 def test_the_markers_are_special_tokens_kept_in_the_text(renderer) -> None:

@@ -26,6 +26,8 @@ from support.harmony import MARKUP, harmony_tokenizer, special_ids
 from support.server import start_server, stop_server
 from support.tiny_models import build_chat_model
 
+from nexttoken.text.tokenizer import Tokenizer
+
 pytestmark = requires_shared
 
 REASONING, CONTENT = "The user greets me; answer.", "Hello there."
@@ -139,9 +141,34 @@ def test_the_library_splits_the_same_answer(served) -> None:
     import nexttoken
 
     _, ids, _, folder = served
-    completion = nexttoken.load(folder).chat(QUESTION, grammar=_answer_grammar(ids), max_new_tokens=60,
-                                              chat_template_kwargs={"reasoning_effort": "low"})
+    llm = nexttoken.load(folder)
+    completion = llm.chat(QUESTION, grammar=_answer_grammar(ids), max_new_tokens=60,
+                          chat_template_kwargs={"reasoning_effort": "low"})
     assert (completion.reasoning_content, completion.text) == (REASONING, CONTENT)
+    final = Tokenizer.from_dir(folder).encode("final", add_special_tokens=False)[0]
+    structured = llm.chat(QUESTION, json_schema=CITY, max_new_tokens=60, logit_bias={
+        final: 20.0, ids["<|return|>"]: 20.0, ids["<|call|>"]: 20.0})  # as the server's (below)
+    jsonschema.validate(json.loads(structured.text), CITY)
+    assert llm.tokenizer.decode(structured.token_ids[:3], skip_special_tokens=False) == "<|channel|>final<|message|>"
+
+
+def test_structured_output_is_the_final_messages_after_the_analysis(served) -> None:
+    """response_format constrains the final channel's body, not the whole text: the answer is harmony (analysis or
+    preamble messages, then the final message), its content JSON under the schema."""
+    url, ids, _, folder = served
+    client = _openai(url)
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}}
+    final = Tokenizer.from_dir(folder).encode("final", add_special_tokens=False)
+    assert len(final) == 1
+    # the random model (its logits near 0 over 151k tokens) goes to the final channel, and ends after the JSON
+    short = {str(final[0]): 20.0, str(ids["<|return|>"]): 20.0, str(ids["<|call|>"]): 20.0}
+    choice = client.chat.completions.create(model="m", messages=QUESTION, response_format=fmt, seed=0,
+                                            max_tokens=60, logit_bias=short, logprobs=True).choices[0]
+    _clean(choice.message.content, choice.message.reasoning_content)
+    assert choice.finish_reason == "stop", choice
+    jsonschema.validate(json.loads(choice.message.content), CITY)
+    tokens = [t.token for t in choice.logprobs.content]  # the text the model wrote: harmony, the JSON last
+    assert tokens[:3] == ["<|channel|>", "final", "<|message|>"] and "".join(tokens[3:]) == choice.message.content
 
 
 # ---- tool calls -------------------------------------------------------------------------------------------------

@@ -325,16 +325,10 @@ class Harmony(ToolFormat):
                        f"{args}<|call|>" for name, args in calls)
 
     def grammar(self, use: "ToolUse", token_of: TokenOf, strict: bool = True) -> str:
-        tokens = {m: token_of(m) for m in self.markers[:5]}
-        missing = [m for m, t in tokens.items() if t is None]
-        if missing:
-            raise GenerationConfigError(f"harmony's markers {missing} are not single tokens of this tokenizer, so its "
-                                     "tool calls cannot be constrained: use gpt-oss's tokenizer (o200k_harmony)")
-        start, end, message, channel, constrain = (f"<[{tokens[m]}]>" for m in self.markers[:5])
-        head = f'{channel} ("analysis" | "commentary") {message} TEXT? {end} {start} "assistant"'
+        start, end, message, channel, constrain = self._tokens(token_of)
         ctype = f'(" " {constrain}? "json")?'
         lines = ["%llguidance {}", f"start: head* {'(final | call)' if use.choice == 'auto' else 'call'}",
-                 f"head: {head}", f'final: {channel} "final" {message} TEXT?',
+                 self._head(token_of), f'final: {channel} "final" {message} TEXT?',
                  "call: " + " | ".join(f"call_{i}" for i in range(len(use.callable_functions)))]
         for i, fn in enumerate(use.callable_functions):
             name = _lit(fn.name)
@@ -343,6 +337,29 @@ class Harmony(ToolFormat):
             lines.append(f"args_{i}: {_arguments_schema(fn.parameters, strict, self.layout)}")
         lines.append(r"TEXT: /(.|\n)+/")
         return "\n".join(lines) + "\n"
+
+    def final_grammar(self, body: str, token_of: TokenOf) -> str:
+        """The answer's grammar with the final message's body under `body` (a Lark rule's right side, e.g. a
+        `%json {...}` schema): analysis and commentary messages first, as gpt-oss writes them (structured output:
+        the constraint applies to the answer, not to the thinking)."""
+        start, end, message, channel, constrain = self._tokens(token_of)
+        return "\n".join(["%llguidance {}", "start: head* final", self._head(token_of),
+                          f'final: {channel} "final" (" " {constrain}? "json")? {message} body', f"body: {body}",
+                          r"TEXT: /(.|\n)+/"]) + "\n"
+
+    def _tokens(self, token_of: TokenOf) -> list[str]:
+        """<|start|>, <|end|>, <|message|>, <|channel|>, <|constrain|> as Lark's token references."""
+        tokens = {m: token_of(m) for m in self.markers[:5]}
+        missing = [m for m, t in tokens.items() if t is None]
+        if missing:
+            raise GenerationConfigError(f"harmony's markers {missing} are not single tokens of this tokenizer, so its "
+                                        "answer cannot be constrained: use gpt-oss's tokenizer (o200k_harmony)")
+        return [f"<[{tokens[m]}]>" for m in self.markers[:5]]
+
+    def _head(self, token_of: TokenOf) -> str:
+        """An analysis or commentary message, then the next message's start."""
+        start, end, message, channel, _ = self._tokens(token_of)
+        return f'head: {channel} ("analysis" | "commentary") {message} TEXT? {end} {start} "assistant"'
 
 
 def mistral_call_id() -> str:

@@ -13,7 +13,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ...engine import expand
-from ...chat import ToolUse
+from ...chat import ToolUse, harmony
 from ...chat.answer import AnswerParser, Thinking
 from ...chat.render import ChatPrompt
 from ...chat.reasoning import ReasoningFormat
@@ -89,6 +89,8 @@ class Chat(Serving):
             cfg = self._with_tools(cfg, use)
         if prompt.harmony:  # the channels' markers are special tokens: the parser must see them
             cfg = cfg.updated(skip_special_tokens=False)
+            if use is None or not use.calls:  # structured output: the final message's, after the analysis
+                cfg = harmony.structured(cfg, self.tokenizer)
         await self._compile(req, cfg, "tools" if use is not None and use.calls else None)
         lora = self._adapter(req.model)
         rid = f"{prefix}-{uuid.uuid4().hex}" if prefix == "chatcmpl" else f"{prefix}_{uuid.uuid4().hex}"
