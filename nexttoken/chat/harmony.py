@@ -39,6 +39,7 @@ from ..errors import NextTokenError
 from ..generation.processors.structured import JSON_LAYOUTS
 from ..generation.values import bounded_schema
 from .answer import AnswerParser, Thinking, _merged
+from .reasoning import EFFORT_BUDGETS
 from .tools.formats import format_named
 from .tools.parser import ToolCall, ToolCallDelta, openai_call_id
 
@@ -69,7 +70,7 @@ def effort(reasoning_effort: str | None = None, budget: int | None = None,
     if reasoning_effort is not None:
         return EFFORTS[reasoning_effort]
     if budget is not None:
-        return "low" if budget <= 1024 else "medium" if budget <= 4096 else "high"
+        return "low" if budget <= EFFORT_BUDGETS["low"] else "medium" if budget <= EFFORT_BUDGETS["medium"] else "high"
     if enable_thinking is False:
         return "low"
     return None
@@ -103,7 +104,8 @@ def structured(cfg: Any, tokenizer: Any) -> Any:
         return ids[0] if len(ids) == 1 else None
 
     try:
-        grammar = format_named("openai").final_grammar("%json " + json.dumps(schema), token_of)  # type: ignore[attr-defined]
+        final = format_named("openai").final_grammar  # type: ignore[attr-defined] - Harmony's own
+        grammar = final("%json " + json.dumps(schema), token_of)
     except NextTokenError:
         return cfg
     return cfg.updated(json_schema=None, json_object=False, grammar=grammar)
