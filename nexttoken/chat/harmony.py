@@ -77,15 +77,41 @@ def effort(reasoning_effort: str | None = None, budget: int | None = None,
 
 
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages (chat.messages.template_messages') as the gpt-oss template takes them: an assistant turn that calls
+    """Messages (chat.messages.template_messages') as the gpt-oss template takes them. An assistant turn that calls
     a tool renders its reasoning or its content as the analysis before the call, not both (the template raises on
-    both): with reasoning given, the reasoning is kept, as llama.cpp keeps it."""
+    both): with reasoning given, the reasoning is kept, as llama.cpp keeps it. The template renders one call per
+    assistant turn (harmony's: a call ends the turn) and names a result after the last call, so a turn with
+    several calls (parallel calls sent back) becomes one turn per call, each followed by its result."""
     out = []
-    for m in messages:
+    for m in _one_call_per_turn(messages):
         reasoning = next((m[k] for k in ("reasoning_content", "thinking", "reasoning") if m.get(k)), None)
         if m.get("role") == "assistant" and m.get("tool_calls") and reasoning and m.get("content"):
             m = {**m, "content": ""}
         out.append(m)
+    return out
+
+
+def _one_call_per_turn(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(messages):
+        m, i = messages[i], i + 1
+        calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+        if not calls or len(calls) < 2:
+            out.append(m)
+            continue
+        results = []  # the tool messages that answer this turn
+        while i < len(messages) and messages[i].get("role") == "tool":
+            results.append(messages[i])
+            i += 1
+        by_id = {r.get("tool_call_id"): r for r in results}
+        for k, call in enumerate(calls):  # the turn's text and reasoning go with its first call
+            out.append({**m, "tool_calls": [call]} if k == 0 else {"role": "assistant", "content": "",
+                                                                   "tool_calls": [call]})
+            answer = by_id.pop(call.get("id") if isinstance(call, dict) else None, None)
+            if answer is not None:
+                out.append(answer)
+        out += [r for r in results if any(r is left for left in by_id.values())]  # results of no known call
     return out
 
 

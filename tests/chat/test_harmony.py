@@ -15,7 +15,7 @@ import random
 import jsonschema
 import pytest
 from conftest import requires_shared
-from support.harmony import (ANSWERS, CONVERSATIONS, EXPECTED, MARKUP, QUESTION, SPECIALS, TOOLS, WEATHER,
+from support.harmony import (ANSWERS, CALL, CONVERSATIONS, EXPECTED, MARKUP, QUESTION, SPECIALS, TOOLS, WEATHER,
                              harmony_tokenizer, special_ids)
 
 from nexttoken.chat import ToolUse
@@ -94,6 +94,25 @@ def test_reasoning_and_content_of_a_call_turn_keep_the_reasoning(renderer) -> No
             "tool_calls": CONVERSATIONS["call_pending"][1]["tool_calls"]}
     text = renderer.render([*QUESTION, turn, CONVERSATIONS["call_pending"][2]], renderer.tool_use(TOOLS)).text
     assert "<|channel|>analysis<|message|>Call the tool.<|end|>" in text and "Let me check." not in text
+
+
+def test_parallel_calls_sent_back_render_one_call_per_turn(hf, renderer) -> None:
+    """gpt-oss's template renders one call per assistant turn and names each result after the last call: a turn
+    with two calls renders as transformers renders the same conversation one call per turn."""
+    calls = [dict(CALL, id="call_a"), dict(CALL, id="call_b", function={"name": "get_time", "arguments": "{}"})]
+    sent = [*QUESTION, {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "call_b", "content": "12:00"},
+            {"role": "tool", "tool_call_id": "call_a", "content": "21 C"}]
+    one_by_one = [*QUESTION, {"role": "assistant", "content": "", "tool_calls": [calls[0]]},
+                  {"role": "tool", "tool_call_id": "call_a", "content": "21 C"},
+                  {"role": "assistant", "content": "", "tool_calls": [calls[1]]},
+                  {"role": "tool", "tool_call_id": "call_b", "content": "12:00"}]
+    tools = [*TOOLS, {"type": "function", "function": {"name": "get_time", "description": "The time.",
+                                                       "parameters": {"type": "object", "properties": {}}}}]
+    text = renderer.render(sent, renderer.tool_use(tools)).text
+    assert text == hf.apply_chat_template(template_messages(one_by_one), tools=tools, tokenize=False,
+                                          add_generation_prompt=True)
+    assert '<|start|>functions.get_time to=assistant<|channel|>commentary<|message|>"12:00"' in text
 
 
 def test_the_format_is_read_off_the_template(renderer) -> None:
