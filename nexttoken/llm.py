@@ -34,7 +34,7 @@ from .model.weights.hub import resolve_adapter
 from .pretrained import DEFAULT_MODEL_DIR, Pretrained
 from .text.tokenizer import Tokenizer
 from .generation.values import Thinking
-from .chat import ToolUse, format_named
+from .chat import ToolUse, format_named, harmony
 from .chat.render import ChatPrompt, ChatRenderer
 from .chat.tools.request import tool_options
 
@@ -199,7 +199,13 @@ class LLM:
             options["thinking"] = Thinking(*renderer.markers)  # the grammar waits for the answer after thinking
         if use is not None:
             options = tool_options(use, self._need_tokenizer(), options)
-        return _answered(self._complete([prompt.ids], self._request(options))[0], prompt)
+        request = self._request(options)
+        if prompt.harmony:  # gpt-oss's channel markers are special tokens: the answer's parser reads them
+            cfg = request.cfg.updated(skip_special_tokens=False)
+            if use is None or not use.calls:  # structured output: the final message's, after the analysis
+                cfg = harmony.structured(cfg, self._need_tokenizer())
+            request = dataclasses.replace(request, cfg=cfg)
+        return _answered(self._complete([prompt.ids], request)[0], prompt)
 
     def tools_prompt(self, messages: Sequence[Message], use: ToolUse) -> list[int]:
         """The conversation with `use`'s tools, as token ids: rendered by the chat template, or, when the template

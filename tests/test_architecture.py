@@ -125,7 +125,8 @@ ROOMS: dict[str, dict[str, set[str]]] = {
              "infill": {"tokenizer"}, "gguf_vocab": {"tokenizer"}},
     "chat": {"messages": set(), "reasoning": set(), "tools": {"messages"}, "answer": {"reasoning", "tools"},
              # the one chat renderer: messages + tools + thinking -> the prompt, and the answer's split
-             "render": {"answer", "messages", "reasoning", "tools"}},
+             "harmony": {"answer", "reasoning", "tools"},  # gpt-oss's channels: its own answer parser
+             "render": {"answer", "harmony", "messages", "reasoning", "tools"}},
     "server": {
         "settings": set(),
         "metrics": set(),

@@ -7,6 +7,9 @@ Formats are named as vLLM's `--reasoning-parser` names them:
 - `deepseek_r1`: the prompt opens the block (the template ends with `<think>\\n`), so the answer starts inside it:
   everything before `</think>` is thinking (a leading `<think>` is dropped), all of it when no `</think>` comes.
 - `mistral`: Magistral's `[THINK]` ... `[/THINK]`, as `qwen3` reads `<think>`.
+- `openai_gptoss`: gpt-oss's harmony channels (chat/harmony.py): the `analysis` channel is the thinking; the
+  answer is read by harmony's own parser (channels, calls and the final answer together), and the effort is the
+  system message's `Reasoning: low|medium|high`, not a budget.
 With no name, the format is read off the chat template, as tool-call formats are.
 """
 
@@ -21,6 +24,7 @@ class ReasoningFormat:
     start: str
     end: str
     opened_by_prompt: bool  # the template writes `start` itself: the answer begins inside the thinking
+    harmony: bool = False  # gpt-oss's channels: the answer is read by chat/harmony.py's parser
 
     def parser(self, opened: bool | None = None) -> "ReasoningParser":
         """A parser for one answer; `opened`: whether its prompt left a block open (see `opened_in`), where known
@@ -42,6 +46,8 @@ FORMATS = {f.name: f for f in (
     ReasoningFormat("qwen3", "<think>", "</think>", opened_by_prompt=False),
     ReasoningFormat("deepseek_r1", "<think>", "</think>", opened_by_prompt=True),
     ReasoningFormat("mistral", "[THINK]", "[/THINK]", opened_by_prompt=False),
+    ReasoningFormat("openai_gptoss", "<|channel|>analysis<|message|>", "<|end|>", opened_by_prompt=False,
+                    harmony=True),
 )}
 
 
@@ -52,10 +58,13 @@ def format_named(name: str) -> ReasoningFormat:
 
 
 def detect_format(template: str | None) -> ReasoningFormat | None:
-    """The format a chat template shows: `</think>` in it (deepseek_r1 when its generation prompt opens the
-    block, qwen3 otherwise), Magistral's `[/THINK]`; None for a template without thinking."""
+    """The format a chat template shows: harmony's channels (openai_gptoss), `</think>` in it (deepseek_r1 when
+    its generation prompt opens the block, qwen3 otherwise), Magistral's `[/THINK]`; None for a template without
+    thinking."""
     if not template:
         return None
+    if "<|channel|>" in template and "<|message|>" in template:
+        return FORMATS["openai_gptoss"]
     if "[/THINK]" in template:
         return FORMATS["mistral"]
     if "</think>" not in template:

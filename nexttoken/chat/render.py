@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ChatTemplateError
 from ..text.chat_template import RenderLimits
+from . import harmony
 from .answer import AnswerParser, Thinking
 from .messages import template_messages
 from .reasoning import ReasoningFormat, detect_format
@@ -49,6 +50,8 @@ class ChatPrompt:
     reasoning: ReasoningFormat | None  # where the model writes its thinking; None: it does not think
     opened: bool  # the prompt left a thinking block open: the answer starts inside it
     preamble: str | None  # the call format whose tools preamble the prompt holds (None: the template shows tools)
+    harmony: bool = False  # the answer is gpt-oss's harmony (chat/harmony.py): its markers are special tokens the
+    # answer's text must keep (skip_special_tokens off), and its parser reads thinking, content and calls together
 
     @property
     def calls(self) -> ToolUse | None:
@@ -57,6 +60,8 @@ class ChatPrompt:
 
     def answer(self) -> AnswerParser:
         """A streaming parser for one answer: thinking, content, calls."""
+        if self.harmony:
+            return harmony.HarmonyParser(calls=self.calls is not None)
         return AnswerParser(self.reasoning.parser(self.opened) if self.reasoning is not None else None,
                             self.calls.parser() if self.calls is not None else None)
 
@@ -82,11 +87,14 @@ class ChatRenderer:
         self.limits = limits
         self.special_in_content = special_in_content
         self.support: TemplateSupport = support or template_support(tokenizer)  # given: probed already
+        template = tokenizer.chat_template_for()
         if reasoning_parser is not None:
             self.reasoning: ReasoningFormat | None = reasoning_format_named(reasoning_parser)
         else:
-            self.reasoning = detect_format(tokenizer.chat_template_for())
-        self.markers = self._markers()
+            self.reasoning = detect_format(template)
+        self.harmony = ((self.reasoning is not None and self.reasoning.harmony) or tool_call_parser == "openai"
+                        or (tool_call_parser is None and harmony.detect(template)))
+        self.markers = None if self.harmony else self._markers()  # harmony's effort is a level, not a budget
         self._splitting: list[Any] | None = None  # the backend copies that read special tokens' text as text
         self._lock = threading.Lock()  # requests render on several threads at once
 
@@ -116,6 +124,8 @@ class ChatRenderer:
         `special_in_content`, a special token's text inside a message's content ("<|im_start|>") is encoded as
         plain text, as transformers' split_special_tokens does, while the template's own stay special."""
         chat = template_messages(messages)
+        if self.harmony:
+            chat = harmony.template_messages(chat)
         variables = dict(variables or {})
         given = variables.pop("tools", None)  # without a ToolUse, tools as a template variable go as given
         tools = list(use.tools) if use is not None else given
@@ -134,7 +144,19 @@ class ChatRenderer:
         if ids is None:
             ids = self.tokenizer.encode(text, add_special_tokens=False)  # the template writes BOS itself
         opened = self.reasoning is not None and self.reasoning.opened_in(text)
-        return ChatPrompt(ids, text, use, self.reasoning, opened, preamble)
+        return ChatPrompt(ids, text, use, self.reasoning, opened and not self.harmony, preamble, self.harmony)
+
+    def with_effort(self, variables: Mapping[str, Any], reasoning_effort: str | None = None,
+                    budget: int | None = None) -> dict[str, Any]:
+        """The template's variables with a request's reasoning effort where the format takes one as a variable
+        (harmony's `reasoning_effort`: low, medium, high; chat/harmony.py `effort`); a variable the request set
+        itself (chat_template_kwargs) stays. Other formats: as given (their effort is a thinking budget)."""
+        variables = dict(variables)
+        if self.harmony and "reasoning_effort" not in variables:
+            level = harmony.effort(reasoning_effort, budget, variables.get("enable_thinking"))
+            if level is not None:
+                variables["reasoning_effort"] = level
+        return variables
 
     def _render(self, chat: list[dict[str, Any]], add_generation_prompt: bool, tools: list | None,
                 variables: dict[str, Any]) -> str:

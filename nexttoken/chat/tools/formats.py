@@ -8,7 +8,10 @@ vLLM's `--tool-call-parser` name:
 - `llama3_json` (Llama 3.1 to 3.3): the whole answer is `{"name": "f", "parameters": {...}}`, calls separated
   by `; `, optionally after `<|python_tag|>`;
 - `mistral`: `[TOOL_CALLS] [{"name": "f", "arguments": {...}}, ...]` (v3 tokenizers), or
-  `[TOOL_CALLS]f[ARGS]{...}` per call (v11+), after any text.
+  `[TOOL_CALLS]f[ARGS]{...}` per call (v11+), after any text;
+- `openai` (gpt-oss's harmony): a message on the commentary channel addressed `to=functions.f`, its body the
+  arguments' JSON, ended by `<|call|>` (a stop token: one call per answer), after any analysis messages; read
+  by chat/harmony.py's parser together with the reasoning and the answer.
 
 The grammar (llguidance's Lark) is the constraint of a request with tools: with `tool_choice` "required" or a
 named function the output is calls only; with "auto" the text is free until the model opens a call, and from there
@@ -22,6 +25,7 @@ import json
 import re
 from typing import Any, Callable, Protocol, Sequence
 
+from ...errors import GenerationConfigError
 from ...generation.values import bounded_schema
 from .parser import Reader, ToolCallParser, openai_call_id, random_id
 
@@ -44,11 +48,11 @@ def _lit(text: str) -> str:
     return json.dumps(text)  # a Lark string literal (JSON's escapes are Lark's)
 
 
-def _arguments_schema(parameters: dict[str, Any], strict: bool) -> str:
+def _arguments_schema(parameters: dict[str, Any], strict: bool, layout: dict[str, Any] = _JSON_LAYOUT) -> str:
     """The arguments' JSON grammar: as clients write schemas (values.bounded_schema), unless `strict` is False."""
     schema = bounded_schema(parameters) if strict else dict(parameters)
     schema.setdefault("type", "object")
-    schema["x-guidance"] = _JSON_LAYOUT
+    schema["x-guidance"] = layout
     return "%json " + json.dumps(schema)
 
 
@@ -286,12 +290,84 @@ class _MistralParser(ToolCallParser):
                     self._open = False
 
 
+class Harmony(ToolFormat):
+    """gpt-oss's calls (chat/harmony.py). Its grammar is the whole answer's, since harmony's markers are special
+    tokens that free text cannot hold: analysis and commentary messages, then the final answer ("auto") or one
+    call, `<|start|>assistant to=functions.f<|channel|>commentary <|constrain|>json<|message|>{...}` or with the
+    recipient after the channel; the stop tokens (`<|call|>`, `<|return|>`) end it. The arguments are written
+    compact, as OpenAI's harmony examples write them."""
+
+    name = "openai"
+    opening = " to=functions."
+    markers = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>", "<|return|>")
+    layout = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+
+    @staticmethod
+    def detect(template: str) -> bool:
+        return "<|channel|>" in template and "<|message|>" in template
+
+    def parser(self) -> ToolCallParser:
+        raise NotImplementedError("harmony's calls are read with its thinking and content, by chat/harmony.py's "
+                                  "HarmonyParser (ChatPrompt.answer picks it)")
+
+    def preamble(self, tools: Sequence[Any]) -> str:  # the developer message's tools, as gpt-oss's template words it
+        lines = ["# Tools", "", "## functions", "", "namespace functions {", ""]
+        for tool in tools:
+            fn = tool.get("function", tool)
+            if fn.get("description"):
+                lines.append(f"// {fn['description']}")
+            lines += [f"type {fn['name']} = (_: {json.dumps(fn.get('parameters') or {}, ensure_ascii=False)}) "
+                      "=> any;", ""]
+        return "\n".join(lines + ["} // namespace functions"])
+
+    def write_calls(self, calls: Sequence[tuple[str, str]]) -> str:
+        return "".join(f"<|start|>assistant to=functions.{name}<|channel|>commentary <|constrain|>json<|message|>"
+                       f"{args}<|call|>" for name, args in calls)
+
+    def grammar(self, use: "ToolUse", token_of: TokenOf, strict: bool = True) -> str:
+        start, end, message, channel, constrain = self._tokens(token_of)
+        ctype = f'(" " {constrain}? "json")?'
+        lines = ["%llguidance {}", f"start: head* {'(final | call)' if use.choice == 'auto' else 'call'}",
+                 self._head(token_of), f'final: {channel} "final" {message} TEXT?',
+                 "call: " + " | ".join(f"call_{i}" for i in range(len(use.callable_functions)))]
+        for i, fn in enumerate(use.callable_functions):
+            name = _lit(fn.name)
+            lines.append(f'call_{i}: (" to=functions." {name} {channel} "commentary" | {channel} '
+                         f'"commentary to=functions." {name}) {ctype} {message} args_{i}')
+            lines.append(f"args_{i}: {_arguments_schema(fn.parameters, strict, self.layout)}")
+        lines.append(r"TEXT: /(.|\n)+/")
+        return "\n".join(lines) + "\n"
+
+    def final_grammar(self, body: str, token_of: TokenOf) -> str:
+        """The answer's grammar with the final message's body under `body` (a Lark rule's right side, e.g. a
+        `%json {...}` schema): analysis and commentary messages first, as gpt-oss writes them (structured output:
+        the constraint applies to the answer, not to the thinking)."""
+        start, end, message, channel, constrain = self._tokens(token_of)
+        return "\n".join(["%llguidance {}", "start: head* final", self._head(token_of),
+                          f'final: {channel} "final" (" " {constrain}? "json")? {message} body', f"body: {body}",
+                          r"TEXT: /(.|\n)+/"]) + "\n"
+
+    def _tokens(self, token_of: TokenOf) -> list[str]:
+        """<|start|>, <|end|>, <|message|>, <|channel|>, <|constrain|> as Lark's token references."""
+        tokens = {m: token_of(m) for m in self.markers[:5]}
+        missing = [m for m, t in tokens.items() if t is None]
+        if missing:
+            raise GenerationConfigError(f"harmony's markers {missing} are not single tokens of this tokenizer, so its "
+                                        "answer cannot be constrained: use gpt-oss's tokenizer (o200k_harmony)")
+        return [f"<[{tokens[m]}]>" for m in self.markers[:5]]
+
+    def _head(self, token_of: TokenOf) -> str:
+        """An analysis or commentary message, then the next message's start."""
+        start, end, message, channel, _ = self._tokens(token_of)
+        return f'head: {channel} ("analysis" | "commentary") {message} TEXT? {end} {start} "assistant"'
+
+
 def mistral_call_id() -> str:
     """Mistral's templates want call ids of exactly 9 letters and digits."""
     return random_id(9)
 
 
-FORMATS: dict[str, ToolFormat] = {f.name: f for f in (Hermes(), Llama3Json(), Mistral())}
+FORMATS: dict[str, ToolFormat] = {f.name: f for f in (Hermes(), Llama3Json(), Mistral(), Harmony())}
 
 
 def format_named(name: str) -> ToolFormat:

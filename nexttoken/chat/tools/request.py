@@ -68,7 +68,7 @@ class ToolUse:
         if format is None and choice != "none":
             raise ToolsError(
                 "this model's chat template shows no tool-call format this server reads (hermes <tool_call>, "
-                "llama3_json, mistral [TOOL_CALLS]): set one with --tool-call-parser (tool_call_parser= in the "
+                "llama3_json, mistral [TOOL_CALLS], openai (gpt-oss's harmony)): set one with --tool-call-parser (tool_call_parser= in the "
                 "library), or send tool_choice \"none\"")
         parallel = parallel_tool_calls is not False and choice in CHOICES  # a named function is called once
         return cls(tuple(tools), functions, choice, parallel, format)

@@ -3,7 +3,8 @@ Chat Completions request: the one request path serves both APIs.
 
 The field table: `system` -> a system message; content blocks -> messages (`text` -> content, an assistant's
 `tool_use` -> its tool_calls with the input as JSON text, a user's `tool_result` -> a tool message, `thinking`
--> the past turn's reasoning, which templates drop); `tools[].input_schema` -> `function.parameters`;
+-> the assistant message's reasoning_content, which templates show where their model needs it: gpt-oss's before
+a call, Qwen3's within a tool loop); `tools[].input_schema` -> `function.parameters`;
 `tool_choice` auto / any / tool / none -> "auto" / "required" / the named function / "none";
 `stop_sequences` -> `stop`; `max_tokens`, `temperature`, `top_p`, `top_k` under their own names.
 """
@@ -173,6 +174,7 @@ def _messages(m: Message, where: str) -> list[dict[str, Any]]:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
+    thinking: list[str] = []
     for j, block in enumerate(m.content):
         at = f"{where}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
@@ -201,12 +203,16 @@ def _messages(m: Message, where: str) -> list[dict[str, Any]]:
             content = block.get("content", "")
             text = content if isinstance(content, str) else _texts(content, f"{at}.content")
             results.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", at), "content": text})
-        # thinking / redacted_thinking: a past turn's reasoning, which chat templates leave out of later turns
+        elif kind == "thinking" and isinstance(block.get("thinking"), str):
+            thinking.append(block["thinking"])  # a past turn's reasoning: templates that show it read it
+        # redacted_thinking: the hosted service's encrypted reasoning, nothing a local model can read
     if m.role == "user":
         return results + ([{"role": "user", "content": "".join(texts)}] if texts or not results else [])
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
     if calls:
         message["tool_calls"] = calls
+    if thinking and m.role == "assistant":
+        message["reasoning_content"] = "".join(thinking)
     return [message]
 
 

@@ -13,7 +13,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ...engine import expand
-from ...chat import ToolUse
+from ...chat import ToolUse, harmony
 from ...chat.answer import AnswerParser, Thinking
 from ...chat.render import ChatPrompt
 from ...chat.reasoning import ReasoningFormat
@@ -68,6 +68,8 @@ class Chat(Serving):
         self._adapter(req.model)  # an unknown model (or adapter) name: a 404 before any work
         use = self._tool_use(req.tools, req.tool_choice, req.parallel_tool_calls)
         variables = template_kwargs(self.settings.default_chat_template_kwargs, req)
+        if self.renderer is not None:  # harmony's reasoning effort is a template variable
+            variables = self.renderer.with_effort(variables, req.reasoning_effort, req.thinking_token_budget)
         prompt = await asyncio.to_thread(  # untrusted template work: off the event loop
             render_request, req, self.renderer, use, variables, self.limits)
         check_ids(prompt.ids, self.limits.vocab_size, "messages")
@@ -87,6 +89,10 @@ class Chat(Serving):
             cfg = cfg.updated(thinking=thinking)
         if use is not None:
             cfg = self._with_tools(cfg, use)
+        if prompt.harmony:  # the channels' markers are special tokens: the parser must see them
+            cfg = cfg.updated(skip_special_tokens=False)
+            if use is None or not use.calls:  # structured output: the final message's, after the analysis
+                cfg = harmony.structured(cfg, self.tokenizer)
         await self._compile(req, cfg, "tools" if use is not None and use.calls else None)
         lora = self._adapter(req.model)
         rid = f"{prefix}-{uuid.uuid4().hex}" if prefix == "chatcmpl" else f"{prefix}_{uuid.uuid4().hex}"

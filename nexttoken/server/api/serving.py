@@ -93,8 +93,9 @@ class Serving:
 
     def _thinking(self, req: Any) -> Thinking | None:
         """The request's thinking block for the engine (its markers and budget), None without a reasoning format.
-        The budget: thinking_token_budget, else reasoning_effort's, else --reasoning-budget."""
-        if self.reasoning is None:
+        The budget: thinking_token_budget, else reasoning_effort's, else --reasoning-budget. Harmony (gpt-oss) has
+        none: its effort is the system message's level (ChatRenderer.with_effort)."""
+        if self.reasoning is None or (self.renderer is not None and self.renderer.harmony):
             return None
         budget = req.thinking_token_budget
         if budget is None and req.reasoning_effort is not None:

@@ -254,6 +254,10 @@ class ChatMessage(_Strict):
     refusal: str | None = None  # an assistant's refusal, as OpenAI returns it: kept out of the prompt
     tool_calls: list[ToolCall] | None = None  # an assistant turn's calls
     tool_call_id: str | None = None  # a tool message: the call it answers
+    # An assistant turn's thinking, as this server (and vLLM) returns it: templates that show past thinking
+    # (gpt-oss's before a call, Qwen3's in a tool loop) read it
+    reasoning_content: str | None = None
+    reasoning: str | None = None
     # An assistant turn's legacy function call and audio: refused unless empty, in
     # ChatCompletionRequest._not_offered with the other features that are not offered.
     function_call: dict[str, Any] | None = None

@@ -142,4 +142,7 @@ def assistant_message(output: list[dict[str, Any]]) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
     if calls:
         message["tool_calls"] = calls
+    thinking = "".join(c.get("text", "") for item in output if item["type"] == "reasoning" for c in item["content"])
+    if thinking:
+        message["reasoning_content"] = thinking
     return message

@@ -134,10 +134,13 @@ def chat_body(req: Any, conversation: list[dict[str, Any]]) -> dict[str, Any]:
 
 def input_messages(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`input` as chat messages: a string is one user message; items become messages, a run of function_call
-    items one assistant message with those tool_calls (after the assistant's text, when it came first)."""
+    items one assistant message with those tool_calls (after the assistant's text, when it came first); a
+    reasoning item is the next assistant message's reasoning_content (templates that show past thinking read it:
+    gpt-oss's before a call, Qwen3's within a tool loop; the others leave it out)."""
     if isinstance(given, str):
         return [{"role": "user", "content": given}]
     messages: list[dict[str, Any]] = []
+    thinking: str | None = None  # a reasoning item's text, for the assistant message that follows it
     for i, item in enumerate(given):
         kind = item.get("type", "message" if "role" in item else None)
         where = f"input[{i}]"
@@ -147,6 +150,9 @@ def input_messages(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                 raise bad_request(f"{where}.role must be user, system, developer or assistant, got {role!r}",
                                   f"{where}.role")
             messages.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
+            if role == "assistant" and thinking:
+                messages[-1]["reasoning_content"] = thinking
+            thinking = None
         elif kind == "function_call":
             call = {"id": _string(item, "call_id", where), "type": "function",
                     "function": {"name": _string(item, "name", where), "arguments": _string(item, "arguments", where)}}
@@ -155,16 +161,25 @@ def input_messages(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                if thinking:
+                    messages[-1]["reasoning_content"] = thinking
+            thinking = None
         elif kind == "function_call_output":
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", where),
                              "content": output if isinstance(output, str) else _text(output, f"{where}.output")})
         elif kind == "reasoning":
-            continue  # past thinking: chat templates drop it from earlier turns; nothing of it is prompted
+            thinking = (thinking or "") + reasoning_text(item)
         else:
             raise bad_request(f"{where}: input items of type {kind!r} are not offered by this server; send message, "
                               "function_call, function_call_output or reasoning items", f"{where}.type")
     return messages
+
+
+def reasoning_text(item: dict[str, Any]) -> str:
+    """A reasoning item's text: its reasoning_text parts (what this server and vLLM send), else its summary's."""
+    parts = item.get("content") or item.get("summary") or []
+    return "".join(p.get("text") or "" for p in parts if isinstance(p, dict))
 
 
 def _string(item: dict[str, Any], key: str, where: str) -> str:
