@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from ..linear import KeptLinear, Linear
 from ..llama import Transformer
 from ..memory import copy_into_arena, empty_in_arena, release_freed_memory
 from ..moe import checkpoint_parts as moe_parts, checkpoint_shapes as moe_shapes
+from ..recurrent import MIXERS as RECURRENT_MIXERS
 from ..quant.quantize import apply_quantization, quantize_bf16
 from .reader import Entry, Reader, check_dtypes, read_headers, stored_dtype
 
@@ -78,6 +80,26 @@ def read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def renamed(cfg: ModelConfig, names: dict) -> dict:
+    """A checkpoint's tensors under the Llama names the loader reads (Family.renames: LFM2's feed_forward.w1 is
+    mlp.gate_proj); as they are for the families that need none."""
+    rules = family(cfg.architecture).renames
+    if not rules:
+        return names
+    out = {}
+    for name, value in names.items():
+        for pattern, replacement in rules:
+            name = re.sub(pattern, replacement, name)
+        out[name] = value
+    return out
+
+
+def _recurrent(cfg: ModelConfig, layer: int) -> dict[str, list[tuple[str, tuple[int, ...]]]]:
+    """A recurrent layer's tensors (model/recurrent/): our names under layers.{layer}.attention -> the checkpoint's
+    (name, shape), joined along dim 0."""
+    return RECURRENT_MIXERS[cfg.layer(layer).mixer].checkpoint(cfg, layer)
+
+
 def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     C, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * D, cfg.num_key_value_heads * D
@@ -99,6 +121,12 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "self_attn.v_proj.weight": (kv, C),
             p + "self_attn.o_proj.weight": (C, q),
         }
+        if cfg.attention_output_gate:  # Qwen3.5: [query; gate] rows per head
+            shapes[p + "self_attn.q_proj.weight"] = (2 * q, C)
+        if not cfg.layer(i).keeps_kv:  # a recurrent layer: its own tensors instead of attention's
+            for x in "qkvo":
+                del shapes[p + f"self_attn.{x}_proj.weight"]
+            shapes |= {name: shape for parts in _recurrent(cfg, i).values() for name, shape in parts}
         if _fused_checkpoint(cfg):  # Phi-3 stores q/k/v and gate/up fused, in our layout already
             for x in "qkv":
                 del shapes[p + f"self_attn.{x}_proj.weight"]
@@ -112,12 +140,14 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         else:
             shapes |= {p + "mlp.gate_proj.weight": (I, C), p + "mlp.up_proj.weight": (I, C),
                        p + "mlp.down_proj.weight": (C, I)}
-        if cfg.qk_norm:
+        if not cfg.layer(i).keeps_kv:
+            pass
+        elif cfg.qk_norm:
             qn, kn = (D, D) if cfg.qk_norm == "head" else (q, kv)
             shapes |= {p + "self_attn.q_norm.weight": (qn,), p + "self_attn.k_norm.weight": (kn,)}
-        if cfg.qkv_bias or cfg.attention_bias:
+        if (cfg.qkv_bias or cfg.attention_bias) and cfg.layer(i).keeps_kv:
             shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,), p + "self_attn.v_proj.bias": (kv,)}
-        if cfg.attention_bias:
+        if cfg.attention_bias and cfg.layer(i).keeps_kv:
             shapes[p + "self_attn.o_proj.bias"] = (C,)
         if cfg.mlp_bias:
             shapes |= {p + "mlp.gate_proj.bias": (I,), p + "mlp.up_proj.bias": (I,), p + "mlp.down_proj.bias": (C,)}
@@ -165,7 +195,9 @@ def state_parts(cfg: ModelConfig, names: set[str] | dict) -> dict[str, list[str]
         sd[o + "ffn_norm.weight"] = [p + second + ".weight"]
         if cfg.moe and cfg.moe.sparse_layers[i]:
             sd |= moe_parts(cfg, i)
-        if cfg.qk_norm:
+        if not cfg.layer(i).keeps_kv:
+            sd |= {o + "attention." + ours: [n for n, _ in parts] for ours, parts in _recurrent(cfg, i).items()}
+        elif cfg.qk_norm:
             sd[o + "attention.q_norm.weight"] = [p + "self_attn.q_norm.weight"]
             sd[o + "attention.k_norm.weight"] = [p + "self_attn.k_norm.weight"]
         if _fused_checkpoint(cfg):  # [q; k; v] and [gate; up] rows: our fused matrices as they are
@@ -241,7 +273,8 @@ def load_model(
     the file straight into its place (reader.py). `dtype` / `quantize`: resolve_precision's rule (by default a
     bf16 checkpoint keeps bf16 weights with float32 activations on CPU); `quantize` is applied here."""
     path, device, cfg = _open_folder(path, device)
-    entries = {n: e for n, e in read_headers(safetensors_files(path)).items() if not n.endswith(_IGNORED_SUFFIXES)}
+    entries = renamed(cfg, {n: e for n, e in read_headers(safetensors_files(path)).items()
+                            if not n.endswith(_IGNORED_SUFFIXES)})
     check_tensors(cfg, entries, path)
     check_dtypes(entries)
     precision = resolve_precision(dtype, device, stored_dtype(entries), quantize)
@@ -293,6 +326,7 @@ def build_model(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: Path
                 torch_dtype: torch.dtype) -> Transformer:
     """The Transformer of a checkpoint's tensors (by checkpoint name), checked against `cfg`, in owned memory
     (every reader's last step: safetensors folders here, GGUF files in gguf.py)."""
+    tensors = renamed(cfg, tensors)
     check_tensors(cfg, tensors, source)
     state = _owned(to_state_dict(cfg, tensors), device, torch_dtype)
     with torch.device("meta"):  # no throw-away random init: parameters are assigned from the checkpoint
