@@ -84,7 +84,20 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "smollm3-nope": ("smollm3", dict(num_hidden_layers=4)),
     "smollm3-nope-sliding": ("smollm3", dict(num_hidden_layers=4, no_rope_layer_interval=2, use_sliding_window=True,
                                              sliding_window=5)),
+    # Issue 41's hybrids (layers that keep a recurrent state; the engine's refusals for them in
+    # tests/engine/test_hybrid_engine.py): LFM2's short convolutions between attention layers with per-head q/k
+    # norms; Qwen3.5's three gated-DeltaNet layers before each gated attention layer, grouped values (4 value heads
+    # over 2 key heads), a quarter of each head rotated.
+    "lfm2-conv": ("lfm2", dict(num_hidden_layers=6, layer_types=["conv", "conv", "full_attention", "conv",
+                                                                  "full_attention", "conv"],
+                               block_ff_dim=112, block_multiple_of=16, norm_eps=1e-5, tie_word_embeddings=True)),
+    "qwen3_5-delta": ("qwen3_5", dict(num_hidden_layers=8, head_dim=32, linear_num_key_heads=2,
+                                           linear_num_value_heads=4, linear_key_head_dim=16,
+                                           linear_value_head_dim=16, linear_conv_kernel_dim=4)),
 }
+# The variants whose layers keep a recurrent state: the fused native step, speculative decoding and tensor
+# parallelism refuse them (they run the modules path, one token at a time).
+RECURRENT = frozenset({"lfm2-conv", "qwen3_5-delta"})
 
 
 def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
@@ -104,6 +117,8 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
         "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
         "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
+        "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
+        "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
     }[arch]
     cfg = cfg_cls(**{**BASE, **overrides})
     cfg._attn_implementation = "eager"
@@ -119,6 +134,13 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
             for name, p in model.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):
                     p.normal_(1.0, 0.5)
+    if arch in ("lfm2", "qwen3_5"):  # norms at ones (LFM2) or zeros ((1 + w): Qwen3.5), dt_bias at ones
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.normal_(1.0 if arch == "lfm2" else 0.0, 0.3)
+                elif name.endswith(("dt_bias", "A_log")):
+                    p.uniform_(-1.0, 1.0)
     if arch in ("gemma2", "gemma3"):  # Gemma's norms scale by (1 + w), w initialised to zero; make every norm matter
         with torch.no_grad():
             for name, p in model.named_parameters():

@@ -1,0 +1,143 @@
+"""Issue 41's layer kinds that keep a state per sequence, through the modules path, against transformers 5.24 on the
+same random weights: LFM2 (gated short convolutions between attention layers) and Qwen3.5 (three gated-DeltaNet
+layers before each gated attention layer). Config reading, logits at the first and late steps, greedy and seeded
+tokens through `nexttoken.generate` (one row and a left-padded batch), the chunked (parallel) prefill against the
+one-step recurrence, chunked prefill with chunk sizes 1, 7 and 64 leaving the same state, and `nexttoken.load`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import nexttoken
+from nexttoken.config import ModelConfig
+from nexttoken.families import CONVOLUTION, FULL, LINEAR_ATTENTION, features_table
+from nexttoken.model import ForwardBatch, fused, load_model
+from nexttoken.model.recurrent import delta_rule
+from support.tiny_models import RECURRENT, save_variant
+
+PROMPTS = torch.tensor([[1, 5, 17, 33, 9, 60], [1, 40, 41, 42, 43, 44], [1, 90, 3, 3, 8, 12]])
+LONG = [1] + [(7 * i + 3) % 95 + 1 for i in range(69)]  # > 64 tokens: two chunks of the parallel form
+
+
+@pytest.fixture(scope="module", params=sorted(RECURRENT))
+def pair(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    hf = save_variant(request.param, folder)
+    return request.param, hf, load_model(folder), folder
+
+
+def _logits(model, ids: list[int], chunk: int) -> tuple[torch.Tensor, object]:
+    """(T, V) logits of every position of `ids` prefilled in chunks of `chunk`, and the cache left behind."""
+    cache = model.new_cache(1, len(ids) + 1)
+    valid = torch.ones(1, len(ids) + 1, dtype=torch.bool)
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(ids), chunk):
+            end = min(start + chunk, len(ids))
+            cols = torch.arange(start, end)[None]
+            batch = ForwardBatch.build(cols, cols, valid, end, write_start=start, last_only=False)
+            out.append(model(torch.tensor([ids[start:end]]), batch, cache)[0])
+    return torch.cat(out), cache
+
+
+def test_layer_kinds_are_transformers_layer_types() -> None:
+    import transformers
+
+    lfm = ModelConfig.from_dict(transformers.Lfm2Config(num_hidden_layers=4, full_attn_idxs=[1, 3]).to_dict())
+    assert lfm.layers == (CONVOLUTION, FULL, CONVOLUTION, FULL)
+    assert lfm.intermediate_size == 8192 and lfm.rms_norm_eps == 1e-5  # Lfm2MLP's 2/3 rounded up; norm_eps
+    qwen = ModelConfig.from_dict(transformers.Qwen3_5TextConfig(num_hidden_layers=8).to_dict())
+    assert qwen.layers == (LINEAR_ATTENTION,) * 3 + (FULL,) + (LINEAR_ATTENTION,) * 3 + (FULL,)
+    assert qwen.rotary_dim == 64 and qwen.attention_output_gate and qwen.norm_plus_one  # 0.25 of head_dim 256
+    for hf, arch in ((transformers.Lfm2Config(), "Lfm2ForCausalLM"), (transformers.Qwen3_5TextConfig(), "Qwen3_5ForCausalLM")):
+        raw = hf.to_dict()  # a config.json with only the model_type
+        raw.pop("architectures", None)
+        assert ModelConfig.from_dict(raw).architecture == arch
+
+
+def test_a_vision_language_qwen3_5_config_is_refused_by_name() -> None:
+    raw = {"architectures": ["Qwen3_5ForCausalLM"], "text_config": {}, "hidden_size": 8, "num_attention_heads": 2,
+           "num_hidden_layers": 1, "vocab_size": 8, "intermediate_size": 8}
+    with pytest.raises(nexttoken.errors.ModelLoadError, match="text_config"):
+        ModelConfig.from_dict(raw)
+
+
+def test_logits_first_and_late_steps_equal_transformers(pair) -> None:
+    """Every position's logits of a 70-token prompt (the parallel form over two chunks of 64) within float32 rounding
+    of transformers'; test_chunked_prefill_leaves_the_state_of_one_pass holds the one-step recurrence (chunks of 1:
+    the first and the late steps) to these."""
+    _, hf, model, _ = pair
+    with torch.no_grad():
+        want = hf(torch.tensor([LONG])).logits[0]
+    got, _ = _logits(model, LONG, len(LONG))
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+    assert torch.allclose(torch.log_softmax(got, -1), torch.log_softmax(want, -1), atol=1e-4)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_chunked_prefill_leaves_the_state_of_one_pass(pair, chunk: int) -> None:
+    """A prompt prefilled in chunks of 1, 7 or 64 tokens leaves the same recurrent state (and K/V) as one pass,
+    within float tolerance, and the same next-token logits."""
+    _, _, model, _ = pair
+    whole, ref = _logits(model, LONG, len(LONG))
+    got, cache = _logits(model, LONG, chunk)
+    assert torch.allclose(got, whole, atol=1e-4, rtol=1e-4)
+    assert ref.states.tensors.keys() == cache.states.tensors.keys() and ref.states.tensors
+    for layer, tensors in ref.states.tensors.items():
+        for a, b in zip(tensors, cache.states.tensors[layer]):
+            assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), (layer, (a - b).abs().max())
+    assert torch.allclose(ref.k, cache.k, atol=1e-4, rtol=1e-4)
+
+
+def test_the_chunked_delta_rule_is_the_recurrence() -> None:
+    """The parallel form (chunks of 64, padded) against the one-step recurrence on the same inputs, from a
+    non-zero state, with grouped value heads."""
+    torch.manual_seed(0)
+    B, T, hk, hv, dk, dv = 2, 70, 2, 4, 8, 6
+    q, k = torch.randn(B, T, hk, dk), torch.randn(B, T, hk, dk)
+    v, g, beta = torch.randn(B, T, hv, dv), -torch.rand(B, T, hv), torch.rand(B, T, hv)
+    state = torch.randn(B, hv, dk, dv)
+    out, s = delta_rule.chunked(q, k, v, g, beta, state)
+    outs, s2 = [], state
+    for t in range(T):
+        o, s2 = delta_rule.recurrent(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], g[:, t:t + 1], beta[:, t:t + 1], s2)
+        outs.append(o)
+    assert torch.allclose(out, torch.cat(outs, 1), atol=1e-4) and torch.allclose(s, s2, atol=1e-4)
+
+
+def test_generate_greedy_and_seeded_equal_transformers(pair) -> None:
+    """One row and a left-padded batch of three, greedy and seeded; the fused native step refuses these models
+    (the modules run every step)."""
+    _, hf, model, _ = pair
+    assert fused.rows_plan(model, model.new_cache(1, 8)) is None
+    ids = torch.tensor([[1, 5, 17, 33, 9, 60, 7, 7, 21]])
+    greedy = dict(max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(nexttoken.generate(model, ids, **greedy), hf.generate(ids, **greedy))
+    sampled = dict(max_new_tokens=12, do_sample=True, temperature=0.9, top_k=20, eos_token_id=None, pad_token_id=0)
+    torch.manual_seed(77)
+    want = hf.generate(PROMPTS, **sampled)
+    assert torch.equal(nexttoken.generate(model, PROMPTS, seed=77, **sampled), want)
+    padded = torch.tensor([[0, 0, 0, 1, 5, 17], [1, 40, 41, 42, 43, 44], [0, 1, 90, 3, 3, 8]])
+    mask = (padded != 0).long()
+    mask[:, 0] = mask[:, 0] | (padded[:, 0] == 1)
+    batch = nexttoken.generate(model, padded, attention_mask=mask, **greedy)[:, padded.shape[1]:]
+    for row in (0, 2):  # each padded row gives its tokens alone: the padding leaves the state at zero
+        alone = padded[row : row + 1, int((mask[row] == 0).sum()):]
+        assert torch.equal(batch[row], hf.generate(alone, **greedy)[0, alone.shape[1]:]), row
+
+
+def test_load_folder_greedy_equals_transformers(pair) -> None:
+    _, hf, _, folder = pair
+    llm = nexttoken.load(folder)
+    ids = [5, 17, 33, 8, 61, 2, 40, 12]
+    want = hf.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False, eos_token_id=None,
+                       pad_token_id=0)[0, len(ids):].tolist()
+    assert llm.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == want
+
+
+def test_docs_list_the_hybrid_families_and_their_engine_features() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
+    assert features_table() in docs, "docs/models.md's hybrid table differs from nexttoken.families.features_table()"
