@@ -1,6 +1,6 @@
 """Issue 41's layer kinds that keep a state per sequence, through the modules path, against transformers 5.24 on the
-same random weights: LFM2 (gated short convolutions between attention layers) and Qwen3.5 (three gated-DeltaNet
-layers before each gated attention layer). Config reading, logits at the first and late steps, greedy and seeded
+same random weights: LFM2 (gated short convolutions between attention layers), Qwen3.5 (three gated-DeltaNet
+layers before each gated attention layer) and Granite 4.0-H (Mamba2 layers between NoPE attention layers). Config reading, logits at the first and late steps, greedy and seeded
 tokens through `nexttoken.generate` (one row and a left-padded batch), the chunked (parallel) prefill against the
 one-step recurrence, chunked prefill with chunk sizes 1, 7 and 64 leaving the same state, and `nexttoken.load`."""
 
@@ -13,9 +13,9 @@ import torch
 
 import nexttoken
 from nexttoken.config import ModelConfig
-from nexttoken.families import CONVOLUTION, FULL, LINEAR_ATTENTION, features_table
+from nexttoken.families import CONVOLUTION, FULL, LINEAR_ATTENTION, NOPE, STATE_SPACE, features_table
 from nexttoken.model import ForwardBatch, fused, load_model
-from nexttoken.model.recurrent import delta_rule
+from nexttoken.model.recurrent import delta_rule, ssd
 from support.tiny_models import RECURRENT, save_variant
 
 PROMPTS = torch.tensor([[1, 5, 17, 33, 9, 60], [1, 40, 41, 42, 43, 44], [1, 90, 3, 3, 8, 12]])
@@ -52,7 +52,14 @@ def test_layer_kinds_are_transformers_layer_types() -> None:
     qwen = ModelConfig.from_dict(transformers.Qwen3_5TextConfig(num_hidden_layers=8).to_dict())
     assert qwen.layers == (LINEAR_ATTENTION,) * 3 + (FULL,) + (LINEAR_ATTENTION,) * 3 + (FULL,)
     assert qwen.rotary_dim == 64 and qwen.attention_output_gate and qwen.norm_plus_one  # 0.25 of head_dim 256
-    for hf, arch in ((transformers.Lfm2Config(), "Lfm2ForCausalLM"), (transformers.Qwen3_5TextConfig(), "Qwen3_5ForCausalLM")):
+    granite = ModelConfig.from_dict(transformers.GraniteMoeHybridConfig(
+        num_hidden_layers=4, num_local_experts=0, layer_types=["mamba", "attention", "mamba", "mamba"]).to_dict())
+    assert granite.layers == (STATE_SPACE, NOPE, STATE_SPACE, STATE_SPACE)
+    assert granite.recurrent.mamba_head_dim == 2 * 4096 // 128 and granite.recurrent.time_step_limit[1] == float("inf")
+    with pytest.raises(nexttoken.errors.ModelLoadError, match="num_local_experts=8"):
+        ModelConfig.from_dict(transformers.GraniteMoeHybridConfig(num_hidden_layers=2).to_dict())
+    for hf, arch in ((transformers.Lfm2Config(), "Lfm2ForCausalLM"), (transformers.Qwen3_5TextConfig(), "Qwen3_5ForCausalLM"),
+                     (transformers.GraniteMoeHybridConfig(num_local_experts=0), "GraniteMoeHybridForCausalLM")):
         raw = hf.to_dict()  # a config.json with only the model_type
         raw.pop("architectures", None)
         assert ModelConfig.from_dict(raw).architecture == arch
@@ -106,6 +113,21 @@ def test_the_chunked_delta_rule_is_the_recurrence() -> None:
         o, s2 = delta_rule.recurrent(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], g[:, t:t + 1], beta[:, t:t + 1], s2)
         outs.append(o)
     assert torch.allclose(out, torch.cat(outs, 1), atol=1e-4) and torch.allclose(s, s2, atol=1e-4)
+
+
+def test_the_chunked_ssd_scan_is_the_recurrence() -> None:
+    """Mamba2's parallel scan (chunks of 8, padded) against its one-step update, from a non-zero state, 2 groups."""
+    torch.manual_seed(0)
+    B, T, H, P, G, N = 2, 21, 4, 6, 2, 5
+    x, dt = torch.randn(B, T, H, P), torch.randn(B, T, H)
+    Bm, Cm, A = torch.randn(B, T, G, N), torch.randn(B, T, G, N), -torch.rand(H) - 0.1
+    D, bias, state = torch.randn(H), torch.randn(H), torch.randn(B, H, P, N)
+    y, s = ssd.chunk_scan(x, dt, A, Bm, Cm, D, bias, state, 8, (0.0, float("inf")))
+    ys, s2 = [], state
+    for t in range(T):
+        o, s2 = ssd.state_update(x[:, t], dt[:, t], A, Bm[:, t], Cm[:, t], D, bias, s2)
+        ys.append(o)
+    assert torch.allclose(y, torch.stack(ys, 1), atol=1e-4) and torch.allclose(s, s2, atol=1e-4)
 
 
 def test_generate_greedy_and_seeded_equal_transformers(pair) -> None:

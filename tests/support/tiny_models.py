@@ -94,10 +94,17 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "qwen3_5-delta": ("qwen3_5", dict(num_hidden_layers=8, head_dim=32, linear_num_key_heads=2,
                                            linear_num_value_heads=4, linear_key_head_dim=16,
                                            linear_value_head_dim=16, linear_conv_kernel_dim=4)),
+    # Granite 4.0-H (dense): Mamba2 layers (4 heads of 32 over 2 groups, state 16, scan chunks of 8 so prompts
+    # cross several) between NoPE attention layers, every multiplier away from 1
+    "granite4h-mamba": ("granitemoehybrid", dict(
+        num_hidden_layers=5, layer_types=["mamba", "attention", "mamba", "mamba", "attention"], num_local_experts=0,
+        shared_intermediate_size=96, mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2, mamba_d_state=16,
+        mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8, embedding_multiplier=3.0, attention_multiplier=0.2,
+        residual_multiplier=0.5, logits_scaling=4.0)),
 }
 # The variants whose layers keep a recurrent state: the fused native step, speculative decoding and tensor
 # parallelism refuse them (they run the modules path, one token at a time).
-RECURRENT = frozenset({"lfm2-conv", "qwen3_5-delta"})
+RECURRENT = frozenset({"lfm2-conv", "qwen3_5-delta", "granite4h-mamba"})
 
 
 def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
@@ -119,6 +126,7 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
         "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
         "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
+        "granitemoehybrid": (transformers.GraniteMoeHybridConfig, transformers.GraniteMoeHybridForCausalLM),
     }[arch]
     cfg = cfg_cls(**{**BASE, **overrides})
     cfg._attn_implementation = "eager"
@@ -134,12 +142,12 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
             for name, p in model.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):
                     p.normal_(1.0, 0.5)
-    if arch in ("lfm2", "qwen3_5"):  # norms at ones (LFM2) or zeros ((1 + w): Qwen3.5), dt_bias at ones
+    if arch in ("lfm2", "qwen3_5", "granitemoehybrid"):  # norms at ones or zeros ((1 + w): Qwen3.5), dt_bias at ones
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if "norm" in name:
                     p.normal_(1.0 if arch == "lfm2" else 0.0, 0.3)
-                elif name.endswith(("dt_bias", "A_log")):
+                elif name.endswith(("dt_bias", "A_log", ".D")):
                     p.uniform_(-1.0, 1.0)
     if arch in ("gemma2", "gemma3"):  # Gemma's norms scale by (1 + w), w initialised to zero; make every norm matter
         with torch.no_grad():

@@ -10,8 +10,9 @@ from ...config import ModelConfig
 from .delta_rule import GatedDeltaNet
 from .short_conv import ShortConvolution
 from .slots import StateSpec
+from .ssd import Mamba2Mixer
 
-MIXERS = {"convolution": ShortConvolution, "linear_attention": GatedDeltaNet}
+MIXERS = {"convolution": ShortConvolution, "linear_attention": GatedDeltaNet, "state_space": Mamba2Mixer}
 # one sequence's state of a layer of each kind: [(shape, dtype or None for the model's)]
 STATE_SHAPES: dict[str, Callable[[ModelConfig], list[StateSpec]]] = {k: m.state_shapes for k, m in MIXERS.items()}
 

@@ -94,6 +94,11 @@ def renamed(cfg: ModelConfig, names: dict) -> dict:
     return out
 
 
+def _gate_up(cfg: ModelConfig) -> bool:
+    """Whether the family's renames give the MLP's gate and up as one `mlp.gate_up_proj` tensor."""
+    return any(r.endswith(".mlp.gate_up_proj.") for _, r in family(cfg.architecture).renames)
+
+
 def _recurrent(cfg: ModelConfig, layer: int) -> dict[str, list[tuple[str, tuple[int, ...]]]]:
     """A recurrent layer's tensors (model/recurrent/): our names under layers.{layer}.attention -> the checkpoint's
     (name, shape), joined along dim 0."""
@@ -137,6 +142,8 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes |= {p + "pre_feedforward_layernorm.weight": (C,), p + "post_feedforward_layernorm.weight": (C,)}
         if cfg.moe and cfg.moe.sparse_layers[i]:
             shapes |= moe_shapes(cfg, i)
+        elif family(cfg.architecture).renames and _gate_up(cfg):  # Granite 4.0-H: [gate; up] as one tensor
+            shapes |= {p + "mlp.gate_up_proj.weight": (2 * I, C), p + "mlp.down_proj.weight": (C, I)}
         else:
             shapes |= {p + "mlp.gate_proj.weight": (I, C), p + "mlp.up_proj.weight": (I, C),
                        p + "mlp.down_proj.weight": (C, I)}
@@ -212,6 +219,9 @@ def state_parts(cfg: ModelConfig, names: set[str] | dict) -> dict[str, list[str]
                 sd[o + f"attention.wqkv.{kind}"] = qkv
             if p + f"self_attn.o_proj.{kind}" in names:
                 sd[o + f"attention.wo.{kind}"] = [p + f"self_attn.o_proj.{kind}"]
+            if p + f"mlp.gate_up_proj.{kind}" in names:  # Granite 4.0-H's shared_mlp.input_linear: [gate; up]
+                sd[o + f"mlp.w13.{kind}"] = [p + f"mlp.gate_up_proj.{kind}"]
+                sd[o + f"mlp.w2.{kind}"] = [p + f"mlp.down_proj.{kind}"]
             if p + f"mlp.gate_proj.{kind}" in names:
                 sd[o + f"mlp.w13.{kind}"] = [p + f"mlp.gate_proj.{kind}", p + f"mlp.up_proj.{kind}"]
                 sd[o + f"mlp.w2.{kind}"] = [p + f"mlp.down_proj.{kind}"]
