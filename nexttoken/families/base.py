@@ -101,3 +101,6 @@ class Family:
     renames: tuple[tuple[str, str], ...] = ()
     # What the family's recurrent layers keep per sequence (docs/models.md); "": attention only.
     state: str = ""
+    # Other `architectures` whose config.json nests this family's under `text_config` (a vision-language checkpoint
+    # whose text model nexttoken runs alone, as transformers' AutoModelForCausalLM does; its renames drop the rest).
+    text_of: tuple[str, ...] = ()

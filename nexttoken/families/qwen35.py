@@ -2,7 +2,9 @@
 each attention layer (`layer_types`, or every `full_attention_interval`-th layer attention); the attention layers gate
 their output by sigmoid(a second half of q_proj's rows per head), norm q and k per head, and rotate a
 `partial_rotary_factor` part of each head (text positions: Qwen3.5's interleaved M-RoPE is the plain RoPE); every
-RMSNorm scales by (1 + w). transformers' configuration_qwen3_5.py / modeling_qwen3_5.py."""
+RMSNorm scales by (1 + w). The released checkpoints are vision-language (Qwen3_5ForConditionalGeneration): their
+text model is read from `text_config` and `model.language_model.*`, the vision tower and the multi-token-prediction
+head left out. transformers' configuration_qwen3_5.py / modeling_qwen3_5.py."""
 
 from __future__ import annotations
 
@@ -13,9 +15,6 @@ from .base import FULL, LINEAR_ATTENTION, Family
 
 
 def _qwen35(raw: dict[str, Any], source: str, layers: int) -> dict[str, Any]:
-    if "text_config" in raw:
-        raise ModelLoadError(f"{source}: a Qwen3.5 vision-language checkpoint (text_config); nexttoken loads the "
-                             "text model alone: Qwen3_5ForCausalLM's config.json and weights")
     types = raw.get("layer_types")
     if types is None:
         interval = int(raw.get("full_attention_interval", 4))
@@ -39,10 +38,13 @@ def _qwen35(raw: dict[str, Any], source: str, layers: int) -> dict[str, Any]:
 
 
 QWEN3_5 = Family(
-    "Qwen3_5ForCausalLM", ("qwen3_5_text",), "Qwen3.5 dense (0.8B-27B), text",
+    "Qwen3_5ForCausalLM", ("qwen3_5_text", "qwen3_5"), "Qwen3.5 dense (0.8B-27B), text",
     "gated-DeltaNet layers (`layer_types` 'linear_attention': a convolution window and a key x value matrix per "
     "head per sequence) before every `full_attention_interval`-th attention layer; attention output gated, "
     "`partial_rotary_factor` RoPE, (1 + w) norms",
     read=_qwen35, tensor_parallel=False, lora=False,
+    # the released checkpoints are Qwen3_5ForConditionalGeneration: the text model under model.language_model
+    text_of=("Qwen3_5ForConditionalGeneration",),
+    renames=((r"^model\.language_model\.", "model."), (r"^model\.visual\..*$", ""), (r"^mtp\..*$", "")),
     state="a convolution window and a delta-rule matrix per head",
 )

@@ -16,7 +16,7 @@ from nexttoken.config import ModelConfig
 from nexttoken.families import CONVOLUTION, FULL, LINEAR_ATTENTION, NOPE, STATE_SPACE, features_table
 from nexttoken.model import ForwardBatch, fused, load_model
 from nexttoken.model.recurrent import delta_rule, ssd
-from support.tiny_models import RECURRENT, save_variant
+from support.tiny_models import BASE, RECURRENT, VARIANTS, save_variant
 
 PROMPTS = torch.tensor([[1, 5, 17, 33, 9, 60], [1, 40, 41, 42, 43, 44], [1, 90, 3, 3, 8, 12]])
 LONG = [1] + [(7 * i + 3) % 95 + 1 for i in range(69)]  # > 64 tokens: two chunks of the parallel form
@@ -65,11 +65,23 @@ def test_layer_kinds_are_transformers_layer_types() -> None:
         assert ModelConfig.from_dict(raw).architecture == arch
 
 
-def test_a_vision_language_qwen3_5_config_is_refused_by_name() -> None:
-    raw = {"architectures": ["Qwen3_5ForCausalLM"], "text_config": {}, "hidden_size": 8, "num_attention_heads": 2,
-           "num_hidden_layers": 1, "vocab_size": 8, "intermediate_size": 8}
-    with pytest.raises(nexttoken.errors.ModelLoadError, match="text_config"):
-        ModelConfig.from_dict(raw)
+def test_a_vision_language_qwen3_5_checkpoint_loads_its_text_model(tmp_path: Path) -> None:
+    """Qwen3.5's released checkpoints are Qwen3_5ForConditionalGeneration: the text model from `text_config` and
+    `model.language_model.*`, the vision tower left out; its text tokens are transformers' own model's."""
+    import transformers
+
+    _, text = VARIANTS["qwen3_5-delta"]
+    text = {**BASE, **text, "num_hidden_layers": 4}
+    cfg = transformers.Qwen3_5Config(text_config=text, vision_config=dict(
+        depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64))
+    torch.manual_seed(0)
+    hf = transformers.Qwen3_5ForConditionalGeneration(cfg).eval()
+    hf.save_pretrained(tmp_path)
+    model = load_model(tmp_path)
+    assert model.config.architecture == "Qwen3_5ForCausalLM" and model.config.num_hidden_layers == 4
+    ids = torch.tensor([[1, 5, 17, 33, 9, 60, 7]])
+    greedy = dict(max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(nexttoken.generate(model, ids, **greedy), hf.generate(input_ids=ids, **greedy))
 
 
 def test_logits_first_and_late_steps_equal_transformers(pair) -> None:

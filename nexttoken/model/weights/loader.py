@@ -90,7 +90,8 @@ def renamed(cfg: ModelConfig, names: dict) -> dict:
     for name, value in names.items():
         for pattern, replacement in rules:
             name = re.sub(pattern, replacement, name)
-        out[name] = value
+        if name:  # a rule that leaves nothing drops the tensor (a vision tower the text model does not use)
+            out[name] = value
     return out
 
 
