@@ -104,3 +104,6 @@ class Family:
     # Other `architectures` whose config.json nests this family's under `text_config` (a vision-language checkpoint
     # whose text model nexttoken runs alone, as transformers' AutoModelForCausalLM does; its renames drop the rest).
     text_of: tuple[str, ...] = ()
+    # Checkpoint tensor names (after renames) -> the name llama.cpp's tensor map knows them by, for a GGUF file
+    # ((regex, replacement) pairs): LFM2's final norm is our `model.norm`, llama.cpp's `token_embd_norm`.
+    gguf_aliases: tuple[tuple[str, str], ...] = ()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ModelLoadError
-from .base import CONVOLUTION, FULL, Family
+from .base import CONVOLUTION, FULL, Family, GGUFMeta
 
 
 def _width(raw: dict[str, Any]) -> int:
@@ -39,11 +39,22 @@ def _lfm2(raw: dict[str, Any], source: str, layers: int) -> dict[str, Any]:
             "recurrent": {"conv_kernel": int(raw.get("conv_L_cache", 3)), "conv_bias": bool(raw.get("conv_bias", False))}}
 
 
+def _gguf(g: GGUFMeta, cfg: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's lfm2 keys: a KV head count per layer, 0 for the convolution layers; the MLP width as computed."""
+    kv = g.get("attention.head_count_kv")
+    layers = cfg["num_hidden_layers"]
+    kv = kv if isinstance(kv, list) else [kv] * layers
+    return {"layer_types": ["conv" if not k else "full_attention" for k in kv],
+            "conv_L_cache": int(g.get("shortconv.l_cache", 3)), "block_auto_adjust_ff_dim": False,
+            "block_ff_dim": cfg["intermediate_size"], "norm_eps": cfg["rms_norm_eps"]}
+
+
 LFM2 = Family(
     "Lfm2ForCausalLM", ("lfm2",), "LFM2, LFM2.5 (350M-2.6B)",
     "gated short-convolution layers (`layer_types` 'conv', a window of `conv_L_cache` - 1 inputs per sequence) "
     "between attention layers with per-head q/k norms; MLP width from `block_ff_dim`",
-    read=_lfm2, tensor_parallel=False, lora=False,
+    read=_lfm2, tensor_parallel=False, lora=False, gguf="lfm2", read_gguf=_gguf,
+    gguf_aliases=((r"^model\.norm$", "model.embedding_norm"),),
     renames=((r"\.operator_norm\.", ".input_layernorm."), (r"\.ffn_norm\.", ".post_attention_layernorm."),
              (r"\.feed_forward\.w1\.", ".mlp.gate_proj."), (r"\.feed_forward\.w3\.", ".mlp.up_proj."),
              (r"\.feed_forward\.w2\.", ".mlp.down_proj."), (r"\.self_attn\.q_layernorm\.", ".self_attn.q_norm."),

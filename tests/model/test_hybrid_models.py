@@ -16,7 +16,7 @@ from nexttoken.config import ModelConfig
 from nexttoken.families import CONVOLUTION, FULL, LINEAR_ATTENTION, NOPE, STATE_SPACE, features_table
 from nexttoken.model import ForwardBatch, fused, load_model
 from nexttoken.model.recurrent import delta_rule, ssd
-from support.tiny_models import BASE, RECURRENT, VARIANTS, save_variant
+from support.tiny_models import BASE, RECURRENT, VARIANTS, build_hf_model, save_variant
 
 PROMPTS = torch.tensor([[1, 5, 17, 33, 9, 60], [1, 40, 41, 42, 43, 44], [1, 90, 3, 3, 8, 12]])
 LONG = [1] + [(7 * i + 3) % 95 + 1 for i in range(69)]  # > 64 tokens: two chunks of the parallel form
@@ -175,3 +175,27 @@ def test_load_folder_greedy_equals_transformers(pair) -> None:
 def test_docs_list_the_hybrid_families_and_their_engine_features() -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
     assert features_table() in docs, "docs/models.md's hybrid table differs from nexttoken.families.features_table()"
+
+
+# ---- GGUF, as llama.cpp's converter writes it ------------------------------------------------------------------
+
+
+def test_lfm2_gguf_from_llama_cpps_converter_gives_the_folders_tokens(tmp_path: Path, shared_dir: Path) -> None:
+    """A tiny LFM2 over Qwen2.5's real tokenizer, converted by llama.cpp's convert_hf_to_gguf.py to f32: its
+    per-layer KV head counts (0 for the convolution layers), the squeezed (C, K) convolutions and the final norm
+    as token_embd_norm read back to the folder's model; dequantized and as loaded by default, the folder's tokens."""
+    from support.llama_cpp import convert, with_tokenizer
+
+    _, overrides = VARIANTS["lfm2-conv"]
+    hf = build_hf_model("lfm2", **{**overrides, "vocab_size": 151680, "hidden_size": 32, "num_attention_heads": 2,
+                                   "num_key_value_heads": 1, "block_ff_dim": 64})
+    hf.save_pretrained(tmp_path)
+    with_tokenizer(tmp_path, shared_dir / "tokenizers" / "qwen2.5-instruct")
+    path = convert(tmp_path, tmp_path / "lfm2.gguf", "f32")
+    ids = [5, 17, 33, 8, 61, 2, 40, 12]
+    want = hf.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False, eos_token_id=None,
+                       pad_token_id=0)[0, len(ids):].tolist()
+    for options in ({"dequantize": True}, {}):
+        llm = nexttoken.load(path, **options)
+        assert [k.mixer for k in llm.model.config.layers] == [k.mixer for k in load_model(tmp_path).config.layers]
+        assert llm.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == want

@@ -12,6 +12,7 @@ experts stacked in one tensor per projection.
 from __future__ import annotations
 
 import math
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +110,7 @@ def config_dict(g: GGUFFile) -> dict[str, Any]:
     hidden, heads, layers = int(need("embedding_length")), int(need("attention.head_count")), int(need("block_count"))
     kv_heads = g.get("attention.head_count_kv", heads)
     if isinstance(kv_heads, list):  # per-layer counts: one value is all our attention takes
+        kv_heads = [k for k in kv_heads if k] or [heads]  # 0: a layer without attention (LFM2's convolutions)
         if len(set(kv_heads)) != 1:
             raise ModelLoadError(f"{g.path}: KV heads differ between layers ({sorted(set(kv_heads))}); not supported")
         kv_heads = kv_heads[0]
@@ -236,6 +238,9 @@ def gguf_names(g: GGUFFile, cfg: ModelConfig, names: list[str]) -> dict[str, str
         if ".experts." in base:
             continue
         gname = name_map.get_name(base)
+        for pattern, alias in writer_family(g).gguf_aliases:  # a name llama.cpp's map knows in another spelling
+            if gname is None and re.search(pattern, base):
+                gname = name_map.get_name(re.sub(pattern, alias, base))
         if gname is None and base.endswith("block_sparse_moe.gate"):  # Mixtral's router
             gname = f"blk.{base.split('.')[2]}.ffn_gate_inp"
         if gname is not None and f"{gname}.{suffix}" in g.tensors:
@@ -255,6 +260,7 @@ def checkpoint_tensors(g: GGUFFile, cfg: ModelConfig, names: list[str], dtype: t
     """The GGUF's tensors under the Hugging Face checkpoint names `names` (what loader.py expects for `cfg`),
     dequantized into `dtype`. A checkpoint name with no GGUF tensor is left out (the shape check then names it)."""
     dense = gguf_names(g, cfg, names)
+    shapes = expected_shapes(cfg)
     out: dict[str, torch.Tensor] = {}
     stacked: dict[str, torch.Tensor] = {}  # ffn_{gate,up,down}_exps, read once per layer
     for hf in names:
@@ -278,6 +284,9 @@ def checkpoint_tensors(g: GGUFFile, cfg: ModelConfig, names: list[str], dtype: t
             t = t - 1
         if hf.endswith("shared_expert_gate.weight") and t.dim() == 1:  # llama.cpp keeps the (C,) vector
             t = t.unsqueeze(0)
+        want = shapes.get(hf)
+        if want is not None and tuple(t.shape) != want and t.numel() == math.prod(want):
+            t = t.reshape(want)  # a convolution's (C, 1, K) weight that the converter squeezed to (C, K)
         out[hf] = t.to(dtype)
     return out
 
