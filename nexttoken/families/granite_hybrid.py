@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ModelLoadError
-from .base import FULL, NOPE, STATE_SPACE, Family
+from .base import FULL, NOPE, STATE_SPACE, Family, GGUFMeta
 
 def _number(value: Any) -> float:
     """A float of config.json: a number, "Infinity", or transformers 5's {"__float__": "Infinity"}."""
@@ -50,12 +50,36 @@ def _granite_hybrid(raw: dict[str, Any], source: str, layers: int) -> dict[str, 
             "intermediate_size": int(raw.get("shared_intermediate_size", 1024)), "recurrent": rec}
 
 
+def _gguf(g: GGUFMeta, cfg: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's granitehybrid keys: a KV head count per layer (0: a Mamba2 layer), the ssm.* sizes (time_step_rank
+    is the head count), Granite's scales; its converter turns RoPE off for hybrids (rope.scaling.finetuned)."""
+    layers, hidden = cfg["num_hidden_layers"], cfg["hidden_size"]
+    kv = g.get("attention.head_count_kv")
+    kv = kv if isinstance(kv, list) else [kv] * layers
+    heads, inner = int(g.get("ssm.time_step_rank")), int(g.get("ssm.inner_size"))
+    first = next((i for i, k in enumerate(kv) if not k), 0)
+    return {"layer_types": ["attention" if k else "mamba" for k in kv], "num_local_experts": int(g.get("expert_count", 0)),
+            "shared_intermediate_size": int(g.get("expert_shared_feed_forward_length") or cfg["intermediate_size"]),
+            "mamba_n_heads": heads, "mamba_d_head": inner // heads, "mamba_expand": inner // hidden,
+            "mamba_d_state": int(g.get("ssm.state_size")), "mamba_n_groups": int(g.get("ssm.group_count", 1)),
+            "mamba_d_conv": int(g.get("ssm.conv_kernel", 4)),
+            "mamba_conv_bias": f"blk.{first}.ssm_conv1d.bias" in g.tensors,
+            "mamba_proj_bias": f"blk.{first}.ssm_in.bias" in g.tensors,
+            "position_embedding_type": "rope" if g.get("rope.scaling.finetuned") else "nope",
+            "embedding_multiplier": float(g.get("embedding_scale", 1.0)),
+            "residual_multiplier": float(g.get("residual_scale", 1.0)),
+            "attention_multiplier": float(g.get("attention.scale", cfg["head_dim"] ** -0.5)),
+            "logits_scaling": float(g.get("logit_scale", 1.0))}
+
+
 GRANITE_HYBRID = Family(
     "GraniteMoeHybridForCausalLM", ("granitemoehybrid",), "Granite 4.0-H Micro (dense)",
     "Mamba2 layers (`layer_types` 'mamba': a convolution window and a head_dim x state_size matrix per head per "
     "sequence) between attention layers; Granite's multipliers; no RoPE unless `position_embedding_type` 'rope'; "
     "the MLP from `shared_mlp` (`shared_intermediate_size`); experts refused",
-    read=_granite_hybrid, tensor_parallel=False, lora=False,
+    read=_granite_hybrid, tensor_parallel=False, lora=False, gguf="granitehybrid", read_gguf=_gguf,
+    gguf_permuted=True,
+    gguf_aliases=((r"\.mamba\.dt_bias$", ".mamba.dt_proj.bias"),),
     renames=((r"\.shared_mlp\.input_linear\.", ".mlp.gate_up_proj."),
              (r"\.shared_mlp\.output_linear\.", ".mlp.down_proj.")),
     state="a convolution window and a Mamba2 state matrix per head",

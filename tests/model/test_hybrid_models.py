@@ -180,22 +180,41 @@ def test_docs_list_the_hybrid_families_and_their_engine_features() -> None:
 # ---- GGUF, as llama.cpp's converter writes it ------------------------------------------------------------------
 
 
-def test_lfm2_gguf_from_llama_cpps_converter_gives_the_folders_tokens(tmp_path: Path, shared_dir: Path) -> None:
-    """A tiny LFM2 over Qwen2.5's real tokenizer, converted by llama.cpp's convert_hf_to_gguf.py to f32: its
-    per-layer KV head counts (0 for the convolution layers), the squeezed (C, K) convolutions and the final norm
-    as token_embd_norm read back to the folder's model; dequantized and as loaded by default, the folder's tokens."""
+# Real-tokenizer variants for llama.cpp's converter: vocab_size covering Qwen2.5's tokenizer, a narrower model.
+GGUF_VARIANTS = {
+    "lfm2-conv": dict(vocab_size=151680, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                      block_ff_dim=64),
+    "granite4h-mamba": dict(vocab_size=151680, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                            mamba_d_head=16),
+}
+
+
+@pytest.mark.parametrize("outtype", ["f32", "q8_0"])
+@pytest.mark.parametrize("variant", sorted(GGUF_VARIANTS))
+def test_gguf_from_llama_cpps_converter(variant: str, outtype: str, tmp_path: Path, shared_dir: Path) -> None:
+    """A tiny LFM2 / Granite 4.0-H over Qwen2.5's real tokenizer, converted by llama.cpp's convert_hf_to_gguf.py: the
+    per-layer KV head counts (0 for the recurrent layers), the squeezed convolutions, LFM2's final norm as
+    token_embd_norm, Mamba2's A stored as -exp(A_log), Granite's MLP split in gate and up read back to the folder's
+    model. An f32 file gives the folder's tokens; a Q8_0 file, loaded by default (dequantized: recurrent models'
+    blocks are not kept packed yet), gives its own dequantized run's."""
+    import json
+
     from support.llama_cpp import convert, with_tokenizer
 
-    _, overrides = VARIANTS["lfm2-conv"]
-    hf = build_hf_model("lfm2", **{**overrides, "vocab_size": 151680, "hidden_size": 32, "num_attention_heads": 2,
-                                   "num_key_value_heads": 1, "block_ff_dim": 64})
+    arch, overrides = VARIANTS[variant]
+    hf = build_hf_model(arch, **{**overrides, **GGUF_VARIANTS[variant]})
     hf.save_pretrained(tmp_path)
+    if arch == "granitemoehybrid":  # the converter reads the released checkpoints' layer names, not transformers 5's
+        raw = json.loads((tmp_path / "config.json").read_text())
+        raw["layer_types"] = ["mamba" if t == "linear_attention" else "attention" for t in raw["layer_types"]]
+        (tmp_path / "config.json").write_text(json.dumps(raw))
     with_tokenizer(tmp_path, shared_dir / "tokenizers" / "qwen2.5-instruct")
-    path = convert(tmp_path, tmp_path / "lfm2.gguf", "f32")
+    path = convert(tmp_path, tmp_path / f"{variant}.gguf", outtype)
     ids = [5, 17, 33, 8, 61, 2, 40, 12]
-    want = hf.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False, eos_token_id=None,
-                       pad_token_id=0)[0, len(ids):].tolist()
-    for options in ({"dequantize": True}, {}):
-        llm = nexttoken.load(path, **options)
-        assert [k.mixer for k in llm.model.config.layers] == [k.mixer for k in load_model(tmp_path).config.layers]
-        assert llm.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == want
+    exact = nexttoken.load(path, dequantize=True)
+    assert [k.mixer for k in exact.model.config.layers] == [k.mixer for k in load_model(tmp_path).config.layers]
+    got = exact.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids
+    if outtype == "f32":
+        assert got == hf.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False, eos_token_id=None,
+                                  pad_token_id=0)[0, len(ids):].tolist()
+    assert nexttoken.load(path).generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == got
