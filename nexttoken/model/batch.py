@@ -58,9 +58,12 @@ class ForwardBatch:
         window_mask = None
         if sliding_window is not None:
             window_mask = ((allowed & (cols > query_col - sliding_window)) | itself)[:, None]
-        valid = key_valid[:, :kv_len].gather(1, write_index.clamp(max=kv_len - 1))  # (B, T)
+        valid = None  # only several new tokens per row can hold padding (a decode step's token is always real)
+        if write_index.shape[1] > 1:
+            valid = key_valid[:, :kv_len].gather(1, write_index.clamp(max=kv_len - 1))  # (B, T)
+            valid = None if bool(valid.all()) else valid
         return cls(positions, write_index, kv_len, mask, window_mask, write_start, last_only, window_only=plain,
-                   token_valid=None if plain or bool(valid.all()) else valid)
+                   token_valid=valid)
 
 
 def _sees_everything(

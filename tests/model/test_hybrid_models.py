@@ -218,3 +218,38 @@ def test_gguf_from_llama_cpps_converter(variant: str, outtype: str, tmp_path: Pa
         assert got == hf.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False, eos_token_id=None,
                                   pad_token_id=0)[0, len(ids):].tolist()
     assert nexttoken.load(path).generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == got
+
+
+def test_qwen3_5_chat_with_its_real_template_and_the_server(shared_dir: Path, tmp_path: Path) -> None:
+    """A tiny Qwen3.5 over Qwen2.5's real tokenizer with Qwen3.5's own chat template (llama.cpp's copy, thinking
+    and tool calls in it): `chat` and `nexttoken serve` (driven by the openai client) give transformers' greedy
+    continuation of the rendered prompt."""
+    import json
+
+    openai = pytest.importorskip("openai")
+    import transformers
+    from support.llama_cpp import template
+    from support.server import start_server, stop_server
+    from support.tiny_models import build_chat_model
+
+    _, overrides = VARIANTS["qwen3_5-delta"]
+    folder = build_chat_model(tmp_path / "qwen3_5", shared_dir / "tokenizers" / "qwen2.5-instruct", "qwen3_5",
+                              **{**overrides, "num_hidden_layers": 4})
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template("Qwen3.5-4B")}))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    llm = nexttoken.load(folder)
+    messages = [{"role": "user", "content": "Name a colour."}]
+    ids = llm.chat_prompt(messages)
+    assert "<|im_start|>assistant" in llm.tokenizer.decode(ids)
+    want = hf.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                       pad_token_id=0)[0, len(ids):].tolist()
+    assert llm.chat(messages, max_new_tokens=8, ignore_eos=True, temperature=0).token_ids == want
+    proc, url = start_server(folder)
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+        done = client.completions.create(model=folder.name, prompt=ids, max_tokens=8, temperature=0,
+                                         extra_body={"ignore_eos": True})
+        assert done.choices[0].text == llm.tokenizer.decode(want)
+    finally:
+        stop_server(proc)
