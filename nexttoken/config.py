@@ -163,6 +163,8 @@ class ModelConfig:
             # a vision-language checkpoint: its text model's config (Qwen3.5's Qwen3_5ForConditionalGeneration)
             tied = raw.get("tie_word_embeddings", raw["text_config"].get("tie_word_embeddings", False))
             raw = {**raw["text_config"], "architectures": [family.architecture], "tie_word_embeddings": tied}
+        if family is not None and family.config_defaults:
+            raw = {**dict(family.config_defaults), **raw}
         if family is None:
             what = f"architecture {archs!r}" if archs else f"model_type {raw.get('model_type')!r} (no architectures)"
             raise ModelLoadError(

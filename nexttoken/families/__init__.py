@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from . import gemma, granite, granite_hybrid, lfm2, llama, mixtral, olmo, phi3, qwen, qwen35, smollm3
+from . import gemma, granite, granite_hybrid, lfm2, llama, mamba2, mixtral, olmo, phi3, qwen, qwen35, smollm3
 from .base import (CONVOLUTION, FULL, LINEAR_ATTENTION, LOCAL_SLIDING, MIXERS, NOPE, RECURRENT_FEATURES,
                    RECURRENT_REFUSED, SLIDING, STATE_SPACE, Family, GGUFMeta, LayerKind)
 
@@ -18,7 +18,7 @@ FAMILIES: tuple[Family, ...] = (
     llama.LLAMA, llama.MISTRAL, qwen.QWEN2, qwen.QWEN3, olmo.OLMO2, granite.GRANITE, gemma.GEMMA2, gemma.GEMMA3,
     mixtral.MIXTRAL, qwen.QWEN2_MOE, qwen.QWEN3_MOE, phi3.PHI3,
     smollm3.SMOLLM3,
-    lfm2.LFM2, qwen35.QWEN3_5, granite_hybrid.GRANITE_HYBRID,
+    lfm2.LFM2, qwen35.QWEN3_5, granite_hybrid.GRANITE_HYBRID, mamba2.MAMBA2,
 )
 BY_ARCHITECTURE = MappingProxyType({f.architecture: f for f in FAMILIES})
 BY_MODEL_TYPE = MappingProxyType({t: f for f in FAMILIES for t in f.model_types})

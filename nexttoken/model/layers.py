@@ -160,7 +160,10 @@ class Block(nn.Module):
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one)
         self.attention = MIXERS[cfg.layer(layer).mixer](cfg, layer)  # the declared kind's module
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one)
-        self.mlp = MoE(cfg, lambda width: MLP(cfg, width)) if cfg.moe and cfg.moe.sparse_layers[layer] else MLP(cfg)
+        self.mlp = MoE(cfg, lambda width: MLP(cfg, width)) if cfg.moe and cfg.moe.sparse_layers[layer] else (
+            MLP(cfg) if cfg.intermediate_size else None)  # None: Mamba2, the mixer alone
+        if self.mlp is None:
+            self.ffn_norm = None
         self.norm_after, self.residual = cfg.norm_after, cfg.residual_multiplier
         if cfg.sandwich_norm:  # Gemma 2 / 3: each branch's output normed too, before the residual add
             self.attention_post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one)
@@ -170,6 +173,8 @@ class Block(nn.Module):
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, state: SequenceState, cos: torch.Tensor | None, sin: torch.Tensor | None
     ) -> torch.Tensor:
+        if self.mlp is None:  # Mamba2's block: norm, mixer, residual
+            return x + self.attention(self.attention_norm(x), batch, state, cos, sin)
         if self.sandwich:
             x = x + self.attention_post_norm(self.attention(self.attention_norm(x), batch, state, cos, sin))
             return x + self.ffn_post_norm(self.mlp(self.ffn_norm(x)))

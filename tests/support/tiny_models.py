@@ -101,10 +101,13 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         shared_intermediate_size=96, mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2, mamba_d_state=16,
         mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8, embedding_multiplier=3.0, attention_multiplier=0.2,
         residual_multiplier=0.5, logits_scaling=4.0)),
+    # Mamba2: no attention, no MLP; 4 layers of 4 heads of 32 over 2 groups, scan chunks of 8
+    "mamba2-ssd": ("mamba2", dict(num_hidden_layers=4, num_heads=4, head_dim=32, expand=2, n_groups=2, state_size=16,
+                                  conv_kernel=4, chunk_size=8, layer_norm_epsilon=1e-5)),
 }
 # The variants whose layers keep a recurrent state: the fused native step, speculative decoding and tensor
 # parallelism refuse them (they run the modules path, one token at a time).
-RECURRENT = frozenset({"lfm2-conv", "qwen3_5-delta", "granite4h-mamba"})
+RECURRENT = frozenset({"lfm2-conv", "qwen3_5-delta", "granite4h-mamba", "mamba2-ssd"})
 
 
 def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
@@ -127,6 +130,7 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
         "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
         "granitemoehybrid": (transformers.GraniteMoeHybridConfig, transformers.GraniteMoeHybridForCausalLM),
+        "mamba2": (transformers.Mamba2Config, transformers.Mamba2ForCausalLM),
     }[arch]
     cfg = cfg_cls(**{**BASE, **overrides})
     cfg._attn_implementation = "eager"
@@ -142,7 +146,7 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
             for name, p in model.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):
                     p.normal_(1.0, 0.5)
-    if arch in ("lfm2", "qwen3_5", "granitemoehybrid"):  # norms at ones or zeros ((1 + w): Qwen3.5), dt_bias at ones
+    if arch in ("lfm2", "qwen3_5", "granitemoehybrid", "mamba2"):  # norms at ones or zeros ((1 + w): Qwen3.5), dt_bias at ones
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if "norm" in name:

@@ -143,6 +143,8 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes |= {p + "pre_feedforward_layernorm.weight": (C,), p + "post_feedforward_layernorm.weight": (C,)}
         if cfg.moe and cfg.moe.sparse_layers[i]:
             shapes |= moe_shapes(cfg, i)
+        elif not I:  # Mamba2: no MLP, nor its norm
+            del shapes[p + norms[1] + ".weight"]
         elif family(cfg.architecture).renames and _gate_up(cfg):  # Granite 4.0-H: [gate; up] as one tensor
             shapes |= {p + "mlp.gate_up_proj.weight": (2 * I, C), p + "mlp.down_proj.weight": (C, I)}
         else:
@@ -200,7 +202,8 @@ def state_parts(cfg: ModelConfig, names: set[str] | dict) -> dict[str, list[str]
             sd[o + "attention_post_norm.weight"] = [p + "post_attention_layernorm.weight"]
             sd[o + "ffn_post_norm.weight"] = [p + "post_feedforward_layernorm.weight"]
         sd[o + "attention_norm.weight"] = [p + first + ".weight"]
-        sd[o + "ffn_norm.weight"] = [p + second + ".weight"]
+        if cfg.intermediate_size or cfg.moe:
+            sd[o + "ffn_norm.weight"] = [p + second + ".weight"]
         if cfg.moe and cfg.moe.sparse_layers[i]:
             sd |= moe_parts(cfg, i)
         if not cfg.layer(i).keeps_kv:
