@@ -63,6 +63,30 @@ class MoeConfig:
 
 
 @dataclass(frozen=True)
+class RecurrentConfig:
+    """The sizes of the layers that keep a recurrent state (issue 41; model/recurrent/): a causal convolution of
+    `conv_kernel` taps before each of them, then the kind's own recurrence. Unused sizes stay 0."""
+
+    conv_kernel: int
+    conv_bias: bool = False
+    # the gated delta rule (Qwen3.5, Qwen3-Next): key heads x key dim, value heads x value dim
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    # Mamba2's SSD (Granite 4.0-H, Falcon-H1, Nemotron-H, Mamba2): heads x head dim = the inner width, state size,
+    # groups of B / C, the scan's chunk, biases, dt's clamp, the gated norm's groups (n_groups: per group)
+    mamba_num_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_state_size: int = 0
+    mamba_n_groups: int = 1
+    mamba_chunk_size: int = 256
+    mamba_proj_bias: bool = False
+    time_step_limit: tuple[float, float] = (0.0, float("inf"))
+    mamba_norm_groups: int = 1
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     vocab_size: int
@@ -111,6 +135,11 @@ class ModelConfig:
     attention_sinks: bool = False
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.702
+    # Issue 41's hybrids: the recurrent layers' sizes; Qwen3.5's sigmoid gate on the attention output (q_proj
+    # rows doubled, [query; gate] per head); the rotated part of each head (None: all of it; Qwen3.5: a quarter).
+    recurrent: RecurrentConfig | None = None
+    attention_output_gate: bool = False
+    rotary_dim: int | None = None
 
     def layer(self, i: int) -> LayerKind:
         """Layer i's kind (full attention with the model's RoPE when the config names none)."""
@@ -139,8 +168,15 @@ class ModelConfig:
     def from_dict(cls, raw: dict[str, Any], source: str = "config") -> "ModelConfig":
         archs = raw.get("architectures") or []
         family = next((BY_ARCHITECTURE[a] for a in archs if a in BY_ARCHITECTURE), None)
+        family = family or next((f for a in archs for f in FAMILIES if a in f.text_of), None)
         if family is None and not archs:  # no `architectures`: the model_type names it, as transformers reads it
             family = BY_MODEL_TYPE.get(raw.get("model_type"))  # type: ignore[arg-type]
+        if family is not None and family.text_of and isinstance(raw.get("text_config"), dict):
+            # a vision-language checkpoint: its text model's config (Qwen3.5's Qwen3_5ForConditionalGeneration)
+            tied = raw.get("tie_word_embeddings", raw["text_config"].get("tie_word_embeddings", False))
+            raw = {**raw["text_config"], "architectures": [family.architecture], "tie_word_embeddings": tied}
+        if family is not None and family.config_defaults:
+            raw = {**dict(family.config_defaults), **raw}
         if family is None:
             what = f"architecture {archs!r}" if archs else f"model_type {raw.get('model_type')!r} (no architectures)"
             raise ModelLoadError(
@@ -163,22 +199,24 @@ class ModelConfig:
                 f"{source}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}"
             )
         switches = {"layers": (FULL,) * layers} | family.read(raw, source, layers)  # families/<family>.py's fields
-        rope = _rope_config(switches.pop("rope", raw), source, head_dim)
+        rope = _rope_config(switches.pop("rope", raw), source, head_dim, partial="rotary_dim" in switches)
+        recurrent = switches.pop("recurrent", None)
+        intermediate = switches.pop("intermediate_size", None)  # LFM2 derives its own from block_ff_dim
         local = switches.pop("rope_local", None)
         moe = switches.pop("moe", None)
         cfg = cls(
             architecture=family.architecture,
             vocab_size=int(need("vocab_size")),
             hidden_size=hidden,
-            intermediate_size=int(need("intermediate_size")),
+            intermediate_size=int(intermediate if intermediate is not None else need("intermediate_size")),
             num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
             head_dim=head_dim,
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=float(switches.pop("rms_norm_eps", raw.get("rms_norm_eps", 1e-6))),
             rope=rope,
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(switches.pop("tie_word_embeddings", raw.get("tie_word_embeddings", False))),
             attention_bias=bool(switches.pop("attention_bias", raw.get("attention_bias", False))),
             mlp_bias=bool(switches.pop("mlp_bias", raw.get("mlp_bias", False))),
             bos_token_id=raw.get("bos_token_id"),
@@ -188,6 +226,7 @@ class ModelConfig:
             hidden_act=raw.get("hidden_activation") or raw.get("hidden_act") or "silu",
             rope_local=None if local is None else _rope_config(local, source, head_dim),
             moe=None if moe is None else _moe_config(moe, source),
+            recurrent=None if recurrent is None else RecurrentConfig(**recurrent),
             **switches,
         )
         if len(cfg.layers) != layers:
@@ -209,7 +248,7 @@ def _moe_config(fields: dict[str, Any], source: str) -> MoeConfig:
     return MoeConfig(**fields)
 
 
-def _rope_config(raw: dict[str, Any], source: str, head_dim: int) -> RopeConfig:
+def _rope_config(raw: dict[str, Any], source: str, head_dim: int, partial: bool = False) -> RopeConfig:
     # transformers 5 writes `rope_parameters` (theta inside); older configs write `rope_theta` + `rope_scaling`.
     params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
     theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
@@ -218,7 +257,7 @@ def _rope_config(raw: dict[str, Any], source: str, head_dim: int) -> RopeConfig:
         raise ModelLoadError(
             f"{source}: rope type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
         )
-    if params.get("partial_rotary_factor", 1.0) != 1.0:
+    if params.get("partial_rotary_factor", 1.0) != 1.0 and not partial:  # a family that reads it sets rotary_dim
         raise ModelLoadError(f"{source}: partial_rotary_factor != 1 is not supported")
     if rope_type == "longrope":
         return _longrope_config(raw, params, theta, source, head_dim)

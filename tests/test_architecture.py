@@ -101,11 +101,12 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "moe": {"linear"},
         "quant": {"arithmetic", "kernels", "linear", "memory", "native_abi"},
         "lora": {"quant"},  # PEFT adapters: read onto the fused matrices, applied per row, merged
-        "layers": {"batch", "cache", "linear", "moe", "rope", "state"},
+        "recurrent": {"batch", "linear", "state"},  # issue 41's layer kinds that keep a state per sequence
+        "layers": {"batch", "cache", "linear", "moe", "recurrent", "rope", "state"},
         "fused": {"arithmetic", "batch", "cache", "kernels", "layers", "linear", "moe", "native_abi", "quant"},
-        "llama": {"arithmetic", "batch", "cache", "fused", "layers", "linear", "rope", "state"},
+        "llama": {"arithmetic", "batch", "cache", "fused", "layers", "linear", "recurrent", "rope", "state"},
         "parallel": {"linear", "memory", "moe", "quant"},
-        "weights": {"arithmetic", "linear", "llama", "memory", "moe", "parallel", "quant"},  # GGUF blocks kept packed (quant/ggml.py)
+        "weights": {"arithmetic", "linear", "llama", "memory", "moe", "parallel", "quant", "recurrent"},  # GGUF blocks kept packed (quant/ggml.py)
     },
     "engine": {
         "sequence": set(),

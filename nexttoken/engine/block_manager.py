@@ -173,15 +173,17 @@ class BlockManager:
 
 
 def pool_blocks(model, max_num_seqs: int, max_model_len: int, block_size: int,  # noqa: ANN001
-                kv_cache_memory: int | None, num_kv_blocks: int | None, dtype: torch.dtype) -> int:
+                kv_cache_memory: int | None, num_kv_blocks: int | None, dtype: torch.dtype, reserved: int = 0) -> int:
     """Blocks of the KV pool (the null block included): `num_kv_blocks`, or `kv_cache_memory` bytes' worth, or by
     default what `max_num_seqs` sequences of `max_model_len` tokens need, capped at DEFAULT_MEMORY_FRACTION of the
     memory available now. Raises GenerationConfigError, naming the bytes and the flags that lower them, when the
-    pool cannot be had (checked before anything is allocated)."""
+    pool cannot be had (checked before anything is allocated). `reserved`: bytes already promised (the recurrent
+    layers' state slots), not available to the pool; only the layers that keep K/V count in a block's bytes (the
+    others' rows of the pool are never written, so never committed)."""
     mc = model.config
-    per_block = PagedKVCache.bytes_per_block(mc.num_hidden_layers, mc.num_key_value_heads, block_size, mc.head_dim,
-                                             dtype)
-    available = available_memory(model.device)
+    kv_layers = sum(mc.layer(i).keeps_kv for i in range(mc.num_hidden_layers))
+    per_block = PagedKVCache.bytes_per_block(max(kv_layers, 1), mc.num_key_value_heads, block_size, mc.head_dim, dtype)
+    available = max(0, available_memory(model.device) - reserved)
     if num_kv_blocks is not None:
         blocks = num_kv_blocks + 1
     elif kv_cache_memory is not None:

@@ -38,10 +38,11 @@ from ..generation.processors.structured import GrammarMask
 from .embedding import EmbeddingError, embed
 from ..generation.trace.recorder import request_recorder
 from ..model import Transformer
+from ..model.recurrent import StateSlots, state_specs
 from ..model.lora import AdapterRegistry, LoraAdapter, Resolver, read_adapter, registry_of
 from .distributed import DistributedRunner
 from .block_manager import BlockManager, pool_blocks
-from .model_runner import ModelRunner
+from .model_runner import ModelRunner, check_state_memory, recurrent_layers, refused
 from .postprocess import advance, advance_greedy, fail, guarded, plain_greedy, snapshot
 from .scheduler import POLICIES, Scheduler, StepPlan
 from .sequence import Sequence, TokenEvent
@@ -167,9 +168,19 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or context, context)
         block_size = config.tokens_per_block
         cache_dtype = KV_CACHE_DTYPES[config.kv_cache_dtype] or model.dtype
+        # issue 41's hybrids: a state slot per running sequence for each recurrent layer (sized and checked first)
+        self.recurrent = recurrent_layers(model)
+        state_memory = check_state_memory(model, config.max_num_seqs) if self.recurrent else 0
+        if self.recurrent and speculative is not None:
+            raise GenerationConfigError(refused("speculative decoding", model))
         num_blocks = pool_blocks(model, config.max_num_seqs, self.max_model_len, block_size,
-                                 config.kv_cache_memory, config.num_kv_blocks, cache_dtype)
-        self.blocks = BlockManager(num_blocks, block_size, config.chunk_size, config.enable_prefix_caching)
+                                 config.kv_cache_memory, config.num_kv_blocks, cache_dtype, reserved=state_memory)
+        prefix_caching = config.enable_prefix_caching and not self.recurrent
+        if config.enable_prefix_caching and self.recurrent:
+            log.warning("prefix caching is off for this model (%s): its %s layers keep a recurrent state that a "
+                        "cached prefix's K/V blocks do not hold", model.config.architecture,
+                        ", ".join(sorted(set(self.recurrent.values()))))
+        self.blocks = BlockManager(num_blocks, block_size, config.chunk_size, prefix_caching)
         # One request alone may fill the pool, never more: a longer one could not run even with all others preempted.
         self.max_seq_tokens = min(self.max_model_len, self.blocks.capacity_tokens)
         self.scheduler = Scheduler(config.max_num_seqs, config.chunk_size, config.max_num_batched_tokens,
@@ -178,6 +189,8 @@ class LLMEngine:
         runner = DistributedRunner if getattr(model, "cluster", None) is not None else ModelRunner
         self.runner = runner(model, num_blocks, block_size, self.max_model_len, cache_dtype)
         self.runner.blocks = self.blocks
+        if self.recurrent:
+            self.runner.states = StateSlots(state_specs(model.config), config.max_num_seqs, model.dtype, model.device)
         cache = getattr(self.runner, "cache", None)
         self.blocks.release = cache.release if cache is not None else None  # freed blocks' pages back when idle
         self.requests: dict[str, Sequence] = {}
@@ -254,6 +267,9 @@ class LLMEngine:
             lora=lora,
             lora_key=lora_key,
         )
+        if self.recurrent and (draft_model is not None or params.prompt_lookup_num_tokens is not None):
+            raise GenerationConfigError(refused("speculative decoding (assistant_model, prompt_lookup_num_tokens)",
+                                                self.model))
         seq.spec = self.speculator.setup(seq, draft_model)
         self.requests[request_id] = seq
         self.scheduler.add(seq)

@@ -40,6 +40,7 @@ from ..errors import GenerationConfigError
 from ..model import ForwardBatch, PagedKVCache, Transformer
 from ..model import fused
 from ..model.kernels import MAX_ROWS
+from ..model.recurrent import StateSlots, state_bytes
 from .block_manager import BlockManager
 from .scheduler import PrefillChunk, StepPlan
 from .sequence import Sequence
@@ -67,8 +68,16 @@ class SeqView:
     """One sequence's blocks, shaped like a batch-of-one KVCache for a prefill chunk (the model only calls `update`):
     the chunk's columns are written into its blocks, and its first kv_len columns are gathered in order."""
 
-    def __init__(self, pool: PagedKVCache, table: torch.Tensor) -> None:
+    def __init__(self, pool: PagedKVCache, table: torch.Tensor, states: StateSlots | None = None,
+                 slot: int | None = None) -> None:
         self.pool, self.table = pool, table  # (blocks,) int64
+        self.states, self.rows = states, slice(slot, None if slot is None else slot + 1)  # its recurrent state slot
+
+    def slots(self, layer: int, batch: ForwardBatch) -> list[torch.Tensor]:
+        return self.states.read(layer, self.rows)  # (1, *shape) each
+
+    def keep(self, layer: int, batch: ForwardBatch, state: list[torch.Tensor]) -> None:
+        self.states.write(layer, self.rows, state)
 
     def update(self, layer: int, batch: ForwardBatch, k: torch.Tensor, v: torch.Tensor):  # noqa: ANN201
         assert batch.write_start is not None, "a prefill chunk writes contiguous columns"
@@ -83,9 +92,18 @@ class RowsView:
     Rows may repeat (padding up to MIN_ROWS); only the first `n_real` rows write into the pool.
     """
 
-    def __init__(self, pool: PagedKVCache, tables: torch.Tensor, n_real: int, span: int) -> None:
+    def __init__(self, pool: PagedKVCache, tables: torch.Tensor, n_real: int, span: int,
+                 states: StateSlots | None = None, slots: torch.Tensor | None = None) -> None:
         self.pool, self.tables, self.n_real, self.span = pool, tables, n_real, span  # tables: (B, W)
         self._batch = torch.arange(len(tables), device=tables.device)
+        self.states, self.state_rows = states, slots  # (B,) each row's recurrent state slot (padding: repeats)
+
+    def slots(self, layer: int, batch: ForwardBatch) -> list[torch.Tensor]:
+        return self.states.read(layer, self.state_rows)  # (B, *shape) copies
+
+    def keep(self, layer: int, batch: ForwardBatch, state: list[torch.Tensor]) -> None:
+        n = self.n_real  # padding rows repeat a real row's slot: computed, never written
+        self.states.write(layer, self.state_rows[:n], [t[:n] for t in state])
 
     def update(self, layer: int, batch: ForwardBatch, k: torch.Tensor, v: torch.Tensor):  # noqa: ANN201
         assert k.shape[2] == 1, "decode writes one column per row"
@@ -140,6 +158,7 @@ class DecodeRow:
     num_tokens: int
     num_cached: int = 0
     lora: str | None = None  # the sequence's LoRA adapter: a replayed row computes what its decode step computed
+    slot: int | None = None  # the sequence's place among the running: its recurrent state slot
 
     def hook_inputs(self) -> dict:
         return {}
@@ -157,7 +176,36 @@ def _bucket(num_tokens: int, limit: int) -> int:
     return min(limit, max(MIN_BUCKET, 1 << (num_tokens - 1).bit_length()))
 
 
+def recurrent_layers(model: torch.nn.Module) -> dict[int, str]:
+    """The layers that keep a recurrent state instead of K/V (issue 41's hybrids), by index: their kind."""
+    cfg = model.config
+    return {i: cfg.layer(i).mixer for i in range(cfg.num_hidden_layers) if not cfg.layer(i).keeps_kv}
+
+
+def refused(feature: str, model: torch.nn.Module) -> str:
+    """The message for an engine feature a model with recurrent layers cannot run exactly yet."""
+    kinds = ", ".join(sorted(set(recurrent_layers(model).values())))
+    return (f"{feature} is not supported for {model.config.architecture}: its {kinds} layers keep a recurrent "
+            "state per sequence that this feature would have to copy or roll back; run the request without it")
+
+
+def check_state_memory(model: torch.nn.Module, num_slots: int) -> int:
+    """The bytes of `num_slots` sequences' recurrent state (one slot per running sequence for each recurrent
+    layer), checked against the memory available before anything is allocated."""
+    per_slot = state_bytes(model.config, model.dtype)
+    need = per_slot * num_slots
+    free = _available_bytes() if model.device.type == "cpu" else None
+    if free is not None and need > free:
+        raise GenerationConfigError(
+            f"the recurrent state needs {need / 2**30:.2f} GiB ({num_slots} sequences x {per_slot / 2**20:.1f} MiB) "
+            f"but {free / 2**30:.2f} GiB of memory is available: lower --max-num-seqs (max_num_seqs) to at most "
+            f"{free // per_slot}")
+    return need
+
+
 class ModelRunner:
+    states: StateSlots | None = None  # the recurrent layers' state, a slot per running sequence (Sequence.slot)
+
     def __init__(self, model: Transformer, num_blocks: int, block_size: int, max_len: int,
                  cache_dtype: torch.dtype | None = None) -> None:
         mc = model.config
@@ -171,10 +219,15 @@ class ModelRunner:
     def run(self, plan: StepPlan) -> list[tuple[list[Sequence], torch.Tensor]]:
         """(requests, their (rows, V) float32 logits) for every request that chooses a token this step, in the
         groups they were computed in."""
-        replayed = [DecodeRow(r.seq.block_table, r.seq.token_ids[c], c + 1, lora=r.seq.lora) for r in plan.replay
-                    for c in range(r.start, r.end)]
-        if replayed:
+        replayed = [DecodeRow(r.seq.block_table, r.seq.token_ids[c], c + 1, lora=r.seq.lora, slot=r.seq.slot)
+                    for r in plan.replay for c in range(r.start, r.end)]
+        if replayed and self.states is None:
             self._decode(replayed)  # the K/V of tokens already chosen: their logits are not needed again
+        elif replayed:  # a recurrent state advances one token at a time: each sequence's columns in order
+            for depth in range(max(r.end - r.start for r in plan.replay)):
+                self._decode([DecodeRow(r.seq.block_table, r.seq.token_ids[r.start + depth], r.start + depth + 1,
+                                        lora=r.seq.lora, slot=r.seq.slot)
+                              for r in plan.replay if r.start + depth < r.end])
             for r in plan.replay:
                 r.seq.num_cached = r.end
         out = self._decode(plan.decode) if plan.decode else []
@@ -237,7 +290,9 @@ class ModelRunner:
         valid = torch.ones(len(tables), span, dtype=torch.bool, device=device)
         batch = dataclasses.replace(ForwardBatch.build(cols, cols, valid, span, self.window), rowwise=True,
                                     lora=self._lora_slots(group + pad))
-        logits = self.model(ids, batch, RowsView(self.cache, tables, n, span), **(extra or {})).float()
+        slots = None if self.states is None else torch.tensor([s.slot for s in group + pad], device=device)
+        view = RowsView(self.cache, tables, n, span, self.states, slots)
+        logits = self.model(ids, batch, view, **(extra or {})).float()
         for seq in group:
             seq.num_cached = seq.num_tokens
         return logits[:n]
@@ -251,7 +306,10 @@ class ModelRunner:
         valid = torch.ones(1, end, dtype=torch.bool, device=device)
         batch = ForwardBatch.build(cols, cols, valid, end, self.window, write_start=start, last_only=not want_prompt)
         batch.lora = self._lora_slots([seq])
-        view = SeqView(self.cache, torch.tensor(seq.block_table, dtype=torch.int64, device=device))
+        if self.states is not None and start == 0:  # a sequence's first chunk (again, after a preemption)
+            self.states.zero([seq.slot])
+        view = SeqView(self.cache, torch.tensor(seq.block_table, dtype=torch.int64, device=device), self.states,
+                       seq.slot)
         logits = self.model(ids, batch, view, **seq.hook_inputs()).float()  # (1, V), or (1, T, V) for prompt logprobs
         seq.num_cached = end
         if self.blocks is not None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from . import gemma, gpt_oss, granite, llama, mixtral, olmo, phi3, qwen, smollm3
-from .base import FULL, LOCAL_SLIDING, MIXERS, NOPE, SLIDING, Family, GGUFMeta, LayerKind
+from . import gemma, gpt_oss, granite, granite_hybrid, lfm2, llama, mamba2, mixtral, olmo, phi3, qwen, qwen35, smollm3
+from .base import (CONVOLUTION, FULL, LINEAR_ATTENTION, LOCAL_SLIDING, MIXERS, NOPE, RECURRENT_FEATURES,
+                   RECURRENT_REFUSED, SLIDING, STATE_SPACE, Family, GGUFMeta, LayerKind)
 
 # In docs/models.md's order.
 FAMILIES: tuple[Family, ...] = (
@@ -18,13 +19,15 @@ FAMILIES: tuple[Family, ...] = (
     mixtral.MIXTRAL, qwen.QWEN2_MOE, qwen.QWEN3_MOE, phi3.PHI3,
     smollm3.SMOLLM3,
     gpt_oss.GPT_OSS,
+    lfm2.LFM2, qwen35.QWEN3_5, granite_hybrid.GRANITE_HYBRID, mamba2.MAMBA2,
 )
 BY_ARCHITECTURE = MappingProxyType({f.architecture: f for f in FAMILIES})
 BY_MODEL_TYPE = MappingProxyType({t: f for f in FAMILIES for t in f.model_types})
 BY_GGUF = MappingProxyType({f.gguf: f for f in FAMILIES if f.gguf})
 
-__all__ = ["BY_ARCHITECTURE", "BY_GGUF", "BY_MODEL_TYPE", "FAMILIES", "FULL", "LOCAL_SLIDING", "MIXERS", "NOPE",
-           "SLIDING", "Family", "GGUFMeta", "LayerKind", "docs_table", "family"]
+__all__ = ["BY_ARCHITECTURE", "BY_GGUF", "BY_MODEL_TYPE", "CONVOLUTION", "FAMILIES", "FULL", "LINEAR_ATTENTION",
+           "LOCAL_SLIDING", "MIXERS", "NOPE", "SLIDING", "STATE_SPACE", "Family", "GGUFMeta", "LayerKind", "docs_table",
+           "family", "features_table"]
 
 
 def family(architecture: str) -> Family:
@@ -36,4 +39,12 @@ def docs_table() -> str:
     """docs/models.md's family table, from the declarations."""
     rows = ["| `architectures` in config.json | examples | what the config switches on |", "|---|---|---|"]
     rows += [f"| `{f.architecture}` | {f.examples} | {f.summary} |" for f in FAMILIES]
+    return "\n".join(rows)
+
+
+def features_table() -> str:
+    """docs/models.md's table of the families whose layers keep a recurrent state, and what the engine does on them."""
+    rows = ["| `architectures` | state per sequence and layer | engine features | refused or off |", "|---|---|---|---|"]
+    rows += [f"| `{f.architecture}` | {f.state} | {', '.join(RECURRENT_FEATURES)} | {', '.join(RECURRENT_REFUSED)} |"
+             for f in FAMILIES if f.state]
     return "\n".join(rows)

@@ -39,6 +39,18 @@ SLIDING = LayerKind(window=True)
 LOCAL_SLIDING = LayerKind(window=True, rope="local")  # Gemma 3: sliding layers rotate with their own RoPE
 NOPE = LayerKind(rope=None)
 NOPE_SLIDING = LayerKind(window=True, rope=None)  # SmolLM3 with use_sliding_window: its NoPE layers slide
+# Issue 41's recurrent kinds (model/recurrent/): no RoPE, a fixed-size state per sequence instead of K/V columns.
+LINEAR_ATTENTION = LayerKind(mixer="linear_attention", rope=None)  # gated delta rule (Qwen3.5, Qwen3-Next)
+CONVOLUTION = LayerKind(mixer="convolution", rope=None)  # LFM2's gated short convolution
+STATE_SPACE = LayerKind(mixer="state_space", rope=None)  # Mamba2's selective state space (SSD)
+
+# What the engine does for a family whose layers keep a recurrent state (docs/models.md's feature table): the
+# engine features that work on it, and those it refuses by name (engine/llm_engine.py checks the model's kinds).
+RECURRENT_FEATURES = ("continuous batching (mixed lengths)", "chunked prefill (state carried across chunks)",
+                      "preemption (recompute)", "n > 1 (each sequence prefilled alone)", "structured output",
+                      "traces")
+RECURRENT_REFUSED = ("prefix caching (turned off, logged)", "speculative decoding", "tensor parallelism",
+                     "LoRA", "the fused native step (modules path)")
 
 
 class GGUFMeta(Protocol):
@@ -87,3 +99,17 @@ class Family:
     stacked_experts: bool = False
     native_step: bool = True  # model/fused.py may run its decode steps natively (False: the modules path always)
     lora: bool = True  # PEFT adapters on q/k/v/o and gate/up/down (attention only on sparse MLP layers)
+    # Checkpoint tensor names -> the Llama names the loader reads ((regex, replacement) pairs, applied in order):
+    # LFM2's `feed_forward.w1` is Llama's `mlp.gate_proj`. Recurrent layers' tensors keep their own names.
+    renames: tuple[tuple[str, str], ...] = ()
+    # What the family's recurrent layers keep per sequence (docs/models.md); "": attention only.
+    state: str = ""
+    # Other `architectures` whose config.json nests this family's under `text_config` (a vision-language checkpoint
+    # whose text model nexttoken runs alone, as transformers' AutoModelForCausalLM does; its renames drop the rest).
+    text_of: tuple[str, ...] = ()
+    # Checkpoint tensor names (after renames) -> the name llama.cpp's tensor map knows them by, for a GGUF file
+    # ((regex, replacement) pairs): LFM2's final norm is our `model.norm`, llama.cpp's `token_embd_norm`.
+    gguf_aliases: tuple[tuple[str, str], ...] = ()
+    # config.json fields a family's configs leave out, filled before the shared fields are read (Mamba2: no
+    # attention heads, no MLP)
+    config_defaults: tuple[tuple[str, Any], ...] = ()

@@ -25,6 +25,9 @@ class ForwardBatch:
     # column is visible to the global layers and the last `sliding_window` to the sliding ones (model/fused.py's
     # native step computes that window itself).
     window_only: bool = False
+    # (B, T) bool: which new tokens are real (False: left padding, which the recurrent layers zero so it leaves
+    # their state as it was); None: all of them.
+    token_valid: torch.Tensor | None = None
 
     @classmethod
     def build(
@@ -55,7 +58,12 @@ class ForwardBatch:
         window_mask = None
         if sliding_window is not None:
             window_mask = ((allowed & (cols > query_col - sliding_window)) | itself)[:, None]
-        return cls(positions, write_index, kv_len, mask, window_mask, write_start, last_only, window_only=plain)
+        valid = None  # only several new tokens per row can hold padding (a decode step's token is always real)
+        if write_index.shape[1] > 1:
+            valid = key_valid[:, :kv_len].gather(1, write_index.clamp(max=kv_len - 1))  # (B, T)
+            valid = None if bool(valid.all()) else valid
+        return cls(positions, write_index, kv_len, mask, window_mask, write_start, last_only, window_only=plain,
+                   token_valid=valid)
 
 
 def _sees_everything(

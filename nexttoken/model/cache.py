@@ -26,6 +26,8 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self._rows = torch.arange(batch_size, device=device)[:, None]  # (B, 1) for per-row writes
+        # the recurrent layers' state, one slot per row (model/recurrent/slots.py's StateSlots); None: none
+        self.states = None
 
     @property
     def max_len(self) -> int:
@@ -49,12 +51,21 @@ class KVCache:
             v_layer[self._rows, :, batch.write_index] = v.transpose(1, 2)
         return k_layer[:, :, : batch.kv_len], v_layer[:, :, : batch.kv_len]
 
+    def slots(self, layer: int, batch: ForwardBatch) -> list[torch.Tensor]:
+        """A recurrent layer's state of every row, (B, *shape) each (state.py)."""
+        return self.states.read(layer, slice(None))
+
+    def keep(self, layer: int, batch: ForwardBatch, state: list[torch.Tensor]) -> None:
+        self.states.write(layer, slice(None), state)
+
     def reorder(self, rows: torch.Tensor, start: int, end: int) -> None:
         """Row b of columns [start, end) takes the K/V of row rows[b], in place (beam search, contrastive search).
 
         Only that span is copied: beams of one prompt share their prompt columns, so a beam step copies the
         generated columns, never the whole (L, B, Hkv, S, D) buffer.
         """
+        if self.states is not None:  # a recurrent state is the whole past: each beam takes its parent's
+            self.states.reorder(rows)
         if end <= start:
             return
         self.k[:, :, :, start:end] = self.k[:, rows, :, start:end]  # (L, B, Hkv, end-start, D)
@@ -68,6 +79,7 @@ class KVCache:
         bigger = KVCache(L, B, H, max_len, D, self.k.dtype, self.k.device)
         bigger.k[:, :, :, :S] = self.k
         bigger.v[:, :, :, :S] = self.v
+        bigger.states = self.states
         return bigger
 
 

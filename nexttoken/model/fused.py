@@ -211,6 +211,8 @@ class _Plan:
         kind = att.kind
         if (kind.rope == "local") != (kind.window and self.local_rope):
             return None
+        if att.gated or att.rotary != att.head_dim:  # Qwen3.5's gated, partially rotated attention: the modules
+            return None
         if (type(block), type(att), type(block.attention_norm), type(block.ffn_norm)) != (Block, Attention, RMSNorm,
                                                                                              RMSNorm):
             return None
@@ -249,6 +251,15 @@ class _Plan:
 # The declared layer kinds (families/base.py's LayerKind.mixer) the native step computes, and how each becomes an
 # NtLayer; a model with a layer of any other kind runs the modules (issue 41's recurrent kinds add theirs here).
 _NATIVE_KINDS = {"attention": _Plan._attention_layer}
+
+
+class _Refused:
+    """The plan of a model the native step does not compute (no description is built)."""
+
+    ok = False
+
+
+_REFUSED = _Refused()
 
 
 def _lora(module: torch.nn.Module | None) -> _Lora:
@@ -493,6 +504,9 @@ def _longrope_straddles(model: torch.nn.Module, positions: torch.Tensor) -> bool
 
 
 def _plan(model: torch.nn.Module, cache: KVCache) -> _Plan:
+    cfg = model.config
+    if any(cfg.layer(i).mixer not in _NATIVE_KINDS for i in range(cfg.num_hidden_layers)):
+        return _REFUSED  # a kind without a native layer (issue 41's recurrent kinds): the modules run every step
     plan: _Plan | None = getattr(model, "_fused_plan", None)
     if plan is None or plan.key != _key(model, cache):
         plan = _Plan(model, cache)

@@ -3,8 +3,8 @@ MLP (or MoE) and the block that joins them; llama.py assembles them into the Tra
 
 A block's mixer is the module of its declared layer kind (families/base.py's LayerKind.mixer -> MIXERS below), with
 one contract: forward(x (B, T, C), batch, state, cos, sin) -> (B, T, C), reading and writing only its own layer's
-part of the per-sequence state (state.py's SequenceState). Attention is the one kind today; issue 41's recurrent
-kinds join MIXERS with their modules.
+part of the per-sequence state (state.py's SequenceState). Attention here; issue 41's recurrent kinds (short
+convolution, gated delta rule, state space) are model/recurrent/'s.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ..config import ModelConfig
 from .batch import ForwardBatch
 from .linear import Linear
 from .moe import MoE
+from .recurrent import MIXERS as RECURRENT_MIXERS
 from .rope import apply_rope
 from .state import SequenceState
 
@@ -56,7 +57,11 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.split = (q_size, kv_size, kv_size)
-        self.wqkv = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias or cfg.attention_bias)
+        # Qwen3.5: q_proj's rows are [query; gate] per head, the output scaled by sigmoid(gate) before o_proj
+        self.gated = cfg.attention_output_gate
+        self.rotary = cfg.rotary_dim or self.head_dim  # the rotated first part of each head (the rest passes)
+        rows = q_size * (2 if self.gated else 1) + 2 * kv_size
+        self.wqkv = Linear(cfg.hidden_size, rows, bias=cfg.qkv_bias or cfg.attention_bias)
         self.wo = Linear(q_size, cfg.hidden_size, bias=cfg.attention_bias)
         self.kind = cfg.layer(layer)  # families/base.py's LayerKind: its window and its RoPE (None: NoPE)
         self.sliding = self.kind.window
@@ -74,7 +79,14 @@ class Attention(nn.Module):
         self, x: torch.Tensor, batch: ForwardBatch, state: SequenceState, cos: torch.Tensor | None, sin: torch.Tensor | None
     ) -> torch.Tensor:
         B, T, _ = x.shape
-        qk, v = self.wqkv(x).split((self.split[0] + self.split[1], self.split[2]), dim=-1)
+        gate = None
+        if self.gated:
+            qg, kv = self.wqkv(x).split((2 * self.split[0], 2 * self.split[1]), dim=-1)
+            q, gate = qg.view(B, T, self.n_heads, 2 * self.head_dim).chunk(2, dim=-1)  # (B, T, H, D) each
+            k, v = kv.split(self.split[1:], dim=-1)
+            qk, gate = torch.cat([q.reshape(B, T, -1), k], dim=-1), gate.reshape(B, T, -1)
+        else:
+            qk, v = self.wqkv(x).split((self.split[0] + self.split[1], self.split[2]), dim=-1)
         if self.qk_norm == "projection":
             q, k = qk.split(self.split[:2], dim=-1)
             qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=-1)
@@ -84,7 +96,9 @@ class Attention(nn.Module):
             q, k = qk.split((self.n_heads, self.n_kv_heads), dim=2)
             qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=2)
         qk = qk.transpose(1, 2)  # (B, H + Hkv, T, D)
-        if cos is not None:  # a NoPE layer (SmolLM3) is handed no tables
+        if cos is not None and self.rotary < self.head_dim:  # partial RoPE (Qwen3.5): the first `rotary` dims
+            qk = torch.cat([apply_rope(qk[..., : self.rotary], cos, sin), qk[..., self.rotary :]], dim=-1)
+        elif cos is not None:  # a NoPE layer (SmolLM3) is handed no tables
             qk = apply_rope(qk, cos, sin)
         q, k = qk.split((self.n_heads, self.n_kv_heads), dim=1)  # (B, H|Hkv, T, D)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
@@ -95,7 +109,10 @@ class Attention(nn.Module):
                                         None if mask is None else mask[b : b + 1]) for b in range(B)])
         else:
             y = self._attend(q, keys, values, mask)  # (B, H, T, D)
-        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
+        y = y.transpose(1, 2).reshape(B, T, -1)
+        if gate is not None:
+            y = y * torch.sigmoid(gate)
+        return self.wo(y)
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
@@ -170,7 +187,7 @@ def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float, alpha: fl
 
 
 # LayerKind.mixer -> the module that computes it (ModelConfig only declares kinds a family reader produced).
-MIXERS = {"attention": Attention}
+MIXERS = {"attention": Attention, **RECURRENT_MIXERS}
 
 
 class Block(nn.Module):
@@ -179,7 +196,10 @@ class Block(nn.Module):
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one)
         self.attention = MIXERS[cfg.layer(layer).mixer](cfg, layer)  # the declared kind's module
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one)
-        self.mlp = MoE(cfg, lambda width: MLP(cfg, width)) if cfg.moe and cfg.moe.sparse_layers[layer] else MLP(cfg)
+        self.mlp = MoE(cfg, lambda width: MLP(cfg, width)) if cfg.moe and cfg.moe.sparse_layers[layer] else (
+            MLP(cfg) if cfg.intermediate_size else None)  # None: Mamba2, the mixer alone
+        if self.mlp is None:
+            self.ffn_norm = None
         self.norm_after, self.residual = cfg.norm_after, cfg.residual_multiplier
         if cfg.sandwich_norm:  # Gemma 2 / 3: each branch's output normed too, before the residual add
             self.attention_post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one)
@@ -189,6 +209,8 @@ class Block(nn.Module):
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, state: SequenceState, cos: torch.Tensor | None, sin: torch.Tensor | None
     ) -> torch.Tensor:
+        if self.mlp is None:  # Mamba2's block: norm, mixer, residual
+            return x + self.attention(self.attention_norm(x), batch, state, cos, sin)
         if self.sandwich:
             x = x + self.attention_post_norm(self.attention(self.attention_norm(x), batch, state, cos, sin))
             return x + self.ffn_post_norm(self.mlp(self.ffn_norm(x)))

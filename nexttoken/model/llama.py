@@ -17,6 +17,7 @@ from .batch import ForwardBatch
 from .cache import KVCache
 from .layers import Block, RMSNorm
 from .linear import Linear
+from .recurrent import StateSlots, state_specs
 from .rope import inverse_frequencies, longrope_inv_freq, rope_cos_sin
 from .state import SequenceState
 
@@ -40,7 +41,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.inv_freq = inverse_frequencies(cfg.rope, cfg.head_dim)  # (D/2,) float32, never cast
+        self.inv_freq = inverse_frequencies(cfg.rope, cfg.rotary_dim or cfg.head_dim)  # (D/2,) float32, never cast
         # Gemma 3's sliding layers rotate with a RoPE of their own (another base); None: one RoPE for all layers.
         self.local_inv_freq = None if cfg.rope_local is None else inverse_frequencies(cfg.rope_local, cfg.head_dim)
         # Phi-3's LongRoPE: a second set for sequences beyond the original context; None: one set.
@@ -70,7 +71,7 @@ class Transformer(nn.Module):
         # .to(dtype) must not round the RoPE frequencies to bf16; they follow the weights' device only.
         super()._apply(fn, recurse)
         cfg, device = self.config, self.embed.weight.device
-        self.inv_freq = inverse_frequencies(cfg.rope, cfg.head_dim).to(device)
+        self.inv_freq = inverse_frequencies(cfg.rope, cfg.rotary_dim or cfg.head_dim).to(device)
         if cfg.rope_local is not None:
             self.local_inv_freq = inverse_frequencies(cfg.rope_local, cfg.head_dim).to(device)
         if cfg.rope.type == "longrope":
@@ -86,10 +87,15 @@ class Transformer(nn.Module):
         return self.embed.weight.device
 
     def new_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """generate()'s state: K/V columns for the attention layers, a state slot per row for the recurrent ones."""
         cfg = self.config
-        return KVCache(
+        cache = KVCache(
             cfg.num_hidden_layers, batch_size, cfg.num_key_value_heads, max_len, cfg.head_dim, self.dtype, self.device
         )
+        specs = state_specs(cfg)
+        if specs:
+            cache.states = StateSlots(specs, batch_size, self.dtype, self.device)
+        return cache
 
     def forward(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: SequenceState) -> torch.Tensor:
         """input_ids (B, T) -> logits (B, V) when batch.last_only, else (B, T, V); in the weights' dtype.
@@ -135,5 +141,5 @@ class Transformer(nn.Module):
         # each layer rotates with the RoPE its kind names: the model's, the sliding layers' own, or none (NoPE)
         tables = {"global": (cos, sin), "local": local or (cos, sin), None: (None, None)}
         for block in self.layers:
-            x = block(x, batch, cache, *tables[block.attention.kind.rope])
+            x = block(x, batch, cache, *tables[block.attention.kind.rope])  # a recurrent kind's rope is None
         return x

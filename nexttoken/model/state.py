@@ -7,11 +7,12 @@ writes of its rows' state, through this protocol and nothing else:
   batch's write columns and returns the columns the rows may attend, (B, Hkv, S, D) each. Implementations: the slot
   cache of one generation (cache.KVCache), and the engine's views of its paged pool (engine/model_runner.py's
   SeqView / RowsView / SlotView over cache.PagedKVCache's blocks).
-- the recurrent kinds of issue 41 (linear attention, short convolution, state space) will keep a fixed-size state
-  per sequence instead: they add one method here, `slots(layer, batch) -> (B, *state shape)` views of their rows'
-  state slots that the layer reads and overwrites in place, sized from the config and held by the engine beside the
-  pool (LayerKind.keeps_kv tells the engine which layers need which). A state without that method serves models
-  whose layers all keep K/V, so nothing above changes for them.
+- the recurrent kinds of issue 41 (linear attention, short convolution, state space: model/recurrent/) keep a
+  fixed-size state per sequence instead: `slots(layer, batch)` gives their rows' state tensors (B, *state shape)
+  each, and `keep(layer, batch, tensors)` stores the state after the new tokens. Sized from the config
+  (recurrent.state_specs), held by generate()'s KVCache (`states`) and by the engine beside the pool, one slot per
+  running sequence (LayerKind.keeps_kv tells them which layers need which). A state without these methods serves
+  models whose layers all keep K/V, so nothing above changes for them.
 """
 
 from __future__ import annotations
@@ -29,3 +30,9 @@ class SequenceState(Protocol):
     def update(self, layer: int, batch: ForwardBatch, k: torch.Tensor,
                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, Hkv, T, D) at the batch's columns; return the readable span (B, Hkv, S, D) each."""
+
+    def slots(self, layer: int, batch: ForwardBatch) -> list[torch.Tensor]:
+        """A recurrent layer's state of the batch's rows before the new tokens, (B, *shape) each."""
+
+    def keep(self, layer: int, batch: ForwardBatch, state: list[torch.Tensor]) -> None:
+        """Store a recurrent layer's state after the new tokens, (B, *shape) each, for the batch's rows."""

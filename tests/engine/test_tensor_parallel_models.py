@@ -10,10 +10,10 @@ import torch
 
 import nexttoken
 from support.tensor_parallel import GREEDY, SAMPLED, assert_same
-from support.tiny_models import NO_TENSOR_PARALLEL, PROMPTS, VARIANTS, build_hf_model, save_variant
+from support.tiny_models import NO_TENSOR_PARALLEL, PROMPTS, RECURRENT, VARIANTS, build_hf_model, save_variant
 
 
-@pytest.mark.parametrize("name", sorted(set(VARIANTS) - NO_TENSOR_PARALLEL))
+@pytest.mark.parametrize("name", sorted(set(VARIANTS) - NO_TENSOR_PARALLEL - RECURRENT))  # refused: test_hybrid_engine
 def test_tiny_architectures_equal_one_process(name, tmp_path) -> None:
     save_variant(name, tmp_path)
     one, tp = nexttoken.load(tmp_path), nexttoken.load(tmp_path, tensor_parallel_size=2)

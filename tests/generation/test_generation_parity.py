@@ -10,7 +10,9 @@ from nexttoken.model import load_model
 from support.tiny_models import PROMPTS, VARIANTS, left_padded, save_variant
 
 
-@pytest.fixture(scope="module", params=sorted(VARIANTS))
+# transformers' Mamba2 keeps its layers under `backbone`, not `model` (read below): its parity, greedy, seeded and
+# left-padded, is tests/model/test_hybrid_models.py's
+@pytest.fixture(scope="module", params=sorted(set(VARIANTS) - {"mamba2-ssd"}))
 def pair(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
     hf = save_variant(request.param, directory)

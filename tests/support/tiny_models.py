@@ -90,9 +90,32 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                                 num_experts_per_tok=2, intermediate_size=48, rope_parameters=dict(
                                     rope_type="yarn", rope_theta=150000.0, factor=4.0, truncate=False,
                                     original_max_position_embeddings=32))),
+    # Issue 41's hybrids (layers that keep a recurrent state; the engine's refusals for them in
+    # tests/engine/test_hybrid_engine.py): LFM2's short convolutions between attention layers with per-head q/k
+    # norms; Qwen3.5's three gated-DeltaNet layers before each gated attention layer, grouped values (4 value heads
+    # over 2 key heads), a quarter of each head rotated.
+    "lfm2-conv": ("lfm2", dict(num_hidden_layers=6, layer_types=["conv", "conv", "full_attention", "conv",
+                                                                  "full_attention", "conv"],
+                               block_ff_dim=112, block_multiple_of=16, norm_eps=1e-5, tie_word_embeddings=True)),
+    "qwen3_5-delta": ("qwen3_5", dict(num_hidden_layers=8, head_dim=32, linear_num_key_heads=2,
+                                           linear_num_value_heads=4, linear_key_head_dim=16,
+                                           linear_value_head_dim=16, linear_conv_kernel_dim=4)),
+    # Granite 4.0-H (dense): Mamba2 layers (4 heads of 32 over 2 groups, state 16, scan chunks of 8 so prompts
+    # cross several) between NoPE attention layers, every multiplier away from 1
+    "granite4h-mamba": ("granitemoehybrid", dict(
+        num_hidden_layers=5, layer_types=["mamba", "attention", "mamba", "mamba", "attention"], num_local_experts=0,
+        shared_intermediate_size=96, mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2, mamba_d_state=16,
+        mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8, embedding_multiplier=3.0, attention_multiplier=0.2,
+        residual_multiplier=0.5, logits_scaling=4.0)),
+    # Mamba2: no attention, no MLP; 4 layers of 4 heads of 32 over 2 groups, scan chunks of 8
+    "mamba2-ssd": ("mamba2", dict(num_hidden_layers=4, num_heads=4, head_dim=32, expand=2, n_groups=2, state_size=16,
+                                  conv_kernel=4, chunk_size=8, layer_norm_epsilon=1e-5)),
 }
 # Variants that run one process only (their declaration refuses tensor parallelism).
 NO_TENSOR_PARALLEL = {"gpt-oss"}
+# The variants whose layers keep a recurrent state: the fused native step, speculative decoding and tensor
+# parallelism refuse them (they run the modules path, one token at a time).
+RECURRENT = frozenset({"lfm2-conv", "qwen3_5-delta", "granite4h-mamba", "mamba2-ssd"})
 
 
 def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
@@ -113,6 +136,10 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
         "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
         "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM),
+        "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
+        "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
+        "granitemoehybrid": (transformers.GraniteMoeHybridConfig, transformers.GraniteMoeHybridForCausalLM),
+        "mamba2": (transformers.Mamba2Config, transformers.Mamba2ForCausalLM),
     }[arch]
     cfg = cfg_cls(**{**BASE, **overrides})
     cfg._attn_implementation = "eager"
@@ -130,6 +157,13 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
             for name, p in model.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):
                     p.normal_(1.0, 0.5)
+    if arch in ("lfm2", "qwen3_5", "granitemoehybrid", "mamba2"):  # norms at ones or zeros ((1 + w): Qwen3.5), dt_bias at ones
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.normal_(1.0 if arch == "lfm2" else 0.0, 0.3)
+                elif name.endswith(("dt_bias", "A_log", ".D")):
+                    p.uniform_(-1.0, 1.0)
     if arch in ("gemma2", "gemma3"):  # Gemma's norms scale by (1 + w), w initialised to zero; make every norm matter
         with torch.no_grad():
             for name, p in model.named_parameters():

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ...errors import LoraError, UnknownLoraError
+from ...families import family
 from .adapter import LoraAdapter
 from .layers import AdapterSet, wrap
 
@@ -190,6 +191,10 @@ def attach(model: nn.Module, max_loras: int, max_rank: int, max_adapters: int | 
                             f"max_lora_rank={slots.max_rank} already")
         return existing
     _check_limit(max_adapters, max_loras)  # before the matrices are wrapped
+    cfg = getattr(model, "config", None)
+    if cfg is not None and not family(cfg.architecture).lora:  # issue 41's hybrids: their recurrent layers' matrices
+        raise LoraError(f"LoRA adapters are not applied to {cfg.architecture} models yet; serve it without "
+                        "--enable-lora")
     registry = AdapterRegistry(wrap(model, max_loras, max_rank), max_adapters)
     model.adapters = registry
     return registry

@@ -12,6 +12,7 @@ experts stacked in one tensor per projection.
 from __future__ import annotations
 
 import math
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +110,7 @@ def config_dict(g: GGUFFile) -> dict[str, Any]:
     hidden, heads, layers = int(need("embedding_length")), int(need("attention.head_count")), int(need("block_count"))
     kv_heads = g.get("attention.head_count_kv", heads)
     if isinstance(kv_heads, list):  # per-layer counts: one value is all our attention takes
+        kv_heads = [k for k in kv_heads if k] or [heads]  # 0: a layer without attention (LFM2's convolutions)
         if len(set(kv_heads)) != 1:
             raise ModelLoadError(f"{g.path}: KV heads differ between layers ({sorted(set(kv_heads))}); not supported")
         kv_heads = kv_heads[0]
@@ -238,14 +240,20 @@ def gguf_names(g: GGUFFile, cfg: ModelConfig, names: list[str]) -> dict[str, str
     name_map = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
     out = {}
     for hf in names:
-        base, suffix = hf.rsplit(".", 1)
-        if ".experts." in base:
+        if ".experts." in hf:
             continue
+        full = hf
+        for pattern, alias in writer_family(g).gguf_aliases:  # a name llama.cpp's map knows in another spelling
+            full = re.sub(pattern, alias, full)
+        base, suffix = full.rsplit(".", 1)
         gname = name_map.get_name(base)
         if gname is None and base.endswith("block_sparse_moe.gate"):  # Mixtral's router
             gname = f"blk.{base.split('.')[2]}.ffn_gate_inp"
+        whole = name_map.get_name(full)  # a parameter without .weight (Mamba2's A_log, D: blk.N.ssm_a, ssm_d)
         if gname is not None and f"{gname}.{suffix}" in g.tensors:
             out[hf] = f"{gname}.{suffix}"
+        elif whole is not None and whole in g.tensors:
+            out[hf] = whole
     return out
 
 
@@ -261,6 +269,7 @@ def checkpoint_tensors(g: GGUFFile, cfg: ModelConfig, names: list[str], dtype: t
     """The GGUF's tensors under the Hugging Face checkpoint names `names` (what loader.py expects for `cfg`),
     dequantized into `dtype`. A checkpoint name with no GGUF tensor is left out (the shape check then names it)."""
     dense = gguf_names(g, cfg, names)
+    shapes = expected_shapes(cfg)
     out: dict[str, torch.Tensor] = {}
     stacked: dict[str, torch.Tensor] = {}  # ffn_{gate,up,down}_exps, read once per layer
     for hf in names:
@@ -276,14 +285,24 @@ def checkpoint_tensors(g: GGUFFile, cfg: ModelConfig, names: list[str], dtype: t
                 stacked[key] = _tensor(g, key, dtype)  # (experts, out, in)
             out[hf] = stacked[key][expert]
             continue
+        if hf.endswith("mlp.gate_up_proj.weight"):  # Granite 4.0-H's [gate; up], written as two tensors
+            parts = [f"blk.{hf.split('.')[2]}.ffn_gate.weight", f"blk.{hf.split('.')[2]}.ffn_up.weight"]
+            if all(p in g.tensors for p in parts):
+                out[hf] = torch.cat([_tensor(g, p, torch.float32) for p in parts]).to(dtype)
+                continue
         if hf not in dense:
             continue
         gname = dense[hf]
         t = _as_checkpoint(g, cfg, gname, _tensor(g, gname, torch.float32))
+        if gname.endswith(".ssm_a"):  # llama.cpp stores Mamba2's A = -exp(A_log)
+            t = torch.log(-t)
         if writer_family(g).gguf_norm_shift and gname.endswith("norm.weight"):
             t = t - 1
         if hf.endswith("shared_expert_gate.weight") and t.dim() == 1:  # llama.cpp keeps the (C,) vector
             t = t.unsqueeze(0)
+        want = shapes.get(hf)
+        if want is not None and tuple(t.shape) != want and t.numel() == math.prod(want):
+            t = t.reshape(want)  # a convolution's (C, 1, K) weight that the converter squeezed to (C, K)
         out[hf] = t.to(dtype)
     return out
 
@@ -318,7 +337,9 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
     torch_dtype = resolve_dtype(dtype, device)
     cfg = ModelConfig.from_dict(config_dict(g), source=str(g.path))
     names = list(expected_shapes(cfg))
-    if not dequantize and device.type == "cpu" and torch_dtype == torch.float32:
+    # a model with recurrent layers (issue 41) loads dequantized: its blocks are not kept packed yet
+    recurrent = any(not cfg.layer(i).keeps_kv for i in range(cfg.num_hidden_layers))
+    if not dequantize and not recurrent and device.type == "cpu" and torch_dtype == torch.float32:
         from .gguf_packed import build_packed_model, file_rows, keepable, keepable_experts, release_pages
 
         dense = gguf_names(g, cfg, names)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from ..linear import KeptLinear, Linear
 from ..llama import Transformer
 from ..memory import copy_into_arena, empty_in_arena, release_freed_memory
 from ..moe import checkpoint_parts as moe_parts, checkpoint_shapes as moe_shapes
+from ..recurrent import MIXERS as RECURRENT_MIXERS
 from ..quant.quantize import apply_quantization, quantize_bf16
 from .reader import Entry, Reader, check_dtypes, read_headers, stored_dtype
 
@@ -78,6 +80,32 @@ def read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def renamed(cfg: ModelConfig, names: dict) -> dict:
+    """A checkpoint's tensors under the Llama names the loader reads (Family.renames: LFM2's feed_forward.w1 is
+    mlp.gate_proj); as they are for the families that need none."""
+    rules = family(cfg.architecture).renames
+    if not rules:
+        return names
+    out = {}
+    for name, value in names.items():
+        for pattern, replacement in rules:
+            name = re.sub(pattern, replacement, name)
+        if name:  # a rule that leaves nothing drops the tensor (a vision tower the text model does not use)
+            out[name] = value
+    return out
+
+
+def _gate_up(cfg: ModelConfig) -> bool:
+    """Whether the family's renames give the MLP's gate and up as one `mlp.gate_up_proj` tensor."""
+    return any(r.endswith(".mlp.gate_up_proj.") for _, r in family(cfg.architecture).renames)
+
+
+def _recurrent(cfg: ModelConfig, layer: int) -> dict[str, list[tuple[str, tuple[int, ...]]]]:
+    """A recurrent layer's tensors (model/recurrent/): our names under layers.{layer}.attention -> the checkpoint's
+    (name, shape), joined along dim 0."""
+    return RECURRENT_MIXERS[cfg.layer(layer).mixer].checkpoint(cfg, layer)
+
+
 def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     C, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * D, cfg.num_key_value_heads * D
@@ -99,6 +127,12 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "self_attn.v_proj.weight": (kv, C),
             p + "self_attn.o_proj.weight": (C, q),
         }
+        if cfg.attention_output_gate:  # Qwen3.5: [query; gate] rows per head
+            shapes[p + "self_attn.q_proj.weight"] = (2 * q, C)
+        if not cfg.layer(i).keeps_kv:  # a recurrent layer: its own tensors instead of attention's
+            for x in "qkvo":
+                del shapes[p + f"self_attn.{x}_proj.weight"]
+            shapes |= {name: shape for parts in _recurrent(cfg, i).values() for name, shape in parts}
         if _fused_checkpoint(cfg):  # Phi-3 stores q/k/v and gate/up fused, in our layout already
             for x in "qkv":
                 del shapes[p + f"self_attn.{x}_proj.weight"]
@@ -109,15 +143,21 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes |= {p + "pre_feedforward_layernorm.weight": (C,), p + "post_feedforward_layernorm.weight": (C,)}
         if cfg.moe and cfg.moe.sparse_layers[i]:
             shapes |= moe_shapes(cfg, i)
+        elif not I:  # Mamba2: no MLP, nor its norm
+            del shapes[p + norms[1] + ".weight"]
+        elif family(cfg.architecture).renames and _gate_up(cfg):  # Granite 4.0-H: [gate; up] as one tensor
+            shapes |= {p + "mlp.gate_up_proj.weight": (2 * I, C), p + "mlp.down_proj.weight": (C, I)}
         else:
             shapes |= {p + "mlp.gate_proj.weight": (I, C), p + "mlp.up_proj.weight": (I, C),
                        p + "mlp.down_proj.weight": (C, I)}
-        if cfg.qk_norm:
+        if not cfg.layer(i).keeps_kv:
+            pass
+        elif cfg.qk_norm:
             qn, kn = (D, D) if cfg.qk_norm == "head" else (q, kv)
             shapes |= {p + "self_attn.q_norm.weight": (qn,), p + "self_attn.k_norm.weight": (kn,)}
-        if cfg.qkv_bias or cfg.attention_bias:
+        if (cfg.qkv_bias or cfg.attention_bias) and cfg.layer(i).keeps_kv:
             shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,), p + "self_attn.v_proj.bias": (kv,)}
-        if cfg.attention_bias:
+        if cfg.attention_bias and cfg.layer(i).keeps_kv:
             shapes[p + "self_attn.o_proj.bias"] = (C,)
         if cfg.attention_sinks:  # gpt-oss (stacked.py names them as llama.cpp does: a `.weight`)
             shapes[p + "self_attn.sinks.weight"] = (cfg.num_attention_heads,)
@@ -164,12 +204,15 @@ def state_parts(cfg: ModelConfig, names: set[str] | dict) -> dict[str, list[str]
             sd[o + "attention_post_norm.weight"] = [p + "post_attention_layernorm.weight"]
             sd[o + "ffn_post_norm.weight"] = [p + "post_feedforward_layernorm.weight"]
         sd[o + "attention_norm.weight"] = [p + first + ".weight"]
-        sd[o + "ffn_norm.weight"] = [p + second + ".weight"]
+        if cfg.intermediate_size or cfg.moe:
+            sd[o + "ffn_norm.weight"] = [p + second + ".weight"]
         if cfg.moe and cfg.moe.sparse_layers[i]:
             sd |= moe_parts(cfg, i)
         if cfg.attention_sinks:
             sd[o + "attention.sinks"] = [p + "self_attn.sinks.weight"]
-        if cfg.qk_norm:
+        if not cfg.layer(i).keeps_kv:
+            sd |= {o + "attention." + ours: [n for n, _ in parts] for ours, parts in _recurrent(cfg, i).items()}
+        elif cfg.qk_norm:
             sd[o + "attention.q_norm.weight"] = [p + "self_attn.q_norm.weight"]
             sd[o + "attention.k_norm.weight"] = [p + "self_attn.k_norm.weight"]
         if _fused_checkpoint(cfg):  # [q; k; v] and [gate; up] rows: our fused matrices as they are
@@ -184,6 +227,9 @@ def state_parts(cfg: ModelConfig, names: set[str] | dict) -> dict[str, list[str]
                 sd[o + f"attention.wqkv.{kind}"] = qkv
             if p + f"self_attn.o_proj.{kind}" in names:
                 sd[o + f"attention.wo.{kind}"] = [p + f"self_attn.o_proj.{kind}"]
+            if p + f"mlp.gate_up_proj.{kind}" in names:  # Granite 4.0-H's shared_mlp.input_linear: [gate; up]
+                sd[o + f"mlp.w13.{kind}"] = [p + f"mlp.gate_up_proj.{kind}"]
+                sd[o + f"mlp.w2.{kind}"] = [p + f"mlp.down_proj.{kind}"]
             if p + f"mlp.gate_proj.{kind}" in names:
                 sd[o + f"mlp.w13.{kind}"] = [p + f"mlp.gate_proj.{kind}", p + f"mlp.up_proj.{kind}"]
                 sd[o + f"mlp.w2.{kind}"] = [p + f"mlp.down_proj.{kind}"]
@@ -247,7 +293,8 @@ def load_model(
     path, device, cfg = _open_folder(path, device)
     if family(cfg.architecture).stacked_experts:
         return _load_stacked(path, cfg, dtype, device, quantize)
-    entries = {n: e for n, e in read_headers(safetensors_files(path)).items() if not n.endswith(_IGNORED_SUFFIXES)}
+    entries = renamed(cfg, {n: e for n, e in read_headers(safetensors_files(path)).items()
+                            if not n.endswith(_IGNORED_SUFFIXES)})
     check_tensors(cfg, entries, path)
     check_dtypes(entries)
     precision = resolve_precision(dtype, device, stored_dtype(entries), quantize)
@@ -341,6 +388,7 @@ def build_model(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: Path
                 torch_dtype: torch.dtype) -> Transformer:
     """The Transformer of a checkpoint's tensors (by checkpoint name), checked against `cfg`, in owned memory
     (every reader's last step: safetensors folders here, GGUF files in gguf.py)."""
+    tensors = renamed(cfg, tensors)
     check_tensors(cfg, tensors, source)
     state = _owned(to_state_dict(cfg, tensors), device, torch_dtype)
     with torch.device("meta"):  # no throw-away random init: parameters are assigned from the checkpoint
