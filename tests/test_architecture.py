@@ -120,6 +120,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "llm_engine": {"block_manager", "distributed", "embedding", "model_runner", "postprocess", "scheduler",
                        "sequence", "speculation"},
         "async_engine": {"embedding", "llm_engine", "sequence"},
+        "fit": set(),  # the KV pool and context sized to a memory budget (llama.cpp's --fit)
     },
     "text": {"chat_template": set(), "tokenizer": {"chat_template"}, "detokenizer": {"tokenizer"},
              "infill": {"tokenizer"}, "gguf_vocab": {"tokenizer"}},
@@ -136,9 +137,13 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "llamacpp": {"bodies"},  # llama.cpp's wire format: the /infill body
         "api": {"anthropic", "http", "llamacpp", "metrics", "openai", "settings"},  # one module per API
         "webui": set(),  # the chat page (package data) and its routes
-        "app": {"anthropic", "api", "http", "llamacpp", "metrics", "openai", "settings", "webui"},  # the request
-        # schemas for /openapi.json
-        "cli": {"app", "http", "settings"},
+        "catalog": set(),  # the served models before loading: --model, --models-dir, the HF cache, presets
+        "registry": {"catalog"},  # the models' states, loads and unloads under the memory budget
+        "service": {"api", "catalog", "metrics", "settings"},  # one loaded model's engine and APIs; its loader
+        "router": {"api", "http", "metrics", "registry"},  # each request to the model it names; /v1/models, admin
+        "app": {"anthropic", "api", "http", "llamacpp", "metrics", "openai", "registry", "router", "service",
+                "settings", "webui"},  # the request schemas for /openapi.json
+        "cli": {"app", "catalog", "http", "registry", "service", "settings"},
     },
 }
 

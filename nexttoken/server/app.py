@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
@@ -12,18 +13,8 @@ from fastapi.responses import JSONResponse
 from starlette.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine import LLMEngine
-from ..engine.async_engine import AsyncEngine
-from .api.chat import Chat
-from .api.completions import Completions
-from .api.embeddings import Embeddings
-from .api.infill import Infill
-from .api.messages import Messages
-from .api.lora import LoraAdapters
-from .api.models import Models
-from .api.responses import Responses
-from .api.serving import chat_renderer
-from .api.grammars import GrammarCompiler
+from ..engine import EngineStats, LLMEngine
+from .api.responses import ResponseStore
 from .api.traces import TraceStore
 from .http.connections import AcceptErrors
 from .http.errors import ANTHROPIC_PATHS, APIError, anthropic_error_body, error_body
@@ -48,11 +39,15 @@ MORE_ROUTES = {
     "count_tokens": anthropic_operation(CountTokensRequest, COUNT),
     "load_lora": operation(LoadLoraAdapterRequest, {"type": "object"}, *API_ERRORS),
     "unload_lora": operation(UnloadLoraAdapterRequest, {"type": "object"}, *API_ERRORS),
+    "admin": operation(None, {"type": "object", "required": ["id", "status"]}, *API_ERRORS),
 }
+from .registry import LOADED, Entry, ModelCollector, ModelRegistry
+from .router import ModelRouter
+from .service import ModelService
 from .settings import ServerSettings
 from .webui import add_webui
 
-__all__ = ["ServerSettings", "build_app"]
+__all__ = ["Parts", "ServerSettings", "build_app", "build_server"]
 
 
 def _allowed(scope: dict) -> set[str]:
@@ -67,27 +62,45 @@ def _allowed(scope: dict) -> set[str]:
 
 
 def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
-    """The app over an engine (its model, tokenizer and defaults); the engine thread starts and stops with the
-    app's lifespan."""
-    metrics = ServerMetrics(lambda: async_engine.stats)
-    async_engine = AsyncEngine(engine, on_step=metrics.on_step)
-    traces = TraceStore(settings.model_name)  # one store: every API's traced choices are read back at one URL
-    renderer = chat_renderer(engine, settings)  # one: the chat template's probes run once per server
-    grammars = GrammarCompiler(engine.tokenizer, engine.model.config.vocab_size, settings.grammar_compile_timeout_s)
-    completions, chat, models, responses, messages, embeddings, infill, loras = (
-        api(engine, async_engine, metrics, settings, traces, renderer=renderer, grammars=grammars)
-        for api in (Completions, Chat, Models, Responses, Messages, Embeddings, Infill, LoraAdapters))
-    chat.preamble_notice()
+    """The app over one engine (its model, tokenizer and defaults), handed over loaded; the engine thread starts
+    and stops with the app's lifespan."""
+    def one(parts: Parts) -> ModelRegistry:
+        service = ModelService(engine, settings, parts.metrics, parts.traces, parts.stored, on_step=parts.on_step)
+        return ModelRegistry([Entry(settings.model_name, settings.aliases, state=LOADED, service=service)])
+
+    return build_server(one, settings)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What every model's service shares: the metrics, the trace and response stores, the engines' step callback."""
+
+    metrics: ServerMetrics
+    traces: TraceStore
+    stored: ResponseStore
+    on_step: Callable[[EngineStats], None]
+
+
+def build_server(make_registry: Callable[[Parts], ModelRegistry], settings: ServerSettings,
+                 admin_without_key: bool = False) -> FastAPI:
+    """The app over the models of the registry `make_registry` builds (server/registry.py): every API route goes
+    to the model its request names. `admin_without_key`: the admin routes answer without an API key."""
+    registry: ModelRegistry | None = None
+    metrics = ServerMetrics(lambda: registry.stats())  # the loaded engines' numbers added up
+    parts = Parts(metrics, TraceStore(settings.model_name), ResponseStore(),
+                  lambda _: metrics.on_step(registry.stats()))  # one server-wide rate, whichever engine stepped
+    registry = make_registry(parts)
+    metrics.registry.register(ModelCollector(registry))
+    router = ModelRouter(registry, metrics, parts.stored, admin=bool(settings.api_key) or admin_without_key)
     drain = Drain(settings.shutdown_timeout_s)  # cli.py starts its clock on the signal
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         asyncio.get_running_loop().set_exception_handler(AcceptErrors())  # out of descriptors: logged once a minute
-        async_engine.start()
-        drain.attach(asyncio.get_running_loop(), lambda: async_engine.close(SHUTTING_DOWN))
+        registry.start()
+        drain.attach(asyncio.get_running_loop(), lambda: registry.close(SHUTTING_DOWN))
         yield
-        async_engine.shutdown()
-        grammars.close()
+        registry.shutdown()
 
     app = FastAPI(title="nexttoken", lifespan=lifespan, docs_url=None, redoc_url=None)
     # Starlette runs the last added first: errors, Host, CORS, the key, the media type, then the body is read.
@@ -121,26 +134,29 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
             headers = {**(headers or {}), "Allow": ", ".join(sorted(_allowed(request.scope)))}
         return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
-    app.post("/v1/completions", **ROUTES["completions"])(completions.completions)
-    app.post("/v1/chat/completions", **ROUTES["chat"])(chat.chat_completions)
+    route = router.route  # (the API object, its method) of the model the request names
+    app.post("/v1/completions", **ROUTES["completions"])(route("completions", "completions"))
+    app.post("/v1/chat/completions", **ROUTES["chat"])(route("chat", "chat_completions"))
     for prefix in ("/v1", ""):  # clients with a base URL without /v1 (OpenAI's Responses examples) too
-        app.post(f"{prefix}/responses", **MORE_ROUTES["responses"])(responses.create)
-        app.get(f"{prefix}/responses/{{response_id}}", **ROUTES["response"])(responses.get)
-        app.delete(f"{prefix}/responses/{{response_id}}", **ROUTES["response"])(responses.delete)
-    app.post("/v1/embeddings", **ROUTES["embeddings"])(embeddings.create)
-    app.post("/infill", **MORE_ROUTES["infill"])(infill.infill)
-    app.post("/v1/messages", **MORE_ROUTES["messages"])(messages.create)
-    app.post("/v1/messages/count_tokens", **MORE_ROUTES["count_tokens"])(messages.count_tokens)
-    app.get("/v1/models", **ROUTES["models"])(models.models)
-    app.get("/v1/models/{model_id:path}", **ROUTES["model"])(models.model)
-    app.post("/tokenize", **ROUTES["tokenize"])(models.tokenize)
-    app.post("/detokenize", **ROUTES["detokenize"])(models.detokenize)
-    app.get("/health", **ROUTES["health"])(models.health)
-    app.head("/health", include_in_schema=False)(models.health)
-    app.get("/metrics", **ROUTES["metrics"])(models.prometheus)
-    app.get("/v1/traces/{trace_id}", **ROUTES["trace"])(traces.get)
-    app.post("/v1/load_lora_adapter", **MORE_ROUTES["load_lora"])(loras.load)
-    app.post("/v1/unload_lora_adapter", **MORE_ROUTES["unload_lora"])(loras.unload)
+        app.post(f"{prefix}/responses", **MORE_ROUTES["responses"])(route("responses", "create"))
+        app.get(f"{prefix}/responses/{{response_id}}", **ROUTES["response"])(router.get_response)
+        app.delete(f"{prefix}/responses/{{response_id}}", **ROUTES["response"])(router.delete_response)
+    app.post("/v1/embeddings", **ROUTES["embeddings"])(route("embeddings", "create"))
+    app.post("/infill", **MORE_ROUTES["infill"])(route("infill", "infill"))
+    app.post("/v1/messages", **MORE_ROUTES["messages"])(route("messages", "create"))
+    app.post("/v1/messages/count_tokens", **MORE_ROUTES["count_tokens"])(route("messages", "count_tokens"))
+    app.get("/v1/models", **ROUTES["models"])(router.models)
+    app.get("/v1/models/{model_id:path}", **ROUTES["model"])(router.model)
+    app.post("/tokenize", **ROUTES["tokenize"])(route("models", "tokenize"))
+    app.post("/detokenize", **ROUTES["detokenize"])(route("models", "detokenize"))
+    app.get("/health", **ROUTES["health"])(router.health)
+    app.head("/health", include_in_schema=False)(router.health)
+    app.get("/metrics", **ROUTES["metrics"])(router.prometheus)
+    app.get("/v1/traces/{trace_id}", **ROUTES["trace"])(parts.traces.get)
+    app.post("/v1/load_lora_adapter", **MORE_ROUTES["load_lora"])(route("loras", "load"))
+    app.post("/v1/unload_lora_adapter", **MORE_ROUTES["unload_lora"])(route("loras", "unload"))
+    app.post("/admin/models/{name:path}/load", **MORE_ROUTES["admin"])(router.load)
+    app.post("/admin/models/{name:path}/unload", **MORE_ROUTES["admin"])(router.unload)
     if settings.webui:
         add_webui(app)
 
@@ -153,5 +169,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    app.state.engine, app.state.drain = async_engine, drain
+    first = registry.entries[0]
+    app.state.engine = first.service.engine if registry.single and first.state == LOADED else None
+    app.state.registry, app.state.drain = registry, drain
     return app

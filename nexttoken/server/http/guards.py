@@ -18,7 +18,7 @@ from .shutdown import MESSAGE as SHUTTING_DOWN, Drain
 # The API's paths: what the key guards (with the API's description) and what must be sent as JSON; /health and
 # /metrics stay open for probes and scrapers.
 API_PATHS = ("/v1/", "/tokenize", "/detokenize", "/infill", "/responses")
-_PROTECTED = (*API_PATHS, "/openapi.json")
+_PROTECTED = (*API_PATHS, "/openapi.json", "/admin/")  # the admin routes: server/router.py
 
 
 async def _send_error(send: Send, status: int, body: dict) -> None:
