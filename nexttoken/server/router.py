@@ -34,13 +34,16 @@ class ModelRouter:
     def route(self, api: str, method: str) -> Handler:
         """The handler of one API route: `method` of the `api` object (service.py's names) of the model the
         request's body names."""
-        async def handler(request: Request) -> Response:
+        async def handler(request: Request) -> Any:
             entry = await self.acquire(_named(await request.body()))
             try:
                 response = await getattr(getattr(entry.service, api), method)(request)
             except BaseException:
                 self.registry.release(entry)
                 raise
+            if not isinstance(response, Response):  # a dict, sent by FastAPI: the work is done
+                self.registry.release(entry)
+                return response
             return Held(response, lambda: self.registry.release(entry))
 
         handler.__name__ = f"{api}_{method}"

@@ -1,0 +1,206 @@
+"""Several models in one server (`--model NAME=PATH` more than once, docs/serving.md#several-models): each request
+goes to the model it names, loaded on its first request; /v1/models lists every model with its state; idle models
+unload and load again; a memory budget that holds one model at a time swaps them without a failed request; a
+damaged model file fails its own requests only, with the reason; the admin routes load and unload, behind the key.
+
+Models: stories260K (a real tokenizer), a tiny random Llama (no tokenizer) and a tiny random Qwen2 written as a
+GGUF file as llama.cpp's converter writes it (no tokenizer); the reference for each is transformers' greedy
+decoding on the same weights."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import torch
+from conftest import requires_shared
+from prometheus_client.parser import text_string_to_metric_families
+from support.gguf_writer import reference_tokens, write_model
+from support.server import start_server, stop_server
+from support.tiny_models import build_hf_model
+
+pytestmark = requires_shared
+
+KEY = "sk-admin"
+NEW = 8
+IDS = {"stories": [1, 403, 407, 261, 300], "llama": [1, 5, 17, 33, 40], "gguf": [1, 40, 41, 42, 43, 44]}
+
+
+@pytest.fixture(scope="module")
+def models(model_dir, tmp_path_factory):
+    """{name: (path, reference greedy tokens)}: the three models on disk, and a truncated GGUF file."""
+    import transformers
+
+    root = tmp_path_factory.mktemp("several")
+    stories = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    llama = build_hf_model("llama", seed=1)
+    llama.save_pretrained(root / "llama")
+    qwen = build_hf_model("qwen2", seed=2)
+    held = write_model(root / "gguf" / "tiny-qwen.gguf", "qwen2", qwen)
+    data = (root / "gguf" / "tiny-qwen.gguf").read_bytes()
+    (root / "broken.gguf").write_bytes(data[: len(data) * 2 // 3])  # cut off in the middle of its tensors
+    refs = {name: _greedy(model, IDS[name]) for name, model in (("stories", stories), ("llama", llama))}
+    refs["gguf"] = reference_tokens(qwen, held, IDS["gguf"], NEW)
+    return {"stories": (model_dir, refs["stories"]), "llama": (root / "llama", refs["llama"]),
+            "gguf": (root / "gguf" / "tiny-qwen.gguf", refs["gguf"]), "broken": (root / "broken.gguf", None)}
+
+
+def _greedy(model, ids: list[int]) -> list[int]:  # noqa: ANN001
+    model.config._attn_implementation = "eager"
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def _flags(models: dict, *names: str) -> list[str]:
+    return [arg for name in names for arg in ("--model", f"{name}={models[name][0]}")]
+
+
+@pytest.fixture(scope="module")
+def served(models):
+    proc, url = start_server(f"stories={models['stories'][0]}", *_flags(models, "llama", "gguf", "broken"),
+                             "--api-key", KEY, "--idle-unload-seconds", "3")
+    yield url
+    stop_server(proc)
+
+
+def _tokens(url: str, name: str, key: str | None = KEY) -> list[int]:
+    """The model's greedy tokens for IDS[name], read off the logprobs (the tokenizer-less models' text is empty)."""
+    body = {"model": name, "prompt": IDS[name], "max_tokens": NEW, "temperature": 0, "logprobs": 0}
+    r = httpx.post(url + "/v1/completions", json=body, headers=_auth(key), timeout=120)
+    assert r.status_code == 200, r.text
+    return [int(t.rsplit(":", 1)[1]) if t.startswith("token_id:") else t
+            for t in r.json()["choices"][0]["logprobs"]["tokens"]]
+
+
+def _auth(key: str | None) -> dict:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _expected(models: dict, name: str) -> list:
+    """The reference tokens as the server shows them: ids, or stories260K's token texts."""
+    ref = models[name][1]
+    if name != "stories":
+        return ref
+    from nexttoken.text.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(models["stories"][0])
+    return [tok.token_text(i) for i in ref]
+
+
+def _states(url: str) -> dict[str, str]:
+    cards = httpx.get(url + "/v1/models", headers=_auth(KEY), timeout=30).json()["data"]
+    return {c["id"]: c["status"]["value"] for c in cards}
+
+
+def _metrics(url: str, key: str | None = KEY) -> dict:
+    text = httpx.get(url + "/metrics", headers=_auth(key), timeout=30).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_models_are_listed_unloaded_until_asked_for(served) -> None:
+    states = _states(served)
+    assert states == {"stories": "unloaded", "llama": "unloaded", "gguf": "unloaded", "broken": "unloaded"}
+
+
+def test_each_model_answers_as_alone_interleaved_and_concurrent(served, models) -> None:
+    names = ["stories", "llama", "gguf"] * 3
+    with ThreadPoolExecutor(len(names)) as pool:
+        got = list(pool.map(lambda n: _tokens(served, n), names))
+    for name, tokens in zip(names, got):
+        assert tokens == _expected(models, name), name
+    for name in ("llama", "stories", "gguf"):  # and one after another
+        assert _tokens(served, name) == _expected(models, name)
+    card = next(c for c in httpx.get(served + "/v1/models", headers=_auth(KEY)).json()["data"] if c["id"] == "llama")
+    assert card["status"]["value"] == "loaded" and card["max_model_len"] == 128
+    assert card["status"]["weights_bytes"] > 0 and card["status"]["kv_cache_bytes"] > 0
+
+
+def test_unknown_model_is_a_404_naming_the_served_ones(served) -> None:
+    r = httpx.post(served + "/v1/chat/completions", headers=_auth(KEY), timeout=30,
+                   json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert all(repr(n) in r.json()["error"]["message"] for n in ("stories", "llama", "gguf", "broken"))
+    r = httpx.post(served + "/v1/messages", headers=_auth(KEY), timeout=30,
+                   json={"model": "nope", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 404 and r.json()["type"] == "error" and "'stories'" in r.json()["error"]["message"]
+
+
+def test_a_damaged_file_fails_its_own_requests_with_the_reason(served, models) -> None:
+    r = httpx.post(served + "/v1/completions", headers=_auth(KEY), timeout=120,
+                   json={"model": "broken", "prompt": [1, 2, 3], "max_tokens": 2})
+    assert r.status_code == 503, r.text
+    error = r.json()["error"]
+    assert error["code"] == "model_unavailable" and "'broken' failed to load" in error["message"]
+    assert _states(served)["broken"] == "failed"
+    card = next(c for c in httpx.get(served + "/v1/models", headers=_auth(KEY)).json()["data"] if c["id"] == "broken")
+    assert card["status"]["reason"] and card["status"]["reason"] in error["message"]
+    assert _tokens(served, "llama") == _expected(models, "llama")  # the others keep serving
+
+
+def test_admin_load_and_unload_behind_the_key(served, models) -> None:
+    assert httpx.post(served + "/admin/models/llama/unload", timeout=30).status_code == 401
+    r = httpx.post(served + "/admin/models/llama/unload", headers=_auth(KEY), timeout=60)
+    assert r.status_code == 200 and r.json()["status"]["value"] == "unloaded"
+    assert _states(served)["llama"] == "unloaded"
+    r = httpx.post(served + "/admin/models/llama/load", headers=_auth(KEY), timeout=120)
+    assert r.status_code == 200 and r.json()["status"]["value"] == "loaded"
+    assert httpx.post(served + "/admin/models/nope/load", headers=_auth(KEY), timeout=30).status_code == 404
+    assert _tokens(served, "llama") == _expected(models, "llama")
+
+
+def test_idle_models_unload_and_load_again(served, models) -> None:
+    _tokens(served, "gguf")
+    before = _metrics(served)
+    assert before[("nexttoken_model_state", (("model", "gguf"), ("state", "loaded")))] == 1
+    assert before[("nexttoken_model_kv_cache_bytes", (("model", "gguf"),))] > 0
+    deadline = time.monotonic() + 30
+    while _states(served)["gguf"] != "unloaded" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _states(served)["gguf"] == "unloaded"
+    after = _metrics(served)
+    assert after[("nexttoken_model_unloads_total", (("model", "gguf"),))] > before.get(
+        ("nexttoken_model_unloads_total", (("model", "gguf"),)), 0)
+    assert after[("nexttoken_model_kv_cache_bytes", (("model", "gguf"),))] == 0
+    assert _tokens(served, "gguf") == _expected(models, "gguf")  # loaded again by its request
+    assert _states(served)["gguf"] == "loaded"
+
+
+# ---- a memory budget that holds one model at a time -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def budgeted(models):
+    """stories260K and the tiny Llama under a budget of 12 MB: either model's pool for 256 sequences of its whole
+    context (167 MB, 16 MB) would take more, so each fitted pool takes the room left and either model's load unloads
+    the other."""
+    proc, url = start_server(f"stories={models['stories'][0]}", *_flags(models, "llama"), "--memory-budget", "12MB",
+                             "--max-num-seqs", "256")
+    yield url
+    stop_server(proc)
+
+
+def test_a_budget_for_one_model_swaps_them_without_a_failed_request(budgeted, models) -> None:
+    names = ["stories", "llama"] * 4
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda n: _tokens(budgeted, n, None), names))
+    for name, tokens in zip(names, got):
+        assert tokens == _expected(models, name), name
+    metrics = _metrics(budgeted, None)
+    assert metrics[("nexttoken_memory_budget_bytes", ())] == 12_000_000
+    assert metrics[("nexttoken_memory_held_bytes", ())] <= 12_000_000
+    loaded = [n for n in ("stories", "llama")
+              if metrics[("nexttoken_model_state", (("model", n), ("state", "loaded")))] == 1]
+    assert len(loaded) == 1  # never both
+    assert sum(metrics[("nexttoken_model_unloads_total", (("model", n),))] for n in ("stories", "llama")) >= 1
+    card = next(c for c in httpx.get(budgeted + "/v1/models").json()["data"] if c["id"] == loaded[0])
+    status = card["status"]
+    assert status["weights_bytes"] + status["kv_cache_bytes"] + status["runtime_bytes"] <= 12_000_000
+
+
+def test_admin_routes_are_refused_without_a_key(budgeted) -> None:
+    r = httpx.post(budgeted + "/admin/models/llama/load", timeout=30)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "admin_disabled"
