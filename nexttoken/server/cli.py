@@ -198,6 +198,7 @@ def _configure_logging(request_level: str) -> None:
     root.propagate = False
     level = logging.CRITICAL + 1 if request_level == "off" else getattr(logging, request_level.upper())
     logging.getLogger("nexttoken.server.requests").setLevel(level)
+    logging.getLogger("nexttoken.server.models").setLevel(logging.INFO)  # each load and unload, with its memory
 
 
 def default_threads() -> int:

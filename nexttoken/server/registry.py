@@ -24,7 +24,7 @@ from ..engine.llm_engine import EngineStats
 from ..errors import NextTokenError
 from .catalog import ModelChoice
 
-log = logging.getLogger("nexttoken.server")
+log = logging.getLogger("nexttoken.server.models")  # loads (with their memory), unloads, failures
 
 UNLOADED, LOADING, LOADED, FAILED = "unloaded", "loading", "loaded", "failed"
 STATES = (UNLOADED, LOADING, LOADED, FAILED)
@@ -239,7 +239,7 @@ class ModelRegistry:
             entry.loads += 1
             entry.size = service.memory.total_bytes
             entry.last_used = time.monotonic()
-            log.warning("model %r loaded in %.1f s: %s", entry.name, time.monotonic() - started,
+            log.info("model %r loaded in %.1f s: %s", entry.name, time.monotonic() - started,
                         service.memory.describe())
 
     async def _make_room(self, entry: Entry) -> None:
@@ -269,7 +269,7 @@ class ModelRegistry:
         entry.unloads += 1
         self._retired = _summed([self._retired, service.stats()])
         await asyncio.to_thread(service.shutdown)
-        log.warning("model %r unloaded (%s)", entry.name, why)
+        log.info("model %r unloaded (%s)", entry.name, why)
 
     def held(self, exclude: Entry | None = None) -> int:
         """Bytes the loaded models hold of the budget (but `exclude`)."""
@@ -280,14 +280,13 @@ class ModelRegistry:
         """Start the engines of the models loaded already, and the idle unloader (from the app's lifespan)."""
         for e in self.loaded():
             e.service.start()
-        if self._idle_task is None and (self.idle_unload_s is not None or
-                                        any(e.idle_unload_s is not None for e in self.entries)):
+        if self._idle_task is None:  # always: an entry's idle_unload_s may be set later (Ollama's keep_alive)
             self._idle_task = asyncio.ensure_future(self._unload_idle())
 
     async def _unload_idle(self) -> None:
         while True:
             times = [t for t in [self.idle_unload_s, *(e.idle_unload_s for e in self.entries)] if t is not None]
-            await asyncio.sleep(max(0.05, min(times, default=1.0) / 4))
+            await asyncio.sleep(min(1.0, max(0.05, min(times, default=4.0) / 4)))
             now = time.monotonic()
             for e in self.entries:
                 limit = e.idle_unload_s if e.idle_unload_s is not None else self.idle_unload_s

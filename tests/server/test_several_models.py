@@ -62,7 +62,7 @@ def _flags(models: dict, *names: str) -> list[str]:
 @pytest.fixture(scope="module")
 def served(models):
     proc, url = start_server(f"stories={models['stories'][0]}", *_flags(models, "llama", "gguf", "broken"),
-                             "--api-key", KEY, "--idle-unload-seconds", "3")
+                             "--api-key", KEY, "--idle-unload-seconds", "5")
     yield url
     stop_server(proc)
 
@@ -179,11 +179,12 @@ def budgeted(models):
     the other."""
     proc, url = start_server(f"stories={models['stories'][0]}", *_flags(models, "llama"), "--memory-budget", "12MB",
                              "--max-num-seqs", "256")
-    yield url
+    yield proc, url
     stop_server(proc)
 
 
 def test_a_budget_for_one_model_swaps_them_without_a_failed_request(budgeted, models) -> None:
+    proc, budgeted = budgeted
     names = ["stories", "llama"] * 4
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda n: _tokens(budgeted, n, None), names))
@@ -199,8 +200,14 @@ def test_a_budget_for_one_model_swaps_them_without_a_failed_request(budgeted, mo
     card = next(c for c in httpx.get(budgeted + "/v1/models").json()["data"] if c["id"] == loaded[0])
     status = card["status"]
     assert status["weights_bytes"] + status["kv_cache_bytes"] + status["runtime_bytes"] <= 12_000_000
+    context = {"stories": 512, "llama": 128}[loaded[0]]
+    assert card["max_model_len"] == context and context <= status["kv_tokens"] < 256 * context  # fitted to the room
+    log = proc.stdout.read().decode()
+    assert "model 'stories' loaded in" in log and "model 'llama' loaded in" in log and "KV pool" in log
+    assert "unloaded (to make room for" in log
 
 
 def test_admin_routes_are_refused_without_a_key(budgeted) -> None:
-    r = httpx.post(budgeted + "/admin/models/llama/load", timeout=30)
+    r = httpx.post(budgeted[1] + "/admin/models/llama/load", timeout=30)
     assert r.status_code == 403 and r.json()["error"]["code"] == "admin_disabled"
+
