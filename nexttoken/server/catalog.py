@@ -134,25 +134,35 @@ def models_in(folder: str | os.PathLike) -> list[tuple[str, Path]]:
 
 
 def cached_models(download_dir: str | os.PathLike | None = None) -> list[tuple[str, Path]]:
-    """The models in the Hugging Face cache (huggingface_hub's, or `download_dir`): each model repository whose
-    newest snapshot holds a config.json, by its id; each GGUF file of a repository as `id:stem`."""
-    from huggingface_hub import scan_cache_dir
-
-    try:
-        info = scan_cache_dir(download_dir)
-    except Exception as e:  # noqa: BLE001 - huggingface_hub's CacheNotFound and corrupted-cache errors
-        raise PresetError(f"the Hugging Face cache {download_dir or '(default)'} cannot be read: {e}") from e
+    """The models in the Hugging Face cache (`download_dir`, else $HF_HUB_CACHE, $HF_HOME/hub or
+    ~/.cache/huggingface/hub): each model repository whose snapshot (refs/main's, else the newest) holds a
+    config.json, by its id; each GGUF file of a repository as `id:stem`. The cache's layout (models--org--name/
+    snapshots/<commit>/, refs/main) is read as it is on disk: huggingface_hub is optional."""
+    root = Path(download_dir or os.environ.get("HF_HUB_CACHE") or
+                Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub").expanduser()
+    if not root.is_dir():
+        raise PresetError(f"--hf-cache: no Hugging Face cache at {root} (set --download-dir or HF_HUB_CACHE)")
     found = []
-    for repo in sorted(info.repos, key=lambda r: r.repo_id):
-        if repo.repo_type != "model" or not repo.revisions:
+    for repo in sorted(root.glob("models--*")):
+        snapshot = _snapshot(repo)
+        if snapshot is None:
             continue
-        snapshot = max(repo.revisions, key=lambda r: r.last_modified).snapshot_path
+        repo_id = repo.name.removeprefix("models--").replace("--", "/")
         if (snapshot / "config.json").is_file():
-            found.append((repo.repo_id, snapshot))
+            found.append((repo_id, snapshot))
         for gguf in sorted(snapshot.glob("*.gguf")):
             if not gguf.name.lower().startswith("mmproj"):
-                found.append((f"{repo.repo_id}:{gguf.stem}", gguf))
+                found.append((f"{repo_id}:{gguf.stem}", gguf))
     return found
+
+
+def _snapshot(repo: Path) -> Path | None:
+    """A cached repository's snapshot folder: refs/main's commit, else the newest snapshot; None without one."""
+    ref = repo / "refs" / "main"
+    if ref.is_file() and (repo / "snapshots" / ref.read_text().strip()).is_dir():
+        return repo / "snapshots" / ref.read_text().strip()
+    snapshots = [p for p in (repo / "snapshots").glob("*") if p.is_dir()]
+    return max(snapshots, key=lambda p: p.stat().st_mtime) if snapshots else None
 
 
 def read_presets(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
