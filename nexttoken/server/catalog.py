@@ -39,7 +39,6 @@ SERVER_FIELDS = ("tool_call_parser", "reasoning_parser", "reasoning_budget", "de
                  "special_tokens_in_content")
 OTHER_FIELDS = ("aliases", "chat_template", "speculative_ngram", "num_speculative_tokens")
 LOAD_FIELDS = tuple(f.name for f in dataclasses.fields(LoadSpec))
-POOL_FIELDS = ("kv_cache_memory", "num_kv_blocks")  # a model with either is not fitted (engine/fit.py)
 PACKAGED_NAME = "default_model"  # the packaged model's name (pretrained.DEFAULT_MODEL_DIR's), read without torch
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
@@ -66,11 +65,6 @@ class ModelChoice:
     def names(self) -> tuple[str, ...]:
         """Every name a request's `model` may give it, the reported one first."""
         return (self.name, *self.aliases)
-
-    @property
-    def fitted(self) -> bool:
-        """Whether its pool is sized to the memory budget (no pool size of its own: engine/fit.py)."""
-        return all(self.engine.get(k) is None for k in POOL_FIELDS)
 
     def weight_bytes(self) -> int:
         """The bytes of its weight files on disk (0 when not local, a Hub id not fetched yet): the estimate a load
@@ -283,8 +277,11 @@ def _choice(name: str, model: str | None, settings: Mapping[str, Any], base: Loa
         spec = base.replace(**load)
     except (TypeError, ModelLoadError) as e:
         raise PresetError(f"model {name!r}: {e}") from None
-    return ModelChoice(name, spec, tuple(settings.get("aliases", ())),
-                       {k: v for k, v in settings.items() if k in ENGINE_FIELDS},
+    engine = {k: v for k, v in settings.items() if k in ENGINE_FIELDS}
+    for size, other in (("kv_cache_memory", "num_kv_blocks"), ("num_kv_blocks", "kv_cache_memory")):
+        if size in engine:  # its own pool size replaces the command line's, whichever flag that was
+            engine.setdefault(other, None)
+    return ModelChoice(name, spec, tuple(settings.get("aliases", ())), engine,
                        {k: v for k, v in settings.items() if k in SERVER_FIELDS}, settings.get("chat_template"),
                        {k: v for k, v in settings.items() if k in ("speculative_ngram", "num_speculative_tokens")})
 

@@ -107,7 +107,7 @@ class Loader:
         if choice.chat_template is not None and loaded.tokenizer is not None:
             loaded.tokenizer.use_chat_template(choice.chat_template)
         memory = None
-        if room is not None and choice.fitted:
+        if room is not None and config.kv_cache_memory is None and config.num_kv_blocks is None:  # no pool size
             dtype = KV_CACHE_DTYPES[config.kv_cache_dtype] or loaded.model.dtype
             memory = fit_memory(loaded.model, config, room, dtype)
             config = fitted_config(config, memory)

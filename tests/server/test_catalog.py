@@ -72,10 +72,10 @@ def test_presets_give_each_model_its_settings(tmp_path: Path) -> None:
                        '[models.b]\nmodel = "b"\nmax_num_seqs = 2\nmax_model_len = 256\n')
     first, second = build_catalog([f"a={a}"], presets=presets, base=LoadSpec(threads=1))
     assert (first.name, first.aliases, first.spec.dtype, first.spec.threads) == ("a", ("small",), "bfloat16", 1)
-    assert first.engine == {"max_num_seqs": 8, "kv_cache_memory": 64 << 20} and not first.fitted
+    assert first.engine == {"max_num_seqs": 8, "kv_cache_memory": 64 << 20, "num_kv_blocks": None}
     assert first.server == {"tool_call_parser": "hermes"} and first.chat_template.startswith("{% for m")
     assert (second.name, second.spec.model) == ("b", str(b))  # the presets' own model, relative to the file
-    assert second.engine == {"max_num_seqs": 2, "max_model_len": 256} and second.fitted
+    assert second.engine == {"max_num_seqs": 2, "max_model_len": 256}
     as_json = tmp_path / "presets" / "models.json"
     as_json.write_text(json.dumps({"models": {"b": {"model": "b", "pooling": "mean"}}}))
     assert build_catalog([], presets=as_json)[0].server == {"pooling": "mean"}

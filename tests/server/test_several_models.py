@@ -59,10 +59,22 @@ def _flags(models: dict, *names: str) -> list[str]:
     return [arg for name in names for arg in ("--model", f"{name}={models[name][0]}")]
 
 
+PRESETS = """
+[models.llama]
+max_model_len = 64
+aliases = ["tiny"]
+
+[models.stories]
+chat_template = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+"""
+
+
 @pytest.fixture(scope="module")
-def served(models):
+def served(models, tmp_path_factory):
+    presets = tmp_path_factory.mktemp("presets") / "presets.toml"
+    presets.write_text(PRESETS)
     proc, url = start_server(f"stories={models['stories'][0]}", *_flags(models, "llama", "gguf", "broken"),
-                             "--api-key", KEY, "--idle-unload-seconds", "5")
+                             "--api-key", KEY, "--idle-unload-seconds", "5", "--presets", str(presets))
     yield url
     stop_server(proc)
 
@@ -104,7 +116,8 @@ def _metrics(url: str, key: str | None = KEY) -> dict:
 
 def test_models_are_listed_unloaded_until_asked_for(served) -> None:
     states = _states(served)
-    assert states == {"stories": "unloaded", "llama": "unloaded", "gguf": "unloaded", "broken": "unloaded"}
+    assert states == {"stories": "unloaded", "llama": "unloaded", "tiny": "unloaded", "gguf": "unloaded",
+                      "broken": "unloaded"}
 
 
 def test_each_model_answers_as_alone_interleaved_and_concurrent(served, models) -> None:
@@ -116,8 +129,21 @@ def test_each_model_answers_as_alone_interleaved_and_concurrent(served, models) 
     for name in ("llama", "stories", "gguf"):  # and one after another
         assert _tokens(served, name) == _expected(models, name)
     card = next(c for c in httpx.get(served + "/v1/models", headers=_auth(KEY)).json()["data"] if c["id"] == "llama")
-    assert card["status"]["value"] == "loaded" and card["max_model_len"] == 128
+    assert card["status"]["value"] == "loaded" and card["max_model_len"] == 64  # its preset's, not the file's 128
     assert card["status"]["weights_bytes"] > 0 and card["status"]["kv_cache_bytes"] > 0
+
+
+def test_presets_give_each_model_its_settings(served, models) -> None:
+    body = {"model": "tiny", "prompt": IDS["llama"], "max_tokens": NEW, "temperature": 0, "logprobs": 0}
+    r = httpx.post(served + "/v1/completions", json=body, headers=_auth(KEY), timeout=120)
+    assert r.json()["model"] == "tiny" and len(r.json()["choices"][0]["logprobs"]["tokens"]) == NEW  # an alias
+    assert r.json()["choices"][0]["logprobs"]["tokens"] == [f"token_id:{i}" for i in models["llama"][1]]
+    chat = httpx.post(served + "/tokenize", headers=_auth(KEY), timeout=60,
+                      json={"model": "stories", "messages": [{"role": "user", "content": "Once upon a time"}]})
+    from nexttoken.text.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(models["stories"][0])  # the preset's template, not the folder's (support/server.py)
+    assert chat.json()["tokens"] == tok.encode("<Once upon a time>", add_special_tokens=False)
 
 
 def test_unknown_model_is_a_404_naming_the_served_ones(served) -> None:
@@ -136,6 +162,7 @@ def test_a_damaged_file_fails_its_own_requests_with_the_reason(served, models) -
     assert r.status_code == 503, r.text
     error = r.json()["error"]
     assert error["code"] == "model_unavailable" and "'broken' failed to load" in error["message"]
+    assert "truncated GGUF file" in error["message"]  # the loader's own reason
     assert _states(served)["broken"] == "failed"
     card = next(c for c in httpx.get(served + "/v1/models", headers=_auth(KEY)).json()["data"] if c["id"] == "broken")
     assert card["status"]["reason"] and card["status"]["reason"] in error["message"]
@@ -154,8 +181,12 @@ def test_admin_load_and_unload_behind_the_key(served, models) -> None:
 
 
 def test_idle_models_unload_and_load_again(served, models) -> None:
-    _tokens(served, "gguf")
+    body = {"model": "gguf", "prompt": IDS["gguf"], "max_tokens": NEW, "temperature": 0, "stream": True}
+    with httpx.stream("POST", served + "/v1/completions", json=body, headers=_auth(KEY), timeout=120) as r:
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert r.status_code == 200 and events[-1] == "data: [DONE]"  # a streamed answer holds the model until its end
     before = _metrics(served)
+    assert before[("nexttoken_model_active_requests", (("model", "gguf"),))] == 0
     assert before[("nexttoken_model_state", (("model", "gguf"), ("state", "loaded")))] == 1
     assert before[("nexttoken_model_kv_cache_bytes", (("model", "gguf"),))] > 0
     deadline = time.monotonic() + 30
