@@ -236,17 +236,19 @@ class ModelRegistry:
                 return
             service.start()
             entry.service, entry.state = service, LOADED
+            await self._make_room(entry, service.memory.total_bytes, wait=False)  # its size was an estimate
             entry.loads += 1
             entry.size = service.memory.total_bytes
             entry.last_used = time.monotonic()
             log.info("model %r loaded in %.1f s: %s", entry.name, time.monotonic() - started,
                         service.memory.describe())
 
-    async def _make_room(self, entry: Entry) -> None:
-        """Unload the least recently used idle models until `entry` fits the budget and the count; wait for one to
-        become idle when none is."""
-        need = entry.size or entry.choice.weight_bytes()  # type: ignore[union-attr]
-        if self.budget is not None and need > self.budget:
+    async def _make_room(self, entry: Entry, need: int | None = None, wait: bool = True) -> None:
+        """Unload the least recently used idle models until `entry` (`need` bytes; default: its size when last
+        loaded, else its files') fits the budget and the count; wait for one to become idle when none is (`wait`;
+        else leave it: a loaded model whose estimate fell short may hold more until the others are idle)."""
+        need = need or entry.size or entry.choice.weight_bytes()  # type: ignore[union-attr]
+        if wait and self.budget is not None and need > self.budget:
             raise ModelUnavailableError(f"it needs about {need} bytes ({need / 2**20:.1f} MiB), over the memory "
                                         f"budget of {self.budget} bytes: raise --memory-budget")
         while True:
@@ -254,6 +256,8 @@ class ModelRegistry:
             over = (self.max_loaded is not None and len(others) >= self.max_loaded) or (
                 self.budget is not None and self.held(entry) + need > self.budget)
             if not over or not others:
+                return
+            if not wait and not any(e.idle and e.choice is not None for e in others):
                 return
             idle = [e for e in others if e.idle and e.choice is not None]
             if idle:
