@@ -67,6 +67,7 @@ class Entry:
     unloads: int = 0
     idle_unload_s: float | None = None  # its own idle time before unloading (None: the registry's)
     size: int = 0  # bytes it held of the budget when last loaded (0: never loaded: its files' size is the estimate)
+    draining: bool = False  # its room is promised to a waiting load: new requests wait, it unloads once idle
     task: asyncio.Task | None = None  # its load in progress
 
     @property
@@ -155,7 +156,10 @@ class ModelRegistry:
         entry = self.find(name)
         if entry is None:
             raise self.unknown(name)
-        while entry.state != LOADED:
+        while entry.state == LOADED and entry.draining:  # a load waits for its room: new requests wait too
+            self._changed.clear()
+            await self._changed.wait()
+        while entry.state != LOADED:  # a request that waited for the load takes the model, draining or not
             self._check_open()
             if entry.state == FAILED:
                 raise ModelUnavailableError(f"the model {entry.name!r} failed to load: {entry.reason}")
@@ -251,6 +255,14 @@ class ModelRegistry:
         if wait and self.budget is not None and need > self.budget:
             raise ModelUnavailableError(f"it needs about {need} bytes ({need / 2**20:.1f} MiB), over the memory "
                                         f"budget of {self.budget} bytes: raise --memory-budget")
+        try:
+            await self._evict_for(entry, need, wait)
+        finally:
+            for e in self.entries:  # room found (or the load failed): promised models serve again
+                e.draining = False
+            self._changed.set()
+
+    async def _evict_for(self, entry: Entry, need: int, wait: bool) -> None:
         while True:
             others = [e for e in self.loaded() if e is not entry]
             over = (self.max_loaded is not None and len(others) >= self.max_loaded) or (
@@ -264,13 +276,19 @@ class ModelRegistry:
                 victim = min(idle, key=lambda e: e.last_used)
                 await self._unload(victim, f"to make room for {entry.name!r}")
                 continue
-            self._changed.clear()  # every loaded model is busy: wait for a request to finish
+            # Every loaded model is busy: the least recently used one drains (its new requests wait, so a model
+            # in steady use cannot starve this load), and the load waits for a request to finish.
+            victims = [e for e in others if e.choice is not None]
+            if victims:
+                min(victims, key=lambda e: e.last_used).draining = True
+            self._changed.clear()
             await self._changed.wait()
 
     async def _unload(self, entry: Entry, why: str) -> None:
         """Unload an idle loaded entry (the lock held)."""
-        service, entry.service, entry.state = entry.service, None, UNLOADED
+        service, entry.service, entry.state, entry.draining = entry.service, None, UNLOADED, False
         entry.unloads += 1
+        self._changed.set()  # its drained requests load it again
         self._retired = _summed([self._retired, service.stats()])
         await asyncio.to_thread(service.shutdown)
         log.info("model %r unloaded (%s)", entry.name, why)
@@ -302,6 +320,7 @@ class ModelRegistry:
     def close(self, reason: str) -> None:
         """Refuse new loads and abort what the loaded engines run (the end of a graceful shutdown)."""
         self._closed = reason
+        self._changed.set()  # requests waiting for a drained model go on, to be refused
         for e in self.loaded():
             e.service.close(reason)
 

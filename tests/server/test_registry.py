@@ -82,10 +82,16 @@ def test_least_recently_used_idle_model_goes_first_and_never_a_busy_one(choices)
         waiting = asyncio.ensure_future(_use(registry, "qwen"))
         await asyncio.sleep(0.5)
         assert not waiting.done() and _loaded(registry) == {"stories", "llama"}
+        late = asyncio.ensure_future(registry.acquire("stories"))  # stories' room is promised to qwen: it waits
+        await asyncio.sleep(0.2)
+        assert not late.done()
         registry.release(held)  # stories idle now: it goes, qwen loads, nothing failed
         await asyncio.wait_for(waiting, 60)
-        assert _loaded(registry) == {"llama", "qwen"}
-        assert next(e for e in registry.entries if e.name == "stories").state == UNLOADED
+        assert next(e for e in registry.entries if e.name == "stories").unloads == 1
+        again = await asyncio.wait_for(late, 60)  # then stories loads again, for its waiting request: qwen (idle) goes
+        assert _loaded(registry) == {"llama", "stories"} and registry.held() <= budget
+        assert next(e for e in registry.entries if e.name == "qwen").state == UNLOADED
+        registry.release(again)
         registry.release(busy)
         registry.shutdown()
 
