@@ -43,8 +43,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                       help="serve every model folder and GGUF file in DIR, each by its name (a folder's name, a "
                            "file's stem); may be repeated")
     many.add_argument("--hf-cache", action="store_true",
-                      help="serve every model in the Hugging Face cache (--download-dir, or huggingface_hub's), by "
-                           "its Hub id (a GGUF file as id:stem)")
+                      help="serve every model in the Hugging Face cache (--download-dir, else $HF_HUB_CACHE or "
+                           "~/.cache/huggingface/hub), by its Hub id (a GGUF file as id:stem)")
     many.add_argument("--presets", metavar="FILE",
                       help="each model's settings by name, in TOML or JSON (a [defaults] table and [models.NAME] "
                            "tables: load options, max_model_len, kv_cache_memory, chat_template, tool_call_parser, "
@@ -244,7 +244,6 @@ def run(args: argparse.Namespace) -> int:
     from ..engine.fit import default_budget
     from ..errors import GenerationConfigError
     from .app import build_server
-    from .catalog import ModelChoice
     from .registry import LOADED, Entry, ModelRegistry
     from .service import Loader
     from .settings import ServerSettings
@@ -264,11 +263,15 @@ def run(args: argparse.Namespace) -> int:
             kv_cache_dtype=args.kv_cache_dtype,
             scheduling_policy=args.scheduling_policy,
         )
-        for choice in choices:  # each model's own engine settings checked now, not at its first request
-            EngineConfig(**{**config.__dict__, **choice.engine})
-    except (GenerationConfigError, TypeError) as e:
+    except GenerationConfigError as e:
         print(f"nexttoken serve: {e}", file=sys.stderr)
         return 2
+    for choice in choices:  # each model's own engine settings checked now, not at its first request
+        try:
+            EngineConfig(**{**config.__dict__, **choice.engine})
+        except (GenerationConfigError, TypeError) as e:
+            print(f"nexttoken serve: model {choice.name!r} (--presets): {e}", file=sys.stderr)
+            return 2
     if not isinstance(args.default_chat_template_kwargs, dict):
         print("nexttoken serve: --default-chat-template-kwargs must be a JSON object, e.g. "
               "'{\"enable_thinking\": false}'", file=sys.stderr)

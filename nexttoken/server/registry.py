@@ -245,7 +245,7 @@ class ModelRegistry:
             entry.size = service.memory.total_bytes
             entry.last_used = time.monotonic()
             log.info("model %r loaded in %.1f s: %s", entry.name, time.monotonic() - started,
-                        service.memory.describe())
+                     service.memory.describe())
 
     async def _make_room(self, entry: Entry, need: int | None = None, wait: bool = True) -> None:
         """Unload the least recently used idle models until `entry` (`need` bytes; default: its size when last
@@ -269,9 +269,9 @@ class ModelRegistry:
                 self.budget is not None and self.held(entry) + need > self.budget)
             if not over or not others:
                 return
-            if not wait and not any(e.idle and e.choice is not None for e in others):
-                return
             idle = [e for e in others if e.idle and e.choice is not None]
+            if not idle and not wait:
+                return
             if idle:
                 victim = min(idle, key=lambda e: e.last_used)
                 await self._unload(victim, f"to make room for {entry.name!r}")
