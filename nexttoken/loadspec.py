@@ -129,6 +129,10 @@ class LoadSpec:
         """A spec from the flags `add_load_args` added (fields without a flag keep their defaults)."""
         names = {f.name for f in dataclasses.fields(cls)}
         options = {k: v for k, v in vars(args).items() if k in names}
+        if isinstance(options.get("model"), list) and "model" not in overrides:  # serve's --model, once per model
+            if len(options["model"]) > 1:
+                raise ModelLoadError(f"one spec loads one model; got {len(options['model'])} --model values")
+            options["model"] = options["model"][0] if options["model"] else None
         if isinstance(options.get("lora"), (str, list, tuple)):  # --lora [NAME=]PATH, --lora-modules NAME=PATH ...
             given = options["lora"]
             options["lora"] = parse_adapters([given] if isinstance(given, str) else given) or None

@@ -121,6 +121,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "llm_engine": {"block_manager", "distributed", "embedding", "model_runner", "postprocess", "scheduler",
                        "sequence", "speculation"},
         "async_engine": {"embedding", "llm_engine", "sequence"},
+        "fit": set(),  # the KV pool and context sized to a memory budget (llama.cpp's --fit)
     },
     "text": {"chat_template": set(), "tokenizer": {"chat_template"}, "detokenizer": {"tokenizer"},
              "infill": {"tokenizer"}, "gguf_vocab": {"tokenizer"}},
@@ -141,9 +142,14 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "batch": {"http"},
         "api": {"anthropic", "http", "llamacpp", "metrics", "ollama", "openai", "settings"},  # one module per API
         "webui": set(),  # the chat page (package data) and its routes
-        "app": {"anthropic", "api", "batch", "http", "llamacpp", "metrics", "ollama", "openai", "settings", "webui"},
-        # schemas for /openapi.json
-        "cli": {"app", "http", "settings"},
+        "catalog": set(),  # the served models before loading: --model, --models-dir, the HF cache, presets
+        "registry": {"catalog"},  # the models' states, loads and unloads under the memory budget
+        "service": {"api", "catalog", "metrics", "settings"},  # one loaded model's engine and APIs; its loader
+        # each request to the model it names; /v1/models, Ollama's /api/tags and /api/ps, admin
+        "router": {"api", "http", "metrics", "ollama", "registry"},
+        "app": {"anthropic", "api", "batch", "http", "llamacpp", "metrics", "ollama", "openai", "registry", "router",
+                "service", "settings", "webui"},  # the request schemas for /openapi.json
+        "cli": {"app", "catalog", "http", "registry", "service", "settings"},
         "run_batch": {"app", "batch", "cli", "settings"},  # `nexttoken run-batch`
     },
 }

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
@@ -12,21 +13,10 @@ from fastapi.responses import JSONResponse
 from starlette.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine import LLMEngine
-from ..engine.async_engine import AsyncEngine
-from .api.chat import Chat
-from .api.completions import Completions
-from .api.embeddings import Embeddings
-from .api.infill import Infill
-from .api.messages import Messages
-from .api.lora import LoraAdapters
-from .api.models import Models
-from .api.ollama import Ollama
-from .api.responses import Responses
-from .api.serving import chat_renderer
-from .api.grammars import GrammarCompiler
-from .batch.routes import add_batch_routes
+from ..engine import EngineConfig, EngineStats, LLMEngine
+from .api.responses import ResponseStore
 from .api.traces import TraceStore
+from .batch.routes import add_batch_routes
 from .http.connections import AcceptErrors
 from .http.errors import (ANTHROPIC_PATHS, OLLAMA_PATHS, APIError, anthropic_error_body, error_body_for,
                           ollama_error_body)
@@ -53,11 +43,15 @@ MORE_ROUTES = {
     "count_tokens": anthropic_operation(CountTokensRequest, COUNT),
     "load_lora": operation(LoadLoraAdapterRequest, {"type": "object"}, *API_ERRORS),
     "unload_lora": operation(UnloadLoraAdapterRequest, {"type": "object"}, *API_ERRORS),
+    "admin": operation(None, {"type": "object", "required": ["id", "status"]}, *API_ERRORS),
 }
+from .registry import LOADED, Entry, ModelCollector, ModelRegistry
+from .router import ModelRouter
+from .service import ModelService
 from .settings import ServerSettings
 from .webui import add_webui
 
-__all__ = ["ServerSettings", "build_app"]
+__all__ = ["Parts", "ServerSettings", "build_app", "build_server"]
 
 
 def _allowed(scope: dict) -> set[str]:
@@ -71,38 +65,62 @@ def _allowed(scope: dict) -> set[str]:
     return methods
 
 
-def add_ollama_routes(app: FastAPI, ollama: Ollama) -> None:
-    """Ollama's API under /api/ (docs/serving.md): generation, embeddings and the model listing."""
+def add_ollama_routes(app: FastAPI, router: ModelRouter) -> None:
+    """Ollama's API under /api/ (docs/serving.md): generation, embeddings and /api/show go to the model the body
+    names (each model's Ollama API object, service.py); the listings are the registry's (router.py)."""
     for name in ("chat", "generate", "embed", "embeddings", "show"):
-        app.post(f"/api/{name}", **OLLAMA_ROUTES[name])(getattr(ollama, name))
-    for name in ("tags", "ps", "version"):
-        app.get(f"/api/{name}", **OLLAMA_ROUTES[name])(getattr(ollama, name))
+        app.post(f"/api/{name}", **OLLAMA_ROUTES[name])(router.route("ollama", name, ollama=True))
+    app.get("/api/tags", **OLLAMA_ROUTES["tags"])(router.ollama_tags)
+    app.get("/api/ps", **OLLAMA_ROUTES["ps"])(router.ollama_ps)
+    app.get("/api/version", **OLLAMA_ROUTES["version"])(router.ollama_version)
 
 
 def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
-    """The app over an engine (its model, tokenizer and defaults); the engine thread starts and stops with the
-    app's lifespan."""
-    metrics = ServerMetrics(lambda: async_engine.stats, settings.model_name)
+    """The app over one engine (its model, tokenizer and defaults), handed over loaded; the engine thread starts
+    and stops with the app's lifespan."""
+    def one(parts: Parts) -> ModelRegistry:
+        service = ModelService(engine, settings, parts.metrics, parts.traces, parts.stored, on_step=parts.on_step)
+        return ModelRegistry([Entry(settings.model_name, settings.aliases, state=LOADED, service=service)])
+
+    return build_server(one, settings, batch_concurrency=2 * engine.config.max_num_seqs)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What every model's service shares: the metrics, the trace and response stores, the engines' step callback."""
+
+    metrics: ServerMetrics
+    traces: TraceStore
+    stored: ResponseStore
+    on_step: Callable[[EngineStats], None]
+
+
+def build_server(make_registry: Callable[[Parts], ModelRegistry], settings: ServerSettings,
+                 admin_without_key: bool = False, batch_concurrency: int | None = None) -> FastAPI:
+    """The app over the models of the registry `make_registry` builds (server/registry.py): every API route goes
+    to the model its request names. `admin_without_key`: the admin routes answer without an API key.
+    `batch_concurrency`: the requests a batch (/v1/batches) runs at once (default: twice the engine's default
+    max_num_seqs)."""
+    registry: ModelRegistry | None = None
+    # the loaded engines' numbers added up (nexttoken_*); each loaded model's own under its name (vllm:*, watched
+    # by its service from its start to its unload)
+    metrics = ServerMetrics(lambda: registry.stats(), settings.model_name, engines={})
     tracer = OtlpTracer(settings.otlp_traces_endpoint) if settings.otlp_traces_endpoint else None
-    async_engine = AsyncEngine(engine, on_step=metrics.on_step)
-    traces = TraceStore(settings.model_name)  # one store: every API's traced choices are read back at one URL
-    renderer = chat_renderer(engine, settings)  # one: the chat template's probes run once per server
-    grammars = GrammarCompiler(engine.tokenizer, engine.model.config.vocab_size, settings.grammar_compile_timeout_s)
-    completions, chat, models, responses, messages, embeddings, infill, loras, ollama = (
-        api(engine, async_engine, metrics, settings, traces, renderer=renderer, grammars=grammars)
-        for api in (Completions, Chat, Models, Responses, Messages, Embeddings, Infill, LoraAdapters, Ollama))
-    chat.preamble_notice()
+    parts = Parts(metrics, TraceStore(settings.model_name), ResponseStore(),
+                  lambda _: metrics.on_step(registry.stats()))  # one server-wide rate, whichever engine stepped
+    registry = make_registry(parts)
+    metrics.registry.register(ModelCollector(registry))
+    router = ModelRouter(registry, metrics, parts.stored, admin=bool(settings.api_key) or admin_without_key)
     drain = Drain(settings.shutdown_timeout_s)  # cli.py starts its clock on the signal
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         asyncio.get_running_loop().set_exception_handler(AcceptErrors())  # out of descriptors: logged once a minute
-        async_engine.start()
-        drain.attach(asyncio.get_running_loop(), lambda: async_engine.close(SHUTTING_DOWN))
+        registry.start()
+        drain.attach(asyncio.get_running_loop(), lambda: registry.close(SHUTTING_DOWN))
         yield
         await batches.close()  # running batches are cancelled (their answers so far kept in their files)
-        async_engine.shutdown()
-        grammars.close()
+        registry.shutdown()
         if tracer is not None:
             tracer.close()  # the batched spans are exported before the process exits
 
@@ -140,29 +158,33 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
             headers = {**(headers or {}), "Allow": ", ".join(sorted(_allowed(request.scope)))}
         return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
-    app.post("/v1/completions", **ROUTES["completions"])(completions.completions)
-    app.post("/v1/chat/completions", **ROUTES["chat"])(chat.chat_completions)
+    route = router.route  # (the API object, its method) of the model the request names
+    app.post("/v1/completions", **ROUTES["completions"])(route("completions", "completions"))
+    app.post("/v1/chat/completions", **ROUTES["chat"])(route("chat", "chat_completions"))
     for prefix in ("/v1", ""):  # clients with a base URL without /v1 (OpenAI's Responses examples) too
-        app.post(f"{prefix}/responses", **MORE_ROUTES["responses"])(responses.create)
-        app.get(f"{prefix}/responses/{{response_id}}", **ROUTES["response"])(responses.get)
-        app.delete(f"{prefix}/responses/{{response_id}}", **ROUTES["response"])(responses.delete)
-    app.post("/v1/embeddings", **ROUTES["embeddings"])(embeddings.create)
-    app.post("/infill", **MORE_ROUTES["infill"])(infill.infill)
-    app.post("/v1/messages", **MORE_ROUTES["messages"])(messages.create)
-    app.post("/v1/messages/count_tokens", **MORE_ROUTES["count_tokens"])(messages.count_tokens)
-    app.get("/v1/models", **ROUTES["models"])(models.models)
-    app.get("/v1/models/{model_id:path}", **ROUTES["model"])(models.model)
-    app.post("/tokenize", **ROUTES["tokenize"])(models.tokenize)
-    app.post("/detokenize", **ROUTES["detokenize"])(models.detokenize)
-    app.get("/health", **ROUTES["health"])(models.health)
-    app.head("/health", include_in_schema=False)(models.health)
-    app.get("/metrics", **ROUTES["metrics"])(models.prometheus)
-    app.get("/v1/traces/{trace_id}", **ROUTES["trace"])(traces.get)
-    app.post("/v1/load_lora_adapter", **MORE_ROUTES["load_lora"])(loras.load)
-    app.post("/v1/unload_lora_adapter", **MORE_ROUTES["unload_lora"])(loras.unload)
-    # OpenAI's files and batches: a batch runs through this app's own routes (batch/), as `nexttoken run-batch` does
-    batches = add_batch_routes(app, 2 * engine.config.max_num_seqs, settings.api_key)
-    add_ollama_routes(app, ollama)
+        app.post(f"{prefix}/responses", **MORE_ROUTES["responses"])(route("responses", "create"))
+        app.get(f"{prefix}/responses/{{response_id}}", **ROUTES["response"])(router.get_response)
+        app.delete(f"{prefix}/responses/{{response_id}}", **ROUTES["response"])(router.delete_response)
+    app.post("/v1/embeddings", **ROUTES["embeddings"])(route("embeddings", "create"))
+    app.post("/infill", **MORE_ROUTES["infill"])(route("infill", "infill"))
+    app.post("/v1/messages", **MORE_ROUTES["messages"])(route("messages", "create"))
+    app.post("/v1/messages/count_tokens", **MORE_ROUTES["count_tokens"])(route("messages", "count_tokens"))
+    app.get("/v1/models", **ROUTES["models"])(router.models)
+    app.get("/v1/models/{model_id:path}", **ROUTES["model"])(router.model)
+    app.post("/tokenize", **ROUTES["tokenize"])(route("models", "tokenize"))
+    app.post("/detokenize", **ROUTES["detokenize"])(route("models", "detokenize"))
+    app.get("/health", **ROUTES["health"])(router.health)
+    app.head("/health", include_in_schema=False)(router.health)
+    app.get("/metrics", **ROUTES["metrics"])(router.prometheus)
+    app.get("/v1/traces/{trace_id}", **ROUTES["trace"])(parts.traces.get)
+    app.post("/v1/load_lora_adapter", **MORE_ROUTES["load_lora"])(route("loras", "load"))
+    app.post("/v1/unload_lora_adapter", **MORE_ROUTES["unload_lora"])(route("loras", "unload"))
+    app.post("/admin/models/{name:path}/load", **MORE_ROUTES["admin"])(router.load)
+    app.post("/admin/models/{name:path}/unload", **MORE_ROUTES["admin"])(router.unload)
+    # OpenAI's files and batches: a batch runs through this app's own routes (batch/), as `nexttoken run-batch`
+    # does; each line's `model` picks its model as any request's does
+    batches = add_batch_routes(app, batch_concurrency or 2 * EngineConfig.max_num_seqs, settings.api_key)
+    add_ollama_routes(app, router)
     if settings.webui:
         add_webui(app)
 
@@ -175,5 +197,7 @@ def build_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    app.state.engine, app.state.drain = async_engine, drain
+    first = registry.entries[0]
+    app.state.engine = first.service.engine if registry.single and first.state == LOADED else None
+    app.state.registry, app.state.drain = registry, drain
     return app

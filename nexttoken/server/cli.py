@@ -34,7 +34,34 @@ def _bytes(text: str) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching")
-    add_load_args(p.add_argument_group("model and loading (nexttoken.LoadSpec's fields)"), SOURCE + PRECISION)
+    add_load_args(p.add_argument_group("model and loading (nexttoken.LoadSpec's fields; --model again for each "
+                                       "more model, NAME=MODEL to name it)"), SOURCE + PRECISION,
+                  model={"action": "append", "metavar": "[NAME=]MODEL"})
+    many = p.add_argument_group("several models (docs/serving.md#several-models): a request's `model` picks one, "
+                                "loaded on its first request")
+    many.add_argument("--models-dir", action="append", default=[], metavar="DIR",
+                      help="serve every model folder and GGUF file in DIR, each by its name (a folder's name, a "
+                           "file's stem); may be repeated")
+    many.add_argument("--hf-cache", action="store_true",
+                      help="serve every model in the Hugging Face cache (--download-dir, else $HF_HUB_CACHE or "
+                           "~/.cache/huggingface/hub), by its Hub id (a GGUF file as id:stem)")
+    many.add_argument("--presets", metavar="FILE",
+                      help="each model's settings by name, in TOML or JSON (a [defaults] table and [models.NAME] "
+                           "tables: load options, max_model_len, kv_cache_memory, chat_template, tool_call_parser, "
+                           "...; a table with `model` adds that model); they win over the flags")
+    many.add_argument("--idle-unload-seconds", type=float, metavar="SECONDS",
+                      help="unload a model after this many seconds without requests (default: never); its next "
+                           "request loads it again")
+    many.add_argument("--memory-budget", type=_bytes, metavar="BYTES",
+                      help="bytes the loaded models may hold together, weights + KV pool + working memory; loading "
+                           "one unloads the least recently used idle ones to fit, and a model without a pool size "
+                           "gets the room left (default: the memory available at start-up, less 10%% up to 1 GiB)")
+    many.add_argument("--max-loaded-models", type=int, metavar="N",
+                      help="models loaded at once; loading one more unloads the least recently used idle one "
+                           "(default: as many as the memory budget holds)")
+    many.add_argument("--admin-without-key", action="store_true",
+                      help="answer POST /admin/models/{name}/load and /unload without --api-key (they are refused "
+                           "without a key otherwise)")
     p.add_argument("--host", default="127.0.0.1",
                    help="the address to listen on: 127.0.0.1 (this machine only), 0.0.0.0 (every interface: set "
                         "--api-key)")
@@ -184,6 +211,7 @@ def _configure_logging(request_level: str, log_format: str = "text") -> None:
     root.propagate = False
     level = logging.CRITICAL + 1 if request_level == "off" else getattr(logging, request_level.upper())
     logging.getLogger("nexttoken.server.requests").setLevel(level)
+    logging.getLogger("nexttoken.server.models").setLevel(logging.INFO)  # each load and unload, with its memory
 
 
 def default_threads() -> int:
@@ -212,17 +240,30 @@ def _passive_openmp(threads: int) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from ..engine import EngineConfig, LLMEngine, SpeculativeConfig
-    from ..engine.embedding import model_pooling
+    from .catalog import PresetError, build_catalog
+
+    try:
+        spec = _spec(args)  # every loading flag checked, before a file is read
+        if spec.threads is None and spec.tensor_parallel_size == 1:
+            spec = spec.replace(threads=default_threads())
+        choices = build_catalog(args.model or [], args.models_dir, args.hf_cache, args.presets, spec,
+                                args.served_model_name or ())
+    except PresetError as e:
+        print(f"nexttoken serve: {e}", file=sys.stderr)
+        return 2
+    _passive_openmp(spec.threads or 0)  # before torch loads (LoadSpec's module and the parsers import none)
+    openmp = os.environ.get("OMP_WAIT_POLICY", "unset")  # as libgomp will read it when torch loads, just below
+    from ..engine import EngineConfig
+    from ..engine.fit import default_budget
     from ..errors import GenerationConfigError
-    from ..loading import load
-    from .app import build_app
+    from .app import build_server
+    from .registry import LOADED, Entry, ModelRegistry
+    from .service import Loader
     from .settings import ServerSettings
     from .http.connections import protocol
     from .http.shutdown import BACKSTOP_S
 
-    spec = _spec(args)  # every loading flag checked, before a file is read
-    if args.otlp_traces_endpoint:  # the extra and the URL checked before the model loads
+    if args.otlp_traces_endpoint:  # the extra and the URL checked before a model loads
         from ..errors import MissingExtraError
         from .http.tracing import require_otel, traces_url
 
@@ -232,13 +273,6 @@ def run(args: argparse.Namespace) -> int:
         except (MissingExtraError, ValueError) as e:
             print(f"nexttoken serve: {e}", file=sys.stderr)
             return 2
-    if spec.threads is None and spec.tensor_parallel_size == 1:
-        spec = spec.replace(threads=default_threads())
-    _passive_openmp(spec.threads or 0)  # before torch loads (LoadSpec's module and the parsers import none)
-    print(f"loading {spec.model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
-    openmp = os.environ.get("OMP_WAIT_POLICY", "unset")  # as libgomp will read it when torch loads, just below
-    result = load(spec, on_failure=_stop_now)  # a rank that dies or hangs stops the server (_stop_now)
-    loaded, draft = result.main, result.draft
     try:
         config = EngineConfig(
             max_num_seqs=args.max_num_seqs,
@@ -255,47 +289,65 @@ def run(args: argparse.Namespace) -> int:
     except GenerationConfigError as e:
         print(f"nexttoken serve: {e}", file=sys.stderr)
         return 2
+    for choice in choices:  # each model's own engine settings checked now, not at its first request
+        try:
+            EngineConfig(**{**config.__dict__, **choice.engine})
+        except (GenerationConfigError, TypeError) as e:
+            print(f"nexttoken serve: model {choice.name!r} (--presets): {e}", file=sys.stderr)
+            return 2
     if not isinstance(args.default_chat_template_kwargs, dict):
         print("nexttoken serve: --default-chat-template-kwargs must be a JSON object, e.g. "
               "'{\"enable_thinking\": false}'", file=sys.stderr)
         return 2
-    name, *aliases = args.served_model_name or [loaded.name]
     for flag, value in (("--header-timeout", args.header_timeout), ("--max-connections", args.max_connections),
                         ("--max-waiting-seqs", args.max_waiting_seqs + 1),
-                        ("--grammar-compile-timeout", args.grammar_compile_timeout)):
+                        ("--grammar-compile-timeout", args.grammar_compile_timeout),
+                        ("--idle-unload-seconds", 1 if args.idle_unload_seconds is None else args.idle_unload_seconds),
+                        ("--max-loaded-models", args.max_loaded_models or 1)):
         if value <= 0:
             print(f"nexttoken serve: {flag} must be > 0{' (or 0 for the waiting queue)' if 'waiting' in flag else ''}",
                   file=sys.stderr)
             return 2
-    settings = ServerSettings(name, args.api_key, args.max_n, args.max_seqs_per_request, args.max_body_bytes,
+    first = choices[0]
+    settings = ServerSettings(first.name, args.api_key, args.max_n, args.max_seqs_per_request, args.max_body_bytes,
                               args.body_timeout, args.shutdown_timeout, args.tool_call_parser,
                               reasoning_parser=args.reasoning_parser, reasoning_budget=args.reasoning_budget,
                               default_chat_template_kwargs=args.default_chat_template_kwargs,
-                              pooling=model_pooling(loaded.path) or args.pooling, webui=args.webui,
+                              pooling=args.pooling, webui=args.webui,
                               structured_whitespace=args.structured_whitespace,
                               strict_json_schema=args.strict_json_schema, host=args.host,
                               generation_config=args.generation_config,
                               allowed_hosts=tuple(args.allowed_hosts), allowed_origins=tuple(args.allowed_origins),
                               max_waiting_seqs=args.max_waiting_seqs,
-                              special_tokens_in_content=args.special_tokens_in_content, aliases=tuple(aliases),
+                              special_tokens_in_content=args.special_tokens_in_content, aliases=first.aliases,
                               grammar_compile_timeout_s=args.grammar_compile_timeout,
                               otlp_traces_endpoint=args.otlp_traces_endpoint)
-    speculative = None
     if args.num_speculative_tokens < 1:
         print("nexttoken serve: --num-speculative-tokens must be >= 1", file=sys.stderr)
         return 2
-    if args.speculative_ngram:
-        speculative = SpeculativeConfig(args.num_speculative_tokens)
-    elif draft is not None:
-        speculative = SpeculativeConfig(args.num_speculative_tokens, draft.model)
+    speculative = {"speculative_ngram": args.speculative_ngram, "num_speculative_tokens": args.num_speculative_tokens}
+    budget = args.memory_budget or default_budget(spec.device or "cpu")
+
+    def registry(parts) -> ModelRegistry:  # noqa: ANN001 - app.Parts
+        loader = Loader(config, settings, parts.metrics, parts.traces, parts.stored, speculative, parts.on_step,
+                        _stop_now)  # a rank that dies or hangs stops the server (_stop_now)
+        entries = [Entry(c.name, c.aliases, c) for c in choices]
+        if len(choices) == 1:  # one model: loaded before the server starts, as it always was
+            print(f"loading {first.spec.model or 'the packaged default model'} ...", file=sys.stderr, flush=True)
+            service = loader(first, budget)
+            entries[0].service, entries[0].state, entries[0].loads = service, LOADED, 1
+            entries[0].size = service.memory.total_bytes
+            print(f"memory: {service.memory.describe()}", file=sys.stderr, flush=True)
+        return ModelRegistry(entries, loader, budget, args.idle_unload_seconds, args.max_loaded_models)
+
     try:
-        engine = LLMEngine(loaded.model, loaded.tokenizer, config, loaded.generation_config, speculative)
+        app = build_server(registry, settings, args.admin_without_key)
     except GenerationConfigError as e:  # a KV pool that cannot be had: the bytes and the flags, no traceback
         print(f"nexttoken serve: {e}", file=sys.stderr)
         return 2
     _configure_logging(args.request_log_level, args.log_format)
-    app = build_app(engine, settings)
-    print(f"serving {name!r} on http://{args.host}:{args.port}"
+    name = first.name if len(choices) == 1 else f"{len(choices)} models ({', '.join(c.name for c in choices)})"
+    print(f"serving {name if len(choices) > 1 else repr(name)} on http://{args.host}:{args.port}"
           + (f" (chat page: http://{args.host}:{args.port}/)" if args.webui else ""), file=sys.stderr, flush=True)
     print(f"threads: {spec.threads or 'torch default'} (OMP_WAIT_POLICY={openmp})", file=sys.stderr, flush=True)
     if not args.api_key and not _loopback(args.host):
@@ -309,12 +361,12 @@ def run(args: argparse.Namespace) -> int:
             super().handle_exit(sig, frame)
 
     # h11 with a header timeout and a connection limit (http/connections.py); past the limit uvicorn answers 503.
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+    server_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout + BACKSTOP_S,
                             http=protocol(args.header_timeout, args.max_connections),
                             limit_concurrency=args.max_connections + 1)
     _raise_open_files_limit(args.max_connections)
-    server = Server(config)
+    server = Server(server_config)
     server.run()
     return 0 if server.started else 1
 
@@ -337,8 +389,8 @@ def _raise_open_files_limit(max_connections: int) -> None:
 
 
 def _spec(args: argparse.Namespace) -> LoadSpec:
-    """The load specification of serve's flags: --enable-lora keeps at least one adapter slot."""
-    spec = LoadSpec.from_args(args)
+    """The load specification of serve's flags, but the model: --enable-lora keeps at least one adapter slot."""
+    spec = LoadSpec.from_args(args, model=None)  # each served model's own (catalog.py)
     if args.enable_lora and not spec.max_loras:
         spec = spec.replace(max_loras=max(len(spec.lora or {}), 1))
     return spec

@@ -38,13 +38,16 @@ class SequenceClock:
 
 
 class ServerMetrics:
-    """`stats`: the engine's latest snapshot; `model_name`: the name its requests and gauges are labelled with.
-    More engines (a server of several models) are added with `watch`."""
+    """`stats`: the engine's latest snapshot (a server of several models: theirs added up); `model_name`: the name
+    its requests and gauges are labelled with. `engines`: the engines in the vllm:* gauges by model name (default:
+    `stats` under `model_name`); more are added (and removed) with `watch`."""
 
-    def __init__(self, stats: Callable[[], EngineStats], model_name: str = "model") -> None:
+    def __init__(self, stats: Callable[[], EngineStats], model_name: str = "model",
+                 engines: dict[str, Callable[[], EngineStats]] | None = None) -> None:
         self.stats = stats  # the engine's latest snapshot
         self.model_name = model_name
-        self.engines: dict[str, Callable[[], EngineStats]] = {model_name: stats}  # vllm:* gauges, per model
+        # vllm:* gauges, per model
+        self.engines: dict[str, Callable[[], EngineStats]] = {model_name: stats} if engines is None else engines
         self.registry = CollectorRegistry()  # one per server: several servers (tests) never clash
         r = self.registry
         self.ttft = Histogram("nexttoken_time_to_first_token_seconds", "Arrival to first token", buckets=_LATENCY_BUCKETS, registry=r)

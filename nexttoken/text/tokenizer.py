@@ -245,6 +245,11 @@ class Tokenizer:
         """The template `apply_chat_template` uses by default (the one named "default"), or None."""
         return self._chat_templates.get("default")
 
+    def use_chat_template(self, template: str) -> None:
+        """Render chats with `template` (a Jinja chat template's text) instead of the model's own (a server's
+        per-model preset, server/catalog.py)."""
+        self._chat_templates["default"] = template
+
     @property
     def chat_templates(self) -> dict[str, str]:
         """Every template by name; a folder with a single template has it under "default"."""

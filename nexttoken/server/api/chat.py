@@ -99,7 +99,7 @@ class Chat(Serving):
         jobs = [Job(j, f"{rid}-{j}", p, c, rid, priority=req.priority, lora=lora)
                 for j, (p, c) in enumerate(expand([ids], cfg))]
         self._admit(len(jobs))
-        events = run_jobs(self.engine, jobs, self.metrics, arrival, reserved=True)
+        events = run_jobs(self.engine, jobs, self.metrics, arrival, reserved=True, model=self.settings.model_name)
         return ChatRun(rid, prompt, jobs, events, lora)
 
     async def chat_completions(self, request: Request) -> Response:

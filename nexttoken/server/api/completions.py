@@ -42,7 +42,7 @@ class Completions(Serving):
         self._admit(len(jobs))
         head = {"id": rid, "object": "text_completion", "created": int(time.time()),
                 "model": self._reported(req.model, lora)}
-        events = run_jobs(self.engine, jobs, self.metrics, arrival, reserved=True)
+        events = run_jobs(self.engine, jobs, self.metrics, arrival, reserved=True, model=self.settings.model_name)
         if req.stream:
             return SSEResponse(self._completion_stream(req, jobs, head, events))
         return await self._completion_full(request, req, jobs, head, events)

@@ -33,7 +33,7 @@ class Infill(Completions):
         cfg = self._options(creq, [ids], creq.max_tokens, "input_prefix")  # None: all the context has room for
         rid = f"infill-{uuid.uuid4().hex}"
         jobs = [Job(0, rid, p, c, rid) for p, c in expand([ids], cfg)]
-        events = run_jobs(self.engine, jobs, self.metrics, arrival)
+        events = run_jobs(self.engine, jobs, self.metrics, arrival, model=self.settings.model_name)
         if req.stream:
             return SSEResponse(self._stream(len(ids), events))
         choices = await collect_choices(request, 1, events)

@@ -40,8 +40,8 @@ DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
 class Ollama(Chat):
     def served_models(self) -> list[ServedModel]:
-        """The models this server serves, as Ollama's listing shows them: one today, under each served name (the
-        one place to ask a registry of models instead)."""
+        """This model as Ollama's listings show it, under each of its served names (router.py lists every model of
+        the registry: a loaded one's from here)."""
         net, config = self.network, self.network.config
         tensors = [*net.parameters(), *net.buffers()]
         first = next(net.parameters())
@@ -91,7 +91,7 @@ class Ollama(Chat):
     async def chat(self, request: Request) -> Response:
         clock, arrival = Clock(), time.monotonic()
         req: OllamaChatRequest = parse_body(OllamaChatRequest, await request.body())
-        request.state.keep_alive_s = req.keep_alive_s  # idle unload reads it (docs/serving.md)
+        _keep_alive(request, req)
         model = self._served(req.model)
         self._check_options(req.options, req.think, req.model)
         if not req.messages:  # Ollama's way to load a model (or, with keep_alive 0, unload it)
@@ -112,7 +112,7 @@ class Ollama(Chat):
     async def generate(self, request: Request) -> Response:
         clock, arrival = Clock(), time.monotonic()
         req: OllamaGenerateRequest = parse_body(OllamaGenerateRequest, await request.body())
-        request.state.keep_alive_s = req.keep_alive_s
+        _keep_alive(request, req)
         model = self._served(req.model)
         self._check_options(req.options, req.think, req.model)
         if not req.prompt and not req.suffix:
@@ -185,7 +185,7 @@ class Ollama(Chat):
     async def embed(self, request: Request) -> Response:
         clock = Clock()
         req: OllamaEmbedRequest = parse_body(OllamaEmbedRequest, await request.body())
-        request.state.keep_alive_s = req.keep_alive_s
+        _keep_alive(request, req)
         self._served(req.model)
         self._check_options(req.options, None, req.model)
         texts = [req.input] if isinstance(req.input, str) else req.input
@@ -200,7 +200,7 @@ class Ollama(Chat):
 
     async def embeddings(self, request: Request) -> Response:
         req: OllamaEmbeddingsRequest = parse_body(OllamaEmbeddingsRequest, await request.body())
-        request.state.keep_alive_s = req.keep_alive_s
+        _keep_alive(request, req)
         self._served(req.model)
         self._check_options(req.options, None, req.model)
         prompts = await self._embedded_prompts([req.prompt], True)
@@ -246,11 +246,21 @@ class Ollama(Chat):
         return show_card(next(m for m in self.served_models() if m.name == served))
 
     async def version(self) -> dict:
-        """nexttoken's version (Ollama's route says Ollama's)."""
-        try:
-            return {"version": package_version("nexttoken")}
-        except PackageNotFoundError:  # a source tree that is not installed
-            return {"version": "0.0.0"}
+        return version_card()
+
+
+def version_card() -> dict:
+    """/api/version: nexttoken's version (Ollama's route says Ollama's)."""
+    try:
+        return {"version": package_version("nexttoken")}
+    except PackageNotFoundError:  # a source tree that is not installed
+        return {"version": "0.0.0"}
+
+
+def _keep_alive(request: Request, req: Any) -> None:
+    """A keep_alive the request gives, in seconds, kept on the request: the router sets it as the model's idle time
+    (router.py; without one, the server's --idle-unload-seconds holds)."""
+    request.state.keep_alive_s = None if req.keep_alive is None else req.keep_alive_s
 
 
 def _chat_request(body: dict[str, Any]) -> ChatCompletionRequest:

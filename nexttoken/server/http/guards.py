@@ -18,7 +18,7 @@ from .shutdown import MESSAGE as SHUTTING_DOWN, Drain
 # The API's paths: what the key guards (with the API's description) and what must be sent as JSON; /health and
 # /metrics stay open for probes and scrapers.
 API_PATHS = ("/v1/", "/api/", "/tokenize", "/detokenize", "/infill", "/responses")
-_PROTECTED = (*API_PATHS, "/openapi.json")
+_PROTECTED = (*API_PATHS, "/openapi.json", "/admin/")  # the admin routes: server/router.py
 # The one path that takes a multipart body (a file upload, as OpenAI's): a page may store a file there without a
 # preflight, but it cannot start a batch on it (POST /v1/batches is JSON only).
 UPLOADS = ("/v1/files",)

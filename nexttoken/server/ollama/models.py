@@ -1,5 +1,6 @@
 """The model cards of Ollama's /api/tags, /api/ps and /api/show, from what the server says of each model it serves
-(`ServedModel`: api/ollama.py's `served_models` gathers them; a registry of many models would hand over one each)."""
+(`ServedModel`: api/ollama.py's `served_models` gathers a loaded model's; router.py lists the registry's models, an
+unloaded one by its name and files alone: `unloaded_card`)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,16 @@ def tag_card(model: ServedModel) -> dict[str, Any]:
     """A model in /api/tags."""
     return {"name": model.tagged, "model": model.tagged, "modified_at": model.loaded_at.isoformat(),
             "size": model.size_bytes, "digest": model.digest, "details": details(model)}
+
+
+def unloaded_card(name: str, size_bytes: int, modified_at: datetime) -> dict[str, Any]:
+    """A model in /api/tags that is not loaded: its name, its files' size and time (its details come with its
+    load)."""
+    tagged = name if ":" in name else f"{name}:{TAG}"
+    return {"name": tagged, "model": tagged, "modified_at": modified_at.isoformat(), "size": size_bytes,
+            "digest": hashlib.sha256(f"{name} {size_bytes}".encode()).hexdigest(),
+            "details": {"parent_model": "", "format": "", "family": "", "families": [],
+                        "parameter_size": "", "quantization_level": ""}}
 
 
 def ps_card(model: ServedModel) -> dict[str, Any]:
