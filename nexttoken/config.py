@@ -40,6 +40,8 @@ class RopeConfig:
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
     attention_factor: float = 1.0
+    # the share of head_dim that rotates (GLM-4 MoE: 0.5): the first int(head_dim * factor) dims, the rest pass
+    partial_rotary_factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,15 @@ class MoeConfig:
     router_weights_float32: bool  # Mixtral weighs expert outputs in float32; Qwen casts the weights to the dtype
     shared_intermediate_size: int = 0  # Qwen2-MoE: one always-on expert, scaled by sigmoid(shared gate); 0: none
     sparse_layers: tuple[bool, ...] = ()  # which layers are MoE (the others a dense MLP of intermediate_size)
+    # GLM-4 MoE (DeepSeek-V3's router): "sigmoid" scores, a per-expert correction bias added for the choice only,
+    # the choice limited to the `topk_group` best of `n_group` expert groups, the weights x routed_scaling_factor;
+    # the shared expert(s) ungated. Defaults: the softmax router above.
+    scoring: str = "softmax"
+    correction_bias: bool = False
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    shared_gate: bool = True  # Qwen2-MoE's sigmoid(shared_expert_gate(x)) on the shared expert
 
 
 @dataclass(frozen=True)
@@ -154,7 +165,7 @@ class ModelConfig:
         rope = _rope_config(switches.pop("rope", raw), source, head_dim)
         local = switches.pop("rope_local", None)
         moe = switches.pop("moe", None)
-        cfg = cls(
+        fields = dict(
             architecture=family.architecture,
             vocab_size=int(need("vocab_size")),
             hidden_size=hidden,
@@ -176,8 +187,8 @@ class ModelConfig:
             hidden_act=raw.get("hidden_activation") or raw.get("hidden_act") or "silu",
             rope_local=None if local is None else _rope_config(local, source, head_dim),
             moe=None if moe is None else _moe_config(moe, source),
-            **switches,
         )
+        cfg = cls(**(fields | switches))  # a family's switches override the shared reading (GLM's attention_bias)
         if len(cfg.layers) != layers:
             raise ModelLoadError(f"{source}: {len(cfg.layers)} layer kinds for num_hidden_layers={layers}")
         if cfg.hidden_act not in SUPPORTED_ACTIVATIONS:
@@ -206,8 +217,13 @@ def _rope_config(raw: dict[str, Any], source: str, head_dim: int) -> RopeConfig:
         raise ModelLoadError(
             f"{source}: rope type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
         )
-    if params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ModelLoadError(f"{source}: partial_rotary_factor != 1 is not supported")
+    partial = float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
+    if not (0.0 < partial <= 1.0 and int(head_dim * partial) % 2 == 0):
+        raise ModelLoadError(f"{source}: partial_rotary_factor must be in (0, 1] and rotate an even number of the "
+                             f"{head_dim} head dims, got {partial}")
+    if partial != 1.0 and rope_type != "default":
+        raise ModelLoadError(f"{source}: partial_rotary_factor != 1 is supported with the default RoPE only, "
+                             f"not {rope_type!r}")
     if rope_type == "longrope":
         return _longrope_config(raw, params, theta, source, head_dim)
     factor = float(params.get("factor", 1.0))
@@ -222,7 +238,7 @@ def _rope_config(raw: dict[str, Any], source: str, head_dim: int) -> RopeConfig:
             high_freq_factor=float(params["high_freq_factor"]),
             original_max_position_embeddings=int(params["original_max_position_embeddings"]),
         )
-    return RopeConfig(theta=theta, type=rope_type, factor=factor)
+    return RopeConfig(theta=theta, type=rope_type, factor=factor, partial_rotary_factor=partial)
 
 
 def _longrope_config(raw: dict[str, Any], params: dict[str, Any], theta: float, source: str,

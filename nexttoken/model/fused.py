@@ -27,6 +27,7 @@ from typing import Iterator
 
 import torch
 
+from ..families import family
 from . import arithmetic, kernels
 from .batch import ForwardBatch
 from .cache import KVCache
@@ -155,6 +156,8 @@ class _Plan:
         self.biases: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []  # a rank's o / down biases per layer
         if type(model.norm) is not RMSNorm or cfg.head_dim > 512 or cfg.hidden_act not in _ACTIVATIONS:
             return
+        if not _native_parts(cfg):  # a family whose declaration keeps the modules (parts the native step lacks)
+            return
         sharded = _sharded(model)
         self.local_rope = model.__dict__.get("local_inv_freq") is not None
         layers, self.experts = [], []  # experts: each MoE layer's (E,) _Expert array, kept alive with the plan
@@ -246,6 +249,13 @@ class _Plan:
 # The declared layer kinds (families/base.py's LayerKind.mixer) the native step computes, and how each becomes an
 # NtLayer; a model with a layer of any other kind runs the modules (issue 41's recurrent kinds add theirs here).
 _NATIVE_KINDS = {"attention": _Plan._attention_layer}
+
+
+def _native_parts(cfg) -> bool:  # noqa: ANN001
+    """Whether the declaration lets the native step run this model (families/base.py's Family.native_step), and
+    its config holds no part the native step does not compute: partial RoPE, a sigmoid (GLM-4) router."""
+    return (family(cfg.architecture).native_step and cfg.rope.partial_rotary_factor == 1.0
+            and (cfg.moe is None or cfg.moe.scoring == "softmax"))
 
 
 def _lora(module: torch.nn.Module | None) -> _Lora:

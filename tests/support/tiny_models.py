@@ -84,6 +84,12 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "smollm3-nope": ("smollm3", dict(num_hidden_layers=4)),
     "smollm3-nope-sliding": ("smollm3", dict(num_hidden_layers=4, no_rope_layer_interval=2, use_sliding_window=True,
                                              sliding_window=5)),
+    # GLM-4 MoE: a dense first layer, then sigmoid routing over 4 groups of 2 (the best 2 groups), a correction
+    # bias, renormalised and scaled weights, a shared expert; q/k/v biases, per-head q/k norms, half the head rotating.
+    "glm4-moe-groups": ("glm4_moe", dict(n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+                                         first_k_dense_replace=1, n_group=4, topk_group=2, n_shared_experts=1,
+                                         routed_scaling_factor=2.5, attention_bias=True, use_qk_norm=True,
+                                         num_hidden_layers=3, head_dim=16)),
 }
 
 
@@ -104,17 +110,23 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
         "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
         "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
+        "glm4_moe": (transformers.Glm4MoeConfig, transformers.Glm4MoeForCausalLM),
     }[arch]
     cfg = cfg_cls(**{**BASE, **overrides})
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()
-    if arch in ("qwen2", "qwen2_moe"):  # random-init biases are zero; make them matter
+    if arch in ("qwen2", "qwen2_moe", "glm4_moe"):  # random-init biases are zero; make them matter
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name.endswith("bias"):
                     p.normal_(0, 0.3)
-    if arch in ("qwen3", "olmo2", "qwen3_moe"):  # random-init norm weights are ones; make the q/k norms matter
+    if arch == "glm4_moe":  # the router's correction bias (zeros at init) moves the choice; make it matter
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    b.normal_(0, 0.3)
+    if arch in ("qwen3", "olmo2", "qwen3_moe", "glm4_moe"):  # random-init norm weights are ones; make the q/k norms matter
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):

@@ -139,12 +139,21 @@ def check_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: Pa
             raise ModelLoadError(
                 f"{source}: tensor {name} has shape {tuple(tensors[name].shape)}, but config.json implies {shape}"
             )
-    unexpected = [n for n in tensors if n not in expected and not (cfg.tie_word_embeddings and n == "lm_head.weight")]
+    unexpected = [n for n in tensors if n not in expected and not (cfg.tie_word_embeddings and n == "lm_head.weight")
+                  and not _mtp_layer(cfg, n)]
     if unexpected:
         raise ModelLoadError(
             f"{source}: unexpected tensors {', '.join(unexpected[:3])}: the checkpoint does not match config.json "
             f"({cfg.architecture})"
         )
+
+
+def _mtp_layer(cfg: ModelConfig, name: str) -> bool:
+    """A tensor of the multi-token-prediction layers some families store after the last layer (GLM-4 MoE's
+    model.layers.{num_hidden_layers}...), which generation does not run (transformers leaves them out too)."""
+    parts = name.split(".")
+    return (family(cfg.architecture).mtp_layers and len(parts) > 3 and parts[:2] == ["model", "layers"]
+            and parts[2].isdigit() and int(parts[2]) >= cfg.num_hidden_layers)
 
 
 def state_parts(cfg: ModelConfig, names: set[str] | dict) -> dict[str, list[str]]:
@@ -241,7 +250,8 @@ def load_model(
     the file straight into its place (reader.py). `dtype` / `quantize`: resolve_precision's rule (by default a
     bf16 checkpoint keeps bf16 weights with float32 activations on CPU); `quantize` is applied here."""
     path, device, cfg = _open_folder(path, device)
-    entries = {n: e for n, e in read_headers(safetensors_files(path)).items() if not n.endswith(_IGNORED_SUFFIXES)}
+    entries = {n: e for n, e in read_headers(safetensors_files(path)).items()
+               if not n.endswith(_IGNORED_SUFFIXES) and not _mtp_layer(cfg, n)}
     check_tensors(cfg, entries, path)
     check_dtypes(entries)
     precision = resolve_precision(dtype, device, stored_dtype(entries), quantize)
