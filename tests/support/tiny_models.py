@@ -84,6 +84,13 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "smollm3-nope": ("smollm3", dict(num_hidden_layers=4)),
     "smollm3-nope-sliding": ("smollm3", dict(num_hidden_layers=4, no_rope_layer_interval=2, use_sliding_window=True,
                                              sliding_window=5)),
+    # OLMo 3: OLMo 2's post norms and projection q/k norms, three sliding layers (window 5) then a full one, the
+    # sliding layers with a RoPE base of their own.
+    "olmo3-sliding": ("olmo3", dict(num_hidden_layers=4, sliding_window=5, rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 500_000.0}})),
+    # EXAONE 4: post norms, per-head q/k norms, three sliding layers (window 5) with RoPE, then a NoPE full layer.
+    "exaone4-sliding-nope": ("exaone4", dict(num_hidden_layers=4, sliding_window=5, sliding_window_pattern=4)),
     # GLM-4 MoE: a dense first layer, then sigmoid routing over 4 groups of 2 (the best 2 groups), a correction
     # bias, renormalised and scaled weights, a shared expert; q/k/v biases, per-head q/k norms, half the head rotating.
     "glm4-moe-groups": ("glm4_moe", dict(n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
@@ -111,6 +118,8 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
         "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
         "glm4_moe": (transformers.Glm4MoeConfig, transformers.Glm4MoeForCausalLM),
+        "olmo3": (transformers.Olmo3Config, transformers.Olmo3ForCausalLM),
+        "exaone4": (transformers.Exaone4Config, transformers.Exaone4ForCausalLM),
     }[arch]
     cfg = cfg_cls(**{**BASE, **overrides})
     cfg._attn_implementation = "eager"
@@ -126,7 +135,7 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
             for name, b in model.named_buffers():
                 if name.endswith("e_score_correction_bias"):
                     b.normal_(0, 0.3)
-    if arch in ("qwen3", "olmo2", "qwen3_moe", "glm4_moe"):  # random-init norm weights are ones; make the q/k norms matter
+    if arch in ("qwen3", "olmo2", "qwen3_moe", "glm4_moe", "olmo3", "exaone4"):  # random-init norm weights are ones; make the q/k norms matter
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):
