@@ -20,7 +20,7 @@ from .families import BY_ARCHITECTURE, BY_MODEL_TYPE, FAMILIES, FULL, LayerKind
 
 # Derived views of the family registry (nexttoken/families/), for the messages and the callers that list them.
 SUPPORTED_ARCHITECTURES = tuple(f.architecture for f in FAMILIES)
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "proportional")
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # model_type -> architecture, for a config.json without `architectures` (transformers' AutoModelForCausalLM maps
 # the model_type the same way: its MODEL_FOR_CAUSAL_LM_MAPPING_NAMES).
@@ -58,6 +58,8 @@ class MoeConfig:
     # GLM-4 MoE (DeepSeek-V3's router): "sigmoid" scores, a per-expert correction bias added for the choice only,
     # the choice limited to the `topk_group` best of `n_group` expert groups, the weights x routed_scaling_factor;
     # the shared expert(s) ungated. Defaults: the softmax router above.
+    # "scaled_softmax" (Gemma 4): the router reads the residual RMS-normed x its scale / sqrt(hidden), and the chosen
+    # weights are multiplied by per-expert scales; its experts run beside the dense MLP (model/gemma4.py)
     scoring: str = "softmax"
     correction_bias: bool = False
     n_group: int = 1
@@ -110,10 +112,29 @@ class ModelConfig:
     final_logit_softcapping: float | None = None
     rope_local: RopeConfig | None = None
     moe: MoeConfig | None = None
+    # Gemma 4 (model/gemma4.py): the full layers' own head_dim and KV heads (None: the model's); keys reused as values
+    # on them; the last kv_shared_layers layers attend the K/V of the last earlier layer of their kind (no cache of
+    # their own; their MLP double-wide where double_wide_mlp); per-layer input embeddings of per_layer_input dims
+    # over per_layer_vocab tokens (0: none).
+    global_head_dim: int | None = None
+    global_kv_heads: int | None = None
+    values_from_keys: bool = False
+    kv_shared_layers: int = 0
+    double_wide_mlp: bool = False
+    per_layer_input: int = 0
+    per_layer_vocab: int = 0
 
     def layer(self, i: int) -> LayerKind:
         """Layer i's kind (full attention with the model's RoPE when the config names none)."""
         return self.layers[i] if self.layers else FULL
+
+    @property
+    def kv_layout(self) -> tuple[int, int, int]:
+        """(layers that keep K/V, KV heads, head_dim) of the caches and the engine's pool: every layer with the
+        model's shapes, but Gemma 4's: no slots for its KV-shared layers, each slot as wide as its widest layer (a
+        narrower layer uses the first heads and dims of its slot)."""
+        heads = max(self.num_key_value_heads, self.global_kv_heads or 0)
+        return (self.num_hidden_layers - self.kv_shared_layers, heads, max(self.head_dim, self.global_head_dim or 0))
 
     @property
     def sliding_layers(self) -> tuple[bool, ...]:
@@ -218,6 +239,11 @@ def _rope_config(raw: dict[str, Any], source: str, head_dim: int) -> RopeConfig:
             f"{source}: rope type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
         )
     partial = float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
+    if rope_type == "proportional":  # Gemma 4's full layers: a share of the frequencies rotates, the rest are zero
+        if not 0.0 <= partial <= 1.0:
+            raise ModelLoadError(f"{source}: partial_rotary_factor must be in [0, 1], got {partial}")
+        return RopeConfig(theta=theta, type=rope_type, factor=float(params.get("factor", 1.0)),
+                          partial_rotary_factor=partial)
     if not (0.0 < partial <= 1.0 and int(head_dim * partial) % 2 == 0):
         raise ModelLoadError(f"{source}: partial_rotary_factor must be in (0, 1] and rotate an even number of the "
                              f"{head_dim} head dims, got {partial}")

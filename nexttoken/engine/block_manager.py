@@ -179,8 +179,7 @@ def pool_blocks(model, max_num_seqs: int, max_model_len: int, block_size: int,  
     memory available now. Raises GenerationConfigError, naming the bytes and the flags that lower them, when the
     pool cannot be had (checked before anything is allocated)."""
     mc = model.config
-    per_block = PagedKVCache.bytes_per_block(mc.num_hidden_layers, mc.num_key_value_heads, block_size, mc.head_dim,
-                                             dtype)
+    per_block = PagedKVCache.bytes_per_block(*mc.kv_layout[:2], block_size, mc.kv_layout[2], dtype)
     available = available_memory(model.device)
     if num_kv_blocks is not None:
         blocks = num_kv_blocks + 1

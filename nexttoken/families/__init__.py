@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from . import exaone, gemma, glm, granite, llama, mixtral, olmo, olmo3, phi3, qwen, smollm3
+from . import exaone, gemma, gemma4, glm, granite, llama, mixtral, olmo, olmo3, phi3, qwen, smollm3
 from .base import FULL, LOCAL_SLIDING, MIXERS, NOPE, SLIDING, Family, GGUFMeta, LayerKind
 
 # In docs/models.md's order.
 FAMILIES: tuple[Family, ...] = (
     llama.LLAMA, llama.MISTRAL, qwen.QWEN2, qwen.QWEN3, olmo.OLMO2, granite.GRANITE, gemma.GEMMA2, gemma.GEMMA3,
     mixtral.MIXTRAL, qwen.QWEN2_MOE, qwen.QWEN3_MOE, phi3.PHI3,
-    smollm3.SMOLLM3, olmo3.OLMO3, exaone.EXAONE4, glm.GLM4_MOE,
+    smollm3.SMOLLM3, gemma4.GEMMA4, olmo3.OLMO3, exaone.EXAONE4, glm.GLM4_MOE,
 )
 BY_ARCHITECTURE = MappingProxyType({f.architecture: f for f in FAMILIES})
 BY_MODEL_TYPE = MappingProxyType({t: f for f in FAMILIES for t in f.model_types})

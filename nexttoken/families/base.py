@@ -85,6 +85,7 @@ class Family:
     shared_expert: str = "shared_expert"  # the shared expert's module under moe_prefix (GLM-4: shared_experts)
     # the fused native step (model/fused.py) computes its blocks; False: they run the modules (parts it lacks)
     native_step: bool = True
+    network: str = "decoder"  # which network model/network.py builds: the shared decoder, or a family's own
     mtp_layers: bool = False  # the checkpoint's layers past num_hidden_layers are MTP heads, left out (GLM-4 MoE)
     tensor_parallel: bool = True  # model/parallel.py splits its checkpoints and blocks (tested against one process)
     lora: bool = True  # PEFT adapters on q/k/v/o and gate/up/down (attention only on sparse MLP layers)

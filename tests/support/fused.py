@@ -6,8 +6,9 @@ import torch
 
 from nexttoken.model import ForwardBatch
 
-# Variants the native step does not cover: none (every family's block, windows and experts included, fuses).
-MODULES_ONLY: set[str] = set()
+# Variants the native step does not cover: GLM-4 MoE (its sigmoid router and partial RoPE) and Gemma 4 (its own
+# decoder): their declarations keep the modules. Every other family's block, windows and experts included, fuses.
+MODULES_ONLY: set[str] = {"glm4-moe-groups", "gemma4-kv-shared-ple", "gemma4-moe"}
 
 
 @torch.inference_mode()

@@ -91,6 +91,19 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         "full_attention": {"rope_type": "default", "rope_theta": 500_000.0}})),
     # EXAONE 4: post norms, per-head q/k norms, three sliding layers (window 5) with RoPE, then a NoPE full layer.
     "exaone4-sliding-nope": ("exaone4", dict(num_hidden_layers=4, sliding_window=5, sliding_window_pattern=4)),
+    # Gemma 4: sliding (window 5) and full layers with their own head_dim (32) and one KV head, keys as values on
+    # the full layers, proportional partial RoPE there; the last two layers share the K/V of earlier ones with a
+    # double-wide MLP; per-layer input embeddings; and a variant with the MoE block beside every MLP.
+    "gemma4-kv-shared-ple": ("gemma4", dict(
+        num_hidden_layers=5, head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+        sliding_window=5, layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                                       "sliding_attention", "full_attention"],
+        num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=8, vocab_size_per_layer_input=96,
+        tie_word_embeddings=True, final_logit_softcapping=30.0)),
+    "gemma4-moe": ("gemma4", dict(
+        num_hidden_layers=3, head_dim=16, global_head_dim=16, sliding_window=5, hidden_size_per_layer_input=0,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"], enable_moe_block=True,
+        num_experts=4, top_k_experts=2, moe_intermediate_size=24, tie_word_embeddings=True)),
     # GLM-4 MoE: a dense first layer, then sigmoid routing over 4 groups of 2 (the best 2 groups), a correction
     # bias, renormalised and scaled weights, a shared expert; q/k/v biases, per-head q/k norms, half the head rotating.
     "glm4-moe-groups": ("glm4_moe", dict(n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
@@ -98,6 +111,14 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                                          routed_scaling_factor=2.5, attention_bias=True, use_qk_norm=True,
                                          num_hidden_layers=3, head_dim=16)),
 }
+
+
+def declared(name: str):  # noqa: ANN201
+    """The family declaration (nexttoken/families/) a variant's model belongs to."""
+    from nexttoken.families import BY_MODEL_TYPE
+
+    arch = VARIANTS[name][0]
+    return BY_MODEL_TYPE.get(arch) or BY_MODEL_TYPE[arch + "_text"]
 
 
 def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
@@ -119,6 +140,7 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
         "glm4_moe": (transformers.Glm4MoeConfig, transformers.Glm4MoeForCausalLM),
         "olmo3": (transformers.Olmo3Config, transformers.Olmo3ForCausalLM),
+        "gemma4": (transformers.Gemma4TextConfig, transformers.Gemma4ForCausalLM),
         "exaone4": (transformers.Exaone4Config, transformers.Exaone4ForCausalLM),
     }[arch]
     cfg = cfg_cls(**{**BASE, **overrides})
@@ -140,6 +162,14 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
             for name, p in model.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):
                     p.normal_(1.0, 0.5)
+    if arch == "gemma4":  # norms, scalars and per-expert scales start at ones; make every one matter
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name or name.endswith(("layer_scalar", "router.scale", "per_expert_scale")):
+                    p.normal_(1.0, 0.3)
+            for name, b in model.named_buffers():
+                if name.endswith("layer_scalar"):
+                    b.normal_(1.0, 0.3)
     if arch in ("gemma2", "gemma3"):  # Gemma's norms scale by (1 + w), w initialised to zero; make every norm matter
         with torch.no_grad():
             for name, p in model.named_parameters():

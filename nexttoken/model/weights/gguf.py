@@ -240,6 +240,9 @@ def gguf_names(g: GGUFFile, cfg: ModelConfig, names: list[str]) -> dict[str, str
             gname = f"blk.{base.split('.')[2]}.ffn_gate_inp"
         if gname is not None and f"{gname}.{suffix}" in g.tensors:
             out[hf] = f"{gname}.{suffix}"
+        elif suffix == "e_score_correction_bias":  # GLM-4 MoE's router bias: llama.cpp's exp_probs_b.bias
+            if f"blk.{base.split('.')[2]}.exp_probs_b.bias" in g.tensors:
+                out[hf] = f"blk.{base.split('.')[2]}.exp_probs_b.bias"
     return out
 
 
