@@ -2,14 +2,15 @@
 layers: `layer_types`, by default three sliding layers then a full one. RoPE parameters keyed by layer type
 (transformers 5): where the two differ, the sliding layers rotate with their own (the `local` RoPE); YaRN (the long
 context checkpoints' full layers) is refused by the RoPE reader. transformers' configuration_olmo3.py /
-modeling_olmo3.py; llama.cpp's `olmo3` (SWA pattern of 4)."""
+modeling_olmo3.py. llama.cpp's converter writes it as an `olmo2` file with a sliding window and its per-layer
+pattern (families/olmo.py reads that back as OLMo 3; one RoPE base for both kinds)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..errors import ModelLoadError
-from .base import LOCAL_SLIDING, SLIDING, Family, GGUFMeta
+from .base import LOCAL_SLIDING, SLIDING, Family
 from .reading import layer_kinds
 
 _THETA = 500_000.0  # transformers' Olmo3Config.default_theta
@@ -35,14 +36,9 @@ def _olmo3(raw: dict[str, Any], source: str, layers: int) -> dict[str, Any]:
     return out | ({"rope_local": {"rope_parameters": local}} if own else {})
 
 
-def _gguf(g: GGUFMeta, cfg: dict[str, Any]) -> dict[str, Any]:
-    """llama.cpp's olmo3: a sliding window with its fixed pattern (three sliding layers, then a full one)."""
-    return {"layer_types": None}
-
-
 OLMO3 = Family(
     "Olmo3ForCausalLM", ("olmo3",), "OLMo 3",
     "OLMo 2's block plus sliding layers (`layer_types`; by default three sliding, then one full); RoPE parameters "
     "per layer type (the sliding layers' own base where it differs)",
-    read=_olmo3, gguf="olmo3", read_gguf=_gguf,
+    read=_olmo3,
 )

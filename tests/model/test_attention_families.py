@@ -1,5 +1,6 @@
-"""The attention families of 2026 added through their declarations (issue 42): GLM-4.5 / 4.6 MoE
-(families/glm.py), OLMo 3 (families/olmo3.py), EXAONE 4 (families/exaone.py). Their configs read as transformers
+"""The attention families of 2026 added through their declarations (issue 42): Gemma 4's text model
+(families/gemma4.py, its decoder model/gemma4.py), GLM-4.5 / 4.6 MoE (families/glm.py), OLMo 3
+(families/olmo3.py), EXAONE 4 (families/exaone.py). Their configs read as transformers
 reads them; greedy and seeded tokens identical to transformers through `nexttoken.generate` and the engine, batch
 invariant; each optional part changes the tokens (so the parity tests it); GLM-4 MoE from a GGUF file written by
 llama.cpp's own converter. The suites that run every variant of tests/support/tiny_models.py (test_fused*,
@@ -19,9 +20,10 @@ from nexttoken.engine import EngineConfig, LLMEngine
 from nexttoken.families import NOPE, SLIDING, LOCAL_SLIDING
 from nexttoken.generation.config import GenerationConfig
 from nexttoken.model import fused, load_model
+from support.fused import MODULES_ONLY
 from support.tiny_models import VARIANTS, build_hf_model, save_variant
 
-NAMES = ["glm4-moe-groups", "olmo3-sliding", "exaone4-sliding-nope"]
+NAMES = ["gemma4-kv-shared-ple", "gemma4-moe", "glm4-moe-groups", "olmo3-sliding", "exaone4-sliding-nope"]
 PROMPTS = torch.tensor([[1, 5, 17, 33, 9, 60, 7, 8], [1, 40, 41, 42, 43, 44, 45, 46], [1, 90, 3, 3, 8, 12, 70, 71]])
 GREEDY = dict(max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
 
@@ -85,12 +87,49 @@ def test_olmo3_and_exaone4_layer_kinds_are_transformers_layer_types() -> None:
     assert all(k.rope == "global" and not k.window for k in plain.layers)
 
 
+def test_gemma4_config_is_transformers() -> None:
+    """Per-layer shapes, keys-as-values, KV sharing and the per-layer inputs as transformers derives them, from
+    global_head_dim (a Hub config) and from the per_layer_config transformers saves; the caches' layout."""
+    import transformers
+
+    hf = transformers.Gemma4TextConfig(num_hidden_layers=12, head_dim=256, global_head_dim=512, num_key_value_heads=8,
+                                       num_global_key_value_heads=2, attention_k_eq_v=True, num_kv_shared_layers=4,
+                                       hidden_size_per_layer_input=256)
+    for raw in (hf.to_dict(), {**{k: v for k, v in hf.to_dict().items() if k != "per_layer_config"},
+                               "global_head_dim": 512, "num_global_key_value_heads": 2}):
+        ours = ModelConfig.from_dict(raw)
+        assert list(ours.sliding_layers) == [t == "sliding_attention" for t in hf.layer_types]
+        assert (ours.global_head_dim, ours.global_kv_heads, ours.values_from_keys) == (512, 2, True)
+        assert ours.kv_layout == (8, 8, 512)  # no slots for the 4 shared layers; slots as wide as the widest
+        assert ours.rope.type == "proportional" and ours.rope.partial_rotary_factor == 0.25
+    from nexttoken.model.gemma4 import kv_sources
+
+    modes = hf.kv_sharing_modes  # transformers: "reuse" layers read the last "store" layer of their type
+    sources = kv_sources(ModelConfig.from_dict(hf.to_dict()))
+    for i, mode in enumerate(modes):
+        assert (sources[i] is not None) == (mode == "reuse")
+        if mode == "reuse":
+            assert modes[sources[i]] == "store" and hf.layer_types[sources[i]] == hf.layer_types[i]
+
+
+def test_gemma4_shared_layers_keep_no_cache(pair) -> None:
+    """The KV-shared layers have no slot in the slot cache nor in the engine's pool: the cache holds the other
+    layers only, each slot as wide as the widest layer."""
+    name, _, model, _ = pair
+    if not name.startswith("gemma4"):
+        pytest.skip("Gemma 4 only")
+    cfg = model.config
+    cache = model.new_cache(2, 16)
+    assert cache.k.shape[0] == cfg.num_hidden_layers - cfg.kv_shared_layers
+    engine = LLMEngine(model, None, EngineConfig(chunk_size=4, max_num_seqs=2, num_kv_blocks=8))
+    assert engine.runner.cache.k.shape[0] == cache.k.shape[0] and engine.runner.cache.k.shape[-1] == cfg.kv_layout[2]
+
+
 # ---- the parts change the tokens ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("part", [dict(n_group=1, topk_group=1), dict(routed_scaling_factor=1.0),
-                                  dict(partial_rotary_factor=1.0), dict(correction=False)],
-                         ids=["groups", "scaling", "partial-rope", "correction-bias"])
+@pytest.mark.parametrize("part", [dict(n_group=1, topk_group=1), dict(correction=False)],
+                         ids=["groups", "correction-bias"])
 def test_each_glm_part_changes_the_tokens(part, tmp_path: Path) -> None:
     """The same weights without one GLM-4 MoE part give other tokens, in transformers and here alike: the parity
     tests hold each part to transformers, not to luck."""
@@ -112,12 +151,25 @@ def test_each_glm_part_changes_the_tokens(part, tmp_path: Path) -> None:
     assert torch.equal(nexttoken.generate(load_model(tmp_path), PROMPTS, **long), want)
 
 
+@pytest.mark.parametrize("part", [dict(num_kv_shared_layers=0), dict(hidden_size_per_layer_input=0)],
+                         ids=["kv-sharing", "per-layer-inputs"])
+def test_each_gemma4_part_changes_the_tokens(part, tmp_path: Path) -> None:
+    _, overrides = VARIANTS["gemma4-kv-shared-ple"]
+    base = build_hf_model("gemma4", **overrides)
+    other = build_hf_model("gemma4", **{**overrides, **part})
+    long = dict(GREEDY, max_new_tokens=30)
+    want = other.generate(PROMPTS, **long)
+    assert not torch.equal(base.generate(PROMPTS, **long), want)
+    other.save_pretrained(tmp_path)
+    assert torch.equal(nexttoken.generate(load_model(tmp_path), PROMPTS, **long), want)
+
+
 # ---- tokens ---------------------------------------------------------------------------------------------------
 
 
 def test_generate_greedy_and_seeded_equal_transformers(pair) -> None:
     _, hf, model, _ = pair
-    for rows in (1, 3):
+    for rows in (1, 3):  # (tiny_models' every-variant suites add left-padded batches and first-step scores)
         assert torch.equal(nexttoken.generate(model, PROMPTS[:rows], **GREEDY), hf.generate(PROMPTS[:rows], **GREEDY))
         sampled = dict(max_new_tokens=20, do_sample=True, temperature=0.9, top_k=20, eos_token_id=None,
                        pad_token_id=0)
@@ -142,12 +194,22 @@ def test_engine_rows_equal_transformers_and_are_batch_invariant(pair) -> None:
 
 
 def test_the_native_step_runs_where_the_declaration_allows(pair) -> None:
-    """OLMo 3 and EXAONE 4 are switches the fused native step already has; GLM-4 MoE's declaration keeps the
-    modules (its sigmoid router and partial RoPE are not native): the step refuses it, and the tokens above are
-    the modules'."""
+    """OLMo 3 and EXAONE 4 are switches the fused native step already has; GLM-4 MoE's and Gemma 4's declarations
+    keep the modules (a sigmoid router, partial RoPE; Gemma 4's own decoder): the step refuses them, and the tokens
+    above are the modules'."""
     name, _, model, _ = pair
-    cache = model.new_cache(1, 16)
-    assert (fused.rows_plan(model, cache) is None) == (name == "glm4-moe-groups")
+    with torch.inference_mode():
+        assert (fused.rows_plan(model, model.new_cache(1, 16)) is None) == (name in MODULES_ONLY)
+
+
+def test_tensor_parallelism_and_lora_refuse_gemma4_by_name(tmp_path: Path) -> None:
+    from nexttoken.model.lora.adapter import read_adapter
+
+    save_variant("gemma4-moe", tmp_path)
+    with pytest.raises(nexttoken.errors.ModelLoadError, match="Gemma4ForCausalLM.*tensor_parallel_size=1"):
+        nexttoken.load(tmp_path, tensor_parallel_size=2)
+    with pytest.raises(nexttoken.errors.LoraError, match="Gemma4ForCausalLM"):
+        read_adapter("a", tmp_path, load_model(tmp_path).config)
 
 
 def test_mtp_layers_of_a_glm_checkpoint_are_left_out(tmp_path: Path) -> None:
@@ -167,29 +229,39 @@ def test_mtp_layers_of_a_glm_checkpoint_are_left_out(tmp_path: Path) -> None:
 # ---- GGUF, as llama.cpp's converter writes it ------------------------------------------------------------------
 
 
-def test_glm4_moe_gguf_from_llama_cpps_converter_gives_the_folders_tokens(tmp_path: Path, shared_dir) -> None:
-    """A GLM-4 MoE folder (a real tokenizer: Qwen2.5's, with the special tokens the converter's GLM vocabulary
-    needs) through convert_hf_to_gguf.py: groups, correction bias, shared expert, partial RoPE and the MTP count
-    (block_count = layers + nextn_predict_layers) read back; the file's tokens are the folder's."""
+# name -> (model_type, overrides, special tokens the converter's vocabulary reader wants): OLMo 3 with one RoPE base
+# (llama.cpp writes one), as an `olmo2` file with a sliding window pattern.
+GGUF_CASES = {
+    "glm4-moe-groups": ("glm4_moe", VARIANTS["glm4-moe-groups"][1], ["[gMASK]", "<|user|>", "<|observation|>"]),
+    "exaone4-sliding-nope": ("exaone4", VARIANTS["exaone4-sliding-nope"][1], []),
+    "olmo3-one-base": ("olmo3", dict(num_hidden_layers=4, sliding_window=5), []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GGUF_CASES))
+def test_gguf_from_llama_cpps_converter_gives_the_folders_tokens(name, tmp_path: Path, shared_dir) -> None:
+    """A folder (a real tokenizer: Qwen2.5's, with the special tokens the converter's GLM vocabulary needs) through
+    convert_hf_to_gguf.py: the same config read back (GLM-4 MoE's groups, correction bias, shared expert, partial
+    RoPE and the MTP count, block_count = layers + nextn_predict_layers; the layers' kinds), and the file's tokens
+    are transformers' on the folder."""
     pytest.importorskip("gguf")
     from support.llama_cpp import convert, with_tokenizer
 
-    _, overrides = VARIANTS["glm4-moe-groups"]
-    hf = build_hf_model("glm4_moe", **{**overrides, "vocab_size": 151680})
-    folder = tmp_path / "glm"
+    arch, overrides, specials = GGUF_CASES[name]
+    hf = build_hf_model(arch, **{**overrides, "vocab_size": 151680})
+    folder = tmp_path / "model"
     hf.save_pretrained(folder)
     with_tokenizer(folder, shared_dir / "tokenizers" / "qwen2.5-instruct")
     tokenizer = json.loads((folder / "tokenizer.json").read_text())
     first = max(t["id"] for t in tokenizer["added_tokens"]) + 1
     tokenizer["added_tokens"] += [{"id": first + i, "content": t, "single_word": False, "lstrip": False,
                                    "rstrip": False, "normalized": False, "special": True}
-                                  for i, t in enumerate(["[gMASK]", "<|user|>", "<|observation|>"])]
+                                  for i, t in enumerate(specials)]
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
-    path = convert(folder, tmp_path / "glm.gguf", "f32")
-    llm = nexttoken.load(path)
-    cfg = llm.model.config
-    assert cfg.num_hidden_layers == 3 and cfg.moe == load_model(folder).config.moe
-    assert cfg.rope.partial_rotary_factor == 0.5
+    llm = nexttoken.load(convert(folder, tmp_path / "model.gguf", "f32"))
+    cfg, want_cfg = llm.model.config, load_model(folder).config
+    assert cfg.architecture == want_cfg.architecture and cfg.layers == want_cfg.layers
+    assert cfg.moe == want_cfg.moe and cfg.rope == want_cfg.rope and cfg.num_hidden_layers == want_cfg.num_hidden_layers
     ids = [5, 17, 33, 8, 61, 2, 40, 12]
     want = hf.generate(torch.tensor([ids]), **dict(GREEDY, max_new_tokens=10))[0, len(ids):].tolist()
     assert llm.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == want
