@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
@@ -53,7 +52,7 @@ class MoE(nn.Module):
         """GLM-4 MoE's router (transformers' Glm4MoeTopkRouter), in float32: sigmoid scores; the choice among the
         experts of the `topk_group` groups whose two best scores (+ correction bias) sum highest; the chosen experts'
         plain scores as weights, renormalised where configured, x routed_scaling_factor. Float32 weights."""
-        scores = torch.sigmoid(F.linear(x.float(), self.gate.weight.float()))  # (N, E)
+        scores = torch.sigmoid(self.gate(x).float())  # (N, E); the router's few-row products are row-invariant
         choice = scores if self.correction is None else scores + self.correction.float()
         N, E = scores.shape
         if self.groups > 1:

@@ -98,12 +98,12 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         num_hidden_layers=5, head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
         sliding_window=5, layer_types=["sliding_attention", "full_attention", "sliding_attention",
                                        "sliding_attention", "full_attention"],
-        num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=8, vocab_size_per_layer_input=96,
+        num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=32, vocab_size_per_layer_input=96,
         tie_word_embeddings=True, final_logit_softcapping=30.0)),
     "gemma4-moe": ("gemma4", dict(
         num_hidden_layers=3, head_dim=16, global_head_dim=16, sliding_window=5, hidden_size_per_layer_input=0,
         layer_types=["sliding_attention", "sliding_attention", "full_attention"], enable_moe_block=True,
-        num_experts=4, top_k_experts=2, moe_intermediate_size=24, tie_word_embeddings=True)),
+        num_experts=4, top_k_experts=2, moe_intermediate_size=32, tie_word_embeddings=True)),
     # GLM-4 MoE: a dense first layer, then sigmoid routing over 4 groups of 2 (the best 2 groups), a correction
     # bias, renormalised and scaled weights, a shared expert; q/k/v biases, per-head q/k norms, half the head rotating.
     "glm4-moe-groups": ("glm4_moe", dict(n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
@@ -145,6 +145,8 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
     }[arch]
     cfg = cfg_cls(**{**BASE, **overrides})
     cfg._attn_implementation = "eager"
+    if arch == "gemma4":  # its KV heads vary by layer; the suites read the model-wide value (the sliding layers')
+        cfg.allow_global_per_layer_attribute_access = True
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()
     if arch in ("qwen2", "qwen2_moe", "glm4_moe"):  # random-init biases are zero; make them matter
