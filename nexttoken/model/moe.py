@@ -61,7 +61,7 @@ class MoE(nn.Module):
             keep = torch.zeros_like(groups).scatter_(1, best, 1).bool()  # (N, G)
             keep = keep[..., None].expand(N, self.groups, E // self.groups).reshape(N, E)
             choice = choice.masked_fill(~keep, float("-inf"))
-        chosen = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)[1]  # (N, k)
+        chosen = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)[1]  # (N, k), transformers' call
         weights = scores.gather(1, chosen)
         if self.norm_topk:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)

@@ -104,9 +104,11 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         num_hidden_layers=3, head_dim=16, global_head_dim=16, sliding_window=5, hidden_size_per_layer_input=0,
         layer_types=["sliding_attention", "sliding_attention", "full_attention"], enable_moe_block=True,
         num_experts=4, top_k_experts=2, moe_intermediate_size=32, tie_word_embeddings=True)),
-    # GLM-4 MoE: a dense first layer, then sigmoid routing over 4 groups of 2 (the best 2 groups), a correction
+    # GLM-4 MoE: a dense first layer, then sigmoid routing over 4 groups of 4 (the best 2 groups), a correction
     # bias, renormalised and scaled weights, a shared expert; q/k/v biases, per-head q/k norms, half the head rotating.
-    "glm4-moe-groups": ("glm4_moe", dict(n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+    # (16 experts: a whole AVX-512 vector of router scores per row, so the sigmoid's numbers are the same for any
+    # number of rows, as with the real checkpoints' 128 / 160.)
+    "glm4-moe-groups": ("glm4_moe", dict(n_routed_experts=16, num_experts_per_tok=3, moe_intermediate_size=32,
                                          first_k_dense_replace=1, n_group=4, topk_group=2, n_shared_experts=1,
                                          routed_scaling_factor=2.5, attention_bias=True, use_qk_norm=True,
                                          num_hidden_layers=3, head_dim=16)),
