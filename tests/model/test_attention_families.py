@@ -112,13 +112,13 @@ def test_gemma4_config_is_transformers() -> None:
             assert modes[sources[i]] == "store" and hf.layer_types[sources[i]] == hf.layer_types[i]
 
 
-def test_gemma4_shared_layers_keep_no_cache(pair) -> None:
+def test_gemma4_shared_layers_keep_no_cache(tmp_path: Path) -> None:
     """The KV-shared layers have no slot in the slot cache nor in the engine's pool: the cache holds the other
     layers only, each slot as wide as the widest layer."""
-    name, _, model, _ = pair
-    if not name.startswith("gemma4"):
-        pytest.skip("Gemma 4 only")
+    save_variant("gemma4-kv-shared-ple", tmp_path)
+    model = load_model(tmp_path)
     cfg = model.config
+    assert cfg.kv_shared_layers == 2 and cfg.global_head_dim == 32 != cfg.head_dim
     cache = model.new_cache(2, 16)
     assert cache.k.shape[0] == cfg.num_hidden_layers - cfg.kv_shared_layers
     engine = LLMEngine(model, None, EngineConfig(chunk_size=4, max_num_seqs=2, num_kv_blocks=8))
