@@ -104,7 +104,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "layers": {"batch", "cache", "linear", "moe", "rope", "state"},
         "fused": {"arithmetic", "batch", "cache", "kernels", "layers", "linear", "moe", "native_abi", "quant"},
         "llama": {"arithmetic", "batch", "cache", "fused", "layers", "linear", "rope", "state"},
-        "gemma4": {"batch", "cache", "layers", "linear", "llama", "rope", "state"},  # Gemma 4's own decoder
+        "gemma4": {"batch", "cache", "kernels", "layers", "linear", "llama", "rope", "state"},  # Gemma 4's own decoder
         "network": {"arithmetic", "gemma4", "llama"},  # the network a family declares
         "parallel": {"linear", "memory", "moe", "quant"},
         "weights": {"arithmetic", "gemma4", "linear", "llama", "memory", "moe", "network", "parallel", "quant"},  # GGUF blocks kept packed (quant/ggml.py)
