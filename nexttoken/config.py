@@ -20,7 +20,7 @@ from .families import BY_ARCHITECTURE, BY_MODEL_TYPE, FAMILIES, FULL, LayerKind
 
 # Derived views of the family registry (nexttoken/families/), for the messages and the callers that list them.
 SUPPORTED_ARCHITECTURES = tuple(f.architecture for f in FAMILIES)
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn", "proportional")
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # model_type -> architecture, for a config.json without `architectures` (transformers' AutoModelForCausalLM maps
 # the model_type the same way: its MODEL_FOR_CAUSAL_LM_MAPPING_NAMES).
@@ -44,6 +44,8 @@ class RopeConfig:
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     truncate: bool = True
+    # the share of head_dim that rotates (GLM-4 MoE: 0.5): the first int(head_dim * factor) dims, the rest pass
+    partial_rotary_factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,18 @@ class MoeConfig:
     # gpt-oss: the router has a bias and takes the softmax over the k chosen logits only (top k, then softmax)
     router_bias: bool = False
     softmax_after_topk: bool = False
+
+    # GLM-4 MoE (DeepSeek-V3's router): "sigmoid" scores, a per-expert correction bias added for the choice only,
+    # the choice limited to the `topk_group` best of `n_group` expert groups, the weights x routed_scaling_factor;
+    # the shared expert(s) ungated. Defaults: the softmax router above.
+    # "scaled_softmax" (Gemma 4): the router reads the residual RMS-normed x its scale / sqrt(hidden), and the chosen
+    # weights are multiplied by per-expert scales; its experts run beside the dense MLP (model/gemma4.py)
+    scoring: str = "softmax"
+    correction_bias: bool = False
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    shared_gate: bool = True  # Qwen2-MoE's sigmoid(shared_expert_gate(x)) on the shared expert
 
 
 @dataclass(frozen=True)
@@ -140,10 +154,29 @@ class ModelConfig:
     recurrent: RecurrentConfig | None = None
     attention_output_gate: bool = False
     rotary_dim: int | None = None
+    # Gemma 4 (model/gemma4.py): the full layers' own head_dim and KV heads (None: the model's); keys reused as values
+    # on them; the last kv_shared_layers layers attend the K/V of the last earlier layer of their kind (no cache of
+    # their own; their MLP double-wide where double_wide_mlp); per-layer input embeddings of per_layer_input dims
+    # over per_layer_vocab tokens (0: none).
+    global_head_dim: int | None = None
+    global_kv_heads: int | None = None
+    values_from_keys: bool = False
+    kv_shared_layers: int = 0
+    double_wide_mlp: bool = False
+    per_layer_input: int = 0
+    per_layer_vocab: int = 0
 
     def layer(self, i: int) -> LayerKind:
         """Layer i's kind (full attention with the model's RoPE when the config names none)."""
         return self.layers[i] if self.layers else FULL
+
+    @property
+    def kv_layout(self) -> tuple[int, int, int]:
+        """(layers that keep K/V, KV heads, head_dim) of the caches and the engine's pool: every layer with the
+        model's shapes, but Gemma 4's: no slots for its KV-shared layers, each slot as wide as its widest layer (a
+        narrower layer uses the first heads and dims of its slot)."""
+        heads = max(self.num_key_value_heads, self.global_kv_heads or 0)
+        return (self.num_hidden_layers - self.kv_shared_layers, heads, max(self.head_dim, self.global_head_dim or 0))
 
     @property
     def sliding_layers(self) -> tuple[bool, ...]:
@@ -204,7 +237,7 @@ class ModelConfig:
         intermediate = switches.pop("intermediate_size", None)  # LFM2 derives its own from block_ff_dim
         local = switches.pop("rope_local", None)
         moe = switches.pop("moe", None)
-        cfg = cls(
+        fields = dict(
             architecture=family.architecture,
             vocab_size=int(need("vocab_size")),
             hidden_size=hidden,
@@ -227,8 +260,8 @@ class ModelConfig:
             rope_local=None if local is None else _rope_config(local, source, head_dim),
             moe=None if moe is None else _moe_config(moe, source),
             recurrent=None if recurrent is None else RecurrentConfig(**recurrent),
-            **switches,
         )
+        cfg = cls(**(fields | switches))  # a family's switches override the shared reading (GLM's attention_bias)
         if len(cfg.layers) != layers:
             raise ModelLoadError(f"{source}: {len(cfg.layers)} layer kinds for num_hidden_layers={layers}")
         if cfg.hidden_act not in SUPPORTED_ACTIVATIONS:
@@ -257,8 +290,20 @@ def _rope_config(raw: dict[str, Any], source: str, head_dim: int, partial: bool 
         raise ModelLoadError(
             f"{source}: rope type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
         )
-    if params.get("partial_rotary_factor", 1.0) != 1.0 and not partial:  # a family that reads it sets rotary_dim
-        raise ModelLoadError(f"{source}: partial_rotary_factor != 1 is not supported")
+    share = float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
+    if partial:  # the family reads it as its rotary_dim (Qwen3.5): the RoPE rotates what it is handed
+        share = 1.0
+    if rope_type == "proportional":  # Gemma 4's full layers: a share of the frequencies rotates, the rest are zero
+        if not 0.0 <= share <= 1.0:
+            raise ModelLoadError(f"{source}: partial_rotary_factor must be in [0, 1], got {share}")
+        return RopeConfig(theta=theta, type=rope_type, factor=float(params.get("factor", 1.0)),
+                          partial_rotary_factor=share)
+    if not (0.0 < share <= 1.0 and int(head_dim * share) % 2 == 0):
+        raise ModelLoadError(f"{source}: partial_rotary_factor must be in (0, 1] and rotate an even number of the "
+                             f"{head_dim} head dims, got {share}")
+    if share != 1.0 and rope_type != "default":
+        raise ModelLoadError(f"{source}: partial_rotary_factor != 1 is supported with the default RoPE only, "
+                             f"not {rope_type!r}")
     if rope_type == "longrope":
         return _longrope_config(raw, params, theta, source, head_dim)
     if rope_type == "yarn":
@@ -275,7 +320,7 @@ def _rope_config(raw: dict[str, Any], source: str, head_dim: int, partial: bool 
             high_freq_factor=float(params["high_freq_factor"]),
             original_max_position_embeddings=int(params["original_max_position_embeddings"]),
         )
-    return RopeConfig(theta=theta, type=rope_type, factor=factor)
+    return RopeConfig(theta=theta, type=rope_type, factor=factor, partial_rotary_factor=share)
 
 
 def _longrope_config(raw: dict[str, Any], params: dict[str, Any], theta: float, source: str,

@@ -105,8 +105,11 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "layers": {"batch", "cache", "linear", "moe", "recurrent", "rope", "state"},
         "fused": {"arithmetic", "batch", "cache", "kernels", "layers", "linear", "moe", "native_abi", "quant"},
         "llama": {"arithmetic", "batch", "cache", "fused", "layers", "linear", "recurrent", "rope", "state"},
+        "gemma4": {"batch", "cache", "kernels", "layers", "linear", "llama", "rope", "state"},  # Gemma 4's own decoder
+        "network": {"arithmetic", "gemma4", "llama"},  # the network a family declares
         "parallel": {"linear", "memory", "moe", "quant"},
-        "weights": {"arithmetic", "linear", "llama", "memory", "moe", "parallel", "quant", "recurrent"},  # GGUF blocks kept packed (quant/ggml.py)
+        "weights": {"arithmetic", "gemma4", "linear", "llama", "memory", "moe", "network", "parallel", "quant",
+                    "recurrent"},  # GGUF blocks kept packed (quant/ggml.py)
     },
     "engine": {
         "sequence": set(),

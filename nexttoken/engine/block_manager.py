@@ -181,8 +181,10 @@ def pool_blocks(model, max_num_seqs: int, max_model_len: int, block_size: int,  
     layers' state slots), not available to the pool; only the layers that keep K/V count in a block's bytes (the
     others' rows of the pool are never written, so never committed)."""
     mc = model.config
-    kv_layers = sum(mc.layer(i).keeps_kv for i in range(mc.num_hidden_layers))
-    per_block = PagedKVCache.bytes_per_block(max(kv_layers, 1), mc.num_key_value_heads, block_size, mc.head_dim, dtype)
+    layers, heads, dim = mc.kv_layout  # the layers with slots of their own, at their widest (Gemma 4)
+    # recurrent layers (issue 41) write no K/V: their slots' pages are never touched, so never committed
+    kv_layers = layers - sum(not mc.layer(i).keeps_kv for i in range(mc.num_hidden_layers))
+    per_block = PagedKVCache.bytes_per_block(max(kv_layers, 1), heads, block_size, dim, dtype)
     available = max(0, available_memory(model.device) - reserved)
     if num_kv_blocks is not None:
         blocks = num_kv_blocks + 1

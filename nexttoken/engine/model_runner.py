@@ -137,7 +137,8 @@ def check_cache_memory(model: Transformer, num_slots: int, max_len: int) -> None
     if model.device.type != "cpu":
         return
     cfg = model.config
-    need = 2 * cfg.num_hidden_layers * num_slots * cfg.num_key_value_heads * max_len * cfg.head_dim \
+    layers, heads, dim = cfg.kv_layout  # the layers that keep K/V, at their widest (Gemma 4)
+    need = 2 * layers * num_slots * heads * max_len * dim \
         * torch.empty((), dtype=model.dtype).element_size()  # K and V
     free = _available_bytes()
     if free is not None and need > free:
@@ -210,7 +211,8 @@ class ModelRunner:
                  cache_dtype: torch.dtype | None = None) -> None:
         mc = model.config
         self.model, self.max_len = model, max_len
-        self.cache = PagedKVCache(mc.num_hidden_layers, num_blocks, mc.num_key_value_heads, block_size, mc.head_dim,
+        layers, heads, dim = mc.kv_layout  # the layers that keep K/V, at their widest (Gemma 4)
+        self.cache = PagedKVCache(layers, num_blocks, heads, block_size, dim,
                                   cache_dtype or model.dtype, model.device)  # (L, N, Hkv, bs, D)
         self.window = mc.sliding_window
         self.blocks: BlockManager | None = None  # the engine's: prefill chunks hash their blocks into its cache

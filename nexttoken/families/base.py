@@ -94,6 +94,11 @@ class Family:
     fused_checkpoint: bool = False  # q/k/v as `qkv_proj`, gate/up as `gate_up_proj` (Phi-3): our layout already
     moe_prefix: str = "mlp."  # where a sparse layer's router and experts sit under model.layers.{i}.
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # one expert's gate, up, down
+    shared_expert: str = "shared_expert"  # the shared expert's module under moe_prefix (GLM-4: shared_experts)
+    # the fused native step (model/fused.py) computes its blocks; False: they run the modules (parts it lacks)
+    native_step: bool = True
+    network: str = "decoder"  # which network model/network.py builds: the shared decoder, or a family's own
+    mtp_layers: bool = False  # the checkpoint's layers past num_hidden_layers are MTP heads, left out (GLM-4 MoE)
     tensor_parallel: bool = True  # model/parallel.py splits its checkpoints and blocks (tested against one process)
     # gpt-oss: each projection's experts stacked in one checkpoint tensor (model/weights/stacked.py unstacks them)
     stacked_experts: bool = False

@@ -156,7 +156,7 @@ class _Plan:
         self.biases: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []  # a rank's o / down biases per layer
         if type(model.norm) is not RMSNorm or cfg.head_dim > 512 or cfg.hidden_act not in _ACTIVATIONS:
             return
-        if not family(cfg.architecture).native_step:  # a part decode.cpp does not compute (gpt-oss: sinks, ...)
+        if not _native_parts(cfg):  # a family whose declaration keeps the modules (parts the native step lacks)
             return
         sharded = _sharded(model)
         self.local_rope = model.__dict__.get("local_inv_freq") is not None
@@ -260,6 +260,13 @@ class _Refused:
 
 
 _REFUSED = _Refused()
+
+
+def _native_parts(cfg) -> bool:  # noqa: ANN001
+    """Whether the declaration lets the native step run this model (families/base.py's Family.native_step), and
+    its config holds no part the native step does not compute: partial RoPE, a sigmoid (GLM-4) router."""
+    return (family(cfg.architecture).native_step and cfg.rope.partial_rotary_factor == 1.0
+            and (cfg.moe is None or cfg.moe.scoring == "softmax"))
 
 
 def _lora(module: torch.nn.Module | None) -> _Lora:

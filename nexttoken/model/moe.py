@@ -30,7 +30,12 @@ class MoE(nn.Module):
         self.softmax_after_topk = moe.softmax_after_topk
         self.experts = nn.ModuleList(mlp(moe.intermediate_size) for _ in range(moe.num_experts))
         self.shared = mlp(moe.shared_intermediate_size) if moe.shared_intermediate_size else None
-        self.shared_gate = KeptLinear(cfg.hidden_size, 1, bias=False) if self.shared is not None else None
+        gated = self.shared is not None and moe.shared_gate
+        self.shared_gate = KeptLinear(cfg.hidden_size, 1, bias=False) if gated else None
+        # GLM-4 MoE's sigmoid router (see route): a float32 per-expert bias that moves the choice, not the weights
+        self.scoring, self.groups, self.topk_group = moe.scoring, moe.n_group, moe.topk_group
+        self.routed_scale = moe.routed_scaling_factor
+        self.correction = nn.Parameter(torch.zeros(moe.num_experts)) if moe.correction_bias else None
         # Tensor parallelism (model/parallel.py): sums the ranks' partial outputs, once per layer; None: one process.
         self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
@@ -39,11 +44,32 @@ class MoE(nn.Module):
         if self.softmax_after_topk:  # gpt-oss: top k of the logits, softmax over those k, in the activations' dtype
             top, chosen = torch.topk(self.gate(x), self.top_k, dim=-1)  # (N, k)
             return torch.softmax(top, dim=-1, dtype=top.dtype), chosen
+        if self.scoring == "sigmoid":
+            return self._grouped_sigmoid(x)
         probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # (N, E)
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # (N, k)
         if self.norm_topk:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return (weights if self.float32_weights else weights.to(x.dtype)), chosen
+
+    def _grouped_sigmoid(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """GLM-4 MoE's router (transformers' Glm4MoeTopkRouter), in float32: sigmoid scores; the choice among the
+        experts of the `topk_group` groups whose two best scores (+ correction bias) sum highest; the chosen experts'
+        plain scores as weights, renormalised where configured, x routed_scaling_factor. Float32 weights."""
+        scores = torch.sigmoid(self.gate(x).float())  # (N, E); the router's few-row products are row-invariant
+        choice = scores if self.correction is None else scores + self.correction.float()
+        N, E = scores.shape
+        if self.groups > 1:
+            groups = choice.view(N, self.groups, E // self.groups).topk(2, dim=-1)[0].sum(dim=-1)  # (N, G)
+            best = torch.topk(groups, k=self.topk_group, dim=-1, sorted=False)[1]
+            keep = torch.zeros_like(groups).scatter_(1, best, 1).bool()  # (N, G)
+            keep = keep[..., None].expand(N, self.groups, E // self.groups).reshape(N, E)
+            choice = choice.masked_fill(~keep, float("-inf"))
+        chosen = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)[1]  # (N, k), transformers' call
+        weights = scores.gather(1, chosen)
+        if self.norm_topk:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * self.routed_scale, chosen
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -56,8 +82,10 @@ class MoE(nn.Module):
             rows, slot = torch.where(chosen == e)  # the tokens that chose expert e, and where in their top k
             y = self.experts[e](x[rows]) * weights[rows, slot, None]  # (n_e, C)
             out.index_add_(0, rows, y.to(out.dtype))
-        if self.shared is not None:  # Qwen2-MoE: an expert every token runs, scaled by its own sigmoid gate
+        if self.shared_gate is not None:  # Qwen2-MoE: an expert every token runs, scaled by its own sigmoid gate
             out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
+        elif self.shared is not None:  # GLM-4 MoE: the shared experts as one ungated MLP
+            out = out + self.shared(x)
         if self.reduce is not None:
             out = self.reduce(out)
         return out.view(shape)
@@ -79,9 +107,12 @@ def checkpoint_shapes(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]
             shapes |= {f"{p}experts.{e}.{names[0]}.bias": (I,), f"{p}experts.{e}.{names[1]}.bias": (I,),
                        f"{p}experts.{e}.{names[2]}.bias": (C,)}
     if moe.shared_intermediate_size:
-        S = moe.shared_intermediate_size
-        shapes |= {p + "shared_expert.gate_proj.weight": (S, C), p + "shared_expert.up_proj.weight": (S, C),
-                   p + "shared_expert.down_proj.weight": (C, S), p + "shared_expert_gate.weight": (1, C)}
+        S, x = moe.shared_intermediate_size, p + family(cfg.architecture).shared_expert + "."
+        shapes |= {x + "gate_proj.weight": (S, C), x + "up_proj.weight": (S, C), x + "down_proj.weight": (C, S)}
+        if moe.shared_gate:
+            shapes[p + "shared_expert_gate.weight"] = (1, C)
+    if moe.correction_bias:
+        shapes[p + "gate.e_score_correction_bias"] = (moe.num_experts,)
     return shapes
 
 
@@ -101,10 +132,13 @@ def checkpoint_parts(cfg: ModelConfig, layer: int) -> dict[str, list[str]]:
             sd[f"{o}experts.{e}.w13.{kind}"] = [f"{x}{gate}.{kind}", f"{x}{up}.{kind}"]
             sd[f"{o}experts.{e}.w2.{kind}"] = [f"{x}{down}.{kind}"]
     if moe.shared_intermediate_size:
-        x = p + "shared_expert."
+        x = p + family(cfg.architecture).shared_expert + "."
         sd[o + "shared.w13.weight"] = [x + "gate_proj.weight", x + "up_proj.weight"]
         sd[o + "shared.w2.weight"] = [x + "down_proj.weight"]
-        sd[o + "shared_gate.weight"] = [p + "shared_expert_gate.weight"]
+        if moe.shared_gate:
+            sd[o + "shared_gate.weight"] = [p + "shared_expert_gate.weight"]
+    if moe.correction_bias:
+        sd[o + "correction"] = [p + "gate.e_score_correction_bias"]
     return sd
 
 

@@ -17,6 +17,11 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int, long: bool = False) -> 
     """(head_dim/2,) float32 inverse frequencies for this RoPE variant (longrope: the short set, or with `long` the
     set for sequences beyond the original context)."""
     # Explicit CPU so that building a model under `torch.device("meta")` still gets real frequencies.
+    if rope.type == "proportional":  # Gemma 4: the first share over the whole head_dim, the rest zero (no rotation)
+        angles = int(rope.partial_rotary_factor * head_dim // 2)
+        rotated = 1.0 / rope.theta ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64, device="cpu").float() / head_dim)
+        return torch.cat([rotated, torch.zeros(head_dim // 2 - angles, device="cpu")]) / rope.factor
+    head_dim = int(head_dim * rope.partial_rotary_factor)  # partial RoPE (GLM-4 MoE): only these dims rotate
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
     if rope.type == "longrope":  # transformers' order: 1 / (factors * base ** exponent)
         factors = torch.tensor(rope.long_factor if long else rope.short_factor, dtype=torch.float32, device="cpu")
@@ -94,5 +99,10 @@ def rope_cos_sin(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x (B, H, T, D) by the position angles (tables from rope_cos_sin)."""
+    """Rotate x (B, H, T, D) by the position angles (tables from rope_cos_sin). Tables narrower than D (partial
+    RoPE: R < D dims) rotate the first R dims and pass the rest, as transformers' GLM-4 does."""
+    rotary = cos.shape[-1]
+    if rotary < x.shape[-1]:
+        x, rest = x[..., :rotary], x[..., rotary:]
+        return torch.cat([x * cos + x.roll(rotary // 2, dims=-1) * signed_sin, rest], dim=-1)
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin  # roll * signed sin == rotate_half(x) * sin

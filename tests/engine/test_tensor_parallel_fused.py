@@ -20,9 +20,9 @@ from support.tiny_models import PROMPTS, RECURRENT, VARIANTS, save_variant
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="native kernel unavailable (no g++ or no AVX-512)")
 
-# The tiny models the single-process fused step takes, but OLMo 2: its sharded whole-projection q/k norm
+# The tiny models the single-process fused step takes, but OLMo 2 and 3: their sharded whole-projection q/k norm
 # all-reduces inside the attention, so its ranks run the modules.
-RANK_MODULES_ONLY = {"olmo2-post-norm"}
+RANK_MODULES_ONLY = {"olmo2-post-norm", "olmo3-sliding"}
 FUSED_VARIANTS = sorted(set(VARIANTS) - MODULES_ONLY - RANK_MODULES_ONLY - RECURRENT)
 GREEDY = dict(max_new_tokens=16, do_sample=False)
 

@@ -6,8 +6,10 @@ import torch
 
 from nexttoken.model import ForwardBatch
 
-# Variants the native step does not cover (their declaration refuses it: Family.native_step): gpt-oss's sinks.
-MODULES_ONLY: set[str] = {"gpt-oss"}
+# Variants the native step does not cover (their declarations keep the modules: Family.native_step): gpt-oss's
+# sinks, GLM-4 MoE (its sigmoid router and partial RoPE) and Gemma 4 (its own decoder). Every other family's block,
+# windows and experts included, fuses.
+MODULES_ONLY: set[str] = {"gpt-oss", "glm4-moe-groups", "gemma4-kv-shared-ple", "gemma4-moe"}
 
 
 @torch.inference_mode()

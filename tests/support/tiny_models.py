@@ -110,12 +110,48 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     # Mamba2: no attention, no MLP; 4 layers of 4 heads of 32 over 2 groups, scan chunks of 8
     "mamba2-ssd": ("mamba2", dict(num_hidden_layers=4, num_heads=4, head_dim=32, expand=2, n_groups=2, state_size=16,
                                   conv_kernel=4, chunk_size=8, layer_norm_epsilon=1e-5)),
+    # OLMo 3: OLMo 2's post norms and projection q/k norms, three sliding layers (window 5) then a full one, the
+    # sliding layers with a RoPE base of their own.
+    "olmo3-sliding": ("olmo3", dict(num_hidden_layers=4, sliding_window=5, rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 500_000.0}})),
+    # EXAONE 4: post norms, per-head q/k norms, three sliding layers (window 5) with RoPE, then a NoPE full layer.
+    "exaone4-sliding-nope": ("exaone4", dict(num_hidden_layers=4, sliding_window=5, sliding_window_pattern=4)),
+    # Gemma 4: sliding (window 5) and full layers with their own head_dim (32) and one KV head, keys as values on
+    # the full layers, proportional partial RoPE there; the last two layers share the K/V of earlier ones with a
+    # double-wide MLP; per-layer input embeddings; and a variant with the MoE block beside every MLP.
+    "gemma4-kv-shared-ple": ("gemma4", dict(
+        num_hidden_layers=5, head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+        sliding_window=5, layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                                       "sliding_attention", "full_attention"],
+        num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=32, vocab_size_per_layer_input=96,
+        tie_word_embeddings=True, final_logit_softcapping=30.0)),
+    "gemma4-moe": ("gemma4", dict(
+        num_hidden_layers=3, head_dim=16, global_head_dim=16, sliding_window=5, hidden_size_per_layer_input=0,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"], enable_moe_block=True,
+        num_experts=4, top_k_experts=2, moe_intermediate_size=32, tie_word_embeddings=True)),
+    # GLM-4 MoE: a dense first layer, then sigmoid routing over 4 groups of 4 (the best 2 groups), a correction
+    # bias, renormalised and scaled weights, a shared expert; q/k/v biases, per-head q/k norms, half the head rotating.
+    # (16 experts: a whole AVX-512 vector of router scores per row, so the sigmoid's numbers are the same for any
+    # number of rows, as with the real checkpoints' 128 / 160.)
+    "glm4-moe-groups": ("glm4_moe", dict(n_routed_experts=16, num_experts_per_tok=3, moe_intermediate_size=32,
+                                         first_k_dense_replace=1, n_group=4, topk_group=2, n_shared_experts=1,
+                                         routed_scaling_factor=2.5, attention_bias=True, use_qk_norm=True,
+                                         num_hidden_layers=3, head_dim=16)),
 }
 # Variants that run one process only (their declaration refuses tensor parallelism).
 NO_TENSOR_PARALLEL = {"gpt-oss"}
 # The variants whose layers keep a recurrent state: the fused native step, speculative decoding and tensor
 # parallelism refuse them (they run the modules path, one token at a time).
 RECURRENT = frozenset({"lfm2-conv", "qwen3_5-delta", "granite4h-mamba", "mamba2-ssd"})
+
+
+def declared(name: str):  # noqa: ANN201
+    """The family declaration (nexttoken/families/) a variant's model belongs to."""
+    from nexttoken.families import BY_MODEL_TYPE
+
+    arch = VARIANTS[name][0]
+    return BY_MODEL_TYPE.get(arch) or BY_MODEL_TYPE[arch + "_text"]
 
 
 def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
@@ -140,19 +176,30 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
         "granitemoehybrid": (transformers.GraniteMoeHybridConfig, transformers.GraniteMoeHybridForCausalLM),
         "mamba2": (transformers.Mamba2Config, transformers.Mamba2ForCausalLM),
+        "glm4_moe": (transformers.Glm4MoeConfig, transformers.Glm4MoeForCausalLM),
+        "olmo3": (transformers.Olmo3Config, transformers.Olmo3ForCausalLM),
+        "gemma4": (transformers.Gemma4TextConfig, transformers.Gemma4ForCausalLM),
+        "exaone4": (transformers.Exaone4Config, transformers.Exaone4ForCausalLM),
     }[arch]
     cfg = cfg_cls(**{**BASE, **overrides})
     cfg._attn_implementation = "eager"
+    if arch == "gemma4":  # its KV heads vary by layer; the suites read the model-wide value (the sliding layers')
+        cfg.allow_global_per_layer_attribute_access = True
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()
     if arch == "gpt_oss":
         cfg._experts_implementation = "eager"  # transformers' own loop over the experts
-    if arch in ("qwen2", "qwen2_moe", "gpt_oss"):  # random-init biases (and gpt-oss's sinks) are zero; make them matter
+    if arch in ("qwen2", "qwen2_moe", "gpt_oss", "glm4_moe"):  # random-init biases (and gpt-oss's sinks) are zero; make them matter
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name.endswith(("bias", "sinks")):
                     p.normal_(0, 0.3)
-    if arch in ("qwen3", "olmo2", "qwen3_moe"):  # random-init norm weights are ones; make the q/k norms matter
+    if arch == "glm4_moe":  # the router's correction bias (zeros at init) moves the choice; make it matter
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    b.normal_(0, 0.3)
+    if arch in ("qwen3", "olmo2", "qwen3_moe", "glm4_moe", "olmo3", "exaone4"):  # random-init norm weights are ones; make the q/k norms matter
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):
@@ -164,6 +211,14 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
                     p.normal_(1.0 if arch == "lfm2" else 0.0, 0.3)
                 elif name.endswith(("dt_bias", "A_log", ".D")):
                     p.uniform_(-1.0, 1.0)
+    if arch == "gemma4":  # norms, scalars and per-expert scales start at ones; make every one matter
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name or name.endswith(("layer_scalar", "router.scale", "per_expert_scale")):
+                    p.normal_(1.0, 0.3)
+            for name, b in model.named_buffers():
+                if name.endswith("layer_scalar"):
+                    b.normal_(1.0, 0.3)
     if arch in ("gemma2", "gemma3"):  # Gemma's norms scale by (1 + w), w initialised to zero; make every norm matter
         with torch.no_grad():
             for name, p in model.named_parameters():

@@ -254,6 +254,9 @@ def gguf_names(g: GGUFFile, cfg: ModelConfig, names: list[str]) -> dict[str, str
             out[hf] = f"{gname}.{suffix}"
         elif whole is not None and whole in g.tensors:
             out[hf] = whole
+        elif suffix == "e_score_correction_bias":  # GLM-4 MoE's router bias: llama.cpp's exp_probs_b.bias
+            if f"blk.{base.split('.')[2]}.exp_probs_b.bias" in g.tensors:
+                out[hf] = f"blk.{base.split('.')[2]}.exp_probs_b.bias"
     return out
 
 

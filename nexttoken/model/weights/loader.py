@@ -14,7 +14,9 @@ from ...config import ModelConfig
 from ...errors import MissingFileError, ModelLoadError
 from ...families import family
 from ..linear import KeptLinear, Linear
+from .. import gemma4
 from ..llama import Transformer
+from ..network import network, own_checkpoint
 from ..memory import copy_into_arena, empty_in_arena, release_freed_memory
 from ..moe import checkpoint_parts as moe_parts, checkpoint_shapes as moe_shapes
 from ..recurrent import MIXERS as RECURRENT_MIXERS
@@ -107,6 +109,8 @@ def _recurrent(cfg: ModelConfig, layer: int) -> dict[str, list[tuple[str, tuple[
 
 
 def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    if own_checkpoint(cfg):  # a network with checkpoint names of its own (Gemma 4)
+        return gemma4.checkpoint_shapes(cfg)
     C, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * D, cfg.num_key_value_heads * D
     shapes: dict[str, tuple[int, ...]] = {
@@ -181,7 +185,8 @@ def check_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: Pa
             raise ModelLoadError(
                 f"{source}: tensor {name} has shape {tuple(tensors[name].shape)}, but config.json implies {shape}"
             )
-    unexpected = [n for n in tensors if n not in expected and not (cfg.tie_word_embeddings and n == "lm_head.weight")]
+    unexpected = [n for n in tensors if n not in expected and not (cfg.tie_word_embeddings and n == "lm_head.weight")
+                  and not _mtp_layer(cfg, n)]
     if unexpected:
         raise ModelLoadError(
             f"{source}: unexpected tensors {', '.join(unexpected[:3])}: the checkpoint does not match config.json "
@@ -189,9 +194,21 @@ def check_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: Pa
         )
 
 
+def _mtp_layer(cfg: ModelConfig, name: str) -> bool:
+    """A checkpoint tensor transformers leaves out too: the multi-token-prediction layers some families store
+    after the last layer (GLM-4 MoE's model.layers.{num_hidden_layers}...), Gemma 4's KV-shared layers' k / v."""
+    parts = name.split(".")
+    if own_checkpoint(cfg) and gemma4.ignored(cfg, name):  # Gemma 4's KV-shared layers' unused k / v tensors
+        return True
+    return (family(cfg.architecture).mtp_layers and len(parts) > 3 and parts[:2] == ["model", "layers"]
+            and parts[2].isdigit() and int(parts[2]) >= cfg.num_hidden_layers)
+
+
 def state_parts(cfg: ModelConfig, names: set[str] | dict) -> dict[str, list[str]]:
     """Our module names -> the checkpoint tensors each is made of, concatenated along dim 0 (q/k/v and gate/up
     fused; one name: the tensor as it is). `names`: the checkpoint's tensor names (optional biases)."""
+    if own_checkpoint(cfg):
+        return gemma4.checkpoint_parts(cfg)
     sd = {"embed.weight": ["model.embed_tokens.weight"], "norm.weight": ["model.norm.weight"]}
     sd["lm_head.weight"] = sd["embed.weight"] if cfg.tie_word_embeddings else ["lm_head.weight"]
     for i in range(cfg.num_hidden_layers):
@@ -294,12 +311,12 @@ def load_model(
     if family(cfg.architecture).stacked_experts:
         return _load_stacked(path, cfg, dtype, device, quantize)
     entries = renamed(cfg, {n: e for n, e in read_headers(safetensors_files(path)).items()
-                            if not n.endswith(_IGNORED_SUFFIXES)})
+                            if not n.endswith(_IGNORED_SUFFIXES) and not _mtp_layer(cfg, n)})
     check_tensors(cfg, entries, path)
     check_dtypes(entries)
     precision = resolve_precision(dtype, device, stored_dtype(entries), quantize)
     with torch.device("meta"):  # no throw-away random init: parameters are assigned from the checkpoint
-        model = Transformer(cfg)
+        model = network(cfg)
     parts = state_parts(cfg, entries)
     dtypes = {name: _weight_dtype(model, name, precision) for name in parts}
     model.load_state_dict(_read_state(parts, entries, dtypes, device), assign=True, strict=True)
@@ -392,7 +409,7 @@ def build_model(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: Path
     check_tensors(cfg, tensors, source)
     state = _owned(to_state_dict(cfg, tensors), device, torch_dtype)
     with torch.device("meta"):  # no throw-away random init: parameters are assigned from the checkpoint
-        model = Transformer(cfg)
+        model = network(cfg)
     model.load_state_dict(state, assign=True, strict=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight

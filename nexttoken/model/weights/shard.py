@@ -56,7 +56,7 @@ def read_shard(files: list[Path], cfg: ModelConfig, shards: Shards) -> dict[str,
                 piece = sf.get_slice(name)
                 if ".experts." in name:
                     r, c = expert_rows, expert_columns
-                elif ".shared_expert." in name:
+                elif ".shared_expert." in name or ".shared_experts." in name:  # Qwen2-MoE's, GLM-4 MoE's
                     r, c = shared_rows, shared_columns
                 else:
                     r, c = rows, columns

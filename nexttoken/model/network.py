@@ -1,0 +1,23 @@
+"""The network a family's declaration names (families/base.py's Family.network): the shared decoder
+(llama.Transformer) for every family but those with a decoder of their own (Gemma 4: gemma4.Gemma4Transformer),
+and that network's checkpoint tensors (names, shapes, the ones left out)."""
+
+from __future__ import annotations
+
+from ..config import ModelConfig
+from ..families import family
+from . import gemma4
+from .arithmetic import Arithmetic
+from .llama import Transformer
+
+_NETWORKS = {"decoder": Transformer, "gemma4": gemma4.Gemma4Transformer}
+
+
+def network(cfg: ModelConfig, arithmetic: Arithmetic | None = None) -> Transformer:
+    """The declared network of `cfg`, built on the current device (the loaders: under torch.device("meta"))."""
+    return _NETWORKS[family(cfg.architecture).network](cfg, arithmetic)
+
+
+def own_checkpoint(cfg: ModelConfig) -> bool:
+    """Whether the network reads its checkpoint by its own names (gemma4.checkpoint_parts), not the decoder's."""
+    return family(cfg.architecture).network == "gemma4"
