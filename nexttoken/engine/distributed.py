@@ -77,6 +77,7 @@ class MirrorSequence:
         self.last_token, self.num_tokens = a.prompt_ids[-1], len(a.prompt_ids)
         self.num_cached, self.prompt_logprobs = a.num_cached, None
         self.block_table: list[int] = []
+        self.slot: int | None = None  # a recurrent state's row: none (tensor parallelism refuses recurrent models)
         self.output_ids: list[int] = []  # known when rank 0 replays them (a preempted request)
         self.extra: dict = {}
 
