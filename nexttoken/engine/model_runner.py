@@ -230,8 +230,8 @@ class ModelRunner:
                 self._decode([DecodeRow(r.seq.block_table, r.seq.token_ids[r.start + depth], r.start + depth + 1,
                                         lora=r.seq.lora, slot=r.seq.slot)
                               for r in plan.replay if r.start + depth < r.end])
-            for r in plan.replay:
-                r.seq.num_cached = r.end
+        for r in plan.replay:  # either way the replayed columns are in the cache now
+            r.seq.num_cached = r.end
         out = self._decode(plan.decode) if plan.decode else []
         for chunk in plan.prefill:
             logits = self._prefill(chunk)
