@@ -43,7 +43,7 @@ MORE_ROUTES = {
     "count_tokens": anthropic_operation(CountTokensRequest, COUNT),
     "load_lora": operation(LoadLoraAdapterRequest, {"type": "object"}, *API_ERRORS),
     "unload_lora": operation(UnloadLoraAdapterRequest, {"type": "object"}, *API_ERRORS),
-    "admin": operation(None, {"type": "object", "required": ["id", "status"]}, *API_ERRORS),
+    "admin": operation(None, {"type": "object", "required": ["id", "status"]}, *API_ERRORS, "403", "409"),
 }
 from .registry import LOADED, Entry, ModelCollector, ModelRegistry
 from .router import ModelRouter

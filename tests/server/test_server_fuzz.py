@@ -32,8 +32,9 @@ def test_every_endpoint_keeps_its_documented_contract(fuzzed) -> None:
     operations = [result.ok() for result in api.get_all_operations()]
     assert {op.path for op in operations} >= {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"}
     for op in operations:
-        modes = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if op.method.upper() == "POST" else (
-            GenerationMode.POSITIVE,)  # a GET without parameters has no invalid form
+        # a GET without parameters, or a POST without a body (the admin routes), has no invalid form
+        modes = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if op.method.upper() == "POST" and len(
+            op.body) else (GenerationMode.POSITIVE,)
         for mode in modes:
 
             @given(op.as_strategy(generation_mode=mode))

@@ -30,7 +30,9 @@ ERROR = {
 ERRORS = {
     "400": "the request is invalid: the message names the field (param) and the fix",
     "401": "the API key is missing or wrong (--api-key)",
+    "403": "the admin routes answer only with an API key set (--api-key) or --admin-without-key",
     "404": "no such model or route",
+    "409": "the model has requests running (an admin unload waits for none)",
     "408": "the request body did not arrive within --body-timeout",
     "413": "the request body is over --max-body-bytes",
     "415": "the body is not sent as Content-Type: application/json",
