@@ -107,7 +107,7 @@ def test_every_subcommand_help_works_with_the_base_dependencies_only() -> None:
     """)
     r = _run([sys.executable, "-c", script])
     assert r.returncode == 0, r.stderr
-    assert "ok ['bench', 'chat', 'generate', 'loadtest', 'replay', 'serve']" in r.stdout
+    assert "ok ['bench', 'chat', 'generate', 'loadtest', 'replay', 'run-batch', 'serve']" in r.stdout
     assert "pip install 'nexttoken[bench]'" in r.stdout
 
 
