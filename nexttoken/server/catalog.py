@@ -32,6 +32,9 @@ from typing import Any, Iterable, Mapping
 from ..errors import ModelLoadError
 from ..loadspec import LoadSpec
 
+# Ollama names a model `name:tag`; a served name without a tag is `name:latest` too (on every API, as Ollama's)
+TAG = "latest"
+
 ENGINE_FIELDS = ("max_num_seqs", "max_model_len", "chunk_size", "max_num_batched_tokens", "enable_prefix_caching",
                  "block_size", "kv_cache_memory", "num_kv_blocks", "kv_cache_dtype", "scheduling_policy")
 SERVER_FIELDS = ("tool_call_parser", "reasoning_parser", "reasoning_budget", "default_chat_template_kwargs",

@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..engine.llm_engine import EngineStats
 from ..errors import NextTokenError
-from .catalog import ModelChoice
+from .catalog import TAG, ModelChoice
 
 log = logging.getLogger("nexttoken.server.models")  # loads (with their memory), unloads, failures
 
@@ -133,7 +133,7 @@ class ModelRegistry:
         if self.single or name is None:
             return self.entries[0]
         for e in self.entries:
-            if name in e.names:
+            if name in e.names or name.removesuffix(f":{TAG}") in e.names:  # Ollama's `name:latest` is `name`
                 return e
         for e in self.entries:
             adapters = e.service.adapters() if e.state == LOADED else list((e.choice.spec.lora or {}) if e.choice

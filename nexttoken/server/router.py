@@ -75,8 +75,6 @@ class ModelRouter:
     async def acquire_ollama(self, name: str | None) -> Entry:
         """`acquire` for Ollama's routes: `name:latest` is `name`; a model this server does not serve is Ollama's
         404 (`model "x" not found`, in Ollama's body on /api/)."""
-        if name is not None and self.registry.find(name) is None and name.endswith(f":{TAG}"):
-            name = name.removesuffix(f":{TAG}")
         try:
             return await self.acquire(name)
         except APIError as e:

@@ -244,3 +244,16 @@ def test_litellm_ollama_chat_route(apis, monkeypatch) -> None:
     assert r.usage.completion_tokens == ref.usage.completion_tokens
     e = litellm.embedding(model=f"ollama/{model}", api_base=url, input=["Once upon a time"])
     assert e.data[0]["embedding"] == chat.embeddings.create(model=model, input="Once upon a time").data[0].embedding
+
+
+def test_a_name_from_the_listing_works_on_the_openai_api_too(apis) -> None:
+    """What a user copies from `ollama list` (`name:latest`) names the model on the OpenAI routes as well, as on
+    Ollama's own OpenAI-compatible endpoint; another tag is still a 404."""
+    url, client, chat, model = apis
+    listed = client.list().models[0].model
+    assert listed == f"{model}:latest"
+    want = chat.chat.completions.create(model=model, messages=MESSAGES, temperature=0, max_tokens=8)
+    got = chat.chat.completions.create(model=listed, messages=MESSAGES, temperature=0, max_tokens=8)
+    assert got.choices[0].message.content == want.choices[0].message.content
+    with pytest.raises(openai.NotFoundError):
+        chat.chat.completions.create(model=f"{model}:other", messages=MESSAGES, max_tokens=2)

@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
+from ..catalog import TAG  # Ollama's `name:latest` names the served `name` on every API
 from ...engine import LLMEngine
 from ...engine.async_engine import AsyncEngine, EngineClosedError, EngineDeadError
 from ...errors import NextTokenError, UnknownLoraError
@@ -121,6 +122,8 @@ class Serving:
         try:
             return self.registry().resolve(name, self.settings.served_names)
         except UnknownLoraError:
+            if name is not None and name.endswith(f":{TAG}"):  # a name as Ollama's /api/tags lists it, on any API
+                return self._adapter(name.removesuffix(f":{TAG}"))
             served = ", ".join(repr(n) for n in [*self.settings.served_names, *self.adapters()])
             raise APIError(404, f"the model {name!r} does not exist; this server serves {served}", "model",
                            code="model_not_found") from None

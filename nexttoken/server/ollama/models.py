@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-TAG = "latest"  # Ollama names a model `name:tag`; a served name without a tag is listed under this one
+from ..catalog import TAG
 NEVER = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc)  # expires_at of a model that is never unloaded
 
 
