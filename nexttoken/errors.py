@@ -55,3 +55,8 @@ class LoraError(ModelLoadError):
 
 class UnknownLoraError(LoraError, LookupError):
     """A request names an adapter that is not loaded."""
+
+
+class ImageError(NextTokenError, ValueError):
+    """An image in a request cannot be used: unreadable or truncated bytes, an unknown source, too many images or
+    too many pixels, or a model that takes no images."""

@@ -17,15 +17,16 @@ ALLOWED: dict[str, set[str]] = {
     "families": {"errors"},  # each model family declared once (below config, which reads configs through them)
     "config": {"errors", "families"},
     "model": BASE,
+    "images": {"errors"},  # images in: their sources and each vision family's preprocessing (Pillow, numpy)
     "text": {"errors"},  # tokenizer, chat template, detokenizer, GGUF vocabulary, infill
     "generation": BASE | {"model", "text"},
-    "engine": BASE | {"model", "generation", "text"},
-    "pretrained": BASE | {"model", "generation", "text"},
-    "chat": BASE | {"generation", "text"},  # messages, reasoning, tool calls, the answer split
+    "engine": BASE | {"model", "generation", "text", "images"},
+    "pretrained": BASE | {"model", "generation", "text", "images"},
+    "chat": BASE | {"generation", "text", "images"},  # messages, reasoning, tool calls, the answer split
     "loadspec": BASE | {"model"},  # the load specification and its flags (no torch at import: --help reads it)
-    "loading": BASE | {"model", "generation", "text", "engine", "pretrained", "loadspec"},  # the one loading path
-    "llm": BASE | {"model", "generation", "text", "engine", "pretrained", "chat", "loadspec", "loading"},
-    "server": BASE | {"model", "generation", "text", "engine", "pretrained", "chat", "loadspec", "loading"},
+    "loading": BASE | {"model", "generation", "text", "images", "engine", "pretrained", "loadspec"},  # the one loading path
+    "llm": BASE | {"model", "generation", "text", "images", "engine", "pretrained", "chat", "loadspec", "loading"},
+    "server": BASE | {"model", "generation", "text", "images", "engine", "pretrained", "chat", "loadspec", "loading"},
 }
 # The shells on top may use everything: the CLI, benchmarks, the load generator, the training recipe.
 TOP = {"cli", "__main__", "__init__", "bench", "loadtest", "training"}
