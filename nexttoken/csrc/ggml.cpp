@@ -380,7 +380,10 @@ template <int T> struct Direct { enum { ON = 0 }; };
 template <> struct Direct<Q4_0> { enum { ON = 1 }; };
 template <> struct Direct<Q4_1> { enum { ON = 1 }; };
 template <> struct Direct<Q8_0> { enum { ON = 1 }; };
+template <> struct Direct<Q5_0> { enum { ON = 1 }; };
+template <> struct Direct<Q5_1> { enum { ON = 1 }; };
 template <> struct Direct<Q4_K> { enum { ON = 1 }; };
+template <> struct Direct<Q5_K> { enum { ON = 1 }; };
 template <> struct Direct<Q6_K> { enum { ON = 1 }; };
 
 // 16 bytes -> 16 int32 lanes (zero- or sign-extended) as floats.
@@ -426,6 +429,36 @@ template <> TARGET void direct<Q8_0>(const uint8_t* row, int64_t c, bool two, __
   }
 }
 
+// Q5_0 / Q5_1: as Q4_0 / Q4_1 with a fifth bit per element, bit j of qh (elements 0-15: bits 0-15 of qh, the low
+// nibbles; 16-31: bits 16-31, the high nibbles), worth 16: a masked add.
+TARGET inline void q5_block(__m512 d, __m512 off, const uint8_t* qh, const uint8_t* qs, __m512* w) {
+  const __m512i nib = _mm512_set1_epi32(0x0f), sixteen = _mm512_set1_epi32(16);
+  const uint32_t h = u32(qh);
+  const __m512i v = widen_u8(qs);
+  const __m512i lo = _mm512_mask_add_epi32(_mm512_and_si512(v, nib), (__mmask16)(h & 0xffff), _mm512_and_si512(v, nib),
+                                           sixteen);
+  const __m512i hi = _mm512_mask_add_epi32(_mm512_srli_epi32(v, 4), (__mmask16)(h >> 16), _mm512_srli_epi32(v, 4),
+                                           sixteen);
+  w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), d, off);
+  w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), d, off);
+}
+
+template <> TARGET void direct<Q5_0>(const uint8_t* row, int64_t c, bool two, __m512* w) {
+  for (int i = 0; i < 2; ++i) {
+    if (i == 1 && !two) { w[2] = w[3] = _mm512_setzero_ps(); break; }
+    const uint8_t* b = row + (2 * c + i) * 22;
+    q5_block(_mm512_set1_ps(half(b)), _mm512_set1_ps(-16.f * half(b)), b + 2, b + 6, w + 2 * i);
+  }
+}
+
+template <> TARGET void direct<Q5_1>(const uint8_t* row, int64_t c, bool two, __m512* w) {
+  for (int i = 0; i < 2; ++i) {
+    if (i == 1 && !two) { w[2] = w[3] = _mm512_setzero_ps(); break; }
+    const uint8_t* b = row + (2 * c + i) * 24;
+    q5_block(_mm512_set1_ps(half(b)), _mm512_set1_ps(half(b + 2)), b + 4, b + 8, w + 2 * i);
+  }
+}
+
 // Q4_K: chunk c is sub-blocks 2j (the low nibbles of qs[32j .. 32j + 32)) and 2j + 1 (their high nibbles) of block
 // c / 4, j = c % 4; w = d * sc * q - dmin * m.
 template <> TARGET void direct<Q4_K>(const uint8_t* row, int64_t c, bool, __m512* w) {
@@ -442,6 +475,29 @@ template <> TARGET void direct<Q4_K>(const uint8_t* row, int64_t c, bool, __m512
     const __m512i v = widen_u8(blk + 16 + 32 * j + 16 * h);
     w[h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, nib)), a0, b0);
     w[2 + h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), a1, b1);
+  }
+}
+
+// Q5_K: Q4_K's layout plus qh[32] at blk + 16: element l of sub-block 2j has its fifth bit at bit 2j of qh[l], of
+// sub-block 2j + 1 at bit 2j + 1 (worth 16); the nibbles sit at blk + 48.
+template <> TARGET void direct<Q5_K>(const uint8_t* row, int64_t c, bool, __m512* w) {
+  const uint8_t* blk = row + (c / 4) * 176;
+  const int j = (int)(c % 4);
+  const float d = half(blk), dmin = half(blk + 2);
+  int sc0, m0, sc1, m1;
+  scale_min_k4(2 * j, blk + 4, &sc0, &m0);
+  scale_min_k4(2 * j + 1, blk + 4, &sc1, &m1);
+  const __m512 a0 = _mm512_set1_ps(d * (float)sc0), b0 = _mm512_set1_ps(-dmin * (float)m0);
+  const __m512 a1 = _mm512_set1_ps(d * (float)sc1), b1 = _mm512_set1_ps(-dmin * (float)m1);
+  const __m512i nib = _mm512_set1_epi32(0x0f), sixteen = _mm512_set1_epi32(16);
+  const __m512i bit0 = _mm512_set1_epi32(1 << (2 * j)), bit1 = _mm512_set1_epi32(2 << (2 * j));
+  for (int h = 0; h < 2; ++h) {
+    const __m512i v = widen_u8(blk + 48 + 32 * j + 16 * h), hv = widen_u8(blk + 16 + 16 * h);
+    const __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_srli_epi32(v, 4);
+    const __m512i q0 = _mm512_mask_add_epi32(lo, _mm512_test_epi32_mask(hv, bit0), lo, sixteen);
+    const __m512i q1 = _mm512_mask_add_epi32(hi, _mm512_test_epi32_mask(hv, bit1), hi, sixteen);
+    w[h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q0), a0, b0);
+    w[2 + h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q1), a1, b1);
   }
 }
 
