@@ -94,6 +94,7 @@ GEMMA3_VISION = Family(
                      ("head_dim", 256), ("hidden_activation", "gelu_pytorch_tanh"), ("max_position_embeddings", 131072),
                      ("rms_norm_eps", 1e-6), ("query_pre_attn_scalar", 256), ("sliding_window", 4096),
                      ("tie_word_embeddings", True), ("bos_token_id", 2), ("eos_token_id", 1), ("pad_token_id", 0)),
-    renames=((r"^(model\.language_model|language_model\.model)\.", "model."), (r"^language_model\.lm_head\.", "lm_head."),
+    renames=((r"^(model\.language_model|language_model\.model)\.", "model."),
+             (r"^language_model\.lm_head\.", "lm_head."),
              (r"^(model\.)?(vision_tower|multi_modal_projector)\..*$", "")),
 )

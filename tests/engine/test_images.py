@@ -153,3 +153,25 @@ def test_encoder_cache_is_bounded_in_bytes(vlm) -> None:
     assert (len(cache), cache.bytes, cache.encoded, cache.hits) == (2, 2 * rows, 3, 1)
     engine = LLMEngine(model, tok, EngineConfig(max_num_seqs=2, max_model_len=64, encoder_cache_memory=rows))
     assert engine.runner.encoder.max_bytes == rows
+
+
+def test_async_engine_streams_requests_with_images(vlm) -> None:
+    """The server's engine thread (AsyncEngine) carries a request's images to the engine: the same tokens."""
+    import asyncio
+
+    from nexttoken.engine.async_engine import AsyncEngine
+
+    model, tok, *_ = vlm
+    text = "async <start_of_image> please"
+    ids, placed = _request(vlm, text, [_photo(30)])
+    engine = AsyncEngine(_engine(model, tok))
+    engine.start()
+
+    async def tokens() -> list[int]:
+        return [t async for e in engine.stream("r", ids, GenerationConfig(max_new_tokens=8), images=placed)
+                for t in e.token_ids]
+
+    try:
+        assert asyncio.run(tokens()) == _transformers(vlm, text, [_photo(30)])
+    finally:
+        engine.shutdown()
