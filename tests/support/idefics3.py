@@ -31,14 +31,16 @@ TEXT = dict(model_type="llama", vocab_size=576, hidden_size=64, intermediate_siz
 
 def write_tokenizer(folder: Path, stories: Path) -> None:
     """stories260K's tokenizer.json with the image tokens added (ids 512-551), and its tokenizer_config.json with
-    SmolVLM's chat template."""
+    SmolVLM's chat template; like SmolVLM's tokenizer it adds no BOS (the template's text is the whole prompt, for
+    transformers' processor called on it as for the chat renderer)."""
     from tokenizers import AddedToken, Tokenizer
 
     tok = Tokenizer.from_file(str(stories / "tokenizer.json"))
     tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in IMAGE_TOKENS])
+    tok.post_processor = None
     tok.save(str(folder / "tokenizer.json"))
     config = json.loads((stories / "tokenizer_config.json").read_text())
-    config.update(chat_template=CHAT_TEMPLATE, model_max_length=4096)
+    config.update(chat_template=CHAT_TEMPLATE, model_max_length=4096, add_bos_token=False)
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
 
 

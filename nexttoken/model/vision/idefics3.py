@@ -147,12 +147,23 @@ def pixel_shuffle(x: torch.Tensor, scale: int) -> torch.Tensor:
 class Idefics3Vision(nn.Module):
     """The tower and connector of an Idefics3ForConditionalGeneration / SmolVLMForConditionalGeneration checkpoint."""
 
+    bidirectional = False  # the text model stays causal over the image's tokens
+    prefixes = PREFIXES
+
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__()
         vision, text = config.get("vision_config") or {}, config.get("text_config") or {}
+        self.image_token_id = int(config.get("image_token_id", 128257))
         self.vision_model = VisionTransformer(vision)
         self.connector = Connector(int(vision.get("hidden_size", 1152)), int(text.get("hidden_size", 4096)),
                                    int(config.get("scale_factor", 2)))
+
+    @classmethod
+    def from_checkpoint(cls, raw: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> "Idefics3Vision":
+        """The tower of a checkpoint's config.json and tensors (model/vision/__init__.py's interface)."""
+        if not raw.get("vision_config"):
+            raise ModelLoadError(f"an {raw.get('architectures', ['Idefics3'])[0]} config.json needs vision_config")
+        return cls(raw).load(tensors)
 
     def load(self, tensors: Mapping[str, torch.Tensor]) -> "Idefics3Vision":
         """Copy the checkpoint's `model.vision_model.*` and `model.connector.*` tensors in (every one required)."""
