@@ -24,7 +24,7 @@ from .source import load_image
 
 MAX_IMAGE_SIZE = 4096  # transformers' cap on the resized image's longest edge
 LANCZOS = 1  # PIL.Image.Resampling.LANCZOS, the processor's default filter
-IMAGE = "<image>"
+IMAGE = "<image>"  # the placeholder a prompt marks each image with, and each tile row's token
 FAKE = "<fake_token_around_image>"
 GLOBAL = "<global-img>"
 
@@ -32,6 +32,8 @@ GLOBAL = "<global-img>"
 @dataclass(frozen=True)
 class Idefics3Processor:
     """Pixel values and placeholder text of Idefics3 / SmolVLM images (settings as the checkpoint writes them)."""
+
+    image_token = IMAGE  # the token whose embeddings the tower's rows replace
 
     longest_edge: int | None = 4 * 364  # size["longest_edge"]: the first resize; None: no resize
     tile: int = 364  # max_image_size["longest_edge"]: the encoder's square input
@@ -47,14 +49,20 @@ class Idefics3Processor:
         """The processor a checkpoint folder declares (preprocessor_config.json / processor_config.json, and
         config.json for the tokens per tile where the processor does not say)."""
         image, processor = processor_settings(folder)
+        return cls.from_settings(image, processor, read_json(Path(folder) / "config.json"), str(folder))
+
+    @classmethod
+    def from_settings(cls, image: dict[str, Any], processor: dict[str, Any], config: dict[str, Any],
+                      source: str = "the image processor") -> "Idefics3Processor":
+        """From the image processor's settings, the processor's, and config.json (an mmproj GGUF gives all three)."""
         size = image.get("size") or {"longest_edge": 4 * 364}
         if not image.get("do_resize", True):
             longest = None
         elif "longest_edge" in size:
             longest = int(size["longest_edge"])
         else:
-            raise ImageError(f"{folder}: size {size!r}: Idefics3's processor resizes by longest_edge")
-        seq = processor.get("image_seq_len") or _image_seq_len(read_json(Path(folder) / "config.json"))
+            raise ImageError(f"{source}: size {size!r}: Idefics3's processor resizes by longest_edge")
+        seq = processor.get("image_seq_len") or _image_seq_len(config)
         return cls(longest_edge=longest, tile=int((image.get("max_image_size") or {}).get("longest_edge", 364)),
                    splitting=bool(image.get("do_image_splitting", True)), image_seq_len=int(seq),
                    resample=resample_filter(image.get("resample"), LANCZOS),
