@@ -168,7 +168,10 @@ class Idefics3Vision(nn.Module):
     def load(self, tensors: Mapping[str, torch.Tensor]) -> "Idefics3Vision":
         """Copy the checkpoint's `model.vision_model.*` and `model.connector.*` tensors in (every one required)."""
         state = {name.removeprefix("model."): t for name, t in tensors.items() if name.startswith(PREFIXES)}
-        missing, unexpected = self.load_state_dict(state, strict=False)
+        try:
+            missing, unexpected = self.load_state_dict(state, strict=False)
+        except RuntimeError as e:  # a tensor of another shape than the config's
+            raise ModelLoadError(f"the Idefics3 vision tensors do not match its config: {e}") from None
         if missing or unexpected:
             raise ModelLoadError(f"the Idefics3 vision tensors do not match its config: missing {missing[:4]}, "
                                  f"unexpected {unexpected[:4]}")
