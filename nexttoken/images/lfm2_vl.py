@@ -148,7 +148,7 @@ class Lfm2VlProcessor:
         """-> (uint8 (1, 3, H, W) tiles, rows, cols, the smart-resized size), as resize_and_split makes them."""
         import torch
 
-        x = torch.from_numpy(np.asarray(image)).permute(2, 0, 1).contiguous()[None]  # (1, 3, H, W) uint8
+        x = torch.from_numpy(np.array(image)).permute(2, 0, 1).contiguous()[None]  # (1, 3, H, W) uint8
         height, width = x.shape[-2:]
         new_h, new_w = self._smart_size(height, width)
         split = self.splitting and not self.min_tiles == self.max_tiles == 1
