@@ -18,6 +18,7 @@ from .source import ImageLimits, content_hash, load_image
 PROCESSORS = MappingProxyType({
     "gemma3": "gemma3:Gemma3Images",
     "idefics3": "idefics3:Idefics3Processor",
+    "lfm2_vl": "lfm2_vl:Lfm2VlProcessor",
 })
 
 

@@ -59,3 +59,45 @@ def record() -> None:
 
 if __name__ == "__main__":
     record()
+
+
+def build(folder: Path, stories: Path, seed: int = 0):  # noqa: ANN201 - the transformers model
+    """A tiny Lfm2VlForConditionalGeneration in `folder`: stories260K's tokenizer with LFM2-VL's image tokens added
+    (no BOS, as the chat template writes the whole prompt), its processor settings (SETTINGS), a SigLIP2 tower of
+    hidden 32 (2 layers, 4-pixel patches, an 8 x 8 position grid) and LFM2's hybrid text model (convolution and
+    attention layers)."""
+    import json
+
+    import torch
+    import transformers
+    from tokenizers import AddedToken, Tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer.from_file(str(stories / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in TOKENS])
+    tok.post_processor = None
+    tok.save(str(folder / "tokenizer.json"))
+    config = json.loads((stories / "tokenizer_config.json").read_text())
+    config.update(model_max_length=4096, add_bos_token=False)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    image_token = tok.token_to_id("<image>")
+    vision = dict(model_type="siglip2_vision_model", hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=2, patch_size=4, num_patches=64, vision_use_head=False)
+    text = dict(model_type="lfm2", vocab_size=-(-tok.get_vocab_size() // 64) * 64, hidden_size=64,
+                intermediate_size=112, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                layer_types=["conv", "full_attention", "conv"], block_ff_dim=112, block_multiple_of=16,
+                max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0, initializer_range=0.3)
+    cfg = transformers.Lfm2VlConfig(vision_config=vision, text_config=text, image_token_id=image_token,
+                                    projector_hidden_size=40, downsample_factor=SETTINGS["downsample_factor"])
+    torch.manual_seed(seed)
+    model = transformers.Lfm2VlForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # norms at ones and biases at zeros: make every one matter
+        for name, p in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.normal_(1.0, 0.3)
+            elif ("vision_tower" in name or "projector" in name) and name.endswith("bias"):
+                p.normal_(0.0, 0.3)
+    model.save_pretrained(folder)
+    settings = {"image_processor_type": "Lfm2VlImageProcessor", "processor_class": "Lfm2VlProcessor", **SETTINGS}
+    (folder / "preprocessor_config.json").write_text(json.dumps(settings))
+    return model

@@ -20,6 +20,7 @@ import torch
 TOWERS = MappingProxyType({
     "gemma3": "gemma3:Gemma3Vision",
     "idefics3": "idefics3:Idefics3Vision",
+    "lfm2_vl": "lfm2_vl:Lfm2VlVision",
 })
 
 

@@ -5,9 +5,7 @@ downsample_factor^2 block of patches into one row), a LayerNorm, a GELU MLP to t
 transformers' modeling_siglip2.py (Siglip2VisionModel without its head) and modeling_lfm2_vl.py
 (Lfm2VlModel.get_image_features, Lfm2VlMultiModalProjector). Weights: `model.vision_tower.[vision_model.]*` and
 `model.multi_modal_projector.*`. Computes in float32.
-
-The preprocessing that makes its inputs (smart resize, tiles and thumbnail, patchified pixel values with their
-mask and spatial shapes) is not written yet: this tower is tested on transformers' own model inputs."""
+Its inputs (patchified tiles, their masks and spatial shapes) are images/lfm2_vl.py's."""
 
 from __future__ import annotations
 
