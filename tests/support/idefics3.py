@@ -3,8 +3,8 @@
 SmolVLM's chat template: every file a real checkpoint has, at a size the tests run in seconds.
 
 The tower: hidden 32, 2 layers of 2 heads, 4-pixel patches on 32-pixel tiles (8 x 8 patches), pixel shuffle 2, so
-each tile takes 16 placeholder tokens; images are resized to a longest edge of 128 (at most 4 x 4 tiles + the
-global image)."""
+each tile takes 16 placeholder tokens; images are resized to a longest edge of 64 for the models (at most 2 x 2
+tiles + the global image) and 128 for the preprocessing tests (4 x 4 tiles)."""
 
 from __future__ import annotations
 
@@ -45,8 +45,9 @@ def write_tokenizer(folder: Path, stories: Path) -> None:
 
 
 def build(folder: Path, stories: Path, architecture: str = "SmolVLMForConditionalGeneration", seed: int = 0,
-          splitting: bool = True, **text: object):  # noqa: ANN201 - the transformers model
-    """A tiny checkpoint of `architecture` (SmolVLM or Idefics3) in `folder`; returns the transformers model."""
+          splitting: bool = True, longest_edge: int = 64, **text: object):  # noqa: ANN201 - the transformers model
+    """A tiny checkpoint of `architecture` (SmolVLM or Idefics3) in `folder`, its images resized to `longest_edge`
+    (64: at most 2 x 2 tiles and the global image, 80 tokens); returns the transformers model."""
     import transformers
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -66,8 +67,8 @@ def build(folder: Path, stories: Path, architecture: str = "SmolVLMForConditiona
             if "vision_model" in name and ("norm" in name or name.endswith("bias")):
                 p.normal_(1.0 if "norm" in name and name.endswith("weight") else 0.0, 0.3)
     model.save_pretrained(folder)
-    write_processor(folder, stories, processor_cls(max_image_size={"longest_edge": 32}, size={"longest_edge": 128},
-                                                   do_image_splitting=splitting))
+    write_processor(folder, stories, processor_cls(max_image_size={"longest_edge": 32},
+                                                   size={"longest_edge": longest_edge}, do_image_splitting=splitting))
     return model
 
 

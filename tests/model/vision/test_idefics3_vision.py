@@ -63,6 +63,20 @@ def test_padded_tiles_equal_transformers(checkpoint) -> None:
     torch.testing.assert_close(got[real], theirs[real], rtol=1e-5, atol=1e-5)
 
 
+def test_the_declared_checkpoint_generates_as_transformers(checkpoint) -> None:
+    """The family declaration end to end (both architectures): nexttoken.load reads the text model from
+    text_config and hangs the tower beside it; greedy tokens equal transformers' generate."""
+    import nexttoken
+    from PIL import Image
+
+    folder, model, _ = checkpoint
+    photo = Image.fromarray(np.random.default_rng(2).integers(0, 256, (30, 50, 3), dtype=np.uint8))
+    prompt = "User:<image>Once upon a time<end_of_utterance>\nAssistant:"
+    inputs = tiny.hf_processor(folder)(text=[prompt], images=[[photo]], return_tensors="pt")
+    theirs = model.generate(**inputs, max_new_tokens=6)[0, inputs["input_ids"].shape[1]:].tolist()
+    assert nexttoken.load(folder).generate(prompt, images=[photo], max_new_tokens=6).token_ids == theirs
+
+
 def test_tensors_must_match_the_config(checkpoint) -> None:
     folder, _, _ = checkpoint
     config = json.loads((folder / "config.json").read_text())
