@@ -140,7 +140,10 @@ class Idefics3Processor:
         """uint8 (H, W, 3) -> float32 (3, H, W): rescaled in float64 then cast, normalised in float32 (as
         transformers' rescale and normalize)."""
         x = np.asarray(image).transpose(2, 0, 1)  # (3, H, W)
-        x = (x.astype(np.float64) * self.rescale).astype(np.float32) if self.rescale is not None else x.astype(np.float32)
+        if self.rescale is not None:
+            x = (x.astype(np.float64) * self.rescale).astype(np.float32)
+        else:
+            x = x.astype(np.float32)
         if self.mean is not None:
             mean = np.asarray(self.mean, dtype=np.float32)[:, None, None]
             std = np.asarray(self.std, dtype=np.float32)[:, None, None]

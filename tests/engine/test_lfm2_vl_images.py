@@ -1,7 +1,7 @@
 """LFM2-VL end to end (issue 43): images through LLM.generate and the engine on a tiny Lfm2VlForConditionalGeneration
 (its hybrid text model: convolution and attention layers), greedy and seeded tokens equal to transformers' generate
-given the same model inputs (transformers' LFM2-VL processor needs torchvision: tests/images/test_lfm2_vl_preprocessing.py checks
-our preprocessing against its recorded outputs)."""
+given the same model inputs (transformers' LFM2-VL processor needs torchvision:
+tests/images/test_lfm2_vl_preprocessing.py checks our preprocessing against its recorded outputs)."""
 
 from __future__ import annotations
 

@@ -43,8 +43,10 @@ class Embeddings(nn.Module):
         boundaries = torch.arange(1 / self.side, 1.0, 1 / self.side, device=patches.device)
         step_h = 1.0 / patches[:, :, 0].sum(dim=1)  # (N,)
         step_w = 1.0 / patches[:, 0, :].sum(dim=1)
-        frac_h = (torch.arange(h, device=patches.device, dtype=torch.float32)[None] * step_h[:, None]).clamp(max=1 - 1e-6)
-        frac_w = (torch.arange(w, device=patches.device, dtype=torch.float32)[None] * step_w[:, None]).clamp(max=1 - 1e-6)
+        rows = torch.arange(h, device=patches.device, dtype=torch.float32)
+        cols = torch.arange(w, device=patches.device, dtype=torch.float32)
+        frac_h = (rows[None] * step_h[:, None]).clamp(max=1 - 1e-6)  # (N, h) in [0, 1)
+        frac_w = (cols[None] * step_w[:, None]).clamp(max=1 - 1e-6)
         ids = (torch.bucketize(frac_h, boundaries, right=True)[:, :, None] * self.side
                + torch.bucketize(frac_w, boundaries, right=True)[:, None, :])  # (N, h, w)
         return torch.where(patches.reshape(n, -1), ids.reshape(n, -1), 0)
@@ -61,7 +63,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """x (N, L, C), mask (N, 1, 1, L) bool of the keys to attend or None (all) -> (N, L, C)."""
         n, length, c = x.shape
-        q, k, v = (p(x).view(n, length, self.heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (p(x).view(n, length, self.heads, -1).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))  # (N, heads, L, head_dim)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (N, heads, L, head_dim), bidirectional
         return self.out_proj(out.transpose(1, 2).reshape(n, length, c))
 
@@ -100,7 +103,8 @@ class VisionTransformer(nn.Module):
         if act not in ACTIVATIONS:
             raise ModelLoadError(f"vision hidden_act {act!r} is not supported; one of {sorted(ACTIVATIONS)}")
         self.patch = int(cfg.get("patch_size", 32))
-        self.embeddings = Embeddings(hidden, self.patch, int(cfg.get("image_size", 224)), int(cfg.get("num_channels", 3)))
+        self.embeddings = Embeddings(hidden, self.patch, int(cfg.get("image_size", 224)),
+                                     int(cfg.get("num_channels", 3)))
         layer = (hidden, int(cfg.get("intermediate_size", 3072)), int(cfg.get("num_attention_heads", 16)), eps,
                  ACTIVATIONS[act])
         self.encoder = nn.ModuleDict({"layers": nn.ModuleList(

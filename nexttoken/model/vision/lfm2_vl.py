@@ -49,7 +49,8 @@ class Siglip2Tower(nn.Module):
 
     def __init__(self, cfg: Mapping[str, Any]) -> None:
         super().__init__()
-        hidden, eps, p = int(cfg.get("hidden_size", 768)), float(cfg.get("layer_norm_eps", 1e-6)), int(cfg.get("patch_size", 16))
+        hidden, eps = int(cfg.get("hidden_size", 768)), float(cfg.get("layer_norm_eps", 1e-6))
+        p = int(cfg.get("patch_size", 16))
         act = cfg.get("hidden_act", "gelu_pytorch_tanh")
         if act not in ACTIVATIONS:
             raise ModelLoadError(f"vision hidden_act {act!r} is not supported; one of {sorted(ACTIVATIONS)}")
@@ -153,7 +154,8 @@ class Lfm2VlVision(nn.Module):
         offset = torch.arange(f, device=hidden.device)
         rows = (token // per_row * f)[..., None, None] + offset[:, None]
         cols = (token % per_row * f)[..., None, None] + offset
-        index = torch.arange(n, device=hidden.device)[:, None, None, None] * length + rows * widths[..., None, None] + cols
+        first = torch.arange(n, device=hidden.device)[:, None, None, None] * length  # each tile's first row
+        index = first + rows * widths[..., None, None] + cols
         real = token < count
         index = index.masked_fill(~real[..., None, None], 0).flatten(0, 1).permute(1, 0, 2).reshape(f, -1)
         out = self.multi_modal_projector(hidden.reshape(-1, hidden.shape[-1])[index].unsqueeze(0))

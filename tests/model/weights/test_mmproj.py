@@ -52,7 +52,8 @@ def test_the_projector_is_the_folders_tower(converted) -> None:
     folder, hf, _, mmproj = converted
     mm = read_mmproj(mmproj)
     assert mm.kind == "idefics3"
-    assert mm.image_settings["size"] == {"longest_edge": 128} and mm.image_settings["max_image_size"] == {"longest_edge": 32}
+    assert mm.image_settings["size"] == {"longest_edge": 64}  # the folder's processor: size, max_image_size
+    assert mm.image_settings["max_image_size"] == {"longest_edge": 32}
     theirs = {k: v for k, v in hf.state_dict().items() if k.startswith(("model.vision_model.", "model.connector."))}
     assert set(mm.tensors) == set(theirs)
     for name, t in theirs.items():
