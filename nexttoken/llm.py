@@ -504,6 +504,7 @@ def load(
     download_dir: str | Path | None = None,
     gguf_file: str | None = None,
     tokenizer: str | Path | None = None,
+    mmproj: str | Path | None = None,
     lora: dict[str, str | Path] | None = None,
     merge: bool = False,
     max_loras: int | None = None,
@@ -517,7 +518,8 @@ def load(
     """Load a model (the packaged default model when path is None): a Hugging Face model folder, a GGUF file
     ("model.gguf"), or a Hugging Face Hub id ("org/name" at `revision`; "org/name:Q4_K_M" or `gguf_file=` for one
     of its GGUF files), resolved in the Hub cache (`download_dir`, or huggingface_hub's) and downloaded unless
-    HF_HUB_OFFLINE=1. `tokenizer`: a folder or Hub id whose tokenizer replaces the model's. `path` may also be a
+    HF_HUB_OFFLINE=1. `tokenizer`: a folder or Hub id whose tokenizer replaces the model's. `mmproj`: llama.cpp's
+    projector file (mmproj-*.gguf) beside a GGUF model, so that it reads images. `path` may also be a
     `nexttoken.LoadSpec` holding every loading option (then give no other option but tool_call_parser). Each
     value is checked before a file is read (loadspec.py): a bad one raises ModelLoadError naming it.
 
@@ -555,7 +557,7 @@ def load(
     spec = LoadSpec.of(model=path, dtype=dtype, device=device, quantize=quantize,
                        tensor_parallel_size=tensor_parallel_size, tensor_parallel_timeout=tensor_parallel_timeout,
                        revision=revision, download_dir=download_dir, gguf_file=gguf_file, tokenizer=tokenizer,
-                       lora=lora, merge_lora=merge, max_loras=max_loras, max_lora_rank=max_lora_rank,
+                       mmproj=mmproj, lora=lora, merge_lora=merge, max_loras=max_loras, max_lora_rank=max_lora_rank,
                        max_cpu_loras=max_cpu_loras,
                        dequantize=dequantize, gguf_activations=gguf_activations, prefill=prefill,
                        threads=threads)

@@ -51,11 +51,36 @@ def load(spec: LoadSpec, on_failure=None) -> Loaded:  # noqa: ANN001 - on_failur
     main = load_pretrained(source, spec.dtype, spec.device, spec.quantize, model=model, tokenizer=spec.tokenizer,
                            dequantize=spec.dequantize, gguf_activations=spec.gguf_activations, mmap=spec.mmap,
                            download_dir=spec.download_dir)
+    if spec.mmproj is not None:
+        main = _with_mmproj(main, spec.mmproj, source)
     if spec.prefill is not None:  # the prompt products' precision (model/arithmetic.py): float32 unless asked
         main.model.arithmetic = main.model.arithmetic.replace(prefill=spec.prefill)
     if not spec.merge_lora and (spec.lora or spec.max_loras or spec.max_cpu_loras):
         _attach_adapters(main.model, spec)
     return Loaded(main, _draft(spec, main) if spec.draft_model is not None else None, spec)
+
+
+def _with_mmproj(main: Pretrained, path: str, source: ModelSource) -> Pretrained:
+    """A text GGUF with llama.cpp's projector file beside it: the tower read back from the file hung on the model
+    (as a folder's is), its preprocessing from the file's settings, the image token from the text's vocabulary."""
+    import dataclasses
+
+    from .images import processor_from_settings
+    from .model import vision
+    from .model.weights.mmproj import read_mmproj
+
+    if not source.is_gguf:
+        raise ModelLoadError(f"--mmproj {path}: a projector file goes beside a .gguf model; {source.path} is a "
+                             "model folder, whose config.json declares its own vision tower")
+    mm = read_mmproj(path)
+    images = processor_from_settings(mm.kind, mm.image_settings, {}, mm.config, str(mm.path))
+    token = main.tokenizer.token_to_id(images.image_token) if main.tokenizer is not None else None
+    if token is None:
+        raise ModelLoadError(f"--mmproj {path}: the model's vocabulary has no {images.image_token!r} token: pass the "
+                             f"text model converted from the same checkpoint as the projector")
+    tower = vision.build(mm.kind, {**mm.config, "image_token_id": token}, mm.tensors).to(main.model.device)
+    object.__setattr__(main.model, "vision", tower)  # beside the decoder's modules, as weights/loader.py hangs it
+    return dataclasses.replace(main, images=images)
 
 
 def _fetch_adapter(spec: LoadSpec):  # noqa: ANN202

@@ -51,6 +51,10 @@ class LoadSpec:
     tokenizer: str | os.PathLike | None = _option(
         None, "use this folder's or Hub id's tokenizer instead of the model's (e.g. for a GGUF file whose own "
         "tokenizer is not supported)", "the model's own", metavar="DIR_OR_ID")
+    mmproj: str | os.PathLike | None = _option(
+        None, "llama.cpp's multimodal projector file (mmproj-*.gguf: the vision encoder and projector that "
+        "convert_hf_to_gguf.py --mmproj writes) to load beside a .gguf --model, so that it reads images",
+        "none: the model's own (a folder's config.json declares its tower)", metavar="FILE")
     dtype: Any = _option(
         None, "weights dtype: docs/models.md#precision",
         "on CPU a bf16 checkpoint keeps bf16 weights with float32 activations, anything else float32; bfloat16 on "
@@ -214,7 +218,7 @@ def _lora_count(name: str, value: Any) -> None:
 
 
 _CHECKS = {
-    "model": _text, "revision": _text, "gguf_file": _text, "download_dir": _text, "tokenizer": _text,
+    "model": _text, "revision": _text, "gguf_file": _text, "download_dir": _text, "tokenizer": _text, "mmproj": _text,
     "draft_model": _text, "dtype": _dtype, "device": _device,
     "quantize": _choice(QUANTIZATIONS + ("none",), " or None"), "gguf_activations": _choice(GGUF_ACTIVATIONS, " or None"),
     "prefill": _choice(PREFILL_PRECISIONS, " or None"),
@@ -240,7 +244,7 @@ def parse_adapters(specs: Iterable[str]) -> dict[str, str]:
 
 
 # ---- flags -------------------------------------------------------------------------------------------------------
-SOURCE = ("model", "revision", "gguf_file", "download_dir", "dequantize", "gguf_activations", "tokenizer")
+SOURCE = ("model", "revision", "gguf_file", "download_dir", "dequantize", "gguf_activations", "tokenizer", "mmproj")
 PRECISION = ("dtype", "device", "quantize", "prefill")
 
 

@@ -19,6 +19,8 @@ import torch
 # vision kind -> "module:class" under model/vision/ (each module's class: from_checkpoint(raw config, tensors))
 TOWERS = MappingProxyType({
     "gemma3": "gemma3:Gemma3Vision",
+    "idefics3": "idefics3:Idefics3Vision",
+    "lfm2_vl": "lfm2_vl:Lfm2VlVision",
 })
 
 
