@@ -95,6 +95,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="most sequences (prompts x n) one request may create; more is a 400")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
     p.add_argument("--body-timeout", type=float, default=30.0, help="seconds to send a request body; later: 408")
+    p.add_argument("--max-images-per-request", type=int, default=8,
+                   help="images one request may carry (a model that takes images); more is a 400")
+    p.add_argument("--max-image-pixels", type=int, default=4096 * 4096,
+                   help="pixels (width x height) of one image; larger is a 400, checked before decoding")
+    p.add_argument("--max-image-bytes", type=_bytes, default=20 * 1024 * 1024, metavar="BYTES",
+                   help="encoded bytes of one image (inline or fetched); larger is a 400 (a request's body is "
+                        "bounded by --max-body-bytes too: raise it to send large images inline)")
+    p.add_argument("--allow-remote-images", action="store_true",
+                   help="fetch http(s) image URLs in requests (off: only inline data: URLs); the server then "
+                        "reaches URLs its clients name, a request-forgery risk: only public addresses are fetched, "
+                        "within --remote-image-timeout and --max-image-bytes (docs/serving.md)")
+    p.add_argument("--allow-private-image-urls", action="store_true",
+                   help="with --allow-remote-images: fetch from loopback, private and other non-public addresses "
+                        "too (only where every client is trusted)")
+    p.add_argument("--remote-image-timeout", type=float, default=10.0,
+                   help="seconds one remote image may take to fetch, connecting to the last byte; later: a 400")
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a connection gets to send a request's headers (from connecting, or from the end "
                         "of the previous response); later it is closed (slow-header clients cannot hold it)")
@@ -302,6 +318,9 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--header-timeout", args.header_timeout), ("--max-connections", args.max_connections),
                         ("--max-waiting-seqs", args.max_waiting_seqs + 1),
                         ("--grammar-compile-timeout", args.grammar_compile_timeout),
+                        ("--max-images-per-request", args.max_images_per_request),
+                        ("--max-image-pixels", args.max_image_pixels), ("--max-image-bytes", args.max_image_bytes),
+                        ("--remote-image-timeout", args.remote_image_timeout),
                         ("--idle-unload-seconds", 1 if args.idle_unload_seconds is None else args.idle_unload_seconds),
                         ("--max-loaded-models", args.max_loaded_models or 1)):
         if value <= 0:
@@ -321,7 +340,12 @@ def run(args: argparse.Namespace) -> int:
                               max_waiting_seqs=args.max_waiting_seqs,
                               special_tokens_in_content=args.special_tokens_in_content, aliases=first.aliases,
                               grammar_compile_timeout_s=args.grammar_compile_timeout,
-                              otlp_traces_endpoint=args.otlp_traces_endpoint)
+                              otlp_traces_endpoint=args.otlp_traces_endpoint,
+                              max_images_per_request=args.max_images_per_request,
+                              max_image_pixels=args.max_image_pixels, max_image_bytes=args.max_image_bytes,
+                              allow_remote_images=args.allow_remote_images,
+                              allow_private_image_urls=args.allow_private_image_urls,
+                              remote_image_timeout_s=args.remote_image_timeout)
     if args.num_speculative_tokens < 1:
         print("nexttoken serve: --num-speculative-tokens must be >= 1", file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ from ...chat.render import ChatPrompt
 from ...chat.reasoning import ReasoningFormat
 from ..http.errors import APIError
 from ..http.streams import Job, SSEResponse, run_jobs, sse
+from ..images import image_parts, refuse_images
 from ..openai.outputs import usage
 from ..openai.prompts import PREAMBLE_HEADER, check_ids, render_request, template_kwargs
 from ..openai.protocol import ChatCompletionRequest
@@ -70,10 +71,19 @@ class Chat(Serving):
         variables = template_kwargs(self.settings.default_chat_template_kwargs, req)
         if self.renderer is not None:  # harmony's reasoning effort is a template variable
             variables = self.renderer.with_effort(variables, req.reasoning_effort, req.thinking_token_budget)
+        images = await self._images(req)
         prompt = await asyncio.to_thread(  # untrusted template work: off the event loop
-            render_request, req, self.renderer, use, variables, self.limits)
+            render_request, req, self.renderer, use, variables, self.limits, images)
         check_ids(prompt.ids, self.limits.vocab_size, "messages")
         return prompt
+
+    async def _images(self, req: ChatCompletionRequest) -> list:
+        """The request's images, loaded under the server's limits (a 400 naming the part that cannot be used;
+        any image, to a model that takes none)."""
+        refs = image_parts([m.model_dump(include={"content"}, exclude_none=True) for m in req.messages])
+        if refs and not self.vision:
+            refuse_images(refs, self._reported(req.model, None))
+        return await self.images.load(refs)
 
     async def start_chat(self, req: ChatCompletionRequest, arrival: float, prefix: str = "chatcmpl",
                          prompt: ChatPrompt | None = None) -> ChatRun:

@@ -66,7 +66,7 @@ class Responses(Chat):
         arrival = time.monotonic()
         req = parse_body(ResponsesRequest, await request.body())
         history = self.stored.get(req.previous_response_id, "previous_response_id")[1] if req.previous_response_id else []
-        conversation = history + input_messages(req.input)
+        conversation = history + input_messages(req.input, self.vision)
         chat: ChatCompletionRequest = parse_body(ChatCompletionRequest, json.dumps(chat_body(req, conversation)).encode())
         run = await self.start_chat(chat, arrival, "resp")
         if req.stream:

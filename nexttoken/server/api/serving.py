@@ -25,6 +25,7 @@ from ...chat.reasoning import EFFORT_BUDGETS, ReasoningFormat
 from ...chat.tools.request import tool_options
 from ..http.errors import APIError, bad_request, client_error, from_validation_error
 from ..http.shutdown import MESSAGE as SHUTTING_DOWN
+from ..images import ImageLoader, ImagePolicy
 from ..http.request_log import current_request
 from ..http.streams import ClientGone, collect
 from ..metrics import ServerMetrics
@@ -85,6 +86,9 @@ class Serving:
         self.template_support: TemplateSupport | None = self.renderer.support if self.renderer else None
         self.reasoning: ReasoningFormat | None = self.renderer.reasoning if self.renderer else None
         self.markers: tuple[int, int] | None = self.renderer.markers if self.renderer else None
+        # Images in requests: whether the model takes them, and the loader under the server's limits
+        self.vision = takes_images(core)
+        self.images = ImageLoader(ImagePolicy.of(settings))
 
     def preamble_notice(self) -> None:
         """The log line that says requests with tools get the tools preamble (app.py calls it once per server)."""
@@ -218,6 +222,11 @@ class Serving:
             raise bad_request(str(e), e.param) from e
         except NextTokenError as e:
             raise bad_request(str(e), "tools") from e
+
+
+def takes_images(core: LLMEngine) -> bool:
+    """Whether the served model has a vision encoder (its requests may carry images)."""
+    return getattr(core.model, "vision", None) is not None
 
 
 async def collect_choices(request: Request, n: int, events: AsyncIterator) -> list[Choice] | None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
 from ...text.chat_template import RenderLimits
 from ...errors import NextTokenError
 from ..http.errors import bad_request
+from ..images import image_parts, with_images
 from ...chat import TemplateSupport, ToolUse
 from ...chat.render import ChatPrompt, ChatRenderer
 from .protocol import ChatCompletionRequest, ChatMessage, TokenizeRequest
@@ -102,17 +103,22 @@ def template_kwargs(defaults: dict[str, Any], req: ChatCompletionRequest | Token
 
 def render_request(req: ChatCompletionRequest | TokenizeRequest, renderer: ChatRenderer | None,
                    use: ToolUse | None = None, variables: dict[str, Any] | None = None,
-                   limits: Limits | None = None) -> ChatPrompt:
+                   limits: Limits | None = None, images: Sequence[Any] = ()) -> ChatPrompt:
     """The request's conversation through the one chat renderer (chat/render.py, which `LLM.chat` renders with
     too): the prompt's ids and text, the tools preamble's format (None: the template renders the tools itself) and
     what the answer is read with. With `limits`, a rendering too long for the context is a 400 before it is
     tokenized; a conversation the template cannot render is a 400 naming `messages`. Untrusted template work: the
-    server calls this off the event loop."""
+    server calls this off the event loop. `images`: the request's images, loaded (server/images.py), one per
+    image_url part in order; they take those parts' places as `{"type": "image"}` parts."""
     if renderer is None:
         raise bad_request("this model has no tokenizer, so chat is not available", "messages")
     check = None if limits is None else (lambda text: check_text_length(text, limits, "messages"))
     try:
         messages = [_message(m) for m in req.messages or []]
+        if len(image_parts(messages)) != len(images):
+            raise bad_request("image_url parts are not offered on this route: send them to /v1/chat/completions",
+                              "messages")
+        messages = with_images(messages, images)
         return renderer.render(messages, use, variables, req.add_generation_prompt, check)
     except NextTokenError as e:
         raise bad_request(str(e), "messages") from e
