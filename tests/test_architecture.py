@@ -109,8 +109,9 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "gemma4": {"batch", "cache", "kernels", "layers", "linear", "llama", "rope", "state"},  # Gemma 4's own decoder
         "network": {"arithmetic", "gemma4", "llama"},  # the network a family declares
         "parallel": {"linear", "memory", "moe", "quant"},
+        "vision": set(),  # issue 43: vision towers and projectors, a module per vision kind
         "weights": {"arithmetic", "gemma4", "linear", "llama", "memory", "moe", "network", "parallel", "quant",
-                    "recurrent"},  # GGUF blocks kept packed (quant/ggml.py)
+                    "recurrent", "vision"},  # GGUF blocks kept packed (quant/ggml.py)
     },
     "engine": {
         "sequence": set(),
