@@ -142,7 +142,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "images": {"http", "settings"},  # a request's images: loaded, fetched (when allowed), checked (issue 43)
         "openai": {"bodies", "http", "images"},  # OpenAI's wire format: request bodies, prompts, options, outputs, Responses items
         "anthropic": {"http", "openai"},  # Anthropic's wire format: the Messages body, its blocks and stream events
-        "llamacpp": {"bodies"},  # llama.cpp's wire format: the /infill body
+        "llamacpp": {"bodies", "http"},  # llama.cpp's wire format: the /infill body
         "ollama": {"bodies", "catalog", "http", "openai"},  # Ollama's wire format: its bodies and their translation, its model cards
         # OpenAI's batch format, a file of requests run through the app's own routes, /v1/files and /v1/batches
         "batch": {"http"},
