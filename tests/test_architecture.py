@@ -119,12 +119,13 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "block_manager": {"sequence"},
         "scheduler": {"block_manager", "sequence"},
         "postprocess": {"sequence"},
-        "model_runner": {"block_manager", "scheduler", "sequence"},
+        "encoder": set(),  # issue 43: the vision tower's features cached by image hash
+        "model_runner": {"block_manager", "encoder", "scheduler", "sequence"},
         "speculation": {"model_runner", "postprocess", "scheduler", "sequence"},
         "distributed": {"model_runner", "scheduler"},
         "launch": {"distributed"},
-        "llm_engine": {"block_manager", "distributed", "embedding", "model_runner", "postprocess", "scheduler",
-                       "sequence", "speculation"},
+        "llm_engine": {"block_manager", "distributed", "embedding", "encoder", "model_runner", "postprocess",
+                       "scheduler", "sequence", "speculation"},
         "async_engine": {"embedding", "llm_engine", "sequence"},
         "fit": set(),  # the KV pool and context sized to a memory budget (llama.cpp's --fit)
     },

@@ -38,3 +38,15 @@ class PromptImage:
     @property
     def tokens(self) -> int:
         return self.prepared.tokens[0]
+
+
+def joined(parts: list[Prepared]) -> Prepared:
+    """Several Prepared (each image prepared alone) as one, in order: pixel values and the extra arrays
+    concatenated along their first axis, the tokens listed."""
+    extra: dict[str, Any] = {}
+    for key in parts[0].extra if parts else ():
+        values = [p.extra[key] for p in parts]
+        extra[key] = np.concatenate(values) if isinstance(values[0], np.ndarray) else [v for x in values for v in
+                                                                                       (x if isinstance(x, list) else [x])]
+    pixels = np.concatenate([p.pixel_values for p in parts]) if parts else np.zeros((0,), dtype=np.float32)
+    return Prepared(pixels, [t for p in parts for t in p.tokens], extra)

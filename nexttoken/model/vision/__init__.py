@@ -11,14 +11,15 @@ What every tower offers the engine: `image_token_id` (the placeholder id the row
 from __future__ import annotations
 
 import importlib
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
 # vision kind -> "module:class" under model/vision/ (each module's class: from_checkpoint(raw config, tensors))
-TOWERS = {
+TOWERS = MappingProxyType({
     "gemma3": "gemma3:Gemma3Vision",
-}
+})
 
 
 def tower_class(kind: str) -> Any:
