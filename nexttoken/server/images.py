@@ -68,27 +68,12 @@ def image_parts(messages: Sequence[dict[str, Any]]) -> list[ImageRef]:
     return refs
 
 
-def with_images(messages: Sequence[dict[str, Any]], images: Sequence[Any]) -> list[dict[str, Any]]:
-    """The messages with each `image_url` part replaced by `{"type": "image", "image": <the loaded image>}` (the
-    form `LLM.chat` takes and chat/messages.py normalises), in the order `image_parts` found them."""
-    pending = iter(images)
-    out = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image_url" for p in content):
-            content = [{"type": "image", "image": next(pending)}
-                       if isinstance(p, dict) and p.get("type") == "image_url" else p for p in content]
-            message = {**message, "content": content}
-        out.append(message)
-    return out
-
-
-def refuse_images(refs: Sequence[ImageRef], model: str) -> None:
-    """A model that takes no images: a request with one is a 400 naming the first."""
+def refuse_images(refs: Sequence[ImageRef], model: str,
+                  what: str = "content parts of type 'image_url' are not supported") -> None:
+    """A model that takes no images: a request with one is a 400 naming the first (`what`: how it came)."""
     if refs:
-        raise bad_request(f"{refs[0].param}: content parts of type 'image_url' are not supported: the model "
-                          f"{model!r} takes no images (it has no vision encoder); send text only, or serve a "
-                          "vision-language model", refs[0].param)
+        raise bad_request(f"{refs[0].param}: {what}: the model {model!r} takes no images (it has no vision "
+                          "encoder); send text only, or serve a vision-language model", refs[0].param)
 
 
 class ImageLoader:

@@ -42,6 +42,7 @@ class _Sampling(NullIsAbsent):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     stream: bool = False
+    ignore_eos: bool = False
     # Sent by llama.cpp's clients; no effect here (one sampler chain, no slots, no time limits).
     n_indent: int | None = None
     cache_prompt: bool | None = None
@@ -130,6 +131,8 @@ def completion_body(req: _Sampling, prompt_ids: list[int]) -> dict[str, Any]:
             body[name] = getattr(req, name)
     if req.repeat_penalty is not None:
         body["repetition_penalty"] = req.repeat_penalty
+    if req.ignore_eos:
+        body["ignore_eos"] = True
     return body
 
 

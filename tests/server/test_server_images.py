@@ -1,0 +1,184 @@
+"""Images through every entry point of a real server on loopback, serving a tiny random-weight Gemma 3 vision model
+(tests/support/vision.py): the `openai` SDK (an image_url part in Chat, an input_image in Responses), the
+`anthropic` SDK (an image block), Ollama's `ollama` client (`images`), llama.cpp's /completion
+(`multimodal_data`, and `image_data` placed with `[img-N]`), and the chat page in a real headless Chromium (an
+uploaded image reaches the request, read off the browser's own Network events, and the answer streams). The
+reference is the library on the same folder: `LLM.chat` / `LLM.generate(prompt, images=...)` with the same image
+give the same tokens. A broken, truncated, too large or one-too-many image is a 400 in that API's own error body
+naming the problem, and the server goes on serving."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import anthropic
+import httpx
+import numpy as np
+import ollama
+import openai
+import pytest
+import torch
+from PIL import Image
+
+import nexttoken
+from support.server import start_server, stop_server
+from support.vision import gemma3_vlm
+
+QUESTION = "What is in this picture?"
+NEW = 8  # tokens each answer takes (ignore_eos: every API the same length)
+# Gemma 3's chat template's rendering of one user turn (the /completion prompts write it out)
+TURN = "<start_of_turn>user\n{}" + QUESTION + "<end_of_turn>\n<start_of_turn>model\n"
+
+
+def _png(seed: int, shape=(30, 44, 3)) -> bytes:  # noqa: ANN001
+    out = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)).save(out, "PNG")
+    return out.getvalue()
+
+
+PNG = _png(0)
+B64 = base64.b64encode(PNG).decode()
+URL = f"data:image/png;base64,{B64}"
+TRUNCATED = base64.b64encode(_png(1, (64, 64, 3))[:200]).decode()
+HUGE = base64.b64encode(_png(2, (1100, 1000, 3))).decode()  # 1.1 M pixels: over --max-image-pixels
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gemma3-vision")
+    gemma3_vlm(folder, seed=2)
+    proc, url = start_server(folder, "--served-model-name", "m", "--max-body-bytes", str(8 << 20),
+                             "--max-images-per-request", "2",
+                             "--max-image-pixels", "1000000")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    llm = nexttoken.load(folder)
+    yield url, llm
+    torch.set_num_threads(before)
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def reference(served):
+    """The library's answer to the question about PNG: its text and token counts."""
+    _, llm = served
+    image = Image.open(io.BytesIO(PNG))
+    out = llm.chat([{"role": "user", "content": [{"type": "image", "image": image},
+                                                  {"type": "text", "text": QUESTION}]}],
+                   max_new_tokens=NEW, do_sample=False, ignore_eos=True)
+    same = llm.generate(TURN.format("<start_of_image>"), images=[image], max_new_tokens=NEW, do_sample=False,
+                        ignore_eos=True)
+    assert same.text == out.text and len(out.token_ids) == NEW
+    return out
+
+
+@pytest.fixture(scope="module")
+def until_eos(served):
+    """The same, stopping at the end of the text (Ollama's options have no ignore_eos)."""
+    _, llm = served
+    return llm.chat([{"role": "user", "content": [{"type": "image", "image": Image.open(io.BytesIO(PNG))},
+                                                  {"type": "text", "text": QUESTION}]}],
+                    max_new_tokens=NEW, do_sample=False)
+
+
+def _openai(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_openai_chat_image_url_part_gives_the_librarys_tokens(served, reference) -> None:
+    url, _ = served
+    client = _openai(url)
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": URL}},
+                                             {"type": "text", "text": QUESTION}]}]
+    r = client.chat.completions.create(model="m", messages=messages, max_tokens=NEW, temperature=0,
+                                       extra_body={"ignore_eos": True})
+    assert r.choices[0].message.content == reference.text
+    assert r.usage.prompt_tokens == len(reference.prompt_token_ids) and r.usage.completion_tokens == NEW
+    stream = client.chat.completions.create(model="m", messages=messages, max_tokens=NEW, temperature=0, stream=True,
+                                            extra_body={"ignore_eos": True})
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == reference.text
+
+
+def test_openai_responses_input_image_gives_the_librarys_tokens(served, reference) -> None:
+    url, _ = served
+    r = _openai(url).responses.create(model="m", max_output_tokens=NEW, temperature=0, extra_body={"ignore_eos": True},
+                                      input=[{"role": "user", "content": [
+                                          {"type": "input_image", "image_url": URL, "detail": "auto"},
+                                          {"type": "input_text", "text": QUESTION}]}])
+    assert r.output_text == reference.text and r.usage.input_tokens == len(reference.prompt_token_ids)
+
+
+def test_anthropic_image_block_gives_the_librarys_tokens(served, reference) -> None:
+    url, _ = served
+    client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+    r = client.messages.create(model="m", max_tokens=NEW, extra_body={"temperature": 0, "ignore_eos": True},
+                               messages=[{"role": "user", "content": [
+                                   {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                "data": B64}},
+                                   {"type": "text", "text": QUESTION}]}])
+    assert r.content[0].text == reference.text and r.usage.input_tokens == len(reference.prompt_token_ids)
+
+
+def test_ollama_images_give_the_librarys_tokens(served, until_eos) -> None:
+    url, _ = served
+    client = ollama.Client(host=url, timeout=120)
+    options = {"temperature": 0, "num_predict": NEW}
+    r = client.chat(model="m", messages=[{"role": "user", "content": QUESTION, "images": [PNG]}], options=options)
+    assert r.message.content == until_eos.text and r.prompt_eval_count == len(until_eos.prompt_token_ids)
+    g = client.generate(model="m", prompt=QUESTION, images=[PNG], options=options)
+    assert g.response == r.message.content
+
+
+def test_llamacpp_completion_multimodal_data_and_image_data(served, reference) -> None:
+    url, _ = served
+    options = {"n_predict": NEW, "temperature": 0, "ignore_eos": True}
+    for prompt in ({"prompt": {"prompt_string": TURN.format("<__media__>"), "multimodal_data": [B64]}},
+                   {"prompt": TURN.format("[img-12]"), "image_data": [{"data": B64, "id": 12}]}):
+        r = httpx.post(url + "/completion", json={**prompt, **options}, timeout=120)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["content"] == reference.text and body["tokens_evaluated"] == len(reference.prompt_token_ids)
+        assert body["stop"] and body["tokens_predicted"] == NEW
+
+
+def _ok(url: str) -> None:
+    r = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": URL}}]}], "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("path, body, said", [
+    ("/v1/chat/completions", {"max_tokens": 2, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{TRUNCATED}"}}]}]}, "truncated"),
+    ("/v1/chat/completions", {"max_tokens": 2, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": URL}}] * 3}]}, "--max-images-per-request"),
+    ("/v1/chat/completions", {"max_tokens": 2, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]}, "--allow-remote-images"),
+    ("/v1/responses", {"max_output_tokens": 2, "input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": "data:image/png;base64,@@"}]}]}, "base64"),
+    ("/v1/messages", {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": HUGE}}]}]},
+     "--max-image-pixels"),
+    ("/api/chat", {"model": "m", "messages": [{"role": "user", "content": "x", "images": [B64, B64, B64]}]},
+     "--max-images-per-request"),
+    ("/api/generate", {"model": "m", "prompt": "x", "images": [base64.b64encode(b"GIF89a...").decode()]},
+     "cannot decode"),
+    ("/completion", {"prompt": {"prompt_string": "a <__media__>", "multimodal_data": [TRUNCATED]}}, "truncated"),
+    ("/completion", {"prompt": "a [img-1]", "image_data": [{"data": B64, "id": 2}]}, "[img-1]"),
+])
+def test_a_bad_image_is_a_400_in_the_apis_body_and_the_server_goes_on(served, path, body, said) -> None:
+    url, _ = served
+    r = httpx.post(url + path, json=body, timeout=120)
+    assert r.status_code == 400, r.text
+    error = r.json()
+    message = error["error"]["message"] if path.startswith(("/v1/messages", "/v1/", "/completion")) \
+        else error["error"]
+    if path == "/v1/messages":
+        assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    elif path.startswith("/api/"):
+        assert isinstance(error["error"], str)
+    else:
+        assert set(error["error"]) == {"message", "type", "param", "code"}
+    assert said in message, message
+    _ok(url)
