@@ -182,3 +182,48 @@ def test_a_bad_image_is_a_400_in_the_apis_body_and_the_server_goes_on(served, pa
         assert set(error["error"]) == {"message", "type", "param", "code"}
     assert said in message, message
     _ok(url)
+
+
+def test_the_chat_page_sends_an_uploaded_and_a_pasted_image_and_streams_the_answer(served, tmp_path) -> None:
+    """The real browser: an image uploaded with the page's file input and one pasted into the message box reach
+    the request as image_url data: URL parts (read off the browser's own Network events), and the streamed answer
+    is the API's to the same body."""
+    from support.cdp import Browser, browser_or_skip
+    from support.webui import answered, chat_bodies, page_messages, press, set_option, wait_for
+
+    url, _ = served
+    path = tmp_path / "photo.png"
+    path.write_bytes(PNG)
+    b = Browser(browser_or_skip(), args=("--proxy-server=http://127.0.0.1:9",))  # nothing leaves loopback
+    try:
+        b.call("Network.enable")
+        b.open(url + "/")
+        wait_for(b, "document.body.dataset.model === 'm'")
+        set_option(b, "temperature", 0)
+        set_option(b, "max_tokens", NEW)
+        set_option(b, "trace", False)
+        root = b.call("DOM.getDocument")["root"]["nodeId"]
+        node = b.call("DOM.querySelector", nodeId=root, selector="#image-input")["nodeId"]
+        b.call("DOM.setFileInputFiles", files=[str(path)], nodeId=node)  # the user picks the file
+        wait_for(b, "document.body.dataset.attached === '1'")
+        b.eval(f"""(() => {{ const bytes = Uint8Array.from(atob({B64!r}), c => c.charCodeAt(0));
+            const data = new DataTransfer(); data.items.add(new File([bytes], 'pasted.png', {{type: 'image/png'}}));
+            document.getElementById('input').dispatchEvent(new ClipboardEvent('paste', {{clipboardData: data,
+                bubbles: true, cancelable: true}})); }})()""")
+        wait_for(b, "document.body.dataset.attached === '2'")
+        assert b.eval("document.querySelectorAll('#attached img').length") == 2
+        b.eval("document.getElementById('input').focus()")
+        b.call("Input.insertText", text=QUESTION)
+        answered(b, lambda: press(b, "Enter"))
+        body = chat_bodies(b)[-1]
+        assert body["messages"][-1] == {"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": URL}}, {"type": "image_url", "image_url": {"url": URL}},
+            {"type": "text", "text": QUESTION}]}
+        shown = page_messages(b)[-1]
+        assert shown["state"] == "done" and shown["deltas"] > 1 and b.eval("document.body.dataset.attached") == "0"
+        assert b.eval("document.querySelectorAll('.msg.user .images img').length") == 2
+        plain = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        r = httpx.post(url + "/v1/chat/completions", json=plain, timeout=120)
+        assert r.status_code == 200 and shown["content"] == r.json()["choices"][0]["message"]["content"]
+    finally:
+        b.close()
