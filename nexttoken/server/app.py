@@ -36,10 +36,15 @@ from .openai.schema import (API_ERRORS, COMPLETION, COUNT, MESSAGE, RESPONSE, RO
 # The other APIs' routes in /openapi.json: their request bodies and answers (Messages' errors in Anthropic's body).
 MORE_BODIES = (ResponsesRequest, InfillRequest, LlamaCompletionRequest, MessagesRequest, CountTokensRequest, LoadLoraAdapterRequest,
                UnloadLoraAdapterRequest, *OLLAMA_BODIES)
+# llama.cpp's answer body (/infill, /completion): the text, whether it ended, and at the end how and the counts
+LLAMA_ANSWER = {"type": "object", "required": ["content", "stop"], "properties": {
+    "index": {"type": "integer", "minimum": 0}, "content": {"type": "string"}, "stop": {"type": "boolean"},
+    "model": {"type": "string"}, "stop_type": {"enum": ["eos", "limit", "word"]}, "stopping_word": {"type": "string"},
+    "tokens_predicted": {"type": "integer", "minimum": 0}, "tokens_evaluated": {"type": "integer", "minimum": 0}}}
 MORE_ROUTES = {
     "responses": operation(ResponsesRequest, RESPONSE, *API_ERRORS, stream=True),
-    "infill": operation(InfillRequest, COMPLETION, *API_ERRORS, stream=True),
-    "completion": operation(LlamaCompletionRequest, COMPLETION, *API_ERRORS, stream=True),
+    "infill": operation(InfillRequest, LLAMA_ANSWER, *API_ERRORS, stream=True),
+    "completion": operation(LlamaCompletionRequest, LLAMA_ANSWER, *API_ERRORS, stream=True),
     "messages": anthropic_operation(MessagesRequest, MESSAGE, stream=True),
     "count_tokens": anthropic_operation(CountTokensRequest, COUNT),
     "load_lora": operation(LoadLoraAdapterRequest, {"type": "object"}, *API_ERRORS),

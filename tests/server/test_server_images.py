@@ -128,6 +128,7 @@ def test_ollama_images_give_the_librarys_tokens(served, until_eos) -> None:
     assert r.message.content == until_eos.text and r.prompt_eval_count == len(until_eos.prompt_token_ids)
     g = client.generate(model="m", prompt=QUESTION, images=[PNG], options=options)
     assert g.response == r.message.content
+    assert "vision" in client.show("m").capabilities
 
 
 def test_llamacpp_completion_multimodal_data_and_image_data(served, reference) -> None:

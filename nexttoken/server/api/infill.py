@@ -56,16 +56,14 @@ class Infill(Completions):
         arrival = time.monotonic()
         req: LlamaCompletionRequest = parse_body(LlamaCompletionRequest, await request.body())
         self._check_model(req.model)
-        media = media_prompt(req)
+        text, urls = media_prompt(req) or (req.prompt, [])
         images: tuple = ()
-        if media is None:
-            ids = (await asyncio.to_thread(completion_prompts, req.prompt, self.tokenizer, self.limits))[0]
+        if not urls:
+            ids = (await asyncio.to_thread(completion_prompts, text, self.tokenizer, self.limits))[0]
         else:
-            text, urls = media
             param = "prompt.multimodal_data" if req.image_data is None else "image_data"
             refs = [ImageRef(url, f"{param}.{k}") for k, url in enumerate(urls)]
             inputs = await self.image_inputs(refs, req.model, "images in the prompt are not supported")
-            assert inputs is not None  # (media prompts have images)
             expanded = inputs.expand(text.replace(MEDIA_MARKER, self.processor.placeholder))
             check_text_length(expanded, self.limits, "prompt")
             ids = await asyncio.to_thread(self.tokenizer.encode, expanded)

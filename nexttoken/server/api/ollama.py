@@ -47,7 +47,7 @@ class Ollama(Chat):
         first = next(net.parameters())
         size = sum(t.numel() * t.element_size() for t in tensors)
         capabilities = ("completion", *(("tools",) if self._tools_offered() else ()),
-                        *(("thinking",) if self.reasoning is not None else ()))
+                        *(("thinking",) if self.reasoning is not None else ()), *(("vision",) if self.vision else ()))
         template = (self.tokenizer.chat_template or "") if self.tokenizer is not None else ""
         family = next((t for t, a in ARCHITECTURE_OF_MODEL_TYPE.items() if a == config.architecture),
                       config.architecture)  # Ollama's family is the model type ("llama", "qwen2")

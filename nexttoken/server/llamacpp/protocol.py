@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..bodies import NullIsAbsent
 from ..http.errors import bad_request
@@ -81,6 +81,13 @@ class LlamaCompletionRequest(_Sampling):
     prompt: Union[str, list[int], MediaPrompt]
     image_data: list[ImageData] | None = None
     n_keep: int | None = None  # no context shifting here: a prompt too long is a 400
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: Any) -> Any:
+        if isinstance(v, list) and not v:
+            raise ValueError("prompt must not be empty")
+        return v
 
 
 MEDIA_MARKER = "<__media__>"  # mtmd_default_marker(): where llama-server's multimodal_data go in the prompt
