@@ -98,9 +98,9 @@ class AsyncEngine:
         group: str | None = None, reserved: bool = False, priority: int = 0, lora: str | None = None,
         images: tuple = (),
     ) -> AsyncIterator[TokenEvent]:
-        """Events of one request until it finishes (under LoRA adapter `lora`, None: the base model). Closing the
-        iterator early cancels the request. `reserved`: `reserve` counted it already. `images`: the prompt's
-        images (PromptImage, placed in prompt_ids), as add_request takes them."""
+        """Events of one request until it finishes (under LoRA adapter `lora`, None: the base model; `images`: its
+        placed images, LLMEngine.add_request's). Closing the iterator early cancels the request. `reserved`:
+        `reserve` counted it already."""
         if self.error is not None or self._closed is not None:
             if reserved:
                 self.release(1)
