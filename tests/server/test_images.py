@@ -152,7 +152,7 @@ def test_chat_image_url_parts_are_validated() -> None:
             ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": [bad]}]})
 
 
-def test_responses_input_image_is_an_image_url_part() -> None:
+def test_responses_input_image_is_an_image_url_part_by_url_or_file_id() -> None:
     given = [{"role": "user", "content": [{"type": "input_text", "text": "what?"},
                                           {"type": "input_image", "image_url": URL, "detail": "auto"}]}]
     assert input_messages(given, images=True) == [{"role": "user", "content": [
@@ -160,9 +160,14 @@ def test_responses_input_image_is_an_image_url_part() -> None:
     with pytest.raises(APIError) as e:
         input_messages(given)
     assert e.value.param == "input[0].content[1].type" and "takes no images" in e.value.message
+    by_id = [{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}]
     with pytest.raises(APIError) as e:
-        input_messages([{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}], images=True)
+        input_messages(by_id, images=True)  # no file store
     assert e.value.param == "input[0].content[0].file_id"
+    files = {"file-1": png()}
+    [message] = input_messages(by_id, images=True, files=lambda file_id, param: files[file_id])
+    [image] = load([message["content"][0]["image_url"]["url"]])
+    assert image.size == (5, 3)
 
 
 def test_anthropic_image_blocks_are_image_url_parts_in_block_order() -> None:

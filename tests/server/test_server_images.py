@@ -107,6 +107,12 @@ def test_openai_responses_input_image_gives_the_librarys_tokens(served, referenc
                                           {"type": "input_image", "image_url": URL, "detail": "auto"},
                                           {"type": "input_text", "text": QUESTION}]}])
     assert r.output_text == reference.text and r.usage.input_tokens == len(reference.prompt_token_ids)
+    upload = _openai(url).files.create(file=("photo.png", PNG), purpose="vision")  # the same image, by file id
+    r = _openai(url).responses.create(model="m", max_output_tokens=NEW, temperature=0, extra_body={"ignore_eos": True},
+                                      input=[{"role": "user", "content": [
+                                          {"type": "input_image", "file_id": upload.id, "detail": "auto"},
+                                          {"type": "input_text", "text": QUESTION}]}])
+    assert r.output_text == reference.text
 
 
 def test_anthropic_image_block_gives_the_librarys_tokens(served, reference) -> None:
@@ -158,6 +164,8 @@ def _ok(url: str) -> None:
         {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]}, "--allow-remote-images"),
     ("/v1/responses", {"max_output_tokens": 2, "input": [{"role": "user", "content": [
         {"type": "input_image", "image_url": "data:image/png;base64,@@"}]}]}, "base64"),
+    ("/v1/responses", {"max_output_tokens": 2, "input": [{"role": "user", "content": [
+        {"type": "input_image", "file_id": "file-nope"}]}]}, "file-nope"),
     ("/v1/messages", {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": HUGE}}]}]},
      "--max-image-pixels"),

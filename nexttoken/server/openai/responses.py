@@ -8,7 +8,8 @@ request path takes (server/api/chat.py), so every option means what it means the
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+import base64
+from typing import Any, Callable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 
@@ -132,12 +133,14 @@ def chat_body(req: Any, conversation: list[dict[str, Any]]) -> dict[str, Any]:
     return body
 
 
-def input_messages(given: str | list[dict[str, Any]], images: bool = False) -> list[dict[str, Any]]:
+def input_messages(given: str | list[dict[str, Any]], images: bool = False,
+                   files: Callable[[str, str], bytes] | None = None) -> list[dict[str, Any]]:
     """`input` as chat messages: a string is one user message; items become messages, a run of function_call
     items one assistant message with those tool_calls (after the assistant's text, when it came first); a
     reasoning item is the next assistant message's reasoning_content (templates that show past thinking read it:
     gpt-oss's before a call, Qwen3's within a tool loop; the others leave it out). `images`: the model takes
-    images (`input_image` parts become chat `image_url` parts; otherwise they are a 400)."""
+    images (`input_image` parts become chat `image_url` parts; otherwise they are a 400); `files(file_id, param)`:
+    an uploaded file's bytes (/v1/files), for an input_image given by file_id."""
     if isinstance(given, str):
         return [{"role": "user", "content": given}]
     messages: list[dict[str, Any]] = []
@@ -150,7 +153,8 @@ def input_messages(given: str | list[dict[str, Any]], images: bool = False) -> l
             if role not in ("user", "system", "developer", "assistant"):
                 raise bad_request(f"{where}.role must be user, system, developer or assistant, got {role!r}",
                                   f"{where}.role")
-            messages.append({"role": role, "content": _content(item.get("content"), f"{where}.content", images)})
+            messages.append({"role": role, "content": _content(item.get("content"), f"{where}.content", images,
+                                                               files)})
             if role == "assistant" and thinking:
                 messages[-1]["reasoning_content"] = thinking
             thinking = None
@@ -190,7 +194,8 @@ def _string(item: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _content(content: Any, where: str, images: bool) -> str | list[dict[str, Any]]:
+def _content(content: Any, where: str, images: bool,
+             files: Callable[[str, str], bytes] | None = None) -> str | list[dict[str, Any]]:
     """A message's content (a string, or parts) as chat content: its text, or (with `input_image` parts, to a
     model that takes images) chat parts in order, each image an `image_url` part; other parts are refused."""
     if isinstance(content, str):
@@ -203,7 +208,7 @@ def _content(content: Any, where: str, images: bool) -> str | list[dict[str, Any
         if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
             parts.append({"type": "text", "text": part["text"]})
         elif kind == "input_image" and images:
-            parts.append({"type": "image_url", "image_url": {"url": _image_url(part, f"{where}[{j}]")}})
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(part, f"{where}[{j}]", files)}})
         elif kind != "refusal":
             why = "this model takes no images" if kind == "input_image" else "this server reads text and images"
             raise bad_request(f"{where}[{j}]: content parts of type {kind!r} are not supported: {why}; send "
@@ -213,15 +218,19 @@ def _content(content: Any, where: str, images: bool) -> str | list[dict[str, Any
     return "".join(p["text"] for p in parts)
 
 
-def _image_url(part: dict[str, Any], where: str) -> str:
+def _image_url(part: dict[str, Any], where: str, files: Callable[[str, str], bytes] | None = None) -> str:
     """An input_image part's image: its image_url (a data: URL, or an http(s) URL the server fetches only with
-    --allow-remote-images); `detail` is accepted (the model's processor decides the resolution)."""
+    --allow-remote-images), or an uploaded file's bytes by file_id (as a data: URL); `detail` is accepted (the
+    model's processor decides the resolution)."""
     unknown = set(part) - {"type", "image_url", "file_id", "detail"}
     if unknown:
         raise bad_request(f"{where}: unknown field(s) {sorted(unknown)} in an input_image part", where)
-    if part.get("file_id") is not None:
-        raise bad_request(f"{where}.file_id: images by file id are not offered; send the image as image_url, a "
-                          "data:image/...;base64 URL", f"{where}.file_id")
+    file_id = part.get("file_id")
+    if file_id is not None:
+        if files is None or not isinstance(file_id, str) or part.get("image_url") is not None:
+            raise bad_request(f"{where}.file_id: send either an uploaded image's file id (POST /v1/files) or "
+                              "image_url, a data:image/...;base64 URL", f"{where}.file_id")
+        return "data:;base64," + base64.b64encode(files(file_id, f"{where}.file_id")).decode()
     url = part.get("image_url")
     if not isinstance(url, str) or not url:
         raise bad_request(f"{where}.image_url must be a data:image/...;base64 URL (or an http(s) URL), got "
