@@ -4,8 +4,9 @@
 (`multimodal_data`, and `image_data` placed with `[img-N]`), and the chat page in a real headless Chromium (an
 uploaded image reaches the request, read off the browser's own Network events, and the answer streams). The
 reference is the library on the same folder: `LLM.chat` / `LLM.generate(prompt, images=...)` with the same image
-give the same tokens. A broken, truncated, too large or one-too-many image is a 400 in that API's own error body
-naming the problem, and the server goes on serving."""
+give the same tokens. A broken, truncated, too large or one-too-many image, or a URL on loopback (the server
+fetches remote images: --allow-remote-images, but only from public addresses), is a 400 in that API's own error
+body naming the problem, and the server goes on serving."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gemma3-vision")
     gemma3_vlm(folder, seed=2)
     proc, url = start_server(folder, "--served-model-name", "m", "--max-body-bytes", str(8 << 20),
-                             "--max-images-per-request", "2",
+                             "--max-images-per-request", "2", "--allow-remote-images",
                              "--max-image-pixels", "1000000")
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -160,8 +161,12 @@ def _ok(url: str) -> None:
         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{TRUNCATED}"}}]}]}, "truncated"),
     ("/v1/chat/completions", {"max_tokens": 2, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": URL}}] * 3}]}, "--max-images-per-request"),
+    # remote URLs are fetched (--allow-remote-images), but never from a private or loopback address
     ("/v1/chat/completions", {"max_tokens": 2, "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]}, "--allow-remote-images"),
+        {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/cat.png"}}]}]}, "--allow-private-image-urls"),
+    ("/v1/messages", {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "url", "url": "http://localhost:9/cat.png"}}]}]},
+     "--allow-private-image-urls"),
     ("/v1/responses", {"max_output_tokens": 2, "input": [{"role": "user", "content": [
         {"type": "input_image", "image_url": "data:image/png;base64,@@"}]}]}, "base64"),
     ("/v1/responses", {"max_output_tokens": 2, "input": [{"role": "user", "content": [
