@@ -16,6 +16,7 @@ from ..chat.reasoning import FORMATS as REASONING_FORMATS
 KV_CACHE_DTYPES = ("auto", "bf16", "float32", "int8")
 POLICIES = ("fcfs", "priority")
 DEFAULT_MEMORY_PERCENT = 25
+DEFAULT_ENCODER_CACHE_BYTES = 64 * 2**20  # engine/encoder.py's (tests/server/test_images.py checks they agree)
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
 
 
@@ -84,6 +85,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                            "what --max-num-seqs full-length requests need)")
     pool.add_argument("--num-kv-blocks", type=int, help="KV pool size in blocks instead of bytes")
     p.add_argument("--block-size", type=int, help="tokens per KV block (default 16; divides --chunk-size)")
+    p.add_argument("--encoder-cache-memory", type=_bytes, default=DEFAULT_ENCODER_CACHE_BYTES, metavar="BYTES",
+                   help="a vision-language model's image features kept for reuse (a second request with the same "
+                        "image is not encoded again), taken out of the KV pool's memory; 0: none kept")
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                    help="KV pool element type: auto (the model's), float32, bf16 (half the memory of float32) or "
                         "int8 (a quarter, with per token and head scales)")
@@ -301,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
             block_size=args.block_size,
             kv_cache_dtype=args.kv_cache_dtype,
             scheduling_policy=args.scheduling_policy,
+            encoder_cache_memory=args.encoder_cache_memory,
         )
     except GenerationConfigError as e:
         print(f"nexttoken serve: {e}", file=sys.stderr)

@@ -208,3 +208,10 @@ def test_ollama_images_come_before_the_text() -> None:
     assert e.value.param == "messages.0.images"
     gen = OllamaGenerateRequest.model_validate({"model": "m", "prompt": "p", "images": [b64]})
     assert generate_messages(gen, images=True)[0]["content"][0]["type"] == "image_url"
+
+
+def test_the_encoder_cache_flag_defaults_to_the_engines() -> None:
+    from nexttoken.engine.encoder import DEFAULT_ENCODER_CACHE_BYTES
+    from nexttoken.server import cli
+
+    assert cli.DEFAULT_ENCODER_CACHE_BYTES == DEFAULT_ENCODER_CACHE_BYTES
