@@ -103,7 +103,11 @@ class ImageLoader:
 
     async def fetch(self, url: str) -> bytes:
         """An http(s) image URL's bytes, under the policy (ImageError otherwise)."""
-        scheme = urlsplit(url).scheme.lower()
+        try:
+            scheme = urlsplit(url).scheme.lower()
+            httpx.URL(url)
+        except (ValueError, httpx.InvalidURL):
+            raise ImageError(f"image URL {url[:80]!r} is not a valid URL") from None
         if scheme not in ("http", "https"):
             raise ImageError(f"image URL {url[:80]!r}: send a data:image/...;base64 URL or an http(s) URL")
         if not self.policy.allow_remote:
@@ -127,7 +131,10 @@ class ImageLoader:
                 try:
                     if not (response.is_redirect and "location" in response.headers):
                         return await self._body(url, response)
-                    url = str(httpx.URL(url).join(response.headers["location"]))  # its address checked again
+                    try:
+                        url = str(httpx.URL(url).join(response.headers["location"]))  # its address checked again
+                    except (ValueError, httpx.InvalidURL):
+                        raise ImageError(f"image URL {url[:80]!r} redirects to an invalid URL") from None
                 finally:
                     await response.aclose()
             raise ImageError(f"image URL {url[:80]!r}: more than {MAX_REDIRECTS} redirects")

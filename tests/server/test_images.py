@@ -127,6 +127,7 @@ def test_remote_urls_are_fetched_only_when_allowed(remote) -> None:
     [moved] = load([remote + "/moved.png"], allow_remote=True, allow_private=True)
     assert moved.size == (8, 8)
     assert "ftp" in refused(["ftp://example.com/x.png"], allow_remote=True).message
+    assert "not a valid URL" in refused(["http://[::1/x.png"], allow_remote=True).message
 
 
 def test_remote_fetches_keep_to_the_size_and_time_limits(remote) -> None:
