@@ -96,6 +96,8 @@ def test_openai_chat_image_url_part_gives_the_librarys_tokens(served, reference)
                                        extra_body={"ignore_eos": True})
     assert r.choices[0].message.content == reference.text
     assert r.usage.prompt_tokens == len(reference.prompt_token_ids) and r.usage.completion_tokens == NEW
+    counted = httpx.post(url + "/tokenize", json={"messages": messages}, timeout=120).json()
+    assert counted["tokens"] == reference.prompt_token_ids  # the image's tokens too
     stream = client.chat.completions.create(model="m", messages=messages, max_tokens=NEW, temperature=0, stream=True,
                                             extra_body={"ignore_eos": True})
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == reference.text

@@ -118,8 +118,8 @@ def render_request(req: ChatCompletionRequest | TokenizeRequest, renderer: ChatR
     try:
         messages = [_message(m) for m in req.messages or []]
         if len(image_parts(messages)) != (len(images) if images is not None else 0):
-            raise bad_request("image_url parts are not offered on this route: send them to /v1/chat/completions",
-                              "messages")
+            raise bad_request("this route does not load the messages' image_url parts: send them to "
+                              "/v1/chat/completions or /tokenize", "messages")
         if images is None:
             return renderer.render(messages, use, variables, req.add_generation_prompt, check)
         prompt = renderer.render(messages, use, variables, req.add_generation_prompt, check, expand=images.expand)
