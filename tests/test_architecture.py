@@ -140,13 +140,14 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "metrics": set(),
         "bodies": set(),  # what every API's body shares: null is "not given", and the JSON Schema says so
         "http": {"metrics"},  # error bodies, guards, shutdown, the SSE bridge to the engine
-        "openai": {"bodies", "http"},  # OpenAI's wire format: request bodies, prompts, options, outputs, Responses items
+        "images": {"http", "settings"},  # a request's images: loaded, fetched (when allowed), checked (issue 43)
+        "openai": {"bodies", "http", "images"},  # OpenAI's wire format: request bodies, prompts, options, outputs, Responses items
         "anthropic": {"http", "openai"},  # Anthropic's wire format: the Messages body, its blocks and stream events
-        "llamacpp": {"bodies"},  # llama.cpp's wire format: the /infill body
+        "llamacpp": {"bodies", "http"},  # llama.cpp's wire format: the /infill body
         "ollama": {"bodies", "catalog", "http", "openai"},  # Ollama's wire format: its bodies and their translation, its model cards
         # OpenAI's batch format, a file of requests run through the app's own routes, /v1/files and /v1/batches
         "batch": {"http"},
-        "api": {"anthropic", "catalog", "http", "llamacpp", "metrics", "ollama", "openai", "settings"},  # one module per API
+        "api": {"anthropic", "catalog", "http", "images", "llamacpp", "metrics", "ollama", "openai", "settings"},  # one module per API
         "webui": set(),  # the chat page (package data) and its routes
         "catalog": set(),  # the served models before loading: --model, --models-dir, the HF cache, presets
         "registry": {"catalog"},  # the models' states, loads and unloads under the memory budget

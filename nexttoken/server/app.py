@@ -26,7 +26,7 @@ from .http.tracing import OtlpTracer
 from .http.shutdown import MESSAGE as SHUTTING_DOWN, Drain
 from .metrics import ServerMetrics
 from .anthropic.protocol import CountTokensRequest, MessagesRequest
-from .llamacpp.protocol import InfillRequest
+from .llamacpp.protocol import InfillRequest, LlamaCompletionRequest
 from .ollama.schema import BODIES as OLLAMA_BODIES, ROUTES as OLLAMA_ROUTES
 from .openai.protocol import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
 from .openai.responses import ResponsesRequest
@@ -34,11 +34,17 @@ from .openai.schema import (API_ERRORS, COMPLETION, COUNT, MESSAGE, RESPONSE, RO
                             operation)
 
 # The other APIs' routes in /openapi.json: their request bodies and answers (Messages' errors in Anthropic's body).
-MORE_BODIES = (ResponsesRequest, InfillRequest, MessagesRequest, CountTokensRequest, LoadLoraAdapterRequest,
+MORE_BODIES = (ResponsesRequest, InfillRequest, LlamaCompletionRequest, MessagesRequest, CountTokensRequest, LoadLoraAdapterRequest,
                UnloadLoraAdapterRequest, *OLLAMA_BODIES)
+# llama.cpp's answer body (/infill, /completion): the text, whether it ended, and at the end how and the counts
+LLAMA_ANSWER = {"type": "object", "required": ["content", "stop"], "properties": {
+    "index": {"type": "integer", "minimum": 0}, "content": {"type": "string"}, "stop": {"type": "boolean"},
+    "model": {"type": "string"}, "stop_type": {"enum": ["eos", "limit", "word"]}, "stopping_word": {"type": "string"},
+    "tokens_predicted": {"type": "integer", "minimum": 0}, "tokens_evaluated": {"type": "integer", "minimum": 0}}}
 MORE_ROUTES = {
     "responses": operation(ResponsesRequest, RESPONSE, *API_ERRORS, stream=True),
-    "infill": operation(InfillRequest, COMPLETION, *API_ERRORS, stream=True),
+    "infill": operation(InfillRequest, LLAMA_ANSWER, *API_ERRORS, stream=True),
+    "completion": operation(LlamaCompletionRequest, LLAMA_ANSWER, *API_ERRORS, stream=True),
     "messages": anthropic_operation(MessagesRequest, MESSAGE, stream=True),
     "count_tokens": anthropic_operation(CountTokensRequest, COUNT),
     "load_lora": operation(LoadLoraAdapterRequest, {"type": "object"}, *API_ERRORS),
@@ -149,7 +155,7 @@ def build_server(make_registry: Callable[[Parts], ModelRegistry], settings: Serv
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kinds = {404: ("not_found_error", f"no route {request.url.path!r}: see /v1/models, /v1/completions, "
-                                          "/v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /infill, /v1/traces/{id}, /v1/files, /v1/batches, /tokenize, /detokenize, /health, /metrics; Ollama's /api/chat, /api/generate, /api/embed, /api/tags, /api/show, /api/ps, /api/version"),
+                                          "/v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /infill, /completion, /v1/traces/{id}, /v1/files, /v1/batches, /tokenize, /detokenize, /health, /metrics; Ollama's /api/chat, /api/generate, /api/embed, /api/tags, /api/show, /api/ps, /api/version"),
                  405: ("invalid_request_error", f"{request.method} is not allowed on {request.url.path!r}")}
         kind, message = kinds.get(exc.status_code, ("invalid_request_error", str(exc.detail)))
         body = error_body_for(request.url.path, exc.status_code, message, kind)
@@ -167,6 +173,7 @@ def build_server(make_registry: Callable[[Parts], ModelRegistry], settings: Serv
         app.delete(f"{prefix}/responses/{{response_id}}", **ROUTES["response"])(router.delete_response)
     app.post("/v1/embeddings", **ROUTES["embeddings"])(route("embeddings", "create"))
     app.post("/infill", **MORE_ROUTES["infill"])(route("infill", "infill"))
+    app.post("/completion", **MORE_ROUTES["completion"])(route("infill", "completion"))
     app.post("/v1/messages", **MORE_ROUTES["messages"])(route("messages", "create"))
     app.post("/v1/messages/count_tokens", **MORE_ROUTES["count_tokens"])(route("messages", "count_tokens"))
     app.get("/v1/models", **ROUTES["models"])(router.models)

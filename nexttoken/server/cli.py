@@ -16,6 +16,7 @@ from ..chat.reasoning import FORMATS as REASONING_FORMATS
 KV_CACHE_DTYPES = ("auto", "bf16", "float32", "int8")
 POLICIES = ("fcfs", "priority")
 DEFAULT_MEMORY_PERCENT = 25
+DEFAULT_ENCODER_CACHE_BYTES = 64 * 2**20  # engine/encoder.py's (tests/server/test_images.py checks they agree)
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
 
 
@@ -84,6 +85,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                            "what --max-num-seqs full-length requests need)")
     pool.add_argument("--num-kv-blocks", type=int, help="KV pool size in blocks instead of bytes")
     p.add_argument("--block-size", type=int, help="tokens per KV block (default 16; divides --chunk-size)")
+    p.add_argument("--encoder-cache-memory", type=_bytes, default=DEFAULT_ENCODER_CACHE_BYTES, metavar="BYTES",
+                   help="a vision-language model's image features kept for reuse (a second request with the same "
+                        "image is not encoded again), taken out of the KV pool's memory; 0: none kept")
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                    help="KV pool element type: auto (the model's), float32, bf16 (half the memory of float32) or "
                         "int8 (a quarter, with per token and head scales)")
@@ -95,6 +99,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="most sequences (prompts x n) one request may create; more is a 400")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
     p.add_argument("--body-timeout", type=float, default=30.0, help="seconds to send a request body; later: 408")
+    p.add_argument("--max-images-per-request", type=int, default=8,
+                   help="images one request may carry (a model that takes images); more is a 400")
+    p.add_argument("--max-image-pixels", type=int, default=4096 * 4096,
+                   help="pixels (width x height) of one image; larger is a 400, checked before decoding")
+    p.add_argument("--max-image-bytes", type=_bytes, default=20 * 1024 * 1024, metavar="BYTES",
+                   help="encoded bytes of one image (inline or fetched); larger is a 400 (a request's body is "
+                        "bounded by --max-body-bytes too: raise it to send large images inline)")
+    p.add_argument("--allow-remote-images", action="store_true",
+                   help="fetch http(s) image URLs in requests (off: only inline data: URLs); the server then "
+                        "reaches URLs its clients name, a request-forgery risk: only public addresses are fetched, "
+                        "within --remote-image-timeout and --max-image-bytes (docs/serving.md)")
+    p.add_argument("--allow-private-image-urls", action="store_true",
+                   help="with --allow-remote-images: fetch from loopback, private and other non-public addresses "
+                        "too (only where every client is trusted)")
+    p.add_argument("--remote-image-timeout", type=float, default=10.0,
+                   help="seconds one remote image may take to fetch, connecting to the last byte; later: a 400")
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a connection gets to send a request's headers (from connecting, or from the end "
                         "of the previous response); later it is closed (slow-header clients cannot hold it)")
@@ -285,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
             block_size=args.block_size,
             kv_cache_dtype=args.kv_cache_dtype,
             scheduling_policy=args.scheduling_policy,
+            encoder_cache_memory=args.encoder_cache_memory,
         )
     except GenerationConfigError as e:
         print(f"nexttoken serve: {e}", file=sys.stderr)
@@ -302,6 +323,9 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--header-timeout", args.header_timeout), ("--max-connections", args.max_connections),
                         ("--max-waiting-seqs", args.max_waiting_seqs + 1),
                         ("--grammar-compile-timeout", args.grammar_compile_timeout),
+                        ("--max-images-per-request", args.max_images_per_request),
+                        ("--max-image-pixels", args.max_image_pixels), ("--max-image-bytes", args.max_image_bytes),
+                        ("--remote-image-timeout", args.remote_image_timeout),
                         ("--idle-unload-seconds", 1 if args.idle_unload_seconds is None else args.idle_unload_seconds),
                         ("--max-loaded-models", args.max_loaded_models or 1)):
         if value <= 0:
@@ -321,7 +345,12 @@ def run(args: argparse.Namespace) -> int:
                               max_waiting_seqs=args.max_waiting_seqs,
                               special_tokens_in_content=args.special_tokens_in_content, aliases=first.aliases,
                               grammar_compile_timeout_s=args.grammar_compile_timeout,
-                              otlp_traces_endpoint=args.otlp_traces_endpoint)
+                              otlp_traces_endpoint=args.otlp_traces_endpoint,
+                              max_images_per_request=args.max_images_per_request,
+                              max_image_pixels=args.max_image_pixels, max_image_bytes=args.max_image_bytes,
+                              allow_remote_images=args.allow_remote_images,
+                              allow_private_image_urls=args.allow_private_image_urls,
+                              remote_image_timeout_s=args.remote_image_timeout)
     if args.num_speculative_tokens < 1:
         print("nexttoken serve: --num-speculative-tokens must be >= 1", file=sys.stderr)
         return 2

@@ -40,7 +40,7 @@ class ModelService:
 
     def __init__(self, core: LLMEngine, settings: ServerSettings, metrics: ServerMetrics, traces: TraceStore,
                  stored: ResponseStore | None = None, memory: Fit | None = None,
-                 on_step: Callable[[EngineStats], None] | None = None) -> None:
+                 on_step: Callable[[EngineStats], None] | None = None, processor: Any = None) -> None:
         self.core, self.settings, self.metrics = core, settings, metrics
         self.engine = AsyncEngine(core, on_step=on_step or metrics.on_step)
         self.memory = memory or measured(core)
@@ -49,7 +49,8 @@ class ModelService:
                                         settings.grammar_compile_timeout_s)
         self.completions, self.chat, self.models, self.responses, self.messages, self.embeddings, self.infill, \
             self.loras, self.ollama = (
-                api(core, self.engine, metrics, settings, traces, renderer=renderer, grammars=self.grammars)
+                api(core, self.engine, metrics, settings, traces, renderer=renderer, grammars=self.grammars,
+                    processor=processor)
                 for api in (Completions, Chat, Models, Responses, Messages, Embeddings, Infill, LoraAdapters, Ollama))
         if stored is not None:
             self.responses.stored = stored
@@ -118,7 +119,7 @@ class Loader:
                          self._speculative(choice, result.draft))
         settings = self.settings_of(choice, loaded.path)
         return ModelService(core, settings, self.metrics, self.traces, self.stored,
-                            memory or measured(core, room or 0), self.on_step)
+                            memory or measured(core, room or 0), self.on_step, processor=loaded.images)
 
     def settings_of(self, choice: ModelChoice, path: Any) -> ServerSettings:
         """The entry's ServerSettings: its names, and its own settings over the command line's."""

@@ -31,6 +31,13 @@ class ServerSettings:
     grammar_compile_timeout_s: float = 10.0  # a request waits this long for its grammar's compile, then gets 400
     aliases: tuple[str, ...] = ()  # more names requests may give the model (--served-model-name's others)
     otlp_traces_endpoint: str | None = None  # an OTLP/HTTP collector: one span per request (http/tracing.py)
+    # Images in requests (server/images.py): how many, how large, and whether http(s) image URLs are fetched
+    max_images_per_request: int = 8
+    max_image_pixels: int = 4096 * 4096  # width x height of one image
+    max_image_bytes: int = 20 * 1024 * 1024  # one image's encoded bytes (a fetched one's too)
+    allow_remote_images: bool = False  # fetch http(s) image URLs (a request-forgery risk: docs/serving.md)
+    allow_private_image_urls: bool = False  # ... from loopback, private and other non-public addresses too
+    remote_image_timeout_s: float = 10.0  # one fetch, connect to last byte
 
     @property
     def served_names(self) -> tuple[str, ...]:

@@ -9,7 +9,7 @@ import pydantic
 import pytest
 
 from nexttoken.server.anthropic.protocol import MessagesRequest
-from nexttoken.server.llamacpp.protocol import InfillRequest
+from nexttoken.server.llamacpp.protocol import InfillRequest, LlamaCompletionRequest
 from nexttoken.server.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                               EmbeddingRequest, TokenizeRequest)
 from nexttoken.server.ollama.protocol import (OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest,
@@ -19,7 +19,7 @@ from nexttoken.server.openai.responses import ResponsesRequest
 BODIES = {  # each model and a smallest body it accepts
     CompletionRequest: {"prompt": "x"}, ChatCompletionRequest: {"messages": [{"role": "user", "content": "hi"}]},
     TokenizeRequest: {"prompt": "x"}, DetokenizeRequest: {"tokens": [1]}, EmbeddingRequest: {"input": "x"},
-    ResponsesRequest: {"input": "hi"}, InfillRequest: {"input_prefix": "a"},
+    ResponsesRequest: {"input": "hi"}, InfillRequest: {"input_prefix": "a"}, LlamaCompletionRequest: {"prompt": "a"},
     MessagesRequest: {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
     OllamaChatRequest: {"model": "m"}, OllamaGenerateRequest: {"model": "m"}, OllamaShowRequest: {},
     OllamaEmbedRequest: {"model": "m", "input": "x"}, OllamaEmbeddingsRequest: {"model": "m", "prompt": "x"},

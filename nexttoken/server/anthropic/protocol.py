@@ -26,7 +26,8 @@ IGNORED_KEYS = frozenset({"cache_control", "citations", "allowed_callers", "defe
                           "strict", "input_examples", "caller", "toolset_name"})
 # The fields each content block this server reads carries (the SDK's *BlockParam and response block models).
 BLOCK_FIELDS = {"text": ("text",), "tool_use": ("id", "name", "input"), "thinking": ("thinking", "signature"),
-                "redacted_thinking": ("data",), "tool_result": ("tool_use_id", "content", "is_error")}
+                "redacted_thinking": ("data",), "tool_result": ("tool_use_id", "content", "is_error"),
+                "image": ("source",)}
 # Block types the hosted service writes or reads (its server tools, files, search results): named in the refusal.
 _HOSTED_BLOCKS = ("server_tool_use", "web_search_tool_result", "web_fetch_tool_result", "code_execution_tool_result",
                   "bash_code_execution_tool_result", "text_editor_code_execution_tool_result",
@@ -109,15 +110,16 @@ MessagesRequest = create_model(
 )
 
 
-def chat_body(req: _Fields) -> dict[str, Any]:
-    """The Chat Completions body that asks for the same thing."""
+def chat_body(req: _Fields, images: bool = False) -> dict[str, Any]:
+    """The Chat Completions body that asks for the same thing; `images`: the model takes images (a user's `image`
+    blocks become `image_url` parts; otherwise they are a 400)."""
     if req.mcp_servers:
         raise bad_request("mcp_servers: the MCP connector is a hosted feature (the hosted service calls the "
                           "servers); this server does not reach them: connect the MCP servers in the client and "
                           "send their tools in `tools`", "mcp_servers")
     messages = [{"role": "system", "content": _system(req.system)}] if req.system else []
     for i, m in enumerate(req.messages):
-        messages += _messages(m, f"messages[{i}]")
+        messages += _messages(m, f"messages[{i}]", images)
     body: dict[str, Any] = {"model": req.model, "messages": messages}
     if isinstance(req, _MessagesFields):
         body["max_completion_tokens"], body["stream"] = req.max_tokens, req.stream
@@ -166,12 +168,14 @@ def _texts(blocks: list[Any], where: str) -> str:
     return "".join(texts)
 
 
-def _messages(m: Message, where: str) -> list[dict[str, Any]]:
+def _messages(m: Message, where: str, images: bool = False) -> list[dict[str, Any]]:
     """One Anthropic message as chat messages: a user's tool results become tool messages (first, as they
-    answer the turn before), its text a user message; an assistant's blocks one assistant message."""
+    answer the turn before), its text (with its images as `image_url` parts, in block order) a user message; an
+    assistant's blocks one assistant message."""
     if isinstance(m.content, str):
         return [{"role": m.role, "content": m.content}]
     texts: list[str] = []
+    parts: list[dict[str, Any]] = []  # a user's text and images in order (as chat content parts)
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     thinking: list[str] = []
@@ -182,14 +186,20 @@ def _messages(m: Message, where: str) -> list[dict[str, Any]]:
             raise bad_request(f"{at}: {kind} blocks belong to the hosted service's server tools, which this "
                               "server does not run; send text, tool_use, tool_result or thinking blocks",
                               f"{at}.type")
-        if kind not in BLOCK_FIELDS:
-            raise bad_request(f"{at}: content blocks of type {kind!r} are not supported: this model reads text; "
-                              "send text, tool_use, tool_result or thinking blocks", f"{at}.type")
+        if kind not in BLOCK_FIELDS or (kind == "image" and not images):
+            why = "this model takes no images" if kind == "image" else "this server reads text and images"
+            raise bad_request(f"{at}: content blocks of type {kind!r} are not supported: {why}; send text, "
+                              "tool_use, tool_result or thinking blocks", f"{at}.type")
         unknown = set(block) - {"type", *BLOCK_FIELDS[kind], *IGNORED_KEYS}
         if unknown:
             raise bad_request(f"{at}: unknown field(s) {sorted(unknown)} in a {kind} block", at)
         if kind == "text":
             texts.append(_string(block, "text", at))
+            parts.append({"type": "text", "text": texts[-1]})
+        elif kind == "image":
+            if m.role != "user":
+                raise bad_request(f"{at}: image blocks belong to user messages", f"{at}.type")
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(block.get("source"), at)}})
         elif kind == "tool_use":
             if m.role != "assistant":
                 raise bad_request(f"{at}: tool_use blocks belong to assistant messages", f"{at}.type")
@@ -207,6 +217,8 @@ def _messages(m: Message, where: str) -> list[dict[str, Any]]:
             thinking.append(block["thinking"])  # a past turn's reasoning: templates that show it read it
         # redacted_thinking: the hosted service's encrypted reasoning, nothing a local model can read
     if m.role == "user":
+        if len(parts) > len(texts):  # images: the content as parts, in block order
+            return results + [{"role": "user", "content": parts}]
         return results + ([{"role": "user", "content": "".join(texts)}] if texts or not results else [])
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
     if calls:
@@ -214,6 +226,19 @@ def _messages(m: Message, where: str) -> list[dict[str, Any]]:
     if thinking and m.role == "assistant":
         message["reasoning_content"] = "".join(thinking)
     return [message]
+
+
+def _image_url(source: Any, where: str) -> str:
+    """An image block's source as the image_url part's URL: base64 data as a data: URL, a url source as it is
+    (the server fetches it only with --allow-remote-images)."""
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64" and isinstance(source.get("data"), str) and isinstance(source.get("media_type"), str):
+        return f"data:{source['media_type']};base64,{source['data']}"
+    if kind == "url" and isinstance(source.get("url"), str):
+        return source["url"]
+    raise bad_request(f"{where}.source: an image block's source is {{\"type\": \"base64\", \"media_type\": "
+                      "\"image/png\", \"data\": ...}} or {\"type\": \"url\", \"url\": ...} (file sources are not "
+                      f"offered), got {str(source)[:200]}", f"{where}.source")
 
 
 def _string(block: dict[str, Any], key: str, where: str) -> str:

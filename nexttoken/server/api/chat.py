@@ -19,6 +19,7 @@ from ...chat.render import ChatPrompt
 from ...chat.reasoning import ReasoningFormat
 from ..http.errors import APIError
 from ..http.streams import Job, SSEResponse, run_jobs, sse
+from ..images import image_parts
 from ..openai.outputs import usage
 from ..openai.prompts import PREAMBLE_HEADER, check_ids, render_request, template_kwargs
 from ..openai.protocol import ChatCompletionRequest
@@ -70,8 +71,10 @@ class Chat(Serving):
         variables = template_kwargs(self.settings.default_chat_template_kwargs, req)
         if self.renderer is not None:  # harmony's reasoning effort is a template variable
             variables = self.renderer.with_effort(variables, req.reasoning_effort, req.thinking_token_budget)
+        refs = image_parts([m.model_dump(include={"content"}, exclude_none=True) for m in req.messages])
+        images = await self.image_inputs(refs, req.model)
         prompt = await asyncio.to_thread(  # untrusted template work: off the event loop
-            render_request, req, self.renderer, use, variables, self.limits)
+            render_request, req, self.renderer, use, variables, self.limits, images)
         check_ids(prompt.ids, self.limits.vocab_size, "messages")
         return prompt
 
@@ -96,7 +99,8 @@ class Chat(Serving):
         await self._compile(req, cfg, "tools" if use is not None and use.calls else None)
         lora = self._adapter(req.model)
         rid = f"{prefix}-{uuid.uuid4().hex}" if prefix == "chatcmpl" else f"{prefix}_{uuid.uuid4().hex}"
-        jobs = [Job(j, f"{rid}-{j}", p, c, rid, priority=req.priority, lora=lora)
+        images = self.placed(getattr(prompt, "images", None), ids, "messages")
+        jobs = [Job(j, f"{rid}-{j}", p, c, rid, priority=req.priority, lora=lora, images=images)
                 for j, (p, c) in enumerate(expand([ids], cfg))]
         self._admit(len(jobs))
         events = run_jobs(self.engine, jobs, self.metrics, arrival, reserved=True, model=self.settings.model_name)

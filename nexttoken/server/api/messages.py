@@ -28,7 +28,7 @@ class Messages(Chat):
     async def create(self, request: Request) -> Response:
         arrival = time.monotonic()
         req = parse_body(MessagesRequest, await request.body())
-        chat = _chat_request(chat_body(req))
+        chat = _chat_request(chat_body(req, self.vision))
         run = await self.start_chat(chat, arrival, "msg")
         mid, model = message_id(), self._reported(req.model, run.lora)
         if req.stream:
@@ -46,7 +46,7 @@ class Messages(Chat):
 
     async def count_tokens(self, request: Request) -> Response:
         req = parse_body(CountTokensRequest, await request.body())
-        prompt = await self.render(_chat_request(chat_body(req)))
+        prompt = await self.render(_chat_request(chat_body(req, self.vision)))
         return JSONResponse({"input_tokens": len(prompt.ids)})
 
     def _stream(self, mid: str, run: ChatRun, model: str) -> AsyncIterator[str]:

@@ -9,6 +9,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ..http.errors import bad_request, error_body
+from ..images import image_parts
 from ..openai.prompts import check_ids, render_request, template_kwargs
 from ..openai.protocol import DetokenizeRequest, TokenizeRequest
 from .serving import Serving, parse_body
@@ -42,9 +43,11 @@ class Models(Serving):
             raise bad_request("this model has no tokenizer", "prompt")
         if req.messages is not None:
             use = self._tool_use(req.tools, "none", None)
+            refs = image_parts([m.model_dump(include={"content"}, exclude_none=True) for m in req.messages])
+            images = await self.image_inputs(refs, req.model)  # each image's tokens counted as the chat counts them
             prompt = await asyncio.to_thread(
                 render_request, req, self.renderer, use,
-                template_kwargs(self.settings.default_chat_template_kwargs, req), self.limits)
+                template_kwargs(self.settings.default_chat_template_kwargs, req), self.limits, images)
             ids = prompt.ids
         else:  # off the event loop: a long text takes the tokenizer a while
             ids = await asyncio.to_thread(self.tokenizer.encode, req.prompt, add_special_tokens=req.add_special_tokens)

@@ -47,7 +47,7 @@ class Ollama(Chat):
         first = next(net.parameters())
         size = sum(t.numel() * t.element_size() for t in tensors)
         capabilities = ("completion", *(("tools",) if self._tools_offered() else ()),
-                        *(("thinking",) if self.reasoning is not None else ()))
+                        *(("thinking",) if self.reasoning is not None else ()), *(("vision",) if self.vision else ()))
         template = (self.tokenizer.chat_template or "") if self.tokenizer is not None else ""
         family = next((t for t, a in ARCHITECTURE_OF_MODEL_TYPE.items() if a == config.architecture),
                       config.architecture)  # Ollama's family is the model type ("llama", "qwen2")
@@ -96,7 +96,7 @@ class Ollama(Chat):
         self._check_options(req.options, req.think, req.model)
         if not req.messages:  # Ollama's way to load a model (or, with keep_alive 0, unload it)
             return JSONResponse(self._loaded(req, {"message": {"role": "assistant", "content": ""}}))
-        run = await self._start(_chat_request(chat_body(req, model)), arrival, req.options)
+        run = await self._start(_chat_request(chat_body(req, model, self.vision)), arrival, req.options)
         events = clock.timed(run.events)
         head = {"model": req.model}
         if req.stream:
@@ -117,7 +117,10 @@ class Ollama(Chat):
         self._check_options(req.options, req.think, req.model)
         if not req.prompt and not req.suffix:
             return JSONResponse(self._loaded(req, {"response": ""}))
-        chat = _chat_request({**generating_fields(req, model), "messages": generate_messages(req)})
+        if req.images and (req.raw or req.suffix):
+            raise bad_request("images with raw or suffix are not offered: the chat template places the images; "
+                              "send the prompt without raw and suffix", "images")
+        chat = _chat_request({**generating_fields(req, model), "messages": generate_messages(req, self.vision)})
         context = list(req.context or [])
         check_ids(context, self.limits.vocab_size, "context")
         # the prompt as it is (or the model's fill-in-the-middle layout), else through the chat template

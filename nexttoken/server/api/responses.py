@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ...chat import ToolCallDelta
 from ...chat.answer import Thinking
-from ..http.errors import APIError
+from ..http.errors import APIError, bad_request
 from ..http.streams import SSEResponse, sse
 from ..openai.protocol import ChatCompletionRequest
 from ..openai.response_items import OutputItems, assistant_message, response_object, response_usage
@@ -66,7 +66,7 @@ class Responses(Chat):
         arrival = time.monotonic()
         req = parse_body(ResponsesRequest, await request.body())
         history = self.stored.get(req.previous_response_id, "previous_response_id")[1] if req.previous_response_id else []
-        conversation = history + input_messages(req.input)
+        conversation = history + input_messages(req.input, self.vision, _uploaded(request))
         chat: ChatCompletionRequest = parse_body(ChatCompletionRequest, json.dumps(chat_body(req, conversation)).encode())
         run = await self.start_chat(chat, arrival, "resp")
         if req.stream:
@@ -145,6 +145,20 @@ class _ResponseEvents(EventEncoder):
         body = self.api._body(self.run, self.req, self.items, finish_reason, tally.tokens)
         self.api._keep(self.req, body, self.conversation)
         return frames + [self.numbered({"type": f"response.{body['status']}", "response": body})]
+
+
+def _uploaded(request: Request) -> Callable[[str, str], bytes] | None:
+    """An uploaded file's bytes by id (/v1/files: an input_image's file_id); an unknown id is a 400 naming it."""
+    store = getattr(request.app.state, "files", None)
+    if store is None:
+        return None
+
+    def read(file_id: str, param: str) -> bytes:
+        if file_id not in store.files:
+            raise bad_request(f"{param}: no file {file_id!r} (upload the image with POST /v1/files first)", param)
+        return store.files[file_id].data
+
+    return read
 
 
 def _add(items: OutputItems, pieces: list[Any], logprobs: list | None) -> None:

@@ -4,9 +4,10 @@ over this state; app.py builds one of each and routes to them."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
@@ -14,7 +15,8 @@ from pydantic import BaseModel, ValidationError
 from ..catalog import TAG  # Ollama's `name:latest` names the served `name` on every API
 from ...engine import LLMEngine
 from ...engine.async_engine import AsyncEngine, EngineClosedError, EngineDeadError
-from ...errors import NextTokenError, UnknownLoraError
+from ...errors import ImageError, NextTokenError, UnknownLoraError
+from ...images import ImageInputs, read_images
 from ...generation.config import no_token_left
 from ...generation.processors.structured import CONSTRAINTS, constraint_of
 from ...generation.values import Thinking
@@ -25,6 +27,7 @@ from ...chat.reasoning import EFFORT_BUDGETS, ReasoningFormat
 from ...chat.tools.request import tool_options
 from ..http.errors import APIError, bad_request, client_error, from_validation_error
 from ..http.shutdown import MESSAGE as SHUTTING_DOWN
+from ..images import ImageLoader, ImagePolicy, ImageRef, refuse_images
 from ..http.request_log import current_request
 from ..http.streams import ClientGone, collect
 from ..metrics import ServerMetrics
@@ -60,7 +63,7 @@ class Serving:
 
     def __init__(self, core: LLMEngine, engine: AsyncEngine, metrics: ServerMetrics, settings: ServerSettings,
                  traces: TraceStore | None = None, renderer: ChatRenderer | None = None,
-                 grammars: GrammarCompiler | None = None) -> None:
+                 grammars: GrammarCompiler | None = None, processor: Any = None) -> None:
         self.tokenizer, self.engine, self.metrics, self.settings = core.tokenizer, engine, metrics, settings
         # The Transformer (not `self.model`: Models.model is a route): its LoRA adapter slots are read here, the
         # engine's thread changes them.
@@ -85,6 +88,35 @@ class Serving:
         self.template_support: TemplateSupport | None = self.renderer.support if self.renderer else None
         self.reasoning: ReasoningFormat | None = self.renderer.reasoning if self.renderer else None
         self.markers: tuple[int, int] | None = self.renderer.markers if self.renderer else None
+        # Images in requests: the model's preprocessing (images/<family>.py; None: it takes no images) and the
+        # loader under the server's limits
+        self.processor = processor if getattr(core.model, "vision", None) is not None else None
+        self.vision = self.processor is not None
+        self.images = ImageLoader(ImagePolicy.of(settings))
+
+    async def image_inputs(self, refs: Sequence[ImageRef], model: str | None,
+                           what: str = "content parts of type 'image_url' are not supported") -> ImageInputs | None:
+        """A request's images (None without any), loaded under the server's limits and prepared by the model's
+        preprocessing, off the event loop; a 400 naming the part that cannot be used, or (`what`) any image sent
+        to a model that takes none."""
+        if not refs:
+            return None
+        if not self.vision:
+            refuse_images(refs, self._reported(model, None), what)
+        images = await self.images.load(refs)
+        try:
+            return await asyncio.to_thread(read_images, self.processor, images, self.images.policy.limits)
+        except ImageError as e:
+            raise bad_request(str(e), refs[0].param) from e
+
+    def placed(self, inputs: ImageInputs | None, ids: list[int], param: str) -> tuple:
+        """The request's images placed in its final prompt ids (images/prepared.py's PromptImage)."""
+        if inputs is None:
+            return ()
+        try:
+            return inputs.placed(ids, self.network.vision.image_token_id)
+        except ImageError as e:
+            raise bad_request(str(e), param) from e
 
     def preamble_notice(self) -> None:
         """The log line that says requests with tools get the tools preamble (app.py calls it once per server)."""

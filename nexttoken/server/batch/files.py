@@ -11,7 +11,8 @@ from typing import Any
 
 from ..http.errors import APIError, bad_request
 
-PURPOSES = ("batch", "batch_output")  # what a file here is for: an upload is a batch's input
+# what a file here is for: an upload is a batch's input, or an image a Responses input_image names by file_id
+PURPOSES = ("batch", "batch_output", "vision", "user_data")
 DEFAULT_BUDGET_BYTES = 1 << 30  # every file's bytes together
 
 
@@ -44,7 +45,8 @@ class FileStore:
 
     def add(self, filename: str, purpose: str, data: bytes) -> StoredFile:
         if purpose not in PURPOSES:
-            raise bad_request(f"purpose {purpose!r} is not one this server keeps files for: use \"batch\"", "purpose")
+            raise bad_request(f"purpose {purpose!r} is not one this server keeps files for: use \"batch\" (or "
+                              "\"vision\" for an image)", "purpose")
         if self.bytes + len(data) > self.budget_bytes:
             raise bad_request(f"the file store is full ({self.bytes} of {self.budget_bytes} bytes): delete files "
                               "(DELETE /v1/files/{id}) to make room", "file")

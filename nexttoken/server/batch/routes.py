@@ -17,6 +17,7 @@ def add_batch_routes(app: FastAPI, concurrency: int, api_key: str | None) -> Bat
     """/v1/files and /v1/batches on `app`; each batch runs through `app` itself, `concurrency` requests at once.
     Returns the batches (the app's lifespan cancels the running ones when the server stops)."""
     files = FileStore()
+    app.state.files = files  # an input_image's file_id reads its image here (api/responses.py)
     batches = Batches(files, concurrency, {"authorization": f"Bearer {api_key}"} if api_key else None)
 
     @app.post("/v1/files", include_in_schema=False)

@@ -32,6 +32,7 @@ class Job:
     group: str = ""  # the client request: its sequences share turns for free places with other requests
     priority: int = 0  # lower runs first under --scheduling-policy priority
     lora: str | None = None  # the LoRA adapter the request's `model` chose; None: the base model
+    images: tuple = ()  # the prompt's images (images/prepared.py's PromptImage, placed in prompt_ids)
 
 
 def run_jobs(
@@ -54,7 +55,8 @@ def run_jobs(
             record.started(job.prompt_ids, job.lora, label)
         try:
             async for event in engine.stream(job.request_id, job.prompt_ids, job.params, arrival, job.group or None,
-                                           priority=job.priority, reserved=reserved, lora=job.lora):
+                                           priority=job.priority, reserved=reserved, lora=job.lora,
+                                           images=job.images):
                 metrics.observe(event, clock, label)
                 if record is not None:
                     record.add(event)

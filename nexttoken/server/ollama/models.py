@@ -29,7 +29,7 @@ class ServedModel:
     head_count_kv: int
     vocab_size: int
     template: str  # the chat template ("" without one)
-    capabilities: tuple[str, ...]  # Ollama's: "completion", "tools", "thinking", "insert"
+    capabilities: tuple[str, ...]  # Ollama's: "completion", "tools", "thinking", "insert", "vision"
     loaded_at: datetime
     vram_bytes: int = 0  # weights on an accelerator
     expires_at: datetime | None = None  # when an idle unload is due (None: never)

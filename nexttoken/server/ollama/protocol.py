@@ -230,16 +230,15 @@ def think_fields(think: Think | None) -> dict[str, Any]:
     return {"chat_template_kwargs": {"enable_thinking": True}, "reasoning_effort": think}
 
 
-def chat_messages(messages: list[OllamaMessage]) -> list[dict[str, Any]]:
+def chat_messages(messages: list[OllamaMessage], images: bool = False) -> list[dict[str, Any]]:
     """Ollama's messages as Chat Completions messages: a call gets an id (`call_<turn>_<k>`), and a tool message
-    answers the call its tool_name names (else the next unanswered one)."""
+    answers the call its tool_name names (else the next unanswered one); a message's `images` (to a model that
+    takes images) come before its text, as Ollama lays them out, as `image_url` parts."""
     out: list[dict[str, Any]] = []
     pending: list[tuple[str, str]] = []  # (call id, tool name) of the last assistant turn, not yet answered
     for i, m in enumerate(messages):
-        if m.images:
-            raise bad_request(f"messages[{i}].images: this model reads text only; send the message without images",
-                              f"messages.{i}.images")
-        message: dict[str, Any] = {"role": m.role, "content": m.content}
+        message: dict[str, Any] = {"role": m.role, "content": _with_images(m.content, m.images, images,
+                                                                            f"messages.{i}.images")}
         if m.role == "assistant" and m.tool_calls:
             calls = [(c.id or f"call_{i}_{k}", c.function) for k, c in enumerate(m.tool_calls)]
             message["content"] = m.content or None
@@ -268,23 +267,35 @@ def generating_fields(req: _Generating, model: str) -> dict[str, Any]:
             **think_fields(req.think)}
 
 
-def chat_body(req: OllamaChatRequest, model: str) -> dict[str, Any]:
-    """The Chat Completions body that asks for the same thing."""
-    body = {**generating_fields(req, model), "messages": chat_messages(req.messages)}
+def chat_body(req: OllamaChatRequest, model: str, images: bool = False) -> dict[str, Any]:
+    """The Chat Completions body that asks for the same thing (`images`: the model takes images)."""
+    body = {**generating_fields(req, model), "messages": chat_messages(req.messages, images)}
     if req.tools:
         body["tools"] = req.tools
     return body
 
 
-def generate_messages(req: OllamaGenerateRequest) -> list[dict[str, Any]]:
-    """A templated generate request's conversation: the system prompt, then the prompt as the user's turn."""
-    if req.images:
-        raise bad_request("images: this model reads text only; send the prompt without images", "images")
+def generate_messages(req: OllamaGenerateRequest, images: bool = False) -> list[dict[str, Any]]:
+    """A templated generate request's conversation: the system prompt, then the prompt (after its `images`, to a
+    model that takes images) as the user's turn."""
     if req.template:
         raise bad_request("template: Go templates are not offered; the model's chat template applies (or send "
                           "raw=true with the prompt laid out as the model expects)", "template")
     system = [{"role": "system", "content": req.system}] if req.system else []
-    return [*system, {"role": "user", "content": req.prompt}]
+    return [*system, {"role": "user", "content": _with_images(req.prompt, req.images, images, "images")}]
+
+
+def _with_images(text: str, given: list[str] | None, images: bool, param: str) -> str | list[dict[str, Any]]:
+    """A message's text, or (with images) its images as `image_url` parts (Ollama sends each as plain base64, or
+    a data: URL) before its text."""
+    if not given:
+        return text
+    if not images:
+        raise bad_request(f"{param}: this model takes no images (it has no vision encoder); send the message "
+                          "without images", param)
+    parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {
+        "url": image if image.startswith("data:") else f"data:;base64,{image}"}} for image in given]
+    return parts + ([{"type": "text", "text": text}] if text else [])
 
 
 def in_ollama_terms(error: APIError) -> APIError:

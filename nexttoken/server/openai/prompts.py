@@ -7,7 +7,9 @@ from typing import Any
 
 from ...text.chat_template import RenderLimits
 from ...errors import NextTokenError
+from ...images import ImageInputs
 from ..http.errors import bad_request
+from ..images import image_parts
 from ...chat import TemplateSupport, ToolUse
 from ...chat.render import ChatPrompt, ChatRenderer
 from .protocol import ChatCompletionRequest, ChatMessage, TokenizeRequest
@@ -102,20 +104,35 @@ def template_kwargs(defaults: dict[str, Any], req: ChatCompletionRequest | Token
 
 def render_request(req: ChatCompletionRequest | TokenizeRequest, renderer: ChatRenderer | None,
                    use: ToolUse | None = None, variables: dict[str, Any] | None = None,
-                   limits: Limits | None = None) -> ChatPrompt:
+                   limits: Limits | None = None, images: ImageInputs | None = None) -> ChatPrompt:
     """The request's conversation through the one chat renderer (chat/render.py, which `LLM.chat` renders with
     too): the prompt's ids and text, the tools preamble's format (None: the template renders the tools itself) and
     what the answer is read with. With `limits`, a rendering too long for the context is a 400 before it is
     tokenized; a conversation the template cannot render is a 400 naming `messages`. Untrusted template work: the
-    server calls this off the event loop."""
+    server calls this off the event loop. `images`: the request's images, loaded and prepared (Serving.image_inputs),
+    one per image_url part in order: each part's placeholder is expanded to the image's tokens, and the prompt
+    (an ImagePrompt) carries them."""
     if renderer is None:
         raise bad_request("this model has no tokenizer, so chat is not available", "messages")
     check = None if limits is None else (lambda text: check_text_length(text, limits, "messages"))
     try:
         messages = [_message(m) for m in req.messages or []]
-        return renderer.render(messages, use, variables, req.add_generation_prompt, check)
+        if len(image_parts(messages)) != (len(images) if images is not None else 0):
+            raise bad_request("this route does not load the messages' image_url parts: send them to "
+                              "/v1/chat/completions or /tokenize", "messages")
+        if images is None:
+            return renderer.render(messages, use, variables, req.add_generation_prompt, check)
+        prompt = renderer.render(messages, use, variables, req.add_generation_prompt, check, expand=images.expand)
+        return ImagePrompt(**{f.name: getattr(prompt, f.name) for f in dataclasses.fields(prompt)}, images=images)
     except NextTokenError as e:
         raise bad_request(str(e), "messages") from e
+
+
+@dataclasses.dataclass(frozen=True)
+class ImagePrompt(ChatPrompt):
+    """A rendered conversation with images: its ids hold each image's placeholder tokens (expanded)."""
+
+    images: ImageInputs | None = None
 
 
 def render_chat(req: ChatCompletionRequest | TokenizeRequest, tokenizer: Any, use: ToolUse | None = None,

@@ -213,24 +213,36 @@ class CompletionRequest(SamplingFields):  # type: ignore[misc,valid-type]
         return v
 
 
+class ImageURL(_Strict):
+    """An image_url part's image: a data:image/...;base64 URL, or an http(s) URL (fetched only where the server
+    allows it: --allow-remote-images). `detail` is OpenAI's resolution hint: accepted, the model's own processor
+    decides the resolution."""
+
+    url: str = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] | None = None
+
+
 class ContentPart(BaseModel):
-    """One part of a message's content. This model reads text: "text" parts are its input, an assistant's
-    "refusal" parts are kept out of the prompt (as `refusal` is), and other kinds (image_url, input_audio, file)
-    are refused by name."""
+    """One part of a message's content: "text" parts, "image_url" parts (for a model that takes images; the
+    server loads them, server/images.py), and an assistant's "refusal" parts, kept out of the prompt (as `refusal`
+    is); other kinds (input_audio, file) are refused by name."""
 
     model_config = ConfigDict(extra="allow", strict=True)
     type: str
     text: str | None = None
     refusal: str | None = None
+    image_url: ImageURL | None = None
 
     @model_validator(mode="after")
-    def _text_only(self) -> "ContentPart":
-        if self.type not in ("text", "refusal"):
-            raise ValueError(f"content parts of type {self.type!r} are not supported: this model reads text only; "
-                             "send \"text\" parts")
-        if getattr(self, self.type) is None or self.model_extra:
+    def _known(self) -> "ContentPart":
+        if self.type not in ("text", "refusal", "image_url"):
+            raise ValueError(f"content parts of type {self.type!r} are not supported: send \"text\" parts (and "
+                             "\"image_url\" parts to a model that takes images)")
+        if getattr(self, self.type) is None or self.model_extra or (self.type == "image_url") != (
+                self.image_url is not None):
+            shape = '{"url": string}' if self.type == "image_url" else "string"
             raise ValueError(f"a {self.type!r} content part is {{\"type\": \"{self.type}\", \"{self.type}\": "
-                             "string}, nothing else")
+                             f"{shape}}}, nothing else")
         return self
 
 

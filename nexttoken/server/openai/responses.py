@@ -8,7 +8,8 @@ request path takes (server/api/chat.py), so every option means what it means the
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+import base64
+from typing import Any, Callable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 
@@ -132,11 +133,14 @@ def chat_body(req: Any, conversation: list[dict[str, Any]]) -> dict[str, Any]:
     return body
 
 
-def input_messages(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+def input_messages(given: str | list[dict[str, Any]], images: bool = False,
+                   files: Callable[[str, str], bytes] | None = None) -> list[dict[str, Any]]:
     """`input` as chat messages: a string is one user message; items become messages, a run of function_call
     items one assistant message with those tool_calls (after the assistant's text, when it came first); a
     reasoning item is the next assistant message's reasoning_content (templates that show past thinking read it:
-    gpt-oss's before a call, Qwen3's within a tool loop; the others leave it out)."""
+    gpt-oss's before a call, Qwen3's within a tool loop; the others leave it out). `images`: the model takes
+    images (`input_image` parts become chat `image_url` parts; otherwise they are a 400); `files(file_id, param)`:
+    an uploaded file's bytes (/v1/files), for an input_image given by file_id."""
     if isinstance(given, str):
         return [{"role": "user", "content": given}]
     messages: list[dict[str, Any]] = []
@@ -149,7 +153,8 @@ def input_messages(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             if role not in ("user", "system", "developer", "assistant"):
                 raise bad_request(f"{where}.role must be user, system, developer or assistant, got {role!r}",
                                   f"{where}.role")
-            messages.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
+            messages.append({"role": role, "content": _content(item.get("content"), f"{where}.content", images,
+                                                               files)})
             if role == "assistant" and thinking:
                 messages[-1]["reasoning_content"] = thinking
             thinking = None
@@ -167,7 +172,7 @@ def input_messages(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif kind == "function_call_output":
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", where),
-                             "content": output if isinstance(output, str) else _text(output, f"{where}.output")})
+                             "content": output if isinstance(output, str) else _content(output, f"{where}.output", False)})
         elif kind == "reasoning":
             thinking = (thinking or "") + reasoning_text(item)
         else:
@@ -189,21 +194,50 @@ def _string(item: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _text(content: Any, where: str) -> str:
-    """A message's content (a string, or text parts) as its text; other parts (images, files) are refused."""
+def _content(content: Any, where: str, images: bool,
+             files: Callable[[str, str], bytes] | None = None) -> str | list[dict[str, Any]]:
+    """A message's content (a string, or parts) as chat content: its text, or (with `input_image` parts, to a
+    model that takes images) chat parts in order, each image an `image_url` part; other parts are refused."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise bad_request(f"{where} must be a string or a list of text parts, got {content!r}", where)
-    texts = []
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
-            texts.append(part["text"])
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "input_image" and images:
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(part, f"{where}[{j}]", files)}})
         elif kind != "refusal":
-            raise bad_request(f"{where}[{j}]: content parts of type {kind!r} are not supported: this model reads "
-                              "text only; send input_text parts", f"{where}[{j}].type")
-    return "".join(texts)
+            why = "this model takes no images" if kind == "input_image" else "this server reads text and images"
+            raise bad_request(f"{where}[{j}]: content parts of type {kind!r} are not supported: {why}; send "
+                              "input_text parts", f"{where}[{j}].type")
+    if any(p["type"] == "image_url" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
+
+
+def _image_url(part: dict[str, Any], where: str, files: Callable[[str, str], bytes] | None = None) -> str:
+    """An input_image part's image: its image_url (a data: URL, or an http(s) URL the server fetches only with
+    --allow-remote-images), or an uploaded file's bytes by file_id (as a data: URL); `detail` is accepted (the
+    model's processor decides the resolution)."""
+    unknown = set(part) - {"type", "image_url", "file_id", "detail"}
+    if unknown:
+        raise bad_request(f"{where}: unknown field(s) {sorted(unknown)} in an input_image part", where)
+    file_id = part.get("file_id")
+    if file_id is not None:
+        if files is None or not isinstance(file_id, str) or part.get("image_url") is not None:
+            raise bad_request(f"{where}.file_id: send either an uploaded image's file id (POST /v1/files) or "
+                              "image_url, a data:image/...;base64 URL", f"{where}.file_id")
+        return "data:;base64," + base64.b64encode(files(file_id, f"{where}.file_id")).decode()
+    url = part.get("image_url")
+    if not isinstance(url, str) or not url:
+        raise bad_request(f"{where}.image_url must be a data:image/...;base64 URL (or an http(s) URL), got "
+                          f"{str(url)[:100]!r}", f"{where}.image_url")
+    if part.get("detail") not in (None, "auto", "low", "high"):
+        raise bad_request(f"{where}.detail must be auto, low or high, got {part['detail']!r}", f"{where}.detail")
+    return url
 
 
 def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:

@@ -24,6 +24,7 @@
   let state = load();
   let model = null;               // the served model's id, from /v1/models
   let running = null;             // {controller, conv, msg} while an answer streams
+  let attached = [];              // the images the next message carries, as data: URLs (uploaded or pasted)
   const traces = new Map();       // trace id -> its JSON (or a Promise of it); not stored: the server keeps them
 
   function newConversation(options) {
@@ -153,11 +154,15 @@
   /** Send the user's text with the conversation's options; false (the text stays in the box) when the options
       cannot make a request (the options panel says why). */
   function send(text) {
-    if (running || !text.trim()) return false;
+    if (running || (!text.trim() && !attached.length)) return false;
     const c = conv();
     try { Client.requestBody(c, c.messages.length, model); } catch (e) { showOptionsError(e.message); return false; }
-    c.messages.push({ role: "user", content: text });
-    if (c.title === "New chat") c.title = text.trim().replace(/\s+/g, " ").slice(0, 48);
+    const user = { role: "user", content: text };
+    if (attached.length) user.images = attached;
+    attached = [];
+    renderAttached();
+    c.messages.push(user);
+    if (c.title === "New chat") c.title = (text.trim() || "(image)").replace(/\s+/g, " ").slice(0, 48);
     const msg = { role: "assistant", content: "" };
     c.messages.push(msg);
     save();
@@ -213,6 +218,29 @@
     a.click();
     a.remove();
     setTimeout(() => URL.revokeObjectURL(a.href), 1000);
+  }
+
+  // ---- images: uploaded with the button or pasted into the message box ---------------------------------------
+  function attach(files) {
+    [...files].filter(f => f.type.startsWith("image/")).forEach(file => {
+      const reader = new FileReader();
+      reader.onload = () => { attached.push(reader.result); renderAttached(); };
+      reader.readAsDataURL(file);
+    });
+  }
+  function renderAttached() {
+    const box = $("attached");
+    box.hidden = !attached.length;
+    box.replaceChildren(...attached.map((url, i) => {
+      const t = el("div", "thumb");
+      const img = el("img");
+      img.src = url;
+      img.alt = "attached image " + (i + 1);
+      t.appendChild(img);
+      t.appendChild(button("remove", "\u00d7", "remove this image", () => { attached.splice(i, 1); renderAttached(); }));
+      return t;
+    }));
+    document.body.dataset.attached = attached.length;
   }
 
   // ---- "why this token" -------------------------------------------------------------------------------------
@@ -333,6 +361,11 @@
       if (m.state === "streaming" && !m.content && !m.reasoning && !(m.tool_calls || []).length) body.appendChild(el("div", "note", "..."));
       if (m.error) body.appendChild(el("div", "error", m.error));
     } else {
+      if (m.images && m.images.length) {
+        const images = el("div", "images");
+        m.images.forEach(url => { const img = el("img"); img.src = url; img.alt = "image"; images.appendChild(img); });
+        body.appendChild(images);
+      }
       body.appendChild(el("div", "content plain", m.content));
     }
     node.appendChild(body);
@@ -432,6 +465,13 @@
       }
     });
     document.addEventListener("keydown", e => { if (e.key === "Escape" && running) { e.preventDefault(); stop(); } });
+    $("image-input").addEventListener("change", e => { attach(e.target.files); e.target.value = ""; });
+    input.addEventListener("paste", e => {  // a pasted image is attached; pasted text goes into the box as usual
+      const files = [...(e.clipboardData ? e.clipboardData.files : [])].filter(f => f.type.startsWith("image/"));
+      if (!files.length) return;
+      e.preventDefault();
+      attach(files);
+    });
     $("stop").addEventListener("click", stop);
     $("new-conv").addEventListener("click", () => {
       if (running) return;

@@ -43,6 +43,10 @@ const Client = (function () {
     c.messages.slice(0, upto).forEach(m => {
       if (m.role === "assistant" && m.state === "error" && !m.content) return;  // a failed answer said nothing
       const out = { role: m.role, content: m.content || "" };
+      if (m.images && m.images.length) {  // the images first, as data: URLs, then the text (OpenAI's image_url parts)
+        out.content = m.images.map(url => ({ type: "image_url", image_url: { url } }));
+        if (m.content) out.content.push({ type: "text", text: m.content });
+      }
       if (m.tool_calls && m.tool_calls.length) out.tool_calls = m.tool_calls;
       messages.push(out);
     });
