@@ -97,7 +97,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-n", type=int, default=8, help="largest n (choices) a request may ask for")
     p.add_argument("--max-seqs-per-request", type=int, default=256,
                    help="most sequences (prompts x n) one request may create; more is a 400")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
+    p.add_argument("--max-body-bytes", type=int, default=32 << 20,
+                   help="larger request bodies get 413 (32 MiB by default: a few photos inline, base64)")
     p.add_argument("--body-timeout", type=float, default=30.0, help="seconds to send a request body; later: 408")
     p.add_argument("--max-images-per-request", type=int, default=8,
                    help="images one request may carry (a model that takes images); more is a 400")

@@ -11,7 +11,7 @@ class ServerSettings:
     api_key: str | None = None
     max_n: int = 8  # choices per request
     max_seqs_per_request: int = 256  # prompts x n: one request may not create more sequences than this
-    max_body_bytes: int = 1 << 20
+    max_body_bytes: int = 32 << 20  # room for a few inline photos (base64 is 4/3 of their bytes)
     body_timeout_s: float = 30.0  # a request body not fully sent by then gets 408
     shutdown_timeout_s: float = 10.0  # on SIGTERM / SIGINT: what is still running after this is aborted (503)
     tool_call_parser: str | None = None  # vLLM's --tool-call-parser name; None: read off the chat template
