@@ -74,6 +74,7 @@ class MoeConfig:
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
     shared_gate: bool = True  # Qwen2-MoE's sigmoid(shared_expert_gate(x)) on the shared expert
+    topk_norm_eps: float = 1e-20  # the sigmoid router's renormalisation: w / (sum w + eps) (LFM2-MoE: 1e-6)
 
 
 @dataclass(frozen=True)

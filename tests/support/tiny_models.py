@@ -107,6 +107,16 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         shared_intermediate_size=96, mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2, mamba_d_state=16,
         mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8, embedding_multiplier=3.0, attention_multiplier=0.2,
         residual_multiplier=0.5, logits_scaling=4.0)),
+    # Granite 4.0-H with experts (Tiny / Small): 4 experts (top 2) beside the shared MLP on every layer, RoPE on
+    "granite4h-moe": ("granitemoehybrid", dict(
+        num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"], num_local_experts=4, num_experts_per_tok=2,
+        intermediate_size=32, shared_intermediate_size=48, mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2,
+        mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8, position_embedding_type="rope",
+        embedding_multiplier=2.0, attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=2.0)),
+    # LFM2-MoE: a dense first layer, then 4 experts (top 2) by sigmoid score + expert bias, renormalised, scaled
+    "lfm2-moe": ("lfm2_moe", dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
+                                  num_dense_layers=1, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                  routed_scaling_factor=1.5, norm_eps=1e-5, tie_word_embeddings=True)),
     # Mamba2: no attention, no MLP; 4 layers of 4 heads of 32 over 2 groups, scan chunks of 8
     "mamba2-ssd": ("mamba2", dict(num_hidden_layers=4, num_heads=4, head_dim=32, expand=2, n_groups=2, state_size=16,
                                   conv_kernel=4, chunk_size=8, layer_norm_epsilon=1e-5)),
@@ -143,7 +153,12 @@ VARIANTS: dict[str, tuple[str, dict]] = {
 NO_TENSOR_PARALLEL = {"gpt-oss"}
 # The variants whose layers keep a recurrent state: the fused native step, speculative decoding and tensor
 # parallelism refuse them (they run the modules path, one token at a time).
-RECURRENT = frozenset({"lfm2-conv", "qwen3_5-delta", "granite4h-mamba", "mamba2-ssd"})
+RECURRENT = frozenset({"lfm2-conv", "qwen3_5-delta", "granite4h-mamba", "mamba2-ssd", "granite4h-moe", "lfm2-moe"})
+
+
+# The hybrid architectures whose random-init norms (and Mamba2 / delta-rule parameters) build_hf_model scatters: the
+# centre of their norm weights (1: a plain RMSNorm's; 0: a (1 + w) norm's, or a plain one drawn about 0 as before).
+HYBRIDS = {"lfm2": 1.0, "lfm2_moe": 1.0, "qwen3_5": 0.0, "granitemoehybrid": 0.0, "mamba2": 0.0}
 
 
 def declared(name: str):  # noqa: ANN201
@@ -173,6 +188,7 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
         "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM),
         "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
+        "lfm2_moe": (transformers.Lfm2MoeConfig, transformers.Lfm2MoeForCausalLM),
         "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
         "granitemoehybrid": (transformers.GraniteMoeHybridConfig, transformers.GraniteMoeHybridForCausalLM),
         "mamba2": (transformers.Mamba2Config, transformers.Mamba2ForCausalLM),
@@ -204,13 +220,16 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
             for name, p in model.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):
                     p.normal_(1.0, 0.5)
-    if arch in ("lfm2", "qwen3_5", "granitemoehybrid", "mamba2"):  # norms at ones or zeros ((1 + w): Qwen3.5), dt_bias at ones
+    if arch in HYBRIDS:  # norms at ones or zeros ((1 + w): Qwen3.5), dt_bias at ones, expert biases at zeros
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if "norm" in name:
-                    p.normal_(1.0 if arch == "lfm2" else 0.0, 0.3)
+                    p.normal_(HYBRIDS[arch], 0.3)
                 elif name.endswith(("dt_bias", "A_log", ".D")):
                     p.uniform_(-1.0, 1.0)
+            for name, b in model.named_buffers():
+                if name.endswith("expert_bias"):
+                    b.normal_(0, 0.3)
     if arch == "gemma4":  # norms, scalars and per-expert scales start at ones; make every one matter
         with torch.no_grad():
             for name, p in model.named_parameters():

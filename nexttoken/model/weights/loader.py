@@ -308,7 +308,7 @@ def load_model(
     the file straight into its place (reader.py). `dtype` / `quantize`: resolve_precision's rule (by default a
     bf16 checkpoint keeps bf16 weights with float32 activations on CPU); `quantize` is applied here."""
     path, device, cfg = _open_folder(path, device)
-    if family(cfg.architecture).stacked_experts:
+    if family(cfg.architecture).stacked_experts and cfg.moe is not None:  # (dense Granite 4.0-H: no experts)
         return _load_stacked(path, cfg, dtype, device, quantize)
     entries = renamed(cfg, {n: e for n, e in read_headers(safetensors_files(path)).items()
                             if not n.endswith(_IGNORED_SUFFIXES) and not _mtp_layer(cfg, n)})
