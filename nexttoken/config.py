@@ -89,6 +89,9 @@ class RecurrentConfig:
     linear_num_value_heads: int = 0
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
+    # Qwen3-Next: in_proj_qkvz / in_proj_ba rows grouped per key head ([q k v z] and [b a] of each), read into
+    # Qwen3.5's [q; k; v; z; b; a] order at load (delta_rule.GatedDeltaNet)
+    linear_grouped_by_key_head: bool = False
     # Mamba2's SSD (Granite 4.0-H, Falcon-H1, Nemotron-H, Mamba2): heads x head dim = the inner width, state size,
     # groups of B / C, the scan's chunk, biases, dt's clamp, the gated norm's groups (n_groups: per group)
     mamba_num_heads: int = 0

@@ -117,6 +117,19 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "lfm2-moe": ("lfm2_moe", dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
                                   num_dense_layers=1, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                   routed_scaling_factor=1.5, norm_eps=1e-5, tie_word_embeddings=True)),
+    # Qwen3.5-MoE: a gated-DeltaNet layer and a gated attention layer, each with 4 experts (top 2) and a gated shared one
+    "qwen3_5-moe": ("qwen3_5_moe", dict(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+                                        head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+                                        linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4,
+                                        num_experts_per_tok=2, moe_intermediate_size=32,
+                                        shared_expert_intermediate_size=48)),
+    # Qwen3-Next: the delta rule's projections grouped per key head, a dense MLP on the first layer (mlp_only_layers)
+    "qwen3_next": ("qwen3_next", dict(num_hidden_layers=3, layer_types=["linear_attention", "linear_attention",
+                                                                       "full_attention"],
+                                      head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+                                      linear_key_head_dim=16, linear_value_head_dim=8, num_experts=4,
+                                      num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=[0],
+                                      shared_expert_intermediate_size=48)),
     # Mamba2: no attention, no MLP; 4 layers of 4 heads of 32 over 2 groups, scan chunks of 8
     "mamba2-ssd": ("mamba2", dict(num_hidden_layers=4, num_heads=4, head_dim=32, expand=2, n_groups=2, state_size=16,
                                   conv_kernel=4, chunk_size=8, layer_norm_epsilon=1e-5)),
@@ -153,12 +166,14 @@ VARIANTS: dict[str, tuple[str, dict]] = {
 NO_TENSOR_PARALLEL = {"gpt-oss"}
 # The variants whose layers keep a recurrent state: the fused native step, speculative decoding and tensor
 # parallelism refuse them (they run the modules path, one token at a time).
-RECURRENT = frozenset({"lfm2-conv", "qwen3_5-delta", "granite4h-mamba", "mamba2-ssd", "granite4h-moe", "lfm2-moe"})
+RECURRENT = frozenset({"lfm2-conv", "qwen3_5-delta", "granite4h-mamba", "mamba2-ssd", "granite4h-moe", "lfm2-moe", "qwen3_5-moe",
+                       "qwen3_next"})
 
 
 # The hybrid architectures whose random-init norms (and Mamba2 / delta-rule parameters) build_hf_model scatters: the
 # centre of their norm weights (1: a plain RMSNorm's; 0: a (1 + w) norm's, or a plain one drawn about 0 as before).
-HYBRIDS = {"lfm2": 1.0, "lfm2_moe": 1.0, "qwen3_5": 0.0, "granitemoehybrid": 0.0, "mamba2": 0.0}
+HYBRIDS = {"lfm2": 1.0, "lfm2_moe": 1.0, "qwen3_5": 0.0, "qwen3_5_moe": 0.0, "qwen3_next": 0.0,
+           "granitemoehybrid": 0.0, "mamba2": 0.0}
 
 
 def declared(name: str):  # noqa: ANN201
@@ -189,6 +204,8 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM),
         "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
         "lfm2_moe": (transformers.Lfm2MoeConfig, transformers.Lfm2MoeForCausalLM),
+        "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM),
+        "qwen3_next": (transformers.Qwen3NextConfig, transformers.Qwen3NextForCausalLM),
         "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
         "granitemoehybrid": (transformers.GraniteMoeHybridConfig, transformers.GraniteMoeHybridForCausalLM),
         "mamba2": (transformers.Mamba2Config, transformers.Mamba2ForCausalLM),
