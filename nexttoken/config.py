@@ -105,6 +105,21 @@ class RecurrentConfig:
 
 
 @dataclass(frozen=True)
+class MupConfig:
+    """Falcon-H1's µP multipliers (model/falcon_h1.py): its keys', each branch's input and output, the five parts of
+    the Mamba2 in_proj's output (z, x, B, C, dt) and the MLP's gate and down projections."""
+
+    key: float = 1.0
+    attention_in: float = 1.0
+    attention_out: float = 1.0
+    ssm_in: float = 1.0
+    ssm_out: float = 1.0
+    ssm: tuple[float, float, float, float, float] = (1.0, 1.0, 1.0, 1.0, 1.0)
+    mlp: tuple[float, float] = (1.0, 1.0)
+    mamba_rms_norm: bool = True  # the Mamba2 output normed (then gated: norm_before_gate) or only gated
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     vocab_size: int
@@ -169,6 +184,9 @@ class ModelConfig:
     double_wide_mlp: bool = False
     per_layer_input: int = 0
     per_layer_vocab: int = 0
+    # Falcon-H1: attention and Mamba2 side by side in each layer (its layer i is our layers 2i: the Mamba2 mixer,
+    # and 2i + 1: the attention), with its µP multipliers; None elsewhere.
+    mup: MupConfig | None = None
 
     def layer(self, i: int) -> LayerKind:
         """Layer i's kind (full attention with the model's RoPE when the config names none)."""
@@ -241,6 +259,7 @@ class ModelConfig:
         intermediate = switches.pop("intermediate_size", None)  # LFM2 derives its own from block_ff_dim
         local = switches.pop("rope_local", None)
         moe = switches.pop("moe", None)
+        mup = switches.pop("mup", None)
         fields = dict(
             architecture=family.architecture,
             vocab_size=int(need("vocab_size")),
@@ -264,9 +283,10 @@ class ModelConfig:
             rope_local=None if local is None else _rope_config(local, source, head_dim),
             moe=None if moe is None else _moe_config(moe, source),
             recurrent=None if recurrent is None else RecurrentConfig(**recurrent),
+            mup=None if mup is None else MupConfig(**mup),
         )
         cfg = cls(**(fields | switches))  # a family's switches override the shared reading (GLM's attention_bias)
-        if len(cfg.layers) != layers:
+        if len(cfg.layers) != cfg.num_hidden_layers:  # (Falcon-H1 declares two of ours per layer of its own)
             raise ModelLoadError(f"{source}: {len(cfg.layers)} layer kinds for num_hidden_layers={layers}")
         if cfg.hidden_act not in SUPPORTED_ACTIVATIONS:
             raise ModelLoadError(f"{source}: hidden activation {cfg.hidden_act!r} is not supported; "

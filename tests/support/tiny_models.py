@@ -127,9 +127,16 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "qwen3_next": ("qwen3_next", dict(num_hidden_layers=3, layer_types=["linear_attention", "linear_attention",
                                                                        "full_attention"],
                                       head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
-                                      linear_key_head_dim=16, linear_value_head_dim=8, num_experts=4,
+                                      linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4,
                                       num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=[0],
                                       shared_expert_intermediate_size=48)),
+    # Falcon-H1: attention and Mamba2 side by side in each of 2 layers, every µP multiplier away from 1
+    "falcon_h1": ("falcon_h1", dict(num_hidden_layers=2, head_dim=16, mamba_n_heads=4, mamba_d_head=16, mamba_d_ssm=64,
+                                    mamba_n_groups=2, mamba_d_state=16, mamba_chunk_size=8, mamba_rms_norm=True,
+                                    key_multiplier=0.7, attention_in_multiplier=1.3, attention_out_multiplier=0.8,
+                                    ssm_in_multiplier=1.2, ssm_out_multiplier=0.9,
+                                    ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.6], mlp_multipliers=[1.4, 0.6],
+                                    embedding_multiplier=2.0, lm_head_multiplier=0.5)),
     # Mamba2: no attention, no MLP; 4 layers of 4 heads of 32 over 2 groups, scan chunks of 8
     "mamba2-ssd": ("mamba2", dict(num_hidden_layers=4, num_heads=4, head_dim=32, expand=2, n_groups=2, state_size=16,
                                   conv_kernel=4, chunk_size=8, layer_norm_epsilon=1e-5)),
@@ -167,13 +174,13 @@ NO_TENSOR_PARALLEL = {"gpt-oss"}
 # The variants whose layers keep a recurrent state: the fused native step, speculative decoding and tensor
 # parallelism refuse them (they run the modules path, one token at a time).
 RECURRENT = frozenset({"lfm2-conv", "qwen3_5-delta", "granite4h-mamba", "mamba2-ssd", "granite4h-moe", "lfm2-moe", "qwen3_5-moe",
-                       "qwen3_next"})
+                       "qwen3_next", "falcon_h1"})
 
 
 # The hybrid architectures whose random-init norms (and Mamba2 / delta-rule parameters) build_hf_model scatters: the
 # centre of their norm weights (1: a plain RMSNorm's; 0: a (1 + w) norm's, or a plain one drawn about 0 as before).
 HYBRIDS = {"lfm2": 1.0, "lfm2_moe": 1.0, "qwen3_5": 0.0, "qwen3_5_moe": 0.0, "qwen3_next": 0.0,
-           "granitemoehybrid": 0.0, "mamba2": 0.0}
+           "granitemoehybrid": 0.0, "falcon_h1": 1.0, "mamba2": 0.0}
 
 
 def declared(name: str):  # noqa: ANN201
@@ -206,6 +213,7 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "lfm2_moe": (transformers.Lfm2MoeConfig, transformers.Lfm2MoeForCausalLM),
         "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM),
         "qwen3_next": (transformers.Qwen3NextConfig, transformers.Qwen3NextForCausalLM),
+        "falcon_h1": (transformers.FalconH1Config, transformers.FalconH1ForCausalLM),
         "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
         "granitemoehybrid": (transformers.GraniteMoeHybridConfig, transformers.GraniteMoeHybridForCausalLM),
         "mamba2": (transformers.Mamba2Config, transformers.Mamba2ForCausalLM),
