@@ -187,6 +187,9 @@ class ModelConfig:
     # Falcon-H1: attention and Mamba2 side by side in each layer (its layer i is our layers 2i: the Mamba2 mixer,
     # and 2i + 1: the attention), with its µP multipliers; None elsewhere.
     mup: MupConfig | None = None
+    # Nemotron-H: the checkpoint's layers, one character each ('M' Mamba2, '*' attention, '-' MLP; its
+    # hybrid_override_pattern); our layers are its mixers, each with the MLP after it (model/nemotron_h.py)
+    layer_pattern: str = ""
 
     def layer(self, i: int) -> LayerKind:
         """Layer i's kind (full attention with the model's RoPE when the config names none)."""

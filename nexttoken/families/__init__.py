@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from . import (exaone, falcon_h1, gemma, gemma4, glm, gpt_oss, granite, granite_hybrid, lfm2, lfm2_moe, llama, mamba2, mixtral, olmo, olmo3,
+from . import (exaone, falcon_h1, gemma, gemma4, glm, gpt_oss, granite, granite_hybrid, lfm2, lfm2_moe, llama, mamba2, mixtral, nemotron_h, olmo, olmo3,
                phi3, qwen, qwen3_next, qwen35, qwen35_moe, smollm3)
 from .base import (CONVOLUTION, FULL, LINEAR_ATTENTION, LOCAL_SLIDING, MIXERS, NOPE, RECURRENT_FEATURES,
                    RECURRENT_REFUSED, SLIDING, STATE_SPACE, Family, GGUFMeta, LayerKind)
@@ -22,6 +22,7 @@ FAMILIES: tuple[Family, ...] = (
     gpt_oss.GPT_OSS,
     lfm2.LFM2, qwen35.QWEN3_5, granite_hybrid.GRANITE_HYBRID, mamba2.MAMBA2, lfm2_moe.LFM2_MOE,
     qwen35_moe.QWEN3_5_MOE, qwen3_next.QWEN3_NEXT, falcon_h1.FALCON_H1,
+    nemotron_h.NEMOTRON_H,
 )
 BY_ARCHITECTURE = MappingProxyType({f.architecture: f for f in FAMILIES})
 BY_MODEL_TYPE = MappingProxyType({t: f for f in FAMILIES for t in f.model_types})

@@ -137,6 +137,10 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                                     ssm_in_multiplier=1.2, ssm_out_multiplier=0.9,
                                     ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.6], mlp_multipliers=[1.4, 0.6],
                                     embedding_multiplier=2.0, lm_head_multiplier=0.5)),
+    # Nemotron-H: Mamba2, MLP, attention (NoPE), MLP, Mamba2: each layer one of them; relu^2 MLPs
+    "nemotron_h": ("nemotron_h", dict(hybrid_override_pattern="M-*-M", head_dim=16, mamba_num_heads=4,
+                                      mamba_head_dim=32, n_groups=2, ssm_state_size=16, chunk_size=8,
+                                      layer_norm_epsilon=1e-5)),
     # Mamba2: no attention, no MLP; 4 layers of 4 heads of 32 over 2 groups, scan chunks of 8
     "mamba2-ssd": ("mamba2", dict(num_hidden_layers=4, num_heads=4, head_dim=32, expand=2, n_groups=2, state_size=16,
                                   conv_kernel=4, chunk_size=8, layer_norm_epsilon=1e-5)),
@@ -174,13 +178,13 @@ NO_TENSOR_PARALLEL = {"gpt-oss"}
 # The variants whose layers keep a recurrent state: the fused native step, speculative decoding and tensor
 # parallelism refuse them (they run the modules path, one token at a time).
 RECURRENT = frozenset({"lfm2-conv", "qwen3_5-delta", "granite4h-mamba", "mamba2-ssd", "granite4h-moe", "lfm2-moe", "qwen3_5-moe",
-                       "qwen3_next", "falcon_h1"})
+                       "qwen3_next", "falcon_h1", "nemotron_h"})
 
 
 # The hybrid architectures whose random-init norms (and Mamba2 / delta-rule parameters) build_hf_model scatters: the
 # centre of their norm weights (1: a plain RMSNorm's; 0: a (1 + w) norm's, or a plain one drawn about 0 as before).
 HYBRIDS = {"lfm2": 1.0, "lfm2_moe": 1.0, "qwen3_5": 0.0, "qwen3_5_moe": 0.0, "qwen3_next": 0.0,
-           "granitemoehybrid": 0.0, "falcon_h1": 1.0, "mamba2": 0.0}
+           "granitemoehybrid": 0.0, "falcon_h1": 1.0, "nemotron_h": 0.0, "mamba2": 0.0}
 
 
 def declared(name: str):  # noqa: ANN201
@@ -214,6 +218,7 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM),
         "qwen3_next": (transformers.Qwen3NextConfig, transformers.Qwen3NextForCausalLM),
         "falcon_h1": (transformers.FalconH1Config, transformers.FalconH1ForCausalLM),
+        "nemotron_h": (transformers.NemotronHConfig, transformers.NemotronHForCausalLM),
         "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
         "granitemoehybrid": (transformers.GraniteMoeHybridConfig, transformers.GraniteMoeHybridForCausalLM),
         "mamba2": (transformers.Mamba2Config, transformers.Mamba2ForCausalLM),
