@@ -16,13 +16,13 @@ from nexttoken.config import ModelConfig
 from nexttoken.families import CONVOLUTION, FULL, LINEAR_ATTENTION, NOPE, STATE_SPACE, features_table
 from nexttoken.model import ForwardBatch, fused, load_model
 from nexttoken.model.recurrent import delta_rule, ssd
-from support.tiny_models import BASE, RECURRENT, VARIANTS, build_hf_model, save_variant
+from support.tiny_models import BASE, HYBRID_FAMILIES, RECURRENT, VARIANTS, build_hf_model, save_variant
 
 PROMPTS = torch.tensor([[1, 5, 17, 33, 9, 60], [1, 40, 41, 42, 43, 44], [1, 90, 3, 3, 8, 12]])
 LONG = [1] + [(7 * i + 3) % 95 + 1 for i in range(69)]  # > 64 tokens: two chunks of the parallel form
 
 
-@pytest.fixture(scope="module", params=sorted(RECURRENT))
+@pytest.fixture(scope="module", params=sorted(RECURRENT - HYBRID_FAMILIES))
 def pair(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     hf = save_variant(request.param, folder)

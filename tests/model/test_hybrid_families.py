@@ -1,0 +1,121 @@
+"""Issue 41's other hybrid families against transformers 5.24 on the same random weights: Granite 4.0-H with experts,
+LFM2-MoE, Qwen3.5-MoE, Qwen3-Next (delta-rule projections grouped per key head, MoE with a gated shared expert),
+Falcon-H1 (attention and Mamba2 side by side in each layer, µP multipliers) and Nemotron-H (each layer one of Mamba2,
+attention, squared-ReLU MLP). Per family: config reading, every position's logits, chunked prefill with chunk sizes
+1, 7 and 64 leaving the state of one pass, greedy and seeded tokens through `nexttoken.generate`, and greedy tokens
+through the engine (a mixed batch, the long prompt prefilled in chunks of 7 while the other decodes) and
+`nexttoken.load`. (LFM2, Qwen3.5, dense Granite 4.0-H and Mamba2: test_hybrid_models.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nexttoken
+from nexttoken.config import ModelConfig
+from nexttoken.engine import EngineConfig, LLMEngine
+from nexttoken.errors import ModelLoadError
+from nexttoken.families import CONVOLUTION, FULL, LINEAR_ATTENTION, NOPE, STATE_SPACE
+from nexttoken.generation.config import GenerationConfig
+from nexttoken.model import ForwardBatch, load_model
+from support.tiny_models import HYBRID_FAMILIES, save_variant
+
+LONG = [1] + [(7 * i + 3) % 95 + 1 for i in range(69)]  # > 64 tokens: two chunks of the delta rule's parallel form
+SHORT = [1, 5, 17, 33, 9, 60, 7, 7, 21]
+PROMPTS = torch.tensor([[1, 5, 17, 33, 9, 60], [1, 40, 41, 42, 43, 44], [1, 90, 3, 3, 8, 12]])
+NEW = 8
+GREEDY = dict(max_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0)
+SAMPLED = dict(max_new_tokens=NEW, do_sample=True, temperature=0.9, top_k=20, eos_token_id=None, pad_token_id=0)
+
+
+@pytest.fixture(scope="module", params=sorted(HYBRID_FAMILIES))
+def case(request, tmp_path_factory):
+    """(ours, folder, transformers' answers: logits of LONG, greedy continuations of SHORT and LONG, seeded samples
+    of PROMPTS; and ours of LONG in one pass: its logits and the cache it leaves)."""
+    folder = tmp_path_factory.mktemp(request.param)
+    hf = save_variant(request.param, folder)
+    with torch.no_grad():
+        logits = hf(torch.tensor([LONG])).logits[0]
+    greedy = [hf.generate(torch.tensor([p]), **GREEDY)[0, len(p):].tolist() for p in (SHORT, LONG)]
+    torch.manual_seed(77)
+    sampled = hf.generate(PROMPTS, **SAMPLED)
+    model = load_model(folder)
+    return model, folder, {"logits": logits, "greedy": greedy, "sampled": sampled,
+                           "one_pass": _prefill(model, LONG, len(LONG))}
+
+
+def _prefill(model, ids: list[int], chunk: int) -> tuple[torch.Tensor, object]:
+    """(T, V) logits of every position of `ids` prefilled in chunks of `chunk`, and the cache left behind."""
+    cache = model.new_cache(1, len(ids) + 1)
+    valid = torch.ones(1, len(ids) + 1, dtype=torch.bool)
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(ids), chunk):
+            end = min(start + chunk, len(ids))
+            cols = torch.arange(start, end)[None]
+            batch = ForwardBatch.build(cols, cols, valid, end, write_start=start, last_only=False)
+            out.append(model(torch.tensor([ids[start:end]]), batch, cache)[0])
+    return torch.cat(out), cache
+
+
+def test_configs_read_as_transformers_builds_them() -> None:
+    """transformers' own configs of each family: the layer kinds, the experts, the multipliers, the refusals."""
+    import transformers
+
+    granite = ModelConfig.from_dict(transformers.GraniteMoeHybridConfig(num_hidden_layers=2).to_dict())
+    assert granite.moe.num_experts == 8 and granite.moe.shared_intermediate_size == 1024 and not granite.moe.shared_gate
+    lfm = ModelConfig.from_dict(transformers.Lfm2MoeConfig(num_hidden_layers=4, layer_types=[
+        "conv", "full_attention", "conv", "conv"]).to_dict())
+    assert lfm.layers == (CONVOLUTION, FULL, CONVOLUTION, CONVOLUTION) and lfm.intermediate_size == 7168
+    assert lfm.moe.sparse_layers == (False, False, True, True) and lfm.moe.correction_bias  # num_dense_layers 2
+    qwen = ModelConfig.from_dict(transformers.Qwen3_5MoeTextConfig(num_hidden_layers=4).to_dict())
+    assert qwen.layers == (LINEAR_ATTENTION,) * 3 + (FULL,) and qwen.moe.shared_gate and all(qwen.moe.sparse_layers)
+    nxt = ModelConfig.from_dict(transformers.Qwen3NextConfig(num_hidden_layers=4).to_dict())
+    assert nxt.recurrent.linear_grouped_by_key_head and nxt.moe.num_experts == 512 and nxt.norm_plus_one
+    falcon = ModelConfig.from_dict(transformers.FalconH1Config(num_hidden_layers=3, mamba_d_ssm=None, mamba_n_heads=64,
+                                                               mamba_d_head=128).to_dict())
+    assert falcon.num_hidden_layers == 6 and falcon.layers == (STATE_SPACE, FULL) * 3  # two of ours per layer
+    nemotron = ModelConfig.from_dict(transformers.NemotronHConfig(hybrid_override_pattern="M-M*-M").to_dict())
+    assert nemotron.layers == (STATE_SPACE, STATE_SPACE, NOPE, STATE_SPACE) and nemotron.layer_pattern == "M-M*-M"
+    with pytest.raises(ModelLoadError, match="MoE layers .* not supported"):
+        ModelConfig.from_dict(transformers.NemotronHConfig(hybrid_override_pattern="ME*E").to_dict())
+
+
+def test_logits_equal_transformers(case) -> None:
+    """Every position of a 70-token prompt (the parallel forms over several chunks) within float32 rounding."""
+    _, _, want = case
+    got, _ = want["one_pass"]
+    assert torch.allclose(got, want["logits"], atol=1e-4, rtol=1e-4), (got - want["logits"]).abs().max()
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_chunked_prefill_leaves_the_state_of_one_pass(case, chunk: int) -> None:
+    """Chunks of 1 (the one-step recurrence), 7 or 64 tokens leave the recurrent state and K/V of one pass, within
+    float tolerance, and the same logits."""
+    model, _, want = case
+    whole, ref = want["one_pass"]
+    got, cache = _prefill(model, LONG, chunk)
+    assert torch.allclose(got, whole, atol=1e-4, rtol=1e-4)
+    assert ref.states.tensors.keys() == cache.states.tensors.keys() and ref.states.tensors
+    for layer, tensors in ref.states.tensors.items():
+        for a, b in zip(tensors, cache.states.tensors[layer]):
+            assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), (layer, (a - b).abs().max())
+    assert torch.allclose(ref.k, cache.k, atol=1e-4, rtol=1e-4)
+
+
+def test_generate_greedy_and_seeded_equal_transformers(case) -> None:
+    model, _, want = case
+    assert nexttoken.generate(model, torch.tensor([SHORT]), **GREEDY)[0, len(SHORT):].tolist() == want["greedy"][0]
+    assert torch.equal(nexttoken.generate(model, PROMPTS, seed=77, **SAMPLED), want["sampled"])
+
+
+def test_engine_and_load_greedy_equal_transformers(case) -> None:
+    """The engine on a mixed batch (the 70-token prompt prefilled in chunks of 7 while the short one decodes), and
+    `nexttoken.load` of the folder."""
+    model, folder, want = case
+    engine = LLMEngine(model, None, EngineConfig(max_num_seqs=2, chunk_size=7, max_num_batched_tokens=16))
+    assert len(engine.runner.states.tensors) == sum(
+        not model.config.layer(i).keeps_kv for i in range(model.config.num_hidden_layers))
+    seqs = engine.generate([SHORT, LONG], GenerationConfig(max_new_tokens=NEW, do_sample=False, eos_token_id=None))
+    assert [s.output_ids for s in seqs] == want["greedy"]
+    assert nexttoken.load(folder).generate(SHORT, max_new_tokens=NEW, ignore_eos=True).token_ids == want["greedy"][0]
