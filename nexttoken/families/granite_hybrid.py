@@ -64,6 +64,7 @@ def _gguf(g: GGUFMeta, cfg: dict[str, Any]) -> dict[str, Any]:
     heads, inner = int(g.get("ssm.time_step_rank")), int(g.get("ssm.inner_size"))
     first = next((i for i, k in enumerate(kv) if not k), 0)
     return {"layer_types": ["attention" if k else "mamba" for k in kv], "num_local_experts": int(g.get("expert_count", 0)),
+            "num_experts_per_tok": int(g.get("expert_used_count") or 0),
             "shared_intermediate_size": int(g.get("expert_shared_feed_forward_length") or cfg["intermediate_size"]),
             "mamba_n_heads": heads, "mamba_d_head": inner // heads, "mamba_expand": inner // hidden,
             "mamba_d_state": int(g.get("ssm.state_size")), "mamba_n_groups": int(g.get("ssm.group_count", 1)),

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ModelLoadError
-from .base import Family
-from .lfm2 import LFM2, _lfm2
+from .base import Family, GGUFMeta
+from .lfm2 import LFM2, _gguf as _lfm2_gguf, _lfm2
 
 
 def _lfm2_moe(raw: dict[str, Any], source: str, layers: int) -> dict[str, Any]:
@@ -28,11 +28,24 @@ def _lfm2_moe(raw: dict[str, Any], source: str, layers: int) -> dict[str, Any]:
     return out
 
 
+def _gguf(g: GGUFMeta, cfg: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's lfm2moe keys: LFM2's, the experts' counts and width, the dense layers before them; the expert bias
+    where the file has it (blk.N.exp_probs_b)."""
+    dense = int(g.get("leading_dense_block_count", 0))
+    return {**_lfm2_gguf(g, cfg), "intermediate_size": cfg["intermediate_size"], "num_dense_layers": dense,
+            "num_experts": int(g.get("expert_count")), "num_experts_per_tok": int(g.get("expert_used_count")),
+            "moe_intermediate_size": int(g.get("expert_feed_forward_length")),
+            "norm_topk_prob": bool(g.get("expert_weights_norm", True)),
+            "routed_scaling_factor": float(g.get("expert_weights_scale") or 1.0),
+            "use_expert_bias": f"blk.{dense}.exp_probs_b.bias" in g.tensors}
+
+
 LFM2_MOE = Family(
     "Lfm2MoeForCausalLM", ("lfm2_moe",), "LFM2-8B-A1B",
     "LFM2's short-convolution and attention layers; after the first `num_dense_layers`, a sparse MLP: sigmoid "
     "router, top k by score + `expert_bias`, weights renormalised",
-    read=_lfm2_moe, tensor_parallel=False, lora=False,
+    read=_lfm2_moe, tensor_parallel=False, lora=False, gguf="lfm2moe", read_gguf=_gguf,
+    gguf_aliases=LFM2.gguf_aliases,
     moe_prefix="feed_forward.", expert_names=("w1", "w3", "w2"),
     renames=LFM2.renames + ((r"\.feed_forward\.expert_bias$", ".feed_forward.gate.e_score_correction_bias"),),
     state=LFM2.state,

@@ -119,3 +119,45 @@ def test_engine_and_load_greedy_equal_transformers(case) -> None:
     seqs = engine.generate([SHORT, LONG], GenerationConfig(max_new_tokens=NEW, do_sample=False, eos_token_id=None))
     assert [s.output_ids for s in seqs] == want["greedy"]
     assert nexttoken.load(folder).generate(SHORT, max_new_tokens=NEW, ignore_eos=True).token_ids == want["greedy"][0]
+
+
+# ---- GGUF, as llama.cpp's converter writes it ------------------------------------------------------------------
+
+# Real-tokenizer variants for llama.cpp's converter: vocab_size covering Qwen2.5's tokenizer, a narrower model. As
+# the released checkpoints: Granite 4.0-H without RoPE; LFM2-MoE's routed_scaling_factor 1 (the converter writes none).
+GGUF_VARIANTS = {
+    "granite4h-moe": dict(vocab_size=151680, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                          mamba_d_head=16, position_embedding_type=None),
+    "lfm2-moe": dict(vocab_size=151680, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                     routed_scaling_factor=1.0),
+}
+
+
+@pytest.mark.parametrize("outtype", ["f32", "q8_0"])
+@pytest.mark.parametrize("variant", sorted(GGUF_VARIANTS))
+def test_gguf_from_llama_cpps_converter(variant: str, outtype: str, tmp_path, shared_dir) -> None:
+    """A tiny Granite 4.0-H with experts / LFM2-MoE over Qwen2.5's real tokenizer, converted by llama.cpp's
+    convert_hf_to_gguf.py: the stacked experts (ffn_*_exps), the shared expert (ffn_*_shexp), the router, LFM2-MoE's
+    expert bias (exp_probs_b) and dense first layers read back to the folder's model. An f32 file gives the folder's
+    tokens; a Q8_0 file, loaded by default, gives its own dequantized run's."""
+    import json
+
+    from support.llama_cpp import convert, with_tokenizer
+    from support.tiny_models import VARIANTS, build_hf_model
+
+    arch, overrides = VARIANTS[variant]
+    hf = build_hf_model(arch, **{**overrides, **GGUF_VARIANTS[variant]})
+    hf.save_pretrained(tmp_path)
+    if arch == "granitemoehybrid":  # the converter reads the released checkpoints' layer names, not transformers 5's
+        raw = json.loads((tmp_path / "config.json").read_text())
+        raw["layer_types"] = ["mamba" if t == "linear_attention" else "attention" for t in raw["layer_types"]]
+        (tmp_path / "config.json").write_text(json.dumps(raw))
+    with_tokenizer(tmp_path, shared_dir / "tokenizers" / "qwen2.5-instruct")
+    path = convert(tmp_path, tmp_path / f"{variant}.gguf", outtype)
+    ids = [5, 17, 33, 8, 61, 2, 40, 12]
+    exact = nexttoken.load(path, dequantize=True)
+    assert exact.model.config.moe == load_model(tmp_path).config.moe
+    got = exact.generate(ids, max_new_tokens=NEW, ignore_eos=True).token_ids
+    if outtype == "f32":
+        assert got == hf.generate(torch.tensor([ids]), **GREEDY)[0, len(ids):].tolist()
+    assert nexttoken.load(path).generate(ids, max_new_tokens=NEW, ignore_eos=True).token_ids == got
