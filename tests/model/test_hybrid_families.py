@@ -161,3 +161,21 @@ def test_gguf_from_llama_cpps_converter(variant: str, outtype: str, tmp_path, sh
     if outtype == "f32":
         assert got == hf.generate(torch.tensor([ids]), **GREEDY)[0, len(ids):].tolist()
     assert nexttoken.load(path).generate(ids, max_new_tokens=NEW, ignore_eos=True).token_ids == got
+
+
+def test_a_vision_language_qwen3_5_moe_checkpoint_loads_its_text_model(tmp_path) -> None:
+    """Qwen3.5-MoE's released checkpoints are Qwen3_5MoeForConditionalGeneration: the text model from `text_config`
+    and `model.language_model.*`, the vision tower left out; its text tokens are transformers' own model's."""
+    import transformers
+    from support.tiny_models import BASE, VARIANTS
+
+    _, text = VARIANTS["qwen3_5-moe"]
+    cfg = transformers.Qwen3_5MoeConfig(text_config={**BASE, **text}, vision_config=dict(
+        depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64))
+    torch.manual_seed(0)
+    hf = transformers.Qwen3_5MoeForConditionalGeneration(cfg).eval()
+    hf.save_pretrained(tmp_path)
+    model = load_model(tmp_path)
+    assert model.config.architecture == "Qwen3_5MoeForCausalLM" and model.config.moe.num_experts == 4
+    ids = torch.tensor([SHORT])
+    assert torch.equal(nexttoken.generate(model, ids, **GREEDY), hf.generate(input_ids=ids, **GREEDY))
