@@ -121,6 +121,16 @@ def test_engine_and_load_greedy_equal_transformers(case) -> None:
     assert nexttoken.load(folder).generate(SHORT, max_new_tokens=NEW, ignore_eos=True).token_ids == want["greedy"][0]
 
 
+def test_preempted_requests_give_their_tokens(case) -> None:
+    """A pool too small for both: one is preempted, recomputed (its state rebuilt from zero) and gives the tokens
+    transformers gives."""
+    model, _, want = case
+    engine = LLMEngine(model, None, EngineConfig(max_num_seqs=2, chunk_size=16, block_size=4, num_kv_blocks=22))
+    seqs = engine.generate([SHORT, LONG], GenerationConfig(max_new_tokens=NEW, do_sample=False, eos_token_id=None))
+    assert engine.scheduler.num_preemptions > 0
+    assert [s.output_ids for s in seqs] == want["greedy"]
+
+
 # ---- GGUF, as llama.cpp's converter writes it ------------------------------------------------------------------
 
 # Real-tokenizer variants for llama.cpp's converter: vocab_size covering Qwen2.5's tokenizer, a narrower model. As
