@@ -1,4 +1,4 @@
-"""Qwen3-Next (Qwen3-Next-80B-A3B; transformers' qwen3_next): Qwen3.5's layout before Qwen3.5 (families/qwen35.py:
+"""Qwen3-Next (Qwen3-Next-80B-A3B; transformers' qwen3_next): the layout Qwen3.5 took over (families/qwen35.py:
 three gated-DeltaNet layers before each attention layer whose output is gated by sigmoid(a second half of q_proj's
 rows per head), per-head q/k norms, partial RoPE, every RMSNorm zero-centred: x (1 + w)), the delta rule's input
 projections as in_proj_qkvz / in_proj_ba with their rows grouped per key head (read into Qwen3.5's order at load),
