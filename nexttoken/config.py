@@ -74,6 +74,7 @@ class MoeConfig:
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
     shared_gate: bool = True  # Qwen2-MoE's sigmoid(shared_expert_gate(x)) on the shared expert
+    topk_norm_eps: float = 1e-20  # the sigmoid router's renormalisation: w / (sum w + eps) (LFM2-MoE: 1e-6)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,9 @@ class RecurrentConfig:
     linear_num_value_heads: int = 0
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
+    # Qwen3-Next: in_proj_qkvz / in_proj_ba rows grouped per key head ([q k v z] and [b a] of each), read into
+    # Qwen3.5's [q; k; v; z; b; a] order at load (delta_rule.GatedDeltaNet)
+    linear_grouped_by_key_head: bool = False
     # Mamba2's SSD (Granite 4.0-H, Falcon-H1, Nemotron-H, Mamba2): heads x head dim = the inner width, state size,
     # groups of B / C, the scan's chunk, biases, dt's clamp, the gated norm's groups (n_groups: per group)
     mamba_num_heads: int = 0
@@ -98,6 +102,21 @@ class RecurrentConfig:
     mamba_proj_bias: bool = False
     time_step_limit: tuple[float, float] = (0.0, float("inf"))
     mamba_norm_groups: int = 1
+
+
+@dataclass(frozen=True)
+class MupConfig:
+    """Falcon-H1's µP multipliers (model/falcon_h1.py): its keys', each branch's input and output, the five parts of
+    the Mamba2 in_proj's output (z, x, B, C, dt) and the MLP's gate and down projections."""
+
+    key: float = 1.0
+    attention_in: float = 1.0
+    attention_out: float = 1.0
+    ssm_in: float = 1.0
+    ssm_out: float = 1.0
+    ssm: tuple[float, float, float, float, float] = (1.0, 1.0, 1.0, 1.0, 1.0)
+    mlp: tuple[float, float] = (1.0, 1.0)
+    mamba_rms_norm: bool = True  # the Mamba2 output normed (then gated: norm_before_gate) or only gated
 
 
 @dataclass(frozen=True)
@@ -165,6 +184,12 @@ class ModelConfig:
     double_wide_mlp: bool = False
     per_layer_input: int = 0
     per_layer_vocab: int = 0
+    # Falcon-H1: attention and Mamba2 side by side in each layer (its layer i is our layers 2i: the Mamba2 mixer,
+    # and 2i + 1: the attention), with its µP multipliers; None elsewhere.
+    mup: MupConfig | None = None
+    # Nemotron-H: the checkpoint's layers, one character each ('M' Mamba2, '*' attention, '-' MLP; its
+    # hybrid_override_pattern); our layers are its mixers, each with the MLP after it (model/nemotron_h.py)
+    layer_pattern: str = ""
 
     def layer(self, i: int) -> LayerKind:
         """Layer i's kind (full attention with the model's RoPE when the config names none)."""
@@ -238,6 +263,7 @@ class ModelConfig:
         intermediate = switches.pop("intermediate_size", None)  # LFM2 derives its own from block_ff_dim
         local = switches.pop("rope_local", None)
         moe = switches.pop("moe", None)
+        mup = switches.pop("mup", None)
         fields = dict(
             architecture=family.architecture,
             vocab_size=int(need("vocab_size")),
@@ -261,9 +287,10 @@ class ModelConfig:
             rope_local=None if local is None else _rope_config(local, source, head_dim),
             moe=None if moe is None else _moe_config(moe, source),
             recurrent=None if recurrent is None else RecurrentConfig(**recurrent),
+            mup=None if mup is None else MupConfig(**mup),
         )
         cfg = cls(**(fields | switches))  # a family's switches override the shared reading (GLM's attention_bias)
-        if len(cfg.layers) != layers:
+        if len(cfg.layers) != cfg.num_hidden_layers:  # (Falcon-H1 declares two of ours per layer of its own)
             raise ModelLoadError(f"{source}: {len(cfg.layers)} layer kinds for num_hidden_layers={layers}")
         if cfg.hidden_act not in SUPPORTED_ACTIVATIONS:
             raise ModelLoadError(f"{source}: hidden activation {cfg.hidden_act!r} is not supported; "

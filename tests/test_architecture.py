@@ -107,7 +107,10 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "fused": {"arithmetic", "batch", "cache", "kernels", "layers", "linear", "moe", "native_abi", "quant"},
         "llama": {"arithmetic", "batch", "cache", "fused", "layers", "linear", "recurrent", "rope", "state"},
         "gemma4": {"batch", "cache", "kernels", "layers", "linear", "llama", "rope", "state"},  # Gemma 4's own decoder
-        "network": {"arithmetic", "gemma4", "llama"},  # the network a family declares
+        # issue 41's hybrids with decoders of their own: Falcon-H1 (attention and Mamba2 side by side), Nemotron-H
+        "falcon_h1": {"arithmetic", "batch", "layers", "llama", "recurrent", "state"},
+        "nemotron_h": {"arithmetic", "batch", "layers", "linear", "llama", "recurrent", "state"},
+        "network": {"arithmetic", "falcon_h1", "gemma4", "llama", "nemotron_h"},  # the network a family declares
         "parallel": {"linear", "memory", "moe", "quant"},
         "vision": set(),  # issue 43: vision towers and projectors, a module per vision kind
         "weights": {"arithmetic", "gemma4", "linear", "llama", "memory", "moe", "network", "parallel", "quant",

@@ -34,7 +34,7 @@ class MoE(nn.Module):
         self.shared_gate = KeptLinear(cfg.hidden_size, 1, bias=False) if gated else None
         # GLM-4 MoE's sigmoid router (see route): a float32 per-expert bias that moves the choice, not the weights
         self.scoring, self.groups, self.topk_group = moe.scoring, moe.n_group, moe.topk_group
-        self.routed_scale = moe.routed_scaling_factor
+        self.routed_scale, self.norm_eps = moe.routed_scaling_factor, moe.topk_norm_eps
         self.correction = nn.Parameter(torch.zeros(moe.num_experts)) if moe.correction_bias else None
         # Tensor parallelism (model/parallel.py): sums the ranks' partial outputs, once per layer; None: one process.
         self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -68,7 +68,7 @@ class MoE(nn.Module):
         chosen = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)[1]  # (N, k), transformers' call
         weights = scores.gather(1, chosen)
         if self.norm_topk:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + self.norm_eps)
         return weights * self.routed_scale, chosen
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

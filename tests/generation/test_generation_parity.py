@@ -7,12 +7,12 @@ import torch
 
 from nexttoken.generation import generate
 from nexttoken.model import load_model
-from support.tiny_models import PROMPTS, VARIANTS, left_padded, save_variant
+from support.tiny_models import HYBRID_FAMILIES, PROMPTS, VARIANTS, left_padded, save_variant
 
 
 # transformers' Mamba2 keeps its layers under `backbone`, not `model` (read below): its parity, greedy, seeded and
-# left-padded, is tests/model/test_hybrid_models.py's
-@pytest.fixture(scope="module", params=sorted(set(VARIANTS) - {"mamba2-ssd"}))
+# left-padded, is tests/model/test_hybrid_models.py's; the later hybrid families' is test_hybrid_families.py's
+@pytest.fixture(scope="module", params=sorted(set(VARIANTS) - {"mamba2-ssd"} - HYBRID_FAMILIES))
 def pair(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
     hf = save_variant(request.param, directory)

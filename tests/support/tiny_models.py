@@ -107,6 +107,40 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         shared_intermediate_size=96, mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2, mamba_d_state=16,
         mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8, embedding_multiplier=3.0, attention_multiplier=0.2,
         residual_multiplier=0.5, logits_scaling=4.0)),
+    # Granite 4.0-H with experts (Tiny / Small): 4 experts (top 2) beside the shared MLP on every layer, RoPE on
+    "granite4h-moe": ("granitemoehybrid", dict(
+        num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"], num_local_experts=4, num_experts_per_tok=2,
+        intermediate_size=32, shared_intermediate_size=48, mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2,
+        mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8, position_embedding_type="rope",
+        embedding_multiplier=2.0, attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=2.0)),
+    # LFM2-MoE: a dense first layer, then 4 experts (top 2) by sigmoid score + expert bias, renormalised, scaled
+    "lfm2-moe": ("lfm2_moe", dict(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
+                                  num_dense_layers=1, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                  routed_scaling_factor=1.5, norm_eps=1e-5, tie_word_embeddings=True)),
+    # Qwen3.5-MoE: a gated-DeltaNet layer and a gated attention layer, each with 4 experts (top 2) and a gated shared one
+    "qwen3_5-moe": ("qwen3_5_moe", dict(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+                                        head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+                                        linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4,
+                                        num_experts_per_tok=2, moe_intermediate_size=32,
+                                        shared_expert_intermediate_size=48)),
+    # Qwen3-Next: the delta rule's projections grouped per key head, a dense MLP on the first layer (mlp_only_layers)
+    "qwen3_next": ("qwen3_next", dict(num_hidden_layers=3, layer_types=["linear_attention", "linear_attention",
+                                                                       "full_attention"],
+                                      head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+                                      linear_key_head_dim=32, linear_value_head_dim=16, num_experts=4,
+                                      num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=[0],
+                                      shared_expert_intermediate_size=48)),
+    # Falcon-H1: attention and Mamba2 side by side in each of 2 layers, every µP multiplier away from 1
+    "falcon_h1": ("falcon_h1", dict(num_hidden_layers=2, head_dim=16, mamba_n_heads=4, mamba_d_head=16, mamba_d_ssm=64,
+                                    mamba_n_groups=2, mamba_d_state=16, mamba_chunk_size=8, mamba_rms_norm=True,
+                                    key_multiplier=0.7, attention_in_multiplier=1.3, attention_out_multiplier=0.8,
+                                    ssm_in_multiplier=1.2, ssm_out_multiplier=0.9,
+                                    ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.6], mlp_multipliers=[1.4, 0.6],
+                                    embedding_multiplier=2.0, lm_head_multiplier=0.5)),
+    # Nemotron-H: Mamba2, MLP, attention (NoPE), MLP, Mamba2: each layer one of them; relu^2 MLPs
+    "nemotron_h": ("nemotron_h", dict(hybrid_override_pattern="M-*-M", head_dim=16, mamba_num_heads=4,
+                                      mamba_head_dim=32, n_groups=2, ssm_state_size=16, chunk_size=8,
+                                      layer_norm_epsilon=1e-5)),
     # Mamba2: no attention, no MLP; 4 layers of 4 heads of 32 over 2 groups, scan chunks of 8
     "mamba2-ssd": ("mamba2", dict(num_hidden_layers=4, num_heads=4, head_dim=32, expand=2, n_groups=2, state_size=16,
                                   conv_kernel=4, chunk_size=8, layer_norm_epsilon=1e-5)),
@@ -143,7 +177,16 @@ VARIANTS: dict[str, tuple[str, dict]] = {
 NO_TENSOR_PARALLEL = {"gpt-oss"}
 # The variants whose layers keep a recurrent state: the fused native step, speculative decoding and tensor
 # parallelism refuse them (they run the modules path, one token at a time).
-RECURRENT = frozenset({"lfm2-conv", "qwen3_5-delta", "granite4h-mamba", "mamba2-ssd"})
+# The hybrid families after the first four (tests/model/test_hybrid_families.py runs them; the suites of the first
+# four, test_hybrid_models.py, test_hybrid_engine.py and the generation parity suite, leave them out).
+HYBRID_FAMILIES = frozenset({"granite4h-moe", "lfm2-moe", "qwen3_5-moe", "qwen3_next", "falcon_h1", "nemotron_h"})
+RECURRENT = frozenset({"lfm2-conv", "qwen3_5-delta", "granite4h-mamba", "mamba2-ssd"}) | HYBRID_FAMILIES
+
+
+# The hybrid architectures whose random-init norms (and Mamba2 / delta-rule parameters) build_hf_model scatters: the
+# centre of their norm weights (1: a plain RMSNorm's; 0: a (1 + w) norm's, or a plain one drawn about 0 as before).
+HYBRIDS = {"lfm2": 1.0, "lfm2_moe": 1.0, "qwen3_5": 0.0, "qwen3_5_moe": 0.0, "qwen3_next": 0.0,
+           "granitemoehybrid": 0.0, "falcon_h1": 1.0, "nemotron_h": 0.0, "mamba2": 0.0}
 
 
 def declared(name: str):  # noqa: ANN201
@@ -173,6 +216,11 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "smollm3": (transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM),
         "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM),
         "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
+        "lfm2_moe": (transformers.Lfm2MoeConfig, transformers.Lfm2MoeForCausalLM),
+        "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig, transformers.Qwen3_5MoeForCausalLM),
+        "qwen3_next": (transformers.Qwen3NextConfig, transformers.Qwen3NextForCausalLM),
+        "falcon_h1": (transformers.FalconH1Config, transformers.FalconH1ForCausalLM),
+        "nemotron_h": (transformers.NemotronHConfig, transformers.NemotronHForCausalLM),
         "qwen3_5": (transformers.Qwen3_5TextConfig, transformers.Qwen3_5ForCausalLM),
         "granitemoehybrid": (transformers.GraniteMoeHybridConfig, transformers.GraniteMoeHybridForCausalLM),
         "mamba2": (transformers.Mamba2Config, transformers.Mamba2ForCausalLM),
@@ -204,13 +252,16 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
             for name, p in model.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):
                     p.normal_(1.0, 0.5)
-    if arch in ("lfm2", "qwen3_5", "granitemoehybrid", "mamba2"):  # norms at ones or zeros ((1 + w): Qwen3.5), dt_bias at ones
+    if arch in HYBRIDS:  # norms at ones or zeros ((1 + w): Qwen3.5), dt_bias at ones, expert biases at zeros
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if "norm" in name:
-                    p.normal_(1.0 if arch == "lfm2" else 0.0, 0.3)
+                    p.normal_(HYBRIDS[arch], 0.3)
                 elif name.endswith(("dt_bias", "A_log", ".D")):
                     p.uniform_(-1.0, 1.0)
+            for name, b in model.named_buffers():
+                if name.endswith("expert_bias"):
+                    b.normal_(0, 0.3)
     if arch == "gemma4":  # norms, scalars and per-expert scales start at ones; make every one matter
         with torch.no_grad():
             for name, p in model.named_parameters():

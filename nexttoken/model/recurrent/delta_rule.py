@@ -89,8 +89,25 @@ def recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     return out.transpose(1, 2).contiguous().to(dtype), s
 
 
+def grouped_rows(hk: int, hv: int, dk: int, dv: int) -> torch.Tensor:
+    """The row order that takes Qwen3-Next's [in_proj_qkvz; in_proj_ba] (per key head h: q_h, k_h, the r = hv / hk
+    value heads' v then z; then per key head: r b's, r a's) to Qwen3.5's [q; k; v; z; b; a]: an index of rows
+    (transformers' Qwen3NextGatedDeltaNet.fix_query_key_value_ordering, as a permutation)."""
+    r = hv // hk
+    per, ba = 2 * dk + 2 * r * dv, hk * (2 * dk + 2 * r * dv)
+    heads = torch.arange(hk)[:, None]
+
+    def part(base: torch.Tensor, start: int, width: int) -> torch.Tensor:
+        return (base + start + torch.arange(width)).reshape(-1)
+
+    return torch.cat([part(heads * per, 0, dk), part(heads * per, dk, dk), part(heads * per, 2 * dk, r * dv),
+                      part(heads * per, 2 * dk + r * dv, r * dv), part(ba + heads * 2 * r, 0, r),
+                      part(ba + heads * 2 * r, r, r)])
+
+
 class GatedDeltaNet(nn.Module):
-    """Qwen3.5's linear-attention layer. Its four input projections (in_proj_qkv, _z, _b, _a) are one matrix."""
+    """Qwen3.5's linear-attention layer. Its four input projections (in_proj_qkv, _z, _b, _a) are one matrix
+    (Qwen3-Next's two, in_proj_qkvz and _ba, the same matrix with its rows grouped per key head)."""
 
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -107,6 +124,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.empty(self.hv))
         self.norm = nn.Parameter(torch.empty(self.dv))
         self.wo = Linear(value, cfg.hidden_size, bias=False)
+        self.grouped = rec.linear_grouped_by_key_head
 
     @staticmethod
     def state_shapes(cfg: ModelConfig) -> list:
@@ -124,12 +142,22 @@ class GatedDeltaNet(nn.Module):
         C, p = cfg.hidden_size, f"model.layers.{layer}.linear_attn."
         key, value = rec.linear_num_key_heads * rec.linear_key_head_dim, rec.linear_num_value_heads * rec.linear_value_head_dim
         hv = rec.linear_num_value_heads
-        return {"wi.weight": [(p + "in_proj_qkv.weight", (2 * key + value, C)), (p + "in_proj_z.weight", (value, C)),
-                              (p + "in_proj_b.weight", (hv, C)), (p + "in_proj_a.weight", (hv, C))],
+        wi = [(p + "in_proj_qkv.weight", (2 * key + value, C)), (p + "in_proj_z.weight", (value, C)),
+              (p + "in_proj_b.weight", (hv, C)), (p + "in_proj_a.weight", (hv, C))]
+        if rec.linear_grouped_by_key_head:  # Qwen3-Next: the same rows, grouped per key head (grouped_rows)
+            wi = [(p + "in_proj_qkvz.weight", (2 * key + 2 * value, C)), (p + "in_proj_ba.weight", (2 * hv, C))]
+        return {"wi.weight": wi,
                 "conv": [(p + "conv1d.weight", (2 * key + value, 1, rec.conv_kernel))],
                 "dt_bias": [(p + "dt_bias", (hv,))], "A_log": [(p + "A_log", (hv,))],
                 "norm": [(p + "norm.weight", (rec.linear_value_head_dim,))],
                 "wo.weight": [(p + "out_proj.weight", (C, value))]}
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[no-untyped-def]
+        # Qwen3-Next's checkpoint rows grouped per key head: put into our [q; k; v; z; b; a] order once, at load
+        name = prefix + "wi.weight"
+        if self.grouped and name in state_dict:
+            state_dict[name] = state_dict[name][grouped_rows(self.hk, self.hv, self.dk, self.dv)]
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, state: SequenceState, cos: torch.Tensor | None,
                 sin: torch.Tensor | None) -> torch.Tensor:

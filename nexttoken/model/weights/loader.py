@@ -14,9 +14,8 @@ from ...config import ModelConfig
 from ...errors import MissingFileError, ModelLoadError
 from ...families import family
 from ..linear import KeptLinear, Linear
-from .. import gemma4
 from ..llama import Transformer
-from ..network import network, own_checkpoint
+from ..network import checkpoint_of, network, own_checkpoint
 from ..memory import copy_into_arena, empty_in_arena, release_freed_memory
 from ..moe import checkpoint_parts as moe_parts, checkpoint_shapes as moe_shapes
 from ..recurrent import MIXERS as RECURRENT_MIXERS
@@ -109,8 +108,8 @@ def _recurrent(cfg: ModelConfig, layer: int) -> dict[str, list[tuple[str, tuple[
 
 
 def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    if own_checkpoint(cfg):  # a network with checkpoint names of its own (Gemma 4)
-        return gemma4.checkpoint_shapes(cfg)
+    if own_checkpoint(cfg):  # a network with checkpoint names of its own (Gemma 4, Falcon-H1)
+        return checkpoint_of(cfg).checkpoint_shapes(cfg)
     C, I, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * D, cfg.num_key_value_heads * D
     shapes: dict[str, tuple[int, ...]] = {
@@ -198,7 +197,7 @@ def _mtp_layer(cfg: ModelConfig, name: str) -> bool:
     """A checkpoint tensor transformers leaves out too: the multi-token-prediction layers some families store
     after the last layer (GLM-4 MoE's model.layers.{num_hidden_layers}...), Gemma 4's KV-shared layers' k / v."""
     parts = name.split(".")
-    if own_checkpoint(cfg) and gemma4.ignored(cfg, name):  # Gemma 4's KV-shared layers' unused k / v tensors
+    if own_checkpoint(cfg) and checkpoint_of(cfg).ignored(cfg, name):  # Gemma 4's KV-shared layers' unused k / v tensors
         return True
     return (family(cfg.architecture).mtp_layers and len(parts) > 3 and parts[:2] == ["model", "layers"]
             and parts[2].isdigit() and int(parts[2]) >= cfg.num_hidden_layers)
@@ -208,7 +207,7 @@ def state_parts(cfg: ModelConfig, names: set[str] | dict) -> dict[str, list[str]
     """Our module names -> the checkpoint tensors each is made of, concatenated along dim 0 (q/k/v and gate/up
     fused; one name: the tensor as it is). `names`: the checkpoint's tensor names (optional biases)."""
     if own_checkpoint(cfg):
-        return gemma4.checkpoint_parts(cfg)
+        return checkpoint_of(cfg).checkpoint_parts(cfg)
     sd = {"embed.weight": ["model.embed_tokens.weight"], "norm.weight": ["model.norm.weight"]}
     sd["lm_head.weight"] = sd["embed.weight"] if cfg.tie_word_embeddings else ["lm_head.weight"]
     for i in range(cfg.num_hidden_layers):
@@ -308,7 +307,7 @@ def load_model(
     the file straight into its place (reader.py). `dtype` / `quantize`: resolve_precision's rule (by default a
     bf16 checkpoint keeps bf16 weights with float32 activations on CPU); `quantize` is applied here."""
     path, device, cfg = _open_folder(path, device)
-    if family(cfg.architecture).stacked_experts:
+    if family(cfg.architecture).stacked_experts and cfg.moe is not None:  # (dense Granite 4.0-H: no experts)
         return _load_stacked(path, cfg, dtype, device, quantize)
     entries = renamed(cfg, {n: e for n, e in read_headers(safetensors_files(path)).items()
                             if not n.endswith(_IGNORED_SUFFIXES) and not _mtp_layer(cfg, n)})

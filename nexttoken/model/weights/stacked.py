@@ -11,6 +11,12 @@ gpt-oss stores, per layer, under model.layers.{i}.mlp.:
 - router.weight (E, C), router.bias (E,); self_attn.sinks (H,).
 They become mlp.experts.{e}.{gate,up,down}_proj.{weight,bias}, mlp.gate.{weight,bias} and self_attn.sinks.weight
 (llama.cpp's names, so a GGUF file of the same model maps onto the same names).
+
+Granite 4.0-H with experts stores, per layer, block_sparse_moe.input_linear (E, 2I, C): each expert's [gate; up]
+rows; block_sparse_moe.output_linear (E, C, I); block_sparse_moe.router.layer (E, C); and the shared MLP as
+shared_mlp.input_linear (2S, C) = [gate; up], shared_mlp.output_linear (C, S). They become
+block_sparse_moe.experts.{e}.{gate,up,down}_proj.weight, block_sparse_moe.gate.weight and
+block_sparse_moe.shared_expert.{gate,up,down}_proj.weight (the family's renames take block_sparse_moe to mlp).
 """
 
 from __future__ import annotations
@@ -82,6 +88,7 @@ def unstack(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: object) 
         for kind in ("weight", "bias"):
             if p + f"mlp.router.{kind}" in out:
                 out[p + f"mlp.gate.{kind}"] = out.pop(p + f"mlp.router.{kind}")
+        _granite_layer(out, p, E)
         x = p + "mlp.experts."
         gate_up, down = _matrix(out, x + "gate_up_proj", source), _matrix(out, x + "down_proj", source)
         gate_up_bias, down_bias = out.pop(x + "gate_up_proj_bias", None), out.pop(x + "down_proj_bias", None)
@@ -95,6 +102,26 @@ def unstack(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: object) 
             if down_bias is not None:
                 out[f"{x}{e}.down_proj.bias"] = down_bias[e]
     return out
+
+
+def _granite_layer(t: dict[str, torch.Tensor], p: str, experts: int) -> None:
+    """Granite 4.0-H's stacked experts and shared MLP of the layer under prefix p, per expert (module docstring);
+    nothing where the layer has none."""
+    x = p + "block_sparse_moe."
+    gate_up, down = t.pop(x + "input_linear.weight", None), t.pop(x + "output_linear.weight", None)
+    if gate_up is None or down is None:
+        return
+    half = gate_up.shape[1] // 2
+    for e in range(experts):
+        t[f"{x}experts.{e}.gate_proj.weight"], t[f"{x}experts.{e}.up_proj.weight"] = gate_up[e, :half], gate_up[e, half:]
+        t[f"{x}experts.{e}.down_proj.weight"] = down[e]  # (C, I)
+    if x + "router.layer.weight" in t:
+        t[x + "gate.weight"] = t.pop(x + "router.layer.weight")
+    shared = t.pop(p + "shared_mlp.input_linear.weight", None)
+    if shared is not None:
+        s = shared.shape[0] // 2
+        t[x + "shared_expert.gate_proj.weight"], t[x + "shared_expert.up_proj.weight"] = shared[:s], shared[s:]
+        t[x + "shared_expert.down_proj.weight"] = t.pop(p + "shared_mlp.output_linear.weight")
 
 
 def _matrix(t: dict[str, torch.Tensor], name: str, source: object) -> torch.Tensor | None:

@@ -1,0 +1,61 @@
+"""Nemotron-H (NVIDIA's Nemotron-H 4B-56B, Nemotron Nano 2; transformers' nemotron_h): each layer ONE of a Mamba2
+mixer ('M'), attention without RoPE ('*') or a squared-ReLU MLP ('-'), by `hybrid_override_pattern` (transformers
+5's `layers_block_type`: 'linear_attention' / 'full_attention' / 'mlp'), each norm -> it -> residual; `backbone.*`
+names. Its own network (model/nemotron_h.py) pairs each MLP layer with the mixer before it, so our layers are the
+mixers (num_hidden_layers counts them). The MoE layers ('E', Nemotron 3) are refused by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ModelLoadError
+from .base import NOPE, STATE_SPACE, Family
+
+_CHARS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-", "moe": "E"}
+
+
+def _number(value: Any) -> float:
+    return float(value["__float__"] if isinstance(value, dict) else value)
+
+
+def _pattern(raw: dict[str, Any], source: str) -> str:
+    types = raw.get("layers_block_type") or raw.get("layer_types")
+    pattern = "".join(_CHARS.get(t, "?") for t in types) if types else raw.get("hybrid_override_pattern")
+    if not pattern or not set(pattern) <= set("M*-E"):
+        raise ModelLoadError(f"{source}: Nemotron-H needs hybrid_override_pattern (or layers_block_type) of 'M', "
+                             f"'*', '-' per layer, got {pattern or types!r}")
+    if "E" in pattern:
+        raise ModelLoadError(f"{source}: Nemotron-H's MoE layers ('E' in {pattern!r}: Nemotron 3) are not supported "
+                             "yet; the Mamba2 / attention / MLP models (Nemotron-H, Nemotron Nano 2) are")
+    if pattern[0] == "-" or "--" in pattern:
+        raise ModelLoadError(f"{source}: an MLP layer must follow a Mamba2 or attention layer in {pattern!r}")
+    return pattern
+
+
+def _nemotron_h(raw: dict[str, Any], source: str, layers: int) -> dict[str, Any]:
+    pattern = _pattern(raw, source)
+    for key, want in (("mlp_hidden_act", "relu2"), ("mamba_hidden_act", "silu")):
+        if raw.get(key, want) != want:
+            raise ModelLoadError(f"{source}: {key} {raw[key]!r} is not supported (only {want!r})")
+    heads, head_dim = int(raw.get("mamba_num_heads", 128)), int(raw.get("mamba_head_dim", 64))
+    groups = int(raw.get("n_groups", raw.get("mamba_n_groups", 8)))
+    limit = raw.get("time_step_limit") or (0.0, float("inf"))
+    rec = {"conv_kernel": int(raw.get("conv_kernel", 4)), "conv_bias": bool(raw.get("use_conv_bias", True)),
+           "mamba_num_heads": heads, "mamba_head_dim": head_dim, "mamba_state_size": int(raw.get("ssm_state_size", 128)),
+           "mamba_n_groups": groups, "mamba_chunk_size": int(raw.get("chunk_size", 128)),
+           "mamba_proj_bias": bool(raw.get("use_bias", False)),
+           "time_step_limit": (_number(limit[0]), _number(limit[1])), "mamba_norm_groups": groups}
+    mixers = [c for c in pattern if c != "-"]
+    return {"num_hidden_layers": len(mixers), "layers": tuple(STATE_SPACE if c == "M" else NOPE for c in mixers),
+            "layer_pattern": pattern, "recurrent": rec, "rms_norm_eps": float(raw.get("layer_norm_epsilon", 1e-5)),
+            "intermediate_size": int(raw.get("intermediate_size", 21504))}
+
+
+NEMOTRON_H = Family(
+    "NemotronHForCausalLM", ("nemotron_h",), "Nemotron-H (4B-56B), Nemotron Nano 2",
+    "each layer one of a Mamba2 mixer (a convolution window and a head_dim x state_size matrix per head per "
+    "sequence), NoPE attention or a squared-ReLU MLP, by `hybrid_override_pattern`; MoE layers refused",
+    read=_nemotron_h, network="nemotron_h", tensor_parallel=False, lora=False, native_step=False,
+    config_defaults=(("num_hidden_layers", 0),),
+    state="a convolution window and a Mamba2 state matrix per head",
+)
