@@ -141,8 +141,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
 }
 # Variants that run one process only (their declaration refuses tensor parallelism).
 NO_TENSOR_PARALLEL = {"gpt-oss"}
-# The variants whose layers keep a recurrent state: the fused native step, speculative decoding and tensor
-# parallelism refuse them (they run the modules path, one token at a time).
+# The variants whose layers keep a recurrent state: speculative decoding and tensor parallelism refuse them; the
+# fused native step takes them (tests/model/test_fused_recurrent.py).
 RECURRENT = frozenset({"lfm2-conv", "qwen3_5-delta", "granite4h-mamba", "mamba2-ssd"})
 
 
