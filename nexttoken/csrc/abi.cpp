@@ -59,8 +59,8 @@ constexpr Field kFields[] = {
     NT_FIELD(NtModel, logits_scaling), NT_FIELD(NtModel, window), NT_FIELD(NtModel, local_inv_freq),
     NT_FIELD(NtModel, long_inv_freq), NT_FIELD(NtModel, rope_original_max), NT_FIELD(NtModel, rope_scaling),
     NT_FIELD(NtModel, n_experts), NT_FIELD(NtModel, top_k), NT_FIELD(NtModel, norm_topk),
-    NT_FIELD(NtModel, moe_intermediate), NT_FIELD(NtModel, shared_intermediate), NT_FIELD(NtModel, lora_slots),
-    NT_FIELD(NtModel, state_slots), NT_FIELD(NtModel, rotary_dim),
+    NT_FIELD(NtModel, moe_intermediate), NT_FIELD(NtModel, shared_intermediate), NT_FIELD(NtModel, state_slots),
+    NT_FIELD(NtModel, rotary_dim), NT_FIELD(NtModel, lora_slots),
 };
 
 struct Struct {

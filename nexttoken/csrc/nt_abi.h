@@ -137,7 +137,7 @@ struct NtModel {
   double rope_scaling;          // cos and sin times this (LongRoPE's attention factor; 1.0: none)
   int64_t n_experts, top_k, norm_topk;        // MoE layers: route each row to top_k of n_experts (renormalised)
   int64_t moe_intermediate, shared_intermediate;  // an expert's width, the shared expert's (0: none)
-  const int64_t* lora_slots;  // (B,) this call's adapter slot per row (-1: the base alone); NULL: no adapters
   const int64_t* state_slots;  // (B,) this call's recurrent state slot per row; NULL: row b uses slot b
   int64_t rotary_dim;          // the rotated first part of each head (Qwen3.5's partial RoPE); 0: all of head_dim
+  const int64_t* lora_slots;  // (B,) this call's adapter slot per row (-1: the base alone); NULL: no adapters
 };

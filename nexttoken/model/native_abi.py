@@ -103,8 +103,8 @@ class NtModel(ctypes.Structure):
         "embed_mult", "embed_scale", "attn_scale", "attn_softcap", "residual", "final_softcap", "logits_scaling")] + [
         ("window", _i64), ("local_inv_freq", _p), ("long_inv_freq", _p), ("rope_original_max", _i64),
         ("rope_scaling", _f64)] + [(name, _i64) for name in (
-        "n_experts", "top_k", "norm_topk", "moe_intermediate", "shared_intermediate")] + [("lora_slots", _p)] + [
-        ("state_slots", _p), ("rotary_dim", _i64)]
+        "n_experts", "top_k", "norm_topk", "moe_intermediate", "shared_intermediate")] + [
+        ("state_slots", _p), ("rotary_dim", _i64), ("lora_slots", _p)]
 
 
 STRUCTS: tuple[type[ctypes.Structure], ...] = (NtLinear, NtLora, NtExpert, NtLayer, NtModel, NtRecurrent)

@@ -146,7 +146,8 @@ def test_generate_greedy_and_seeded_equal_transformers(pair) -> None:
     """One row and a left-padded batch of three, greedy and seeded; the fused native step takes these models'
     plain decode steps (csrc/recurrent.cpp; tests/model/test_fused_recurrent.py holds it to the modules)."""
     _, hf, model, _ = pair
-    assert (fused.rows_plan(model, model.new_cache(1, 8)) is not None) == kernels.available()
+    with torch.no_grad():
+        assert (fused.rows_plan(model, model.new_cache(1, 8)) is not None) == kernels.available()
     ids = torch.tensor([[1, 5, 17, 33, 9, 60, 7, 7, 21]])
     greedy = dict(max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert torch.equal(nexttoken.generate(model, ids, **greedy), hf.generate(ids, **greedy))
