@@ -104,7 +104,8 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "lora": {"quant"},  # PEFT adapters: read onto the fused matrices, applied per row, merged
         "recurrent": {"batch", "linear", "state"},  # issue 41's layer kinds that keep a state per sequence
         "layers": {"batch", "cache", "linear", "moe", "recurrent", "rope", "state"},
-        "fused": {"arithmetic", "batch", "cache", "kernels", "layers", "linear", "moe", "native_abi", "quant"},
+        "fused": {"arithmetic", "batch", "cache", "kernels", "layers", "linear", "moe", "native_abi", "quant",
+                  "recurrent"},
         "llama": {"arithmetic", "batch", "cache", "fused", "layers", "linear", "recurrent", "rope", "state"},
         "gemma4": {"batch", "cache", "kernels", "layers", "linear", "llama", "rope", "state"},  # Gemma 4's own decoder
         # issue 41's hybrids with decoders of their own: Falcon-H1 (attention and Mamba2 side by side), Nemotron-H

@@ -38,7 +38,15 @@ constexpr Field kFields[] = {
     NT_FIELD(NtLayer, attn_post_norm), NT_FIELD(NtLayer, ffn_post_norm), NT_FIELD(NtLayer, sliding), NT_FIELD(NtLayer, no_rope),
     NT_FIELD(NtLayer, router), NT_FIELD(NtLayer, experts), NT_FIELD(NtLayer, shared),
     NT_FIELD(NtLayer, shared_gate), NT_FIELD(NtLayer, lora_qkv), NT_FIELD(NtLayer, lora_o),
-    NT_FIELD(NtLayer, lora_w13), NT_FIELD(NtLayer, lora_w2),
+    NT_FIELD(NtLayer, lora_w13), NT_FIELD(NtLayer, lora_w2), NT_FIELD(NtLayer, mixer),
+    NT_FIELD(NtLayer, recurrent), NT_FIELD(NtLayer, gated),
+
+    NT_FIELD(NtRecurrent, wi), NT_FIELD(NtRecurrent, wo), NT_FIELD(NtRecurrent, conv),
+    NT_FIELD(NtRecurrent, conv_bias), NT_FIELD(NtRecurrent, dt_bias), NT_FIELD(NtRecurrent, A_log),
+    NT_FIELD(NtRecurrent, D), NT_FIELD(NtRecurrent, norm), NT_FIELD(NtRecurrent, window),
+    NT_FIELD(NtRecurrent, state), NT_FIELD(NtRecurrent, channels), NT_FIELD(NtRecurrent, kernel),
+    NT_FIELD(NtRecurrent, heads), NT_FIELD(NtRecurrent, groups), NT_FIELD(NtRecurrent, head_k),
+    NT_FIELD(NtRecurrent, head_v), NT_FIELD(NtRecurrent, norm_groups),
 
     NT_FIELD(NtModel, n_layers), NT_FIELD(NtModel, hidden), NT_FIELD(NtModel, n_heads),
     NT_FIELD(NtModel, n_kv_heads), NT_FIELD(NtModel, head_dim), NT_FIELD(NtModel, intermediate),
@@ -51,7 +59,8 @@ constexpr Field kFields[] = {
     NT_FIELD(NtModel, logits_scaling), NT_FIELD(NtModel, window), NT_FIELD(NtModel, local_inv_freq),
     NT_FIELD(NtModel, long_inv_freq), NT_FIELD(NtModel, rope_original_max), NT_FIELD(NtModel, rope_scaling),
     NT_FIELD(NtModel, n_experts), NT_FIELD(NtModel, top_k), NT_FIELD(NtModel, norm_topk),
-    NT_FIELD(NtModel, moe_intermediate), NT_FIELD(NtModel, shared_intermediate), NT_FIELD(NtModel, lora_slots),
+    NT_FIELD(NtModel, moe_intermediate), NT_FIELD(NtModel, shared_intermediate), NT_FIELD(NtModel, state_slots),
+    NT_FIELD(NtModel, rotary_dim), NT_FIELD(NtModel, lora_slots),
 };
 
 struct Struct {
@@ -61,7 +70,7 @@ struct Struct {
 
 constexpr Struct kStructs[] = {{"NtLinear", sizeof(NtLinear)}, {"NtLora", sizeof(NtLora)},
                                {"NtExpert", sizeof(NtExpert)}, {"NtLayer", sizeof(NtLayer)},
-                               {"NtModel", sizeof(NtModel)}};
+                               {"NtModel", sizeof(NtModel)}, {"NtRecurrent", sizeof(NtRecurrent)}};
 
 struct Code {
   const char* name;
@@ -75,6 +84,7 @@ constexpr Code kCodes[] = {
     NT_CODE(GGML_MIXED),  NT_CODE(GGML_Q16),    NT_CODE(GGML_F32),    NT_CODE(OUT_F32),       NT_CODE(OUT_BF16),   NT_CODE(KV_F32),
     NT_CODE(KV_I8),       NT_CODE(NT_PLUS_ONE), NT_CODE(NT_SANDWICH),   NT_CODE(NT_NORM_AFTER),
     NT_CODE(NT_GELU),     NT_CODE(QK_NONE),     NT_CODE(QK_HEAD),       NT_CODE(QK_PROJECTION),
+    NT_CODE(MIX_ATTENTION), NT_CODE(MIX_SHORT_CONV), NT_CODE(MIX_DELTA_RULE), NT_CODE(MIX_SSD),
 };
 
 constexpr bool same(const char* a, const char* b) { return *a == *b && (*a == 0 || same(a + 1, b + 1)); }
@@ -98,6 +108,7 @@ static_assert(covered(kStructs[1]), "abi.cpp lists every field of NtLora");
 static_assert(covered(kStructs[2]), "abi.cpp lists every field of NtExpert");
 static_assert(covered(kStructs[3]), "abi.cpp lists every field of NtLayer");
 static_assert(covered(kStructs[4]), "abi.cpp lists every field of NtModel");
+static_assert(covered(kStructs[5]), "abi.cpp lists every field of NtRecurrent");
 
 std::string describe() {
   std::string out;

@@ -30,6 +30,7 @@
 extern "C" int nt_linear(const void* W, int kind, const float* x, const float* bias, const float* scale, int64_t M,
                          int64_t N, int64_t K, void* y, int out_kind);
 extern "C" int nt_argmax_f32(const float* x, int64_t M, int64_t N, int64_t* out);
+extern "C" int nt_recurrent_half(const NtModel* m, const NtLayer* L, const float* h, int64_t B, float* out);
 
 
 namespace {
@@ -43,13 +44,14 @@ int64_t widest_mlp(const NtModel& m) {  // the widest gated MLP of any layer: de
 }
 
 struct Scratch {  // per calling thread, grown on demand and reused across steps
-  std::vector<float> h, qkv, att, tmp, gu, act, cos, sin, cos_l, sin_l, moe_in, moe_out, route;
+  std::vector<float> h, qkv, att, tmp, gu, act, cos, sin, cos_l, sin_l, moe_in, moe_out, route, gated, gate;
   void fit(const NtModel& m, int64_t B) {
     const int64_t C = m.hidden, HD = m.n_heads * m.head_dim, I = widest_mlp(m);
     grow(h, B * C), grow(tmp, B * C), grow(att, B * HD), grow(act, B * I), grow(gu, B * 2 * I);
     grow(qkv, B * (HD + 2 * m.n_kv_heads * m.head_dim)), grow(cos, B * m.head_dim), grow(sin, B * m.head_dim);
     grow(cos_l, B * m.head_dim), grow(sin_l, B * m.head_dim);
     if (m.n_experts) grow(moe_in, B * C), grow(moe_out, B * C), grow(route, B * m.n_experts);
+    grow(gated, B * (2 * HD + 2 * m.n_kv_heads * m.head_dim)), grow(gate, B * HD);  // Qwen3.5's gated attention
   }
   static void grow(std::vector<float>& v, int64_t n) {
     if ((int64_t)v.size() < n) v.resize(n);
@@ -236,7 +238,8 @@ void all_rope_tables(const NtModel* m, int64_t B, const int64_t* positions, bool
     const int64_t pos = by_max ? furthest : positions[b];
     return m->long_inv_freq && pos + 1 > m->rope_original_max ? m->long_inv_freq : m->inv_freq;
   };
-  rope_tables(m->head_dim, B, positions, global, (float)m->rope_scaling, s.cos.data(), s.sin.data());
+  const int64_t rot = m->rotary_dim ? m->rotary_dim : m->head_dim;  // partial RoPE: tables of the rotated part
+  rope_tables(rot, B, positions, global, (float)m->rope_scaling, s.cos.data(), s.sin.data());
   if (m->local_inv_freq)
     rope_tables(m->head_dim, B, positions, [&](int64_t) { return m->local_inv_freq; }, 1.f, s.cos_l.data(),
                 s.sin_l.data());
@@ -257,6 +260,24 @@ void qk_norms(const NtModel* m, const NtLayer& L, float* row) {
   }
 }
 
+// Qwen3.5's gated q projection: the (B, 2*H*D + 2*Hkv*D) product is [q_0; gate_0; q_1; gate_1; ...; k; v]; qkv
+// (B, H*D + 2*Hkv*D) takes the queries, k and v as an ungated layer's, scratch.gate (B, H*D) the gates.
+int gated_qkv(const NtModel* m, const NtLayer& L, const float* in, int64_t B, float* qkv) {
+  const int64_t C = m->hidden, H = m->n_heads, D = m->head_dim, HD = H * D, KVD = m->n_kv_heads * D;
+  const int64_t wide = 2 * HD + 2 * KVD, NQKV = HD + 2 * KVD;
+  float *raw = scratch.gated.data(), *gate = scratch.gate.data();
+  if (linear(L.qkv, in, B, wide, C, raw)) return 1;
+  for (int64_t b = 0; b < B; ++b) {
+    const float* r = raw + b * wide;
+    for (int64_t head = 0; head < H; ++head) {
+      memcpy(qkv + b * NQKV + head * D, r + head * 2 * D, D * sizeof(float));
+      memcpy(gate + b * HD + head * D, r + head * 2 * D + D, D * sizeof(float));
+    }
+    memcpy(qkv + b * NQKV + HD, r + 2 * HD, 2 * KVD * sizeof(float));
+  }
+  return 0;
+}
+
 // A layer's attention half without the residual add: out (B, C) = o(attention(rope(qkv(norm(x))))) (OLMo 2: of
 // x itself, its norm comes after), writing the new K/V of row b at column kv_lens[b] - 1 of its blocks
 // (tables[b * table_stride ...], column s in block s / bs). On a tensor-parallel rank these are this rank's heads
@@ -271,13 +292,19 @@ int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B
   const float *cos_t = local ? s.cos_l.data() : s.cos.data(), *sin_t = local ? s.sin_l.data() : s.sin.data();
   const bool norm_first = !(m->flags & NT_NORM_AFTER);
   if (norm_first) rms_norm(x, L.attn_norm, B, C, m->eps, h, m->flags & NT_PLUS_ONE);
-  if (linear(L.qkv, norm_first ? h : x, B, NQKV, C, qkv)) return 1;
-  add_lora(L.lora_qkv, m->lora_slots, norm_first ? h : x, B, C, NQKV, qkv);
+  if (L.gated) {  // Qwen3.5: q_proj's rows are [query; gate] per head; the gates aside, the rest as usual
+    if (gated_qkv(m, L, norm_first ? h : x, B, qkv)) return 1;
+  } else {
+    if (linear(L.qkv, norm_first ? h : x, B, NQKV, C, qkv)) return 1;
+    add_lora(L.lora_qkv, m->lora_slots, norm_first ? h : x, B, C, NQKV, qkv);
+  }
+  const int64_t rot = m->rotary_dim ? m->rotary_dim : D;  // the rotated first part of each head
   for (int64_t b = 0; b < B; ++b) {
     float* row = qkv + b * NQKV;
     qk_norms(m, L, row);
     if (!L.no_rope)
-      for (int64_t head = 0; head < H + Hkv; ++head) rope(row + head * D, cos_t + b * D, sin_t + b * D, D);
+      for (int64_t head = 0; head < H + Hkv; ++head)
+        rope(row + head * D, cos_t + b * (local ? D : rot), sin_t + b * (local ? D : rot), local ? D : rot);
     const Pages pages{tables + b * table_stride, m->cache_head_stride / D, m->cache_row_stride, 0};
     for (int64_t kh = 0; kh < Hkv; ++kh) {
       const int64_t at = pages.at(kv_lens[b] - 1, D) + kh * m->cache_head_stride;
@@ -304,6 +331,10 @@ int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B
     attend(qkv + b * NQKV + head * D, L.k_cache, L.v_cache, m->kv_kind == KV_I8 ? L.k_scale : nullptr,
            m->kv_kind == KV_I8 ? L.v_scale : nullptr, pages, first, kv_lens[b], D, how, scores.data(),
            att + b * HD + head * D);
+  }
+  if (L.gated) {  // y * sigmoid(gate), as Attention.forward
+    const float* gate = s.gate.data();
+    for (int64_t i = 0; i < B * HD; ++i) att[i] = att[i] * (1.f / (1.f + expf(-gate[i])));
   }
   if (linear(L.o, att, B, C, HD, out)) return 1;
   add_lora(L.lora_o, m->lora_slots, att, B, HD, C, out);
@@ -407,6 +438,16 @@ int mlp_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B, floa
   return gated_mlp(m, L.w13, L.w2, m->intermediate, in, B, out, &L);  // the dense MLP's rows are the step's rows
 }
 
+// A recurrent layer's mixer without the residual add: out (B, C) = mixer(norm(x)) (csrc/recurrent.cpp).
+int recurrent_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B, float* out) {
+  const float* in = x;
+  if (!(m->flags & NT_NORM_AFTER)) {
+    rms_norm(x, L.attn_norm, B, m->hidden, m->eps, scratch.h.data(), m->flags & NT_PLUS_ONE);
+    in = scratch.h.data();
+  }
+  return nt_recurrent_half(m, &L, in, B, out);
+}
+
 // x += branch, the way Block joins a branch's output (B, C) to the residual: Gemma's post-norm of the branch,
 // OLMo 2's norm of it (`after`: the layer's pre-branch norm weight), Granite's multiplier, or a plain add.
 void join(const NtModel* m, float* x, float* branch, const float* post_norm, const float* after, int64_t B) {
@@ -450,8 +491,13 @@ int decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positions,
 
   for (int64_t l = 0; l < m->n_layers; ++l) {
     const NtLayer& L = m->layers[l];
-    if (attention_half(m, L, x, B, tables, table_stride, kv_lens, parallel_attention, tmp)) return 1;
+    if (L.mixer != MIX_ATTENTION) {  // issue 41's recurrent kinds (csrc/recurrent.cpp): each row's state slot
+      if (recurrent_half(m, L, x, B, tmp)) return 1;
+    } else if (attention_half(m, L, x, B, tables, table_stride, kv_lens, parallel_attention, tmp)) {
+      return 1;
+    }
     join(m, x, tmp, L.attn_post_norm, L.attn_norm, B);
+    if (!L.w13.weight && !L.router.weight) continue;  // a block without an MLP (Mamba2)
     if (mlp_half(m, L, x, B, tmp)) return 1;
     join(m, x, tmp, L.ffn_post_norm, L.ffn_norm, B);
   }
@@ -559,6 +605,7 @@ int nt_decode_part(const NtModel* m, int64_t layer, int64_t part, const float* x
   Scratch& s = scratch;
   s.fit(*m, B);
   const NtLayer& L = m->layers[layer];
+  if (L.mixer != MIX_ATTENTION || L.gated) return 1;  // tensor parallelism refuses the hybrids (families' declarations)
   if (part == 0) {
     all_rope_tables(m, B, positions, false, s);
     const bool parallel_attention = total_kv * m->n_heads * m->head_dim >= (1 << 16);

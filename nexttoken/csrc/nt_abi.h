@@ -57,6 +57,27 @@ struct NtExpert {  // one gated MLP of a mixture of experts
   NtLinear w2;      // (C, I)
 };
 
+// NtLayer.mixer: the layer kind's mixer (families/base.py's LayerKind.mixer). Issue 41's recurrent kinds read and
+// update each row's state slot in place (NtLayer.recurrent, csrc/recurrent.cpp).
+enum NtMixer : int64_t { MIX_ATTENTION = 0, MIX_SHORT_CONV = 1, MIX_DELTA_RULE = 2, MIX_SSD = 3 };
+
+struct NtRecurrent {      // one recurrent layer's weights and its state slots (model/recurrent/)
+  NtLinear wi;            // in_proj: short conv (3C, C) [B; C; x]; delta rule [q; k; v; z; b; a]; SSD [z; xBC; dt]
+  NtLinear wo;            // out_proj (C, inner)
+  const float* conv;      // (channels, K) depthwise taps
+  const float* conv_bias; // (channels,) or NULL
+  const float* dt_bias;   // (heads,) delta rule / SSD
+  const float* A_log;     // (heads,)
+  const float* D;         // (heads,) SSD's skip
+  const float* norm;      // the gated norm's weight: delta rule (Dv,), SSD (heads * head_dim,)
+  float* window;          // (slots, channels, K - 1): each slot's last K - 1 convolution inputs, updated in place
+  float* state;           // (slots, heads, head_k, head_v) float32: delta rule (Dk, Dv), SSD (P, N); NULL: none
+  int64_t channels, kernel;  // convolved channels, K taps
+  int64_t heads, groups;     // value heads (SSD: heads); key heads (SSD: B / C groups)
+  int64_t head_k, head_v;    // delta rule: Dk, Dv; SSD: head_dim P, state_size N
+  int64_t norm_groups;       // SSD: the gated norm's groups
+};
+
 struct NtLayer {
   const float* attn_norm;  // (C,)
   const float* ffn_norm;   // (C,)
@@ -80,6 +101,11 @@ struct NtLayer {
   NtExpert shared;              // Qwen2-MoE's always-on expert (w13.weight NULL: none)
   NtLinear shared_gate;         // its (1, C) sigmoid gate
   NtLora lora_qkv, lora_o, lora_w13, lora_w2;  // LoRA stacks of the four matrices (A NULL: none)
+  // Issue 41 (csrc/recurrent.cpp): the mixer; a recurrent one reads `recurrent` instead of qkv / o / the cache.
+  // w13.weight and router.weight both NULL: a block without an MLP (Mamba2: norm, mixer, residual).
+  int64_t mixer;                 // NtMixer
+  const NtRecurrent* recurrent;  // MIX_SHORT_CONV / MIX_DELTA_RULE / MIX_SSD's weights and state; else NULL
+  int64_t gated;                 // 1: q_proj's rows are [query; gate] per head, the output times sigmoid(gate)
 };
 
 struct NtModel {
@@ -111,5 +137,7 @@ struct NtModel {
   double rope_scaling;          // cos and sin times this (LongRoPE's attention factor; 1.0: none)
   int64_t n_experts, top_k, norm_topk;        // MoE layers: route each row to top_k of n_experts (renormalised)
   int64_t moe_intermediate, shared_intermediate;  // an expert's width, the shared expert's (0: none)
+  const int64_t* state_slots;  // (B,) this call's recurrent state slot per row; NULL: row b uses slot b
+  int64_t rotary_dim;          // the rotated first part of each head (Qwen3.5's partial RoPE); 0: all of head_dim
   const int64_t* lora_slots;  // (B,) this call's adapter slot per row (-1: the base alone); NULL: no adapters
 };

@@ -246,7 +246,7 @@ class ModelRunner:
         groups: dict[int, list[Sequence]] = {}
         native: list[Sequence] = []
         out: list[tuple[list[Sequence], torch.Tensor]] = []
-        plan = fused.rows_plan(self.model, self.cache)  # None: the modules for every row
+        plan = fused.rows_plan(self.model, self.cache, self.states)  # None: the modules for every row
         for seq in seqs:
             extra = seq.hook_inputs()
             if extra:  # a hook's extra model inputs belong to this row alone: it runs in a forward of its own
@@ -279,7 +279,8 @@ class ModelRunner:
         """(rows, V) logits of the fused native step: each row through its own block table, over its own columns."""
         ids = torch.tensor([[s.last_token] for s in part])  # (rows, 1)
         cols = torch.tensor([s.num_tokens - 1 for s in part])  # (rows,) column = position of the new token
-        logits = fused.decode_rows(plan, self.model, ids, cols, _tables(part), cols + 1, self._lora_slots(part))
+        slots = None if self.states is None else torch.tensor([s.slot for s in part])  # recurrent state slots
+        logits = fused.decode_rows(plan, self.model, ids, cols, _tables(part), cols + 1, self._lora_slots(part), slots)
         assert logits is not None, "rows_plan said the native step takes this model and cache"
         for seq in part:
             seq.num_cached = seq.num_tokens

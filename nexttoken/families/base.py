@@ -48,9 +48,9 @@ STATE_SPACE = LayerKind(mixer="state_space", rope=None)  # Mamba2's selective st
 # engine features that work on it, and those it refuses by name (engine/llm_engine.py checks the model's kinds).
 RECURRENT_FEATURES = ("continuous batching (mixed lengths)", "chunked prefill (state carried across chunks)",
                       "preemption (recompute)", "n > 1 (each sequence prefilled alone)", "structured output",
-                      "traces")
+                      "traces", "the fused native decode step (csrc/recurrent.cpp)")
 RECURRENT_REFUSED = ("prefix caching (turned off, logged)", "speculative decoding", "tensor parallelism",
-                     "LoRA", "the fused native step (modules path)")
+                     "LoRA")
 
 
 class GGUFMeta(Protocol):

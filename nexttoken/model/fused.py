@@ -41,6 +41,9 @@ from .native_abi import NtLayer as _Layer
 from .native_abi import NtLinear as _Linear
 from .native_abi import NtLora as _Lora
 from .native_abi import NtModel as _Model
+from .native_abi import MIX_DELTA_RULE, MIX_SHORT_CONV, MIX_SSD
+from .native_abi import NtRecurrent as _Recurrent
+from .recurrent import GatedDeltaNet, Mamba2Mixer, ShortConvolution, StateSlots
 
 _KV_KIND = {torch.float32: KV_F32, torch.int8: KV_I8}  # the cache's (NtModel.kv_kind)
 
@@ -89,12 +92,15 @@ def _embedding(module: torch.nn.Module, vocab: int) -> _Linear | None:
     return describe_table(module)
 
 
-def _key(model: torch.nn.Module, cache: KVCache) -> tuple:
+def _key(model: torch.nn.Module, cache: KVCache, states: StateSlots | None = None) -> tuple:
     """What the native description depends on: the cache (shape too: a new cache of another length can be
-    allocated where a freed one was) and every module and weight the step reads. Checked every step, so it reads
-    the modules' own dicts (nn.Module attribute lookups and model.parameters() would cost ~0.1 ms a step)."""
+    allocated where a freed one was), the recurrent layers' state slots, and every module and weight the step
+    reads. Checked every step, so it reads the modules' own dicts (nn.Module attribute lookups and
+    model.parameters() would cost ~0.1 ms a step)."""
     d = model.__dict__
     key = [cache.k.shape, cache.k.dtype, cache.k.data_ptr(), cache.v.data_ptr(), model.inv_freq.data_ptr()]
+    if states is not None:  # issue 41: the slots the recurrent layers read and update in place
+        key += [t.data_ptr() for ts in states.tensors.values() for t in ts]
     key += [None if d.get(f) is None else d[f].data_ptr() for f in ("local_inv_freq", "long_inv_freq")]
     embed = model._modules["embed"]
     key += (id(embed), _table(embed).data_ptr())
@@ -102,12 +108,15 @@ def _key(model: torch.nn.Module, cache: KVCache) -> tuple:
         key += (id(m), _weight(m).data_ptr())
     for block in model._modules["layers"]._modules.values():
         parts = block._modules
-        att, mlp = parts["attention"]._modules, parts["mlp"]._modules
-        for m in (parts["attention_norm"], parts["ffn_norm"], parts.get("attention_post_norm"),
-                  parts.get("ffn_post_norm"), att["wqkv"], att["wo"], att.get("q_norm"), att.get("k_norm"),
-                  mlp.get("w13"), mlp.get("w2")):
+        att = parts["attention"]._modules
+        mlp = {} if parts.get("mlp") is None else parts["mlp"]._modules  # None: Mamba2's block, the mixer alone
+        for m in (parts["attention_norm"], parts.get("ffn_norm"), parts.get("attention_post_norm"),
+                  parts.get("ffn_post_norm"), att.get("wqkv"), att.get("wi"), att["wo"], att.get("q_norm"),
+                  att.get("k_norm"), mlp.get("w13"), mlp.get("w2")):
             if m is not None:
                 key += (id(m), _weight(m).data_ptr())
+        if "wi" in att:  # a recurrent mixer: its own tensors (taps, decays, norm)
+            key += [None if t is None else t.data_ptr() for t in parts["attention"]._parameters.values()]
         if "experts" in mlp:  # a MoE block: its router, experts and shared expert
             _key_modules(parts["mlp"], key)
     return tuple(key)
@@ -149,10 +158,11 @@ def _local(m: torch.nn.Module) -> torch.nn.Module:
 class _Plan:
     """The ctypes description of one model + cache, kept while none of their tensors move."""
 
-    def __init__(self, model: torch.nn.Module, cache: KVCache) -> None:
+    def __init__(self, model: torch.nn.Module, cache: KVCache, states: StateSlots | None = None) -> None:
         cfg = model.config
-        self.key = _key(model, cache)
+        self.key = _key(model, cache, states)
         self.ok = False
+        self.states, self.recurrent = states, []  # the recurrent layers' slots and NtRecurrents, kept with the plan
         self.biases: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []  # a rank's o / down biases per layer
         if type(model.norm) is not RMSNorm or cfg.head_dim > 512 or cfg.hidden_act not in _ACTIVATIONS:
             return
@@ -199,6 +209,8 @@ class _Plan:
         )
         # The same model for a forward whose batch carries no window (mask None past the window: the modules then
         # attend over every column of the sliding layers too).
+        if cfg.rotary_dim and cfg.rotary_dim < cfg.head_dim:  # Qwen3.5's partial RoPE: the first rotary_dim dims
+            self.model.rotary_dim = cfg.rotary_dim
         self.no_window = _Model.from_buffer_copy(self.model)
         self.no_window.window = 0
         self.ok = True
@@ -211,7 +223,7 @@ class _Plan:
         kind = att.kind
         if (kind.rope == "local") != (kind.window and self.local_rope):
             return None
-        if att.gated or att.rotary != att.head_dim:  # Qwen3.5's gated, partially rotated attention: the modules
+        if att.gated and att.qk_norm == "projection":  # the native gated rows norm each head (Qwen3.5's)
             return None
         if (type(block), type(att), type(block.attention_norm), type(block.ffn_norm)) != (Block, Attention, RMSNorm,
                                                                                              RMSNorm):
@@ -245,12 +257,65 @@ class _Plan:
                       cache.k[i].data_ptr(), cache.v[i].data_ptr(), *_scales(cache, i),
                       *[None if n is None else n.weight.data_ptr() for n in norms], int(att.sliding),
                       no_rope=int(kind.rope is None), **moe,
-                      lora_qkv=loras[0], lora_o=loras[1], lora_w13=loras[2], lora_w2=loras[3])
+                      lora_qkv=loras[0], lora_o=loras[1], lora_w13=loras[2], lora_w2=loras[3],
+                      gated=int(att.gated))
+
+    def _recurrent_layer(self, block: torch.nn.Module, cache: KVCache, i: int, sharded: bool) -> _Layer | None:
+        """Recurrent block i (issue 41: LFM2's short convolution, the gated delta rule, Mamba2's SSD) as an NtLayer
+        whose mixer reads `recurrent` (csrc/recurrent.cpp): its weights and layer i's state slots, which the native
+        step updates in place. None where a part is not one the native step computes, or no slots are held."""
+        mixer, mlp = block.attention, block.mlp
+        if sharded or self.states is None or i not in self.states.tensors or type(block) is not Block:
+            return None
+        if type(block.attention_norm) is not RMSNorm or (mlp is not None and type(mlp) is not MLP):
+            return None
+        if type(block.ffn_norm) not in (RMSNorm, type(None)) or block.sandwich:
+            return None
+        kind = _RECURRENT.get(type(mixer))
+        tensors = self.states.tensors[i]
+        if kind is None or any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
+            return None
+        recurrent = _recurrent(kind, mixer, tensors)
+        if recurrent is None:
+            return None
+        self.recurrent.append(recurrent)
+        linears = [_Linear(), _Linear()] if mlp is None else [_linear(_local(mlp.w13)), _linear(_local(mlp.w2))]
+        if any(lin is None for lin in linears):
+            return None
+        return _Layer(block.attention_norm.weight.data_ptr(),
+                      None if block.ffn_norm is None else block.ffn_norm.weight.data_ptr(), _Linear(), _Linear(),
+                      *linears, mixer=kind, recurrent=ctypes.pointer(recurrent))
+
+
+# The recurrent mixers' native kinds (csrc/nt_abi.h's NtMixer)
+_RECURRENT = {ShortConvolution: MIX_SHORT_CONV, GatedDeltaNet: MIX_DELTA_RULE, Mamba2Mixer: MIX_SSD}
+
+
+def _recurrent(kind: int, mixer: torch.nn.Module, slots: list[torch.Tensor]) -> _Recurrent | None:
+    """A recurrent mixer's weights and its layer's state slots (window (N, channels, K - 1), and the delta rule's
+    (N, Hv, Dk, Dv) or the SSD's (N, H, P, N) matrices) as an NtRecurrent, or None."""
+    wi, wo = _linear(_local(mixer.wi)), _linear(_local(mixer.wo))
+    params = [mixer.conv, getattr(mixer, "conv_bias", None), getattr(mixer, "dt_bias", None),
+              getattr(mixer, "A_log", None), getattr(mixer, "D", None), getattr(mixer, "norm", None)]
+    if wi is None or wo is None or any(p is not None and (p.dtype != torch.float32 or not p.is_contiguous())
+                                       for p in params):
+        return None
+    channels, _, K = mixer.conv.shape
+    sizes = dict(heads=0, groups=0, head_k=0, head_v=0, norm_groups=0)
+    if kind == MIX_DELTA_RULE:
+        sizes = dict(heads=mixer.hv, groups=mixer.hk, head_k=mixer.dk, head_v=mixer.dv, norm_groups=1)
+    elif kind == MIX_SSD:
+        sizes = dict(heads=mixer.heads, groups=mixer.groups, head_k=mixer.head_dim, head_v=mixer.n,
+                     norm_groups=mixer.norm_groups)
+    ptrs = [None if p is None else p.data_ptr() for p in params]
+    return _Recurrent(wi, wo, *ptrs, slots[0].data_ptr(), slots[1].data_ptr() if len(slots) > 1 else None,
+                      channels, K, **sizes)
 
 
 # The declared layer kinds (families/base.py's LayerKind.mixer) the native step computes, and how each becomes an
 # NtLayer; a model with a layer of any other kind runs the modules (issue 41's recurrent kinds add theirs here).
-_NATIVE_KINDS = {"attention": _Plan._attention_layer}
+_NATIVE_KINDS = {"attention": _Plan._attention_layer, "convolution": _Plan._recurrent_layer,
+                 "linear_attention": _Plan._recurrent_layer, "state_space": _Plan._recurrent_layer}
 
 
 class _Refused:
@@ -279,13 +344,17 @@ def _lora(module: torch.nn.Module | None) -> _Lora:
     return _Lora(A.data_ptr(), Bt.data_ptr(), A.shape[1])
 
 
-def _with_slots(description: _Model, slots: torch.Tensor | None) -> _Model:
+def _with_slots(description: _Model, slots: torch.Tensor | None, state_rows: torch.Tensor | None = None) -> _Model:
     """The description for one call whose rows apply the adapter slots `slots` ((B,) int64, kept alive by the
-    caller; -1: the base alone), or the description itself when no row has one."""
-    if slots is None:
+    caller; -1: the base alone) and read the recurrent state slots `state_rows` ((B,) int64; None: row b's is
+    slot b), or the description itself when neither is given."""
+    if slots is None and state_rows is None:
         return description
     one = _Model.from_buffer_copy(description)
-    one.lora_slots = slots.data_ptr()
+    if slots is not None:
+        one.lora_slots = slots.data_ptr()
+    if state_rows is not None:
+        one.state_slots = state_rows.data_ptr()
     return one
 
 
@@ -421,19 +490,21 @@ def greedy_chain(model: torch.nn.Module, cache: KVCache, token: int, position: i
 RowsPlan = _Plan  # a checked description of model + cache for the engine's rows
 
 
-def rows_plan(model: torch.nn.Module, cache: KVCache) -> RowsPlan | None:
+def rows_plan(model: torch.nn.Module, cache: KVCache, states: StateSlots | None = None) -> RowsPlan | None:
     """The native description when the engine's decode rows of this model and slot cache take the native step,
     else None. A property of the model and the cache alone (never of which requests share a step), so a request's
-    numbers do not depend on its batch-mates. Checked once per step (the weights may have been replaced)."""
+    numbers do not depend on its batch-mates. Checked once per step (the weights may have been replaced).
+    `states`: the recurrent layers' slots (the engine's, one per running sequence; default: cache.states)."""
     if not (getattr(model, "native_step", False) and _fused_on(model) and _cache_ok(cache) and model.dtype == torch.float32 and not torch.is_grad_enabled()
             and not _observed(model) and kernels.library() is not None):
         return None
-    plan = _plan(model, cache)
+    plan = _plan(model, cache, states)
     return plan if plan.ok else None
 
 
 def decode_rows(plan: RowsPlan, model: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
-                tables: torch.Tensor, kv_lens: torch.Tensor, lora: torch.Tensor | None = None) -> torch.Tensor | None:
+                tables: torch.Tensor, kv_lens: torch.Tensor, lora: torch.Tensor | None = None,
+                state_rows: torch.Tensor | None = None) -> torch.Tensor | None:
     """(B, V) float32 logits for B rows that each own cache blocks: row b's new token (input_ids (B, 1)) at
     rotary position positions[b] writes its K/V at column kv_lens[b] - 1 and attends over its first kv_lens[b]
     columns. `tables` (B, W): row b's column s lives in cache block tables[b, s // block_size] (a paged pool,
@@ -451,9 +522,11 @@ def decode_rows(plan: RowsPlan, model: torch.nn.Module, input_ids: torch.Tensor,
             return None  # adapters are refused on tensor-parallel models (lora.attach)
         return _rank_step(plan, plan.model, model, x, positions, (tables, stride), kv_lens)
     slots = None if lora is None else lora.reshape(-1).to(torch.int64).contiguous()  # (B,)
+    if state_rows is not None:
+        state_rows = state_rows.reshape(-1).to(torch.int64).contiguous()  # (B,)
     logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
     rc = kernels.library().nt_decode_rows(
-        ctypes.byref(_with_slots(plan.model, slots)), x.data_ptr(), B, positions.data_ptr(), tables.data_ptr(), stride,
+        ctypes.byref(_with_slots(plan.model, slots, state_rows)), x.data_ptr(), B, positions.data_ptr(), tables.data_ptr(), stride,
         kv_lens.data_ptr(), logits.data_ptr(),
     )
     return logits if rc == 0 else None
@@ -510,12 +583,13 @@ def _longrope_straddles(model: torch.nn.Module, positions: torch.Tensor) -> bool
     return bool(int(positions.max()) + 1 > limit >= int(positions.min()) + 1)
 
 
-def _plan(model: torch.nn.Module, cache: KVCache) -> _Plan:
+def _plan(model: torch.nn.Module, cache: KVCache, states: StateSlots | None = None) -> _Plan:
     cfg = model.config
     if any(cfg.layer(i).mixer not in _NATIVE_KINDS for i in range(cfg.num_hidden_layers)):
-        return _REFUSED  # a kind without a native layer (issue 41's recurrent kinds): the modules run every step
+        return _REFUSED  # a kind without a native layer: the modules run every step
+    states = getattr(cache, "states", None) if states is None else states  # generate()'s: one slot per row
     plan: _Plan | None = getattr(model, "_fused_plan", None)
-    if plan is None or plan.key != _key(model, cache):
-        plan = _Plan(model, cache)
+    if plan is None or plan.key != _key(model, cache, states):
+        plan = _Plan(model, cache, states)
         model._fused_plan = plan
     return plan

@@ -33,7 +33,7 @@ from .native_abi import DTYPE_KIND, OUT_KIND, Kind, NativeABIError
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 SOURCES = (CSRC / "gemv.cpp", CSRC / "decode.cpp", CSRC / "int4.cpp", CSRC / "ggml.cpp",
-           CSRC / "abi.cpp", CSRC / "mxfp4.cpp")  # one library
+           CSRC / "abi.cpp", CSRC / "mxfp4.cpp", CSRC / "recurrent.cpp")  # one library
 HEADERS = (CSRC / "rows.h", CSRC / "nt_abi.h")  # included by the sources: part of the cache key
 MAX_ROWS = 16  # activation rows per call; beyond that torch's GEMM is the faster choice
 _W_KIND = DTYPE_KIND  # nt_linear's kind of a float32 / bfloat16 / int8 weight (nt_abi.h's NtKind)

@@ -47,13 +47,15 @@ OUT_F32, OUT_BF16 = 0, 1  # an output's dtype
 KV_F32, KV_I8 = 0, 2  # NtModel.kv_kind
 NT_PLUS_ONE, NT_SANDWICH, NT_NORM_AFTER, NT_GELU = 1, 2, 4, 8  # NtModel.flags
 QK_NONE, QK_HEAD, QK_PROJECTION = 0, 1, 2  # NtModel.qk_norm
+MIX_ATTENTION, MIX_SHORT_CONV, MIX_DELTA_RULE, MIX_SSD = 0, 1, 2, 3  # NtLayer.mixer (issue 41's recurrent kinds)
 
 # Every code nt_abi.h defines, by its C name: what check compares with the library's.
 CODES: Mapping[str, int] = types.MappingProxyType({
     **{k.name: int(k) for k in Kind}, "GGML_MIXED": GGML_MIXED, "GGML_Q16": GGML_Q16, "GGML_F32": GGML_F32, "OUT_F32": OUT_F32,
     "OUT_BF16": OUT_BF16, "KV_F32": KV_F32, "KV_I8": KV_I8, "NT_PLUS_ONE": NT_PLUS_ONE, "NT_SANDWICH": NT_SANDWICH,
     "NT_NORM_AFTER": NT_NORM_AFTER, "NT_GELU": NT_GELU, "QK_NONE": QK_NONE, "QK_HEAD": QK_HEAD,
-    "QK_PROJECTION": QK_PROJECTION,
+    "QK_PROJECTION": QK_PROJECTION, "MIX_ATTENTION": MIX_ATTENTION, "MIX_SHORT_CONV": MIX_SHORT_CONV,
+    "MIX_DELTA_RULE": MIX_DELTA_RULE, "MIX_SSD": MIX_SSD,
 })
 
 # The kinds a torch dtype's rows are read as (float32 / bfloat16 rows, int8 rows with their scales).
@@ -76,6 +78,12 @@ class NtExpert(ctypes.Structure):
     _fields_ = [("w13", NtLinear), ("w2", NtLinear)]
 
 
+class NtRecurrent(ctypes.Structure):
+    _fields_ = [("wi", NtLinear), ("wo", NtLinear)] + [(name, _p) for name in (
+        "conv", "conv_bias", "dt_bias", "A_log", "D", "norm", "window", "state")] + [(name, _i64) for name in (
+        "channels", "kernel", "heads", "groups", "head_k", "head_v", "norm_groups")]
+
+
 class NtLayer(ctypes.Structure):
     _fields_ = [("attn_norm", _p), ("ffn_norm", _p), ("qkv", NtLinear), ("o", NtLinear), ("w13", NtLinear),
                 ("w2", NtLinear), ("k_cache", _p), ("v_cache", _p), ("k_scale", _p), ("v_scale", _p),
@@ -83,7 +91,7 @@ class NtLayer(ctypes.Structure):
                 ("no_rope", _i64),
                 ("router", NtLinear), ("experts", ctypes.POINTER(NtExpert)), ("shared", NtExpert),
                 ("shared_gate", NtLinear), ("lora_qkv", NtLora), ("lora_o", NtLora), ("lora_w13", NtLora),
-                ("lora_w2", NtLora)]
+                ("lora_w2", NtLora), ("mixer", _i64), ("recurrent", ctypes.POINTER(NtRecurrent)), ("gated", _i64)]
 
 
 class NtModel(ctypes.Structure):
@@ -95,10 +103,11 @@ class NtModel(ctypes.Structure):
         "embed_mult", "embed_scale", "attn_scale", "attn_softcap", "residual", "final_softcap", "logits_scaling")] + [
         ("window", _i64), ("local_inv_freq", _p), ("long_inv_freq", _p), ("rope_original_max", _i64),
         ("rope_scaling", _f64)] + [(name, _i64) for name in (
-        "n_experts", "top_k", "norm_topk", "moe_intermediate", "shared_intermediate")] + [("lora_slots", _p)]
+        "n_experts", "top_k", "norm_topk", "moe_intermediate", "shared_intermediate")] + [
+        ("state_slots", _p), ("rotary_dim", _i64), ("lora_slots", _p)]
 
 
-STRUCTS: tuple[type[ctypes.Structure], ...] = (NtLinear, NtLora, NtExpert, NtLayer, NtModel)
+STRUCTS: tuple[type[ctypes.Structure], ...] = (NtLinear, NtLora, NtExpert, NtLayer, NtModel, NtRecurrent)
 
 Field = tuple[str, int, int]  # (name, offset, size) in bytes
 

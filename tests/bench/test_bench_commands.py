@@ -180,3 +180,15 @@ def test_bench_keeps_its_flags_without_a_subcommand() -> None:
     args = build_parser().parse_args(["bench", "decode", "--families", "qwen3-micro"])
     assert args.bench_command == "decode" and args.run.__module__ == "nexttoken.bench.decode"
     assert build_parser().parse_args(["bench", "decode", "--families"]).families == "qwen3-0.6b,gemma3-270m"
+
+
+def test_bench_decode_a_hybrid_shape_at_two_batch_sizes(tmp_path: Path) -> None:
+    """LFM2's short convolutions with attention (the native recurrent step), batch 1 and 2: a row per batch size."""
+    out = tmp_path / "decode"
+    rc = main(["bench", "decode", "--families", "lfm2-micro", "--batch", "1,2", "--rounds", "1", "--prompt-len", "4",
+               "--new-tokens", "4", "--out", str(out)])
+    assert rc == 0
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["batches"] == [1, 2] and [r["batch"] for r in report["rows"]] == [1, 2]
+    assert all(r["fused_tok_s"] > 0 and r["modules_tok_s"] > 0 for r in report["rows"])
+    assert main(["bench", "decode", "--families", "lfm2-micro", "--batch", "0", "--out", str(out)]) == 2

@@ -14,7 +14,7 @@ import torch
 import nexttoken
 from nexttoken.config import ModelConfig
 from nexttoken.families import CONVOLUTION, FULL, LINEAR_ATTENTION, NOPE, STATE_SPACE, features_table
-from nexttoken.model import ForwardBatch, fused, load_model
+from nexttoken.model import ForwardBatch, fused, kernels, load_model
 from nexttoken.model.recurrent import delta_rule, ssd
 from support.tiny_models import BASE, HYBRID_FAMILIES, RECURRENT, VARIANTS, build_hf_model, save_variant
 
@@ -143,10 +143,11 @@ def test_the_chunked_ssd_scan_is_the_recurrence() -> None:
 
 
 def test_generate_greedy_and_seeded_equal_transformers(pair) -> None:
-    """One row and a left-padded batch of three, greedy and seeded; the fused native step refuses these models
-    (the modules run every step)."""
+    """One row and a left-padded batch of three, greedy and seeded; the fused native step takes these models'
+    plain decode steps (csrc/recurrent.cpp; tests/model/test_fused_recurrent.py holds it to the modules)."""
     _, hf, model, _ = pair
-    assert fused.rows_plan(model, model.new_cache(1, 8)) is None
+    with torch.no_grad():
+        assert (fused.rows_plan(model, model.new_cache(1, 8)) is not None) == kernels.available()
     ids = torch.tensor([[1, 5, 17, 33, 9, 60, 7, 7, 21]])
     greedy = dict(max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert torch.equal(nexttoken.generate(model, ids, **greedy), hf.generate(ids, **greedy))

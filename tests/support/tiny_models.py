@@ -175,8 +175,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
 }
 # Variants that run one process only (their declaration refuses tensor parallelism).
 NO_TENSOR_PARALLEL = {"gpt-oss"}
-# The variants whose layers keep a recurrent state: the fused native step, speculative decoding and tensor
-# parallelism refuse them (they run the modules path, one token at a time).
+# The variants whose layers keep a recurrent state: speculative decoding and tensor parallelism refuse them; the
+# fused native step takes them (tests/model/test_fused_recurrent.py).
 # The hybrid families after the first four (tests/model/test_hybrid_families.py runs them; the suites of the first
 # four, test_hybrid_models.py, test_hybrid_engine.py and the generation parity suite, leave them out).
 HYBRID_FAMILIES = frozenset({"granite4h-moe", "lfm2-moe", "qwen3_5-moe", "qwen3_next", "falcon_h1", "nemotron_h"})

@@ -1,0 +1,130 @@
+"""The fused native step on issue 41's recurrent layer kinds (csrc/recurrent.cpp): LFM2's gated short convolution,
+Qwen3.5's gated delta rule (with its gated, partially rotated attention), Granite 4.0-H's and Mamba2's SSD. Each
+row's state slot is read and updated in place by the native code. Against the modules path (fused.disabled), the
+reference: 24 teacher-forced decode steps at batch 1 and 3 (log-probs and the states left behind within float32
+rounding, every step native), greedy tokens equal to the modules' and transformers', and the engine's native rows
+of a mixed batch equal to the modules', each row's numbers independent of its batch-mates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nexttoken.engine import EngineConfig, LLMEngine
+from nexttoken.generation import generate
+from nexttoken.generation.config import GenerationConfig
+from nexttoken.model import ForwardBatch, fused, kernels, load_model
+from support.tiny_models import RECURRENT, save_variant
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="native kernel unavailable (no g++ or no AVX-512)")
+
+PROMPTS = torch.tensor([[1, 5, 17, 33, 9, 60], [1, 40, 41, 42, 43, 44], [1, 90, 3, 3, 8, 12]])
+ENGINE_PROMPTS = [[1, 5, 17, 33, 9, 60], [1, 40], [1, 90, 3, 3, 8, 12, 7, 7, 7, 70, 71], [1, 2, 3]]
+STEPS = 24
+
+
+@pytest.fixture(scope="module", params=sorted(RECURRENT))
+def variant(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param)
+    hf = save_variant(request.param, folder)
+    return request.param, hf, load_model(folder)
+
+
+def _counting(monkeypatch, *names: str) -> list[bool]:
+    """Whether each call of fused's `names` ran natively (True) or refused (False)."""
+    calls: list[bool] = []
+    for name in names:
+        real = getattr(fused, name)
+
+        def call(*args, _real=real):  # noqa: ANN002, ANN202
+            out = _real(*args)
+            calls.append(out is not None)
+            return out
+
+        monkeypatch.setattr(fused, name, call)
+    return calls
+
+
+@torch.inference_mode()
+def _forced(model, ids: torch.Tensor) -> tuple[torch.Tensor, dict]:  # noqa: ANN001
+    """(STEPS, B, V) log-probs of STEPS decode steps after a 6-token prefill, each fed the given next token, and the
+    recurrent states left behind (layer -> its tensors)."""
+    B, P = ids.shape[0], 6
+    S = P + STEPS
+    valid = torch.ones(B, S, dtype=torch.bool)
+    cache = model.new_cache(B, S)
+    cols = torch.arange(P).expand(B, P)
+    model(ids[:, :P], ForwardBatch.build(cols, cols, valid, P, write_start=0), cache)
+    out = []
+    for t in range(P, S):
+        pos = torch.full((B, 1), t)
+        out.append(model(ids[:, t : t + 1], ForwardBatch.build(pos, pos, valid, t + 1, write_start=t),
+                         cache).log_softmax(-1))
+    return torch.stack(out), {layer: [t.clone() for t in ts] for layer, ts in cache.states.tensors.items()}
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_teacher_forced_steps_and_states_equal_the_modules(variant, rows, monkeypatch) -> None:
+    """24 native steps (every one native): log-probs within float32 rounding of the modules', the same top-1 at
+    every step, and every layer's state slots (convolution windows, delta-rule / SSD matrices) likewise."""
+    name, _, model = variant
+    ids = torch.randint(5, model.config.vocab_size, (rows, 6 + STEPS), generator=torch.Generator().manual_seed(3))
+    calls = _counting(monkeypatch, "decode_step")
+    native, native_states = _forced(model, ids)
+    assert len(calls) == STEPS and all(calls)
+    with fused.disabled():
+        modules, modules_states = _forced(model, ids)
+    assert torch.equal(native.argmax(-1), modules.argmax(-1))
+    assert torch.allclose(native, modules, atol=1e-4, rtol=0), (native - modules).abs().max()
+    assert native_states.keys() == modules_states.keys() and native_states
+    for layer, tensors in native_states.items():
+        for a, b in zip(tensors, modules_states[layer]):
+            assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), (name, layer, (a - b).abs().max())
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_greedy_tokens_equal_the_modules_and_transformers(variant, rows, monkeypatch) -> None:
+    """generate(): one row (after its first step, greedy chains of native steps) and three rows, 24 tokens equal
+    to the modules'; the first 12 equal to transformers' (its torch fallbacks are slow)."""
+    _, hf, model = variant
+    kwargs = dict(max_new_tokens=STEPS, do_sample=False, eos_token_id=None)
+    calls = _counting(monkeypatch, "decode_step", "greedy_chain")
+    fast = generate(model, PROMPTS[:rows], **kwargs)
+    assert calls and all(calls)
+    with fused.disabled():
+        assert torch.equal(fast, generate(model, PROMPTS[:rows], **kwargs))
+    want = hf.generate(PROMPTS[:rows], pad_token_id=0, **{**kwargs, "max_new_tokens": 12})
+    assert torch.equal(fast[:, : want.shape[1]], want)
+
+
+def _engine_run(model, prompts: list[list[int]], steps: int) -> list:  # noqa: ANN001
+    engine = LLMEngine(model, None, EngineConfig(max_num_seqs=4, max_model_len=64, chunk_size=8))
+    seqs = [engine.add_request(p, GenerationConfig(max_new_tokens=steps, eos_token_id=None, top_k=None))
+            for p in prompts]
+    while engine.has_unfinished():
+        engine.step()
+    return seqs
+
+
+def test_engine_rows_take_the_native_step_and_equal_the_modules(variant, monkeypatch) -> None:
+    """A mixed batch of four prompts of different lengths (prefilled in chunks of 8 while the others decode), 20
+    tokens each: every decode row native, each row's state slot its own, the modules' tokens and log-probs.
+    (tests/engine/test_hybrid_engine.py holds the engine's tokens, now native, to transformers' as well.)"""
+    _, _, model = variant
+    calls = _counting(monkeypatch, "decode_rows")
+    native = _engine_run(model, ENGINE_PROMPTS, 20)
+    assert calls and all(calls)
+    with fused.disabled():
+        modules = _engine_run(model, ENGINE_PROMPTS, 20)
+    for a, b in zip(native, modules):
+        assert a.output_ids == b.output_ids
+        assert a.out.logprobs == pytest.approx(b.out.logprobs, abs=1e-4)
+
+
+def test_engine_native_rows_do_not_depend_on_batch_mates(variant) -> None:
+    """Each request alone and among three others of other lengths (other slots, other groupings): the same bits."""
+    _, _, model = variant
+    together = _engine_run(model, ENGINE_PROMPTS, 10)
+    for prompt, seq in zip(ENGINE_PROMPTS, together):
+        (alone,) = _engine_run(model, [prompt], 10)
+        assert alone.output_ids == seq.output_ids and alone.out.logprobs == seq.out.logprobs
