@@ -28,6 +28,9 @@ class ForwardBatch:
     # (B, T) bool: which new tokens are real (False: left padding, which the recurrent layers zero so it leaves
     # their state as it was); None: all of them.
     token_valid: torch.Tensor | None = None
+    # M-RoPE (Qwen2.5-VL): (3, B, T) int64 temporal / height / width positions of the new tokens (rope.mrope_index),
+    # given where a row's new tokens hold image tokens; None: every token rotates by `positions` on all three rows
+    mrope_positions: torch.Tensor | None = None
 
     @classmethod
     def build(

@@ -18,7 +18,7 @@ from .cache import KVCache
 from .layers import Block, RMSNorm
 from .linear import Linear
 from .recurrent import StateSlots, state_specs
-from .rope import inverse_frequencies, longrope_inv_freq, rope_cos_sin
+from .rope import inverse_frequencies, longrope_inv_freq, mrope_cos_sin, rope_cos_sin
 from .state import SequenceState
 
 
@@ -136,7 +136,10 @@ class Transformer(nn.Module):
         if cfg.embed_scale is not None:  # Gemma: x sqrt(hidden), the factor rounded to the dtype as transformers does
             x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
         inv_freq = longrope_inv_freq(cfg.rope, self.inv_freq, self.long_inv_freq, batch.positions)
-        cos, sin = rope_cos_sin(inv_freq, batch.positions, x.dtype, cfg.rope.attention_factor)
+        if batch.mrope_positions is not None and cfg.rope.mrope_section:  # Qwen2.5-VL's image tokens
+            cos, sin = mrope_cos_sin(inv_freq, batch.mrope_positions, x.dtype, cfg.rope.mrope_section)
+        else:
+            cos, sin = rope_cos_sin(inv_freq, batch.positions, x.dtype, cfg.rope.attention_factor)
         local = None if self.local_inv_freq is None else rope_cos_sin(self.local_inv_freq, batch.positions, x.dtype)
         # each layer rotates with the RoPE its kind names: the model's, the sliding layers' own, or none (NoPE)
         tables = {"global": (cos, sin), "local": local or (cos, sin), None: (None, None)}

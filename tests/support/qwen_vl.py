@@ -1,0 +1,100 @@
+"""A tiny random-weight Qwen2.5-VL checkpoint (transformers' Qwen2_5_VLConfig: a 2-block vision tower of width 32
+with 56-pixel windows, one full-attention block, a 2-layer text model) and test images of awkward sizes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# Small pixel bounds keep every image at 4..64 tokens (28 x 28 pixels per token).
+PREPROCESSOR = {"image_processor_type": "Qwen2VLImageProcessor", "min_pixels": 28 * 28 * 4,
+                "max_pixels": 28 * 28 * 64, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
+                "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}
+# Without a tokenizer: a small vocabulary whose last ids are Qwen's vision tokens.
+SMALL_IDS = {"vocab_size": 256, "image_token_id": 250, "video_token_id": 251, "vision_start_token_id": 248,
+             "vision_end_token_id": 249}
+
+
+def build_qwen2_5_vl(folder: Path, tokenizer_dir: Path | None = None, seed: int = 0):  # noqa: ANN201
+    """Save the tiny model (and, with `tokenizer_dir`, that tokenizer's files and its vision token ids) to
+    `folder`; returns the transformers model."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    folder.mkdir(parents=True, exist_ok=True)
+    ids = dict(SMALL_IDS)
+    if tokenizer_dir is not None:
+        from nexttoken.text.tokenizer import Tokenizer
+
+        for file in tokenizer_dir.iterdir():
+            shutil.copy(file, folder / file.name)
+        tok = Tokenizer.from_dir(folder)
+        ids = {"vocab_size": -(-len(tok) // 64) * 64, **{
+            f"{name}_token_id": tok.token_to_id(f"<|{name}|>")
+            for name in ("image_pad", "video_pad", "vision_start", "vision_end")}}
+        ids["image_token_id"], ids["video_token_id"] = ids.pop("image_pad_token_id"), ids.pop("video_pad_token_id")
+    cfg = Qwen2_5_VLConfig(
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+                           window_size=56, fullatt_block_indexes=[1], initializer_range=0.3),
+        text_config=dict(vocab_size=ids.pop("vocab_size"), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
+                         initializer_range=0.3, bos_token_id=None, eos_token_id=None, pad_token_id=None),
+        **ids)
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # biases start at zero and norms at one: make them matter
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.3)
+            elif "norm" in name or "ln_q" in name:
+                p.normal_(1.0, 0.3)
+    model.save_pretrained(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
+    return model
+
+
+def odd_images(seed: int = 0) -> list:
+    """PIL images of awkward sizes and modes: tiny, huge, non-square both ways, grayscale, RGBA, palette, and one
+    already on the patch grid."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+
+    def noise(w: int, h: int, c: int = 3) -> np.ndarray:
+        # smooth gradients plus noise, so the bicubic resize has structure to keep
+        y, x = np.mgrid[0:h, 0:w]
+        base = (x * 255 // max(w - 1, 1) + y * 128 // max(h - 1, 1))[..., None] % 256
+        return np.clip(base + rng.integers(-40, 40, (h, w, c)), 0, 255).astype(np.uint8)
+
+    return [
+        Image.fromarray(noise(3, 5)),  # tiny: scaled up to min_pixels
+        Image.fromarray(noise(2400, 1800)),  # huge: scaled down to max_pixels
+        Image.fromarray(noise(500, 90)),  # wide
+        Image.fromarray(noise(70, 333)),  # tall
+        Image.fromarray(noise(97, 61, 1)[..., 0], "L"),  # grayscale
+        Image.fromarray(noise(120, 80, 4), "RGBA"),  # alpha onto white
+        Image.fromarray(noise(64, 64)).convert("P"),  # palette
+        Image.fromarray(noise(112, 56)),  # already on the 28-pixel grid
+    ]
+
+
+def reference_processor(tokenizer_dir: Path):  # noqa: ANN201
+    """transformers' Qwen2_5_VLProcessor over the slow image processor and the tokenizer. Its __init__ checks a
+    video processor class that needs torchvision (not installed), so the instance is assembled without it; its
+    __call__ (placeholder expansion, tokenizing, mm_token_type_ids) is transformers' own."""
+    from transformers import AutoTokenizer, Qwen2_5_VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    processor = object.__new__(Qwen2_5_VLProcessor)
+    processor.image_processor = Qwen2VLImageProcessorPil(
+        min_pixels=PREPROCESSOR["min_pixels"], max_pixels=PREPROCESSOR["max_pixels"])
+    processor.tokenizer, processor.video_processor, processor.chat_template = tokenizer, None, None
+    processor.image_token, processor.video_token = "<|image_pad|>", "<|video_pad|>"
+    processor.image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    processor.video_token_id = tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    return processor
