@@ -108,6 +108,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "llama": {"arithmetic", "batch", "cache", "fused", "layers", "linear", "recurrent", "rope", "state"},
         "gemma4": {"batch", "cache", "kernels", "layers", "linear", "llama", "rope", "state"},  # Gemma 4's own decoder
         "network": {"arithmetic", "gemma4", "llama"},  # the network a family declares
+        "vision": set(),  # issue 43's vision towers and projectors, a module per family (torch alone)
         "parallel": {"linear", "memory", "moe", "quant"},
         "weights": {"arithmetic", "gemma4", "linear", "llama", "memory", "moe", "network", "parallel", "quant",
                     "recurrent"},  # GGUF blocks kept packed (quant/ggml.py)
