@@ -207,7 +207,7 @@ class ModelConfig:
         family = family or next((f for a in archs for f in FAMILIES if a in f.text_of), None)
         if family is None and not archs:  # no `architectures`: the model_type names it, as transformers reads it
             family = BY_MODEL_TYPE.get(raw.get("model_type"))  # type: ignore[arg-type]
-        if family is not None and family.text_of and isinstance(raw.get("text_config"), dict):
+        if family is not None and (family.text_of or family.vision) and isinstance(raw.get("text_config"), dict):
             # a vision-language checkpoint: its text model's config (Qwen3.5's Qwen3_5ForConditionalGeneration)
             tied = raw.get("tie_word_embeddings", raw["text_config"].get("tie_word_embeddings", False))
             raw = {**raw["text_config"], "architectures": [family.architecture], "tie_word_embeddings": tied}

@@ -35,7 +35,9 @@ from .pretrained import DEFAULT_MODEL_DIR, Pretrained
 from .text.tokenizer import Tokenizer
 from .generation.values import Thinking
 from .chat import ToolUse, format_named, harmony
+from .chat.messages import message_images
 from .chat.render import ChatPrompt, ChatRenderer
+from .images import ImageInputs, ImageLimits, read_images
 from .chat.tools.request import tool_options
 
 Prompt = Union[str, Sequence[int]]
@@ -101,10 +103,14 @@ class LLM:
         self.reasoning_parser: str | None = None  # vLLM's --reasoning-parser name; None: read off the template
         self._renderer: ChatRenderer | None = None  # the chat renderer of these formats (probes the template once)
         self.merged_lora: str | None = None  # the adapter folded into the weights at load (merge=True)
+        self.images: Any = None  # issue 43: the checkpoint's image preprocessing (images/<family>.py); None: text only
+        self.image_limits = ImageLimits()  # images per request, pixels and bytes per image
 
     @classmethod
     def from_pretrained(cls, loaded: Pretrained) -> "LLM":
-        return cls(loaded.model, loaded.tokenizer, loaded.generation_config, loaded.path, loaded.name)
+        llm = cls(loaded.model, loaded.tokenizer, loaded.generation_config, loaded.path, loaded.name)
+        llm.images = loaded.images
+        return llm
 
     @classmethod
     def from_loaded(cls, loaded: Loaded, tool_call_parser: str | None = None) -> "LLM":
@@ -165,14 +171,42 @@ class LLM:
         return [v.tolist() for v in embed(self.model, prompts, how, normalize, dimensions)]
 
     # ---- generation --------------------------------------------------------------------------------------------
-    def generate(self, prompt: Prompt | Sequence[Prompt], **options: Any) -> Completion | list[Completion]:
+    def generate(self, prompt: Prompt | Sequence[Prompt], images: Sequence[Any] | None = None,
+                 **options: Any) -> Completion | list[Completion]:
         """Complete one prompt (-> Completion) or a list of prompts (-> list, batched together).
 
-        With num_return_sequences=n (or beams returning n), each prompt gives n completions, prompt-major."""
+        With num_return_sequences=n (or beams returning n), each prompt gives n completions, prompt-major.
+        `images` (a vision-language model): the prompt's images (paths, bytes, data: URLs, PIL images, numpy
+        arrays), each placed where the prompt writes the model's image placeholder (Gemma 3: `<start_of_image>`);
+        with a list of prompts, a list of such lists, one per prompt."""
         single = isinstance(prompt, str) or (len(prompt) > 0 and isinstance(prompt[0], int))  # type: ignore[index]
         prompts = [prompt] if single else list(prompt)  # type: ignore[list-item]
-        results = self._complete([self.encode(p) for p in prompts], self._request(options))
+        request = self._request(options)
+        if images is None:
+            return self._pick(self._complete([self.encode(p) for p in prompts], request), single)
+        per_prompt = [images] if single else list(images)
+        if len(per_prompt) != len(prompts):
+            raise GenerationConfigError(f"images= gives {len(per_prompt)} lists for {len(prompts)} prompts: give "
+                                        "one list of images per prompt")
+        encoded = [self._with_images(p, list(i)) for p, i in zip(prompts, per_prompt)]
+        return self._pick(self._complete([ids for ids, _ in encoded], request, [im for _, im in encoded]), single)
+
+    @staticmethod
+    def _pick(results: list[Completion], single: bool) -> Completion | list[Completion]:
         return results[0] if single and len(results) == 1 else results
+
+    def _with_images(self, prompt: Prompt, sources: list[Any]) -> tuple[list[int], tuple]:
+        """A text prompt and its images -> (prompt ids with every image's placeholders expanded, the images placed
+        in them: images/prepared.py's PromptImage)."""
+        if not isinstance(prompt, str):
+            raise GenerationConfigError("a prompt with images must be text (its image placeholders are expanded "
+                                        "before tokenizing), not token ids")
+        inputs = self._read_images(sources)
+        ids = self.encode(inputs.expand(prompt)) if inputs else self.encode(prompt)
+        return ids, inputs.placed(ids, self.model.vision.image_token_id) if inputs else ()
+
+    def _read_images(self, sources: list[Any]) -> ImageInputs:
+        return read_images(self.images, sources, self.image_limits, f"{self.name} ({self.model.config.architecture})")
 
     def chat(self, messages: Sequence[Message], tools: Sequence[Any] | None = None, tool_choice: Any = None,
              parallel_tool_calls: bool | None = None, chat_template_kwargs: dict[str, Any] | None = None,
@@ -193,7 +227,10 @@ class LLM:
         (e.g. {"enable_thinking": False})."""
         renderer = self.chat_renderer
         use = self.tool_use(tools, tool_choice, parallel_tool_calls)
-        prompt = renderer.render(messages, use, chat_template_kwargs)
+        sources = message_images(messages)  # image parts: OpenAI's image_url, or {"type": "image", "image": source}
+        inputs = self._read_images(sources) if sources else None
+        prompt = renderer.render(messages, use, chat_template_kwargs, expand=inputs.expand if inputs else None)
+        placed = [inputs.placed(prompt.ids, self.model.vision.image_token_id)] if inputs else None
         options = dict(options)
         if renderer.markers is not None and options.get("thinking") is None:
             options["thinking"] = Thinking(*renderer.markers)  # the grammar waits for the answer after thinking
@@ -205,7 +242,7 @@ class LLM:
             if use is None or not use.calls:  # structured output: the final message's, after the analysis
                 cfg = harmony.structured(cfg, self._need_tokenizer())
             request = dataclasses.replace(request, cfg=cfg)
-        return _answered(self._complete([prompt.ids], request)[0], prompt)
+        return _answered(self._complete([prompt.ids], request, placed)[0], prompt)
 
     def tools_prompt(self, messages: Sequence[Message], use: ToolUse) -> list[int]:
         """The conversation with `use`'s tools, as token ids: rendered by the chat template, or, when the template
@@ -297,10 +334,15 @@ class LLM:
                 "share the tokenizer (the same token ids for the same text)")
         return assistant.model
 
-    def _complete(self, prompts: list[list[int]], request: _Request) -> list[Completion]:
+    def _complete(self, prompts: list[list[int]], request: _Request,
+                  images: list[tuple] | None = None) -> list[Completion]:
+        """`images`: each prompt's placed images (PromptImage), or None for text alone."""
         if not prompts:
             return []
         cfg = request.cfg
+        if request.searched and images is not None and any(images):
+            raise GenerationConfigError(f"images work with greedy decoding and sampling, not "
+                                        f"{generation_mode(cfg).value}")
         if request.searched:
             if request.hooks:
                 raise GenerationConfigError(f"hooks work with greedy decoding and sampling, not {generation_mode(cfg).value}")
@@ -309,8 +351,9 @@ class LLM:
         request.check_lora(len(prompts))
         driver = self._driver_for(prompts, cfg)
         each = expand(prompts, cfg)  # prompt-major: sequence i is prompt i // num_return_sequences's
-        seqs = [driver.submit(p, c, request, request.hooks_for(i, len(each)),
-                              request.lora_for(i // cfg.num_return_sequences)) for i, (p, c) in enumerate(each)]
+        n = cfg.num_return_sequences
+        seqs = [driver.submit(p, c, request, request.hooks_for(i, len(each)), request.lora_for(i // n),
+                              images[i // n] if images is not None else ()) for i, (p, c) in enumerate(each)]
         driver.run(seqs)
         return [self._completion(s) for s in seqs]
 
@@ -379,10 +422,10 @@ class _Driver:
         self.queues: dict[str, deque[TokenEvent]] = {}
 
     def submit(self, prompt: list[int], cfg: GenerationConfig, request: _Request, hooks: list,
-               lora: str | None = None) -> EngineSequence:
+               lora: str | None = None, images: tuple = ()) -> EngineSequence:
         return self.engine.add_request(prompt, cfg, logits_processor=request.logits_processor,
                                        stopping_criteria=request.stopping_criteria, hooks=hooks,
-                                       draft_model=request.assistant, lora=lora)
+                                       draft_model=request.assistant, lora=lora, images=images)
 
     def run(self, seqs: list[EngineSequence]) -> None:
         """Step until every one of seqs has finished."""

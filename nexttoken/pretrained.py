@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from .errors import MissingFileError, ModelLoadError
+from .families import family
+from .images import processor_for
 from .generation.config import GenerationConfig
 from .text.gguf_vocab import end_of_generation_ids, tokenizer_from_gguf
 from .model import Transformer, load_model
@@ -26,6 +29,7 @@ class Pretrained:
     generation_config: GenerationConfig  # config.json's special tokens, then generation_config.json
     path: Path  # the local folder or .gguf file
     name: str = ""  # what the server and the CLI call it: the folder's name, the GGUF's stem, or the Hub id
+    images: Any = None  # issue 43: the checkpoint's image preprocessing (images/<family>.py); None: text only
 
 
 def default_model_path() -> Path:
@@ -109,4 +113,6 @@ def load_pretrained(
             raise ModelLoadError(f"--tokenizer {tokenizer}: its {tok.vocab_size} ids do not fit the model's "
                                  f"vocabulary of {model.config.vocab_size}; pass the model's own tokenizer")
     model.generation_config = gen  # the low-level generate(model, ...) uses the same defaults
-    return Pretrained(model, tok, gen, source.path, source.name)
+    vision = family(model.config.architecture).vision if getattr(model, "vision", None) is not None else None
+    images = None if source.is_gguf else processor_for(vision, source.path)
+    return Pretrained(model, tok, gen, source.path, source.name, images)

@@ -108,10 +108,10 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "llama": {"arithmetic", "batch", "cache", "fused", "layers", "linear", "recurrent", "rope", "state"},
         "gemma4": {"batch", "cache", "kernels", "layers", "linear", "llama", "rope", "state"},  # Gemma 4's own decoder
         "network": {"arithmetic", "gemma4", "llama"},  # the network a family declares
-        "vision": set(),  # issue 43's vision towers and projectors, a module per family (torch alone)
         "parallel": {"linear", "memory", "moe", "quant"},
+        "vision": set(),  # issue 43: vision towers and projectors, a module per vision kind
         "weights": {"arithmetic", "gemma4", "linear", "llama", "memory", "moe", "network", "parallel", "quant",
-                    "recurrent"},  # GGUF blocks kept packed (quant/ggml.py)
+                    "recurrent", "vision"},  # GGUF blocks kept packed (quant/ggml.py)
     },
     "engine": {
         "sequence": set(),
@@ -119,12 +119,13 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "block_manager": {"sequence"},
         "scheduler": {"block_manager", "sequence"},
         "postprocess": {"sequence"},
-        "model_runner": {"block_manager", "scheduler", "sequence"},
+        "encoder": set(),  # issue 43: the vision tower's features cached by image hash
+        "model_runner": {"block_manager", "encoder", "scheduler", "sequence"},
         "speculation": {"model_runner", "postprocess", "scheduler", "sequence"},
         "distributed": {"model_runner", "scheduler"},
         "launch": {"distributed"},
-        "llm_engine": {"block_manager", "distributed", "embedding", "model_runner", "postprocess", "scheduler",
-                       "sequence", "speculation"},
+        "llm_engine": {"block_manager", "distributed", "embedding", "encoder", "model_runner", "postprocess",
+                       "scheduler", "sequence", "speculation"},
         "async_engine": {"embedding", "llm_engine", "sequence"},
         "fit": set(),  # the KV pool and context sized to a memory budget (llama.cpp's --fit)
     },

@@ -114,7 +114,7 @@ class ChatRenderer:
 
     def render(self, messages: Sequence[Mapping[str, Any]], use: ToolUse | None = None,
                variables: Mapping[str, Any] | None = None, add_generation_prompt: bool = True,
-               check: Callable[[str], None] | None = None) -> ChatPrompt:
+               check: Callable[[str], None] | None = None, expand: Callable[[str], str] | None = None) -> ChatPrompt:
         """The conversation through the chat template.
 
         The tools go to the template as given, with the template `variables` (e.g. enable_thinking); when the
@@ -122,7 +122,9 @@ class ChatRenderer:
         format's preamble instead (tools/preamble.py), and `preamble` names the format. `check` sees the text
         before it is tokenized (the server refuses one too long for the context there). Without
         `special_in_content`, a special token's text inside a message's content ("<|im_start|>") is encoded as
-        plain text, as transformers' split_special_tokens does, while the template's own stay special."""
+        plain text, as transformers' split_special_tokens does, while the template's own stay special. `expand`
+        (a request's images: images/inputs.py) replaces each image's placeholder in the rendered text by its full
+        token sequence before the text is checked and tokenized, as transformers' processors do."""
         chat = template_messages(messages)
         if self.harmony:
             chat = harmony.template_messages(chat)
@@ -133,6 +135,8 @@ class ChatRenderer:
         if use is not None and use.format is not None and not self.support.tools:
             chat, tools, preamble = with_preamble(chat, use.tools, use.format, self.support), None, use.format.name
         text = self._render(chat, add_generation_prompt, tools, variables)
+        if expand is not None:
+            text = expand(text)
         if check is not None:
             check(text)
         ids = None

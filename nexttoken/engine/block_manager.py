@@ -111,13 +111,18 @@ class BlockManager:
         return block
 
     # ---- the prefix cache ------------------------------------------------------------------------------------
-    def keys(self, token_ids: list[int], n: int, salt: str | None = None) -> list[Hashable]:
+    def keys(self, token_ids: list[int], n: int, salt: str | None = None, images: tuple = ()) -> list[Hashable]:
         """Keys of the first n blocks; each names the block's tokens and (by hash) every token before it, and the
-        `salt` the K/V were computed under (a LoRA adapter and which load of it: its blocks are never another's)."""
+        `salt` the K/V were computed under (a LoRA adapter and which load of it: its blocks are never another's).
+        `images` (a sequence's PromptImages): a block holding an image's placeholders names that image's content
+        hash too, so two prompts with the same tokens but other pictures share no block."""
         keys: list[Hashable] = []
         parent: Hashable = 0 if salt is None else ("salt", salt)
+        bs = self.block_size
         for b in range(n):
-            key = (parent, tuple(token_ids[b * self.block_size : (b + 1) * self.block_size]))
+            key: tuple = (parent, tuple(token_ids[b * bs : (b + 1) * bs]))
+            seen = tuple(im.hash for im in images if im.start < (b + 1) * bs and im.end > b * bs)
+            key = key + (seen,) if seen else key
             keys.append(key)
             parent = hash(key)
         return keys
@@ -131,7 +136,7 @@ class BlockManager:
         prompt = seq.prompt_ids
         per_chunk = self.chunk_size // self.block_size
         blocks: list[int] = []
-        for key in self.keys(prompt, (len(prompt) - 1) // self.block_size, seq.lora_key):
+        for key in self.keys(prompt, (len(prompt) - 1) // self.block_size, seq.lora_key, seq.images):
             block = self._cached.get(key)
             if block is None:
                 break
@@ -156,8 +161,10 @@ class BlockManager:
         once) keeps its first block."""
         if not self.prefix_caching or end - start != self.chunk_size or end > len(seq.prompt_ids):
             return
+        if start % self.chunk_size:  # a chunk moved off the grid by an image (scheduler.unsplit): not a whole chunk
+            return
         first, last = start // self.block_size, end // self.block_size
-        for b, key in enumerate(self.keys(seq.prompt_ids, last, seq.lora_key)[first:], start=first):
+        for b, key in enumerate(self.keys(seq.prompt_ids, last, seq.lora_key, seq.images)[first:], start=first):
             block = seq.block_table[b]
             if key not in self._cached and block not in self._key_of:
                 self._cached[key] = block
@@ -169,7 +176,7 @@ class BlockManager:
         end = seq.num_cached + self.chunk_size
         if not self.prefix_caching or end >= len(seq.prompt_ids) or seq.num_cached % self.chunk_size:
             return None
-        return self.keys(seq.prompt_ids, end // self.block_size, seq.lora_key)[-1]
+        return self.keys(seq.prompt_ids, end // self.block_size, seq.lora_key, seq.images)[-1]
 
 
 def pool_blocks(model, max_num_seqs: int, max_model_len: int, block_size: int,  # noqa: ANN001

@@ -24,7 +24,8 @@ from typing import Sequence as Seq
 import torch
 
 from ..text.detokenizer import IncrementalDetokenizer
-from ..errors import GenerationConfigError, LoraError, PromptTooLongError, TensorParallelError
+from ..errors import GenerationConfigError, ImageError, LoraError, PromptTooLongError, TensorParallelError
+from ..images.prepared import PromptImage
 from ..generation.config import GenerationConfig
 from ..generation.decode import StepHook
 from ..generation.generate import length_budget, model_generation_config
@@ -42,6 +43,7 @@ from ..model.recurrent import StateSlots, state_specs
 from ..model.lora import AdapterRegistry, LoraAdapter, Resolver, read_adapter, registry_of
 from .distributed import DistributedRunner
 from .block_manager import BlockManager, pool_blocks
+from .encoder import DEFAULT_ENCODER_CACHE_BYTES, EncoderCache
 from .model_runner import ModelRunner, check_state_memory, recurrent_layers, refused
 from .postprocess import advance, advance_greedy, fail, guarded, plain_greedy, snapshot
 from .scheduler import POLICIES, Scheduler, StepPlan
@@ -83,6 +85,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # the KV pool in blocks instead of bytes
     kv_cache_dtype: str = "auto"  # auto (the model's dtype), float32, bf16 or int8 (per token and head scales)
     scheduling_policy: str = "fcfs"  # fcfs, or priority (a request's `priority`, lower first, as vLLM)
+    encoder_cache_memory: int = DEFAULT_ENCODER_CACHE_BYTES  # bytes of image features kept (a model with a tower)
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "chunk_size", "max_num_batched_tokens"):
@@ -91,6 +94,10 @@ class EngineConfig:
                 raise GenerationConfigError(f"{name} must be an integer >= 1, got {value!r}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise GenerationConfigError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
+        if isinstance(self.encoder_cache_memory, bool) or not isinstance(self.encoder_cache_memory, int) \
+                or self.encoder_cache_memory < 0:
+            raise GenerationConfigError(f"encoder_cache_memory must be an integer >= 0 (bytes), got "
+                                        f"{self.encoder_cache_memory!r}")
         for name in ("block_size", "kv_cache_memory", "num_kv_blocks"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -173,8 +180,10 @@ class LLMEngine:
         state_memory = check_state_memory(model, config.max_num_seqs) if self.recurrent else 0
         if self.recurrent and speculative is not None:
             raise GenerationConfigError(refused("speculative decoding", model))
-        num_blocks = pool_blocks(model, config.max_num_seqs, self.max_model_len, block_size,
-                                 config.kv_cache_memory, config.num_kv_blocks, cache_dtype, reserved=state_memory)
+        self.vision = getattr(model, "vision", None)  # issue 43: the vision tower (None: a text model)
+        encoder_memory = config.encoder_cache_memory if self.vision is not None else 0
+        num_blocks = pool_blocks(model, config.max_num_seqs, self.max_model_len, block_size, config.kv_cache_memory,
+                                 config.num_kv_blocks, cache_dtype, reserved=state_memory + encoder_memory)
         prefix_caching = config.enable_prefix_caching and not self.recurrent
         if config.enable_prefix_caching and self.recurrent:
             log.warning("prefix caching is off for this model (%s): its %s layers keep a recurrent state that a "
@@ -189,6 +198,8 @@ class LLMEngine:
         runner = DistributedRunner if getattr(model, "cluster", None) is not None else ModelRunner
         self.runner = runner(model, num_blocks, block_size, self.max_model_len, cache_dtype)
         self.runner.blocks = self.blocks
+        if self.vision is not None:
+            self.runner.encoder = EncoderCache(self.vision, encoder_memory)
         if self.recurrent:
             self.runner.states = StateSlots(state_specs(model.config), config.max_num_seqs, model.dtype, model.device)
         cache = getattr(self.runner, "cache", None)
@@ -223,6 +234,7 @@ class LLMEngine:
         hooks: Seq[StepHook] = (),
         draft_model: Transformer | None = None,
         lora: str | None = None,
+        images: Seq[PromptImage] = (),
     ) -> Sequence:
         """Queue one sequence. `params` is a validated GenerationConfig for one greedy or sampled sequence
         (`expand` turns num_return_sequences into several). Its text continues the prompt's. `group` names the
@@ -230,7 +242,9 @@ class LLMEngine:
         lower runs first under the engine's `priority` scheduling policy (ignored under fcfs).
         `draft_model` (sharing the vocabulary) drafts tokens for speculative decoding, as
         params.prompt_lookup_num_tokens does from the request's own ids (engine/speculation.py). `lora` names a
-        loaded adapter (load_lora) that this sequence decodes under; None: the base model."""
+        loaded adapter (load_lora) that this sequence decodes under; None: the base model. `images`: the prompt's
+        images (images/prepared.py's PromptImage, in prompt order; their placeholders already in prompt_ids), each
+        encoded before the prefill chunk that holds it, through the encoder cache."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise GenerationConfigError(f"request id {request_id!r} is already running: use a new id")
@@ -238,6 +252,9 @@ class LLMEngine:
         params.check_vocabulary(self.model.config.vocab_size)  # ids past it: a bad option now, not a crash later
         self._check_prompt(prompt_ids)
         lora_key = None if lora is None else self._adapters().key(lora)  # an unknown name: UnknownLoraError
+        images = tuple(images)
+        if images:
+            self._check_images(prompt_ids, images, draft_model)
         if params.stop_string_list and self.tokenizer is None:
             raise GenerationConfigError("stop strings need a tokenizer, and this model folder has none")
         if isinstance(priority, bool) or not isinstance(priority, int):
@@ -266,6 +283,7 @@ class LLMEngine:
             arrival_time=arrival_time if arrival_time is not None else time.monotonic(),
             lora=lora,
             lora_key=lora_key,
+            images=images,
         )
         if self.recurrent and (draft_model is not None or params.prompt_lookup_num_tokens is not None):
             raise GenerationConfigError(refused("speculative decoding (assistant_model, prompt_lookup_num_tokens)",
@@ -446,6 +464,27 @@ class LLMEngine:
                 f"({self.blocks.num_blocks - 1} blocks of {self.blocks.block_size}), one new token at least: shorten "
                 "it, or give the server a larger pool (--kv-cache-memory, --num-kv-blocks)"
             )
+
+    def _check_images(self, prompt_ids: list[int], images: tuple[PromptImage, ...], draft_model: object) -> None:
+        """A request's images fit its prompt: a model with a vision tower, each image's span inside the prompt and
+        after the one before, and as many placeholder ids in the prompt as the images' encoder rows."""
+        if self.vision is None:
+            raise ImageError(f"this model ({self.model.config.architecture}) reads text only and cannot take images: "
+                             "load a vision-language checkpoint (docs/models.md, 'Images') or send text")
+        if draft_model is not None:
+            raise GenerationConfigError("a draft model does not see the request's images: speculate with "
+                                        "prompt_lookup_num_tokens, or without a draft model")
+        end = 0
+        for image in images:
+            if not (end <= image.start < image.end <= len(prompt_ids)):
+                raise ImageError(f"image placeholders at prompt columns [{image.start}, {image.end}) are not inside "
+                                 f"the {len(prompt_ids)}-token prompt after the image before")
+            end = image.end
+        found = sum(t == self.vision.image_token_id for t in prompt_ids)
+        if found != sum(image.tokens for image in images):
+            raise ImageError(f"the prompt holds {found} image placeholder tokens but its {len(images)} image(s) "
+                             f"take {sum(image.tokens for image in images)}: expand each image's placeholder with "
+                             "the model's processor, and do not type its image tokens into the text")
 
     def _check_options(self, params: GenerationConfig) -> None:
         mode = generation_mode(params)

@@ -42,6 +42,7 @@ from ..model import fused
 from ..model.kernels import MAX_ROWS
 from ..model.recurrent import StateSlots, state_bytes
 from .block_manager import BlockManager
+from .encoder import EncoderCache
 from .scheduler import PrefillChunk, StepPlan
 from .sequence import Sequence
 
@@ -216,6 +217,8 @@ class ModelRunner:
                                   cache_dtype or model.dtype, model.device)  # (L, N, Hkv, bs, D)
         self.window = mc.sliding_window
         self.blocks: BlockManager | None = None  # the engine's: prefill chunks hash their blocks into its cache
+        # issue 43: the vision tower's features by image hash (the engine sets it for a model with a tower)
+        self.encoder: EncoderCache | None = None
 
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> list[tuple[list[Sequence], torch.Tensor]]:
@@ -308,6 +311,8 @@ class ModelRunner:
         valid = torch.ones(1, end, dtype=torch.bool, device=device)
         batch = ForwardBatch.build(cols, cols, valid, end, self.window, write_start=start, last_only=not want_prompt)
         batch.lora = self._lora_slots([seq])
+        if seq.images:
+            batch = self._with_images(batch, seq, ids, start, end)
         if self.states is not None and start == 0:  # a sequence's first chunk (again, after a preemption)
             self.states.zero([seq.slot])
         view = SeqView(self.cache, torch.tensor(seq.block_table, dtype=torch.int64, device=device), self.states,
@@ -320,6 +325,27 @@ class ModelRunner:
             _record_prompt_logprobs(seq, start, end, logits[0])
             logits = logits[:, -1]
         return logits
+
+    def _with_images(self, batch: ForwardBatch, seq: Sequence, ids: torch.Tensor, start: int,
+                     end: int) -> ForwardBatch:
+        """The chunk's images (the scheduler never splits one): their encoder rows replace their placeholders'
+        embeddings (ForwardBatch.embeds), and where the tower says so (Gemma 3) each image's tokens attend each
+        other both ways, as transformers' token_type_ids do in the prefill."""
+        inside = [im for im in seq.images if start <= im.start and im.end <= end]
+        if not inside:
+            return batch
+        tower = self.encoder.tower
+        where = ids == tower.image_token_id  # (1, T)
+        rows = torch.cat([self.encoder.features(im) for im in inside]).to(self.model.device)
+        if int(where.sum()) != rows.shape[0]:
+            raise ValueError(f"{int(where.sum())} image placeholders in prompt columns [{start}, {end}) but "
+                             f"{rows.shape[0]} encoder rows for its images")
+        batch.embeds = (where, rows)
+        if not getattr(tower, "bidirectional", False):
+            return batch
+        starts = where & ~F.pad(where, (1, 0))[:, :-1]  # a run of placeholders is one image's block
+        groups = torch.where(where, torch.cumsum(starts.long(), dim=1) - 1, -1)  # (1, T)
+        return batch.with_blocks(groups, self.window)
 
     def _lora_slots(self, rows: list) -> torch.Tensor | None:
         """(B,) int64 adapter slot of each row (-1: the base model), or None when no row has an adapter."""

@@ -81,6 +81,16 @@ class StepPlan:
         return [c.seq for c in self.prefill] + self.decode
 
 
+def unsplit(seq: Sequence, start: int, end: int) -> int:
+    """A prefill chunk's end moved so that it splits no image's placeholders (issue 43: the encoder's rows go in
+    whole, and Gemma 3's image tokens attend each other): back to the image's start when the chunk has tokens
+    before it, else past the image's end."""
+    for image in seq.images:
+        if image.start < end < image.end:
+            return image.start if image.start > start else image.end
+    return end
+
+
 class Scheduler:
     def __init__(self, max_num_seqs: int, chunk_size: int, token_budget: int, blocks: BlockManager,
                  policy: str = "fcfs", adapters: Any = None) -> None:
@@ -119,6 +129,7 @@ class Scheduler:
                 break
             start, prompt = seq.num_cached, len(seq.prompt_ids)
             end = min(start + self.chunk_size, prompt if start < prompt else seq.num_tokens - 1)
+            end = unsplit(seq, start, end)
             if not self._make_room(seq, end, plan, preempt_self=False):
                 continue
             if start < prompt:

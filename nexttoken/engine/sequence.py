@@ -57,6 +57,8 @@ class Sequence:
     priority: int = 0  # lower runs first (--scheduling-policy priority), as vLLM's
     lora: str | None = None  # the LoRA adapter it decodes under (model.adapters' name); None: the base model
     lora_key: str | None = None  # that adapter's prefix-cache key (its name and which load of it)
+    # issue 43: its images (images/prepared.py's PromptImage: prepared alone, content hash, prompt span), in prompt order
+    images: tuple = ()
     arrival_time: float = 0.0
     status: SequenceStatus = SequenceStatus.WAITING
     slot: int | None = None  # its place among the running (0 .. max_num_seqs - 1): a draft model's cache row

@@ -118,3 +118,7 @@ class Family:
     # config.json fields a family's configs leave out, filled before the shared fields are read (Mamba2: no
     # attention heads, no MLP)
     config_defaults: tuple[tuple[str, Any], ...] = ()
+    # Issue 43: the vision kind of a vision-language checkpoint ("gemma3", "qwen2_5_vl", ...): its text model is read
+    # from config.json's `text_config` (renames drop the tower's tensors from the decoder's), and model/vision/<kind>
+    # builds the tower beside it (images/<kind>.py prepares its images). None: a text model.
+    vision: str | None = None

@@ -82,3 +82,12 @@ GEMMA3 = Family(
     "its scaling (`linear` on the 4B+ checkpoints); `sliding_window_pattern` read where `layer_types` is absent",
     read=_gemma3, gguf="gemma3", read_gguf=_gguf_gemma3, gguf_norm_shift=True,
 )
+GEMMA3_VISION = Family(
+    "Gemma3ForConditionalGeneration", ("gemma3",), "Gemma 3 4B / 12B / 27B (images in)",
+    "Gemma 3's text model (`text_config`) with a SigLIP vision tower and its projector (average-pooled to "
+    "`mm_tokens_per_image` soft tokens, RMS-normed, projected); an image's tokens attend each other both ways "
+    "during prefill (transformers' `token_type_ids`)",
+    read=_gemma3, vision="gemma3",
+    renames=((r"^(model\.language_model|language_model\.model)\.", "model."), (r"^language_model\.lm_head\.", "lm_head."),
+             (r"^(model\.)?(vision_tower|multi_modal_projector)\..*$", "")),
+)

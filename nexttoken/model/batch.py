@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,10 @@ class ForwardBatch:
     # (B, T) bool: which new tokens are real (False: left padding, which the recurrent layers zero so it leaves
     # their state as it was); None: all of them.
     token_valid: torch.Tensor | None = None
+    # Images (issue 43): ((B, T) bool, the new tokens whose embedding is replaced; (N, C) the rows that replace them,
+    # in the mask's row-major order), applied after the embedding and its scale, as transformers'
+    # `inputs_embeds.masked_scatter(image_mask, features)`; None: text only.
+    embeds: tuple[torch.Tensor, torch.Tensor] | None = None
     # M-RoPE (Qwen2.5-VL): (3, B, T) int64 temporal / height / width positions of the new tokens (rope.mrope_index),
     # given where a row's new tokens hold image tokens; None: every token rotates by `positions` on all three rows
     mrope_positions: torch.Tensor | None = None
@@ -67,6 +72,22 @@ class ForwardBatch:
             valid = None if bool(valid.all()) else valid
         return cls(positions, write_index, kv_len, mask, window_mask, write_start, last_only, window_only=plain,
                    token_valid=valid)
+
+    def with_blocks(self, groups: torch.Tensor, sliding_window: int | None = None) -> "ForwardBatch":
+        """The same batch where the new tokens of one block (an image's, Gemma 3's token_type_ids) also attend each
+        other forward, as transformers' blockwise overlay: groups (B, T) int64, >= 0 a block's id, -1 causal text.
+        The sliding layers' mask keeps its window on top (AND(window, OR(causal, block)))."""
+        assert self.mask is not None, "blocks only change a mask the prefill built"
+        B, T = groups.shape
+        same = (groups[:, :, None] == groups[:, None, :]) & (groups[:, :, None] >= 0)  # (B, T, T) query x new key
+        extra = torch.zeros(B, T, self.kv_len, dtype=torch.bool, device=groups.device)
+        extra.scatter_(2, self.write_index[:, None, :].expand(B, T, T), same)  # new keys sit at their write columns
+        mask, window = self.mask | extra[:, None], self.window_mask
+        if window is not None:
+            cols = torch.arange(self.kv_len, device=groups.device)
+            near = cols > self.write_index[:, :, None] - (sliding_window if sliding_window is not None else self.kv_len)
+            window = window | (extra & near)[:, None]
+        return dataclasses.replace(self, mask=mask, window_mask=window)
 
 
 def _sees_everything(

@@ -28,6 +28,7 @@ class Transformer(nn.Module):
 
     native_step = True  # fused.py may run its decode steps natively (it checks the layers; a stand-in model lacks this)
     adapters = None  # lora.AdapterRegistry once adapters are attached (lora.attach): rows choose slots (batch.lora)
+    vision = None  # issue 43: the checkpoint's vision tower (model/vision/), set by the loader; None: text only
 
     def __init__(self, cfg: ModelConfig, arithmetic: Arithmetic | None = None) -> None:
         super().__init__()
@@ -130,11 +131,16 @@ class Transformer(nn.Module):
     def _trunk(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: SequenceState) -> torch.Tensor:
         """input_ids (B, T) -> (B, T, C): the embedding and every layer, before the final norm."""
         cfg = self.config
+        if batch.embeds is not None:  # an image's placeholder ids may lie past the table: embedded as 0, then replaced
+            input_ids = input_ids.masked_fill(batch.embeds[0], 0)
         x = self.embed(input_ids)  # (B, T, C)
         if cfg.embedding_multiplier != 1.0:
             x = x * cfg.embedding_multiplier
         if cfg.embed_scale is not None:  # Gemma: x sqrt(hidden), the factor rounded to the dtype as transformers does
             x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
+        if batch.embeds is not None:  # images (issue 43): the encoder's rows replace their placeholders' embeddings
+            where, rows = batch.embeds
+            x = x.masked_scatter(where[..., None], rows.to(x.dtype))
         inv_freq = longrope_inv_freq(cfg.rope, self.inv_freq, self.long_inv_freq, batch.positions)
         if batch.mrope_positions is not None and cfg.rope.mrope_section:  # Qwen2.5-VL's image tokens
             cos, sin = mrope_cos_sin(inv_freq, batch.mrope_positions, x.dtype, cfg.rope.mrope_section)

@@ -325,7 +325,28 @@ def load_model(
     model = model.to(device).eval()
     if precision.bf16_weights:  # the Linear modules already hold bf16 tensors: wrapped, not copied
         model = quantize_bf16(model, repack=False)
-    return apply_quantization(model, quantize)
+    model = apply_quantization(model, quantize)
+    kind = family(cfg.architecture).vision
+    if kind is not None:  # issue 43: the tower beside the decoder, float32, never quantized
+        # kept beside the decoder's modules, not among them: quantization, LoRA, tensor parallelism and .to(dtype)
+        # of the decoder leave the tower (float32) alone
+        object.__setattr__(model, "vision", load_vision(path, kind, device))
+    return model
+
+
+def load_vision(path: Path, kind: str, device: torch.device) -> torch.nn.Module:
+    """The vision tower and projector (model/vision/<kind>.py) of a vision-language checkpoint folder, float32."""
+    from .. import vision
+
+    prefixes = vision.tower_class(kind).prefixes
+    tensors: dict[str, torch.Tensor] = {}
+    for f in safetensors_files(path):
+        with safe_open(str(f), framework="pt", device="cpu") as sf:
+            for name in sf.keys():
+                if name.startswith(prefixes):
+                    tensors[name] = sf.get_tensor(name)
+    raw = json.loads((path / "config.json").read_text())
+    return vision.build(kind, raw, tensors).to(device)
 
 
 def _load_stacked(path: Path, cfg: ModelConfig, dtype: str | torch.dtype | None, device: torch.device,
