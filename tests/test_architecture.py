@@ -109,7 +109,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "gemma4": {"batch", "cache", "kernels", "layers", "linear", "llama", "rope", "state"},  # Gemma 4's own decoder
         "network": {"arithmetic", "gemma4", "llama"},  # the network a family declares
         "parallel": {"linear", "memory", "moe", "quant"},
-        "vision": set(),  # issue 43: vision towers and projectors, a module per vision kind
+        "vision": {"rope"},  # issue 43: vision towers and projectors, a module per vision kind
         "weights": {"arithmetic", "gemma4", "linear", "llama", "memory", "moe", "network", "parallel", "quant",
                     "recurrent", "vision"},  # GGUF blocks kept packed (quant/ggml.py)
     },

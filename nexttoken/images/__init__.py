@@ -17,6 +17,7 @@ from .source import ImageLimits, content_hash, load_image
 # vision kind (families/base.py's Family.vision) -> "module:class" here, each class read by from_dir(folder)
 PROCESSORS = MappingProxyType({
     "gemma3": "gemma3:Gemma3Images",
+    "qwen2_5_vl": "qwen_vl:QwenVLImages",
 })
 
 

@@ -13,27 +13,19 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import ImageError
+from .prepared import Prepared
 from .source import _to_rgb
 
 # transformers' OPENAI_CLIP_MEAN / OPENAI_CLIP_STD, the processor's defaults
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-
-
-@dataclass
-class Prepared:
-    """Images ready for a family's tower (the shape vcore's images/prepared.py defines; the lead unifies them)."""
-
-    pixel_values: np.ndarray  # the family's layout, float32 (here: (patches, C * T * P * P))
-    tokens: list[int]  # placeholder tokens each image takes, in order
-    extra: dict[str, Any] = field(default_factory=dict)  # here: image_grid_thw (images, 3) int64
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:

@@ -4,7 +4,6 @@ with 56-pixel windows, one full-attention block, a 2-layer text model) and test 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,23 +18,39 @@ SMALL_IDS = {"vocab_size": 256, "image_token_id": 250, "video_token_id": 251, "v
              "vision_end_token_id": 249}
 
 
-def build_qwen2_5_vl(folder: Path, tokenizer_dir: Path | None = None, seed: int = 0):  # noqa: ANN201
-    """Save the tiny model (and, with `tokenizer_dir`, that tokenizer's files and its vision token ids) to
-    `folder`; returns the transformers model."""
+# Qwen2.5-VL's chat template (its chat_template.json): an image part becomes <|vision_start|><|image_pad|><|vision_end|>
+TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% endif %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}"
+    "<|im_end|>\n{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' or 'image' in "
+    "content or 'image_url' in content %}{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}"
+    "Picture {{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>{% elif content['type'] "
+    "== 'video' or 'video' in content %}{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}"
+    "Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>{% elif 'text' in content "
+    "%}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}"
+    "<|im_start|>assistant\n{% endif %}"
+)
+TOKENS = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "vision_start_token": "<|vision_start|>",
+          "vision_end_token": "<|vision_end|>", "im_start_token": "<|im_start|>", "im_end_token": "<|im_end|>"}
+
+
+def build_qwen2_5_vl(folder: Path, tokenizer: bool = False, seed: int = 0):  # noqa: ANN201
+    """Save the tiny model to `folder` (with `tokenizer`: the default model's small BPE tokenizer with Qwen's
+    vision and chat tokens added, and Qwen2.5-VL's chat template); returns the transformers model."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     folder.mkdir(parents=True, exist_ok=True)
     ids = dict(SMALL_IDS)
-    if tokenizer_dir is not None:
+    if tokenizer:
+        from support.vision import tokenizer_with
+
         from nexttoken.text.tokenizer import Tokenizer
 
-        for file in tokenizer_dir.iterdir():
-            shutil.copy(file, folder / file.name)
+        vocab = tokenizer_with(folder, TOKENS, TEMPLATE)
         tok = Tokenizer.from_dir(folder)
-        ids = {"vocab_size": -(-len(tok) // 64) * 64, **{
-            f"{name}_token_id": tok.token_to_id(f"<|{name}|>")
-            for name in ("image_pad", "video_pad", "vision_start", "vision_end")}}
-        ids["image_token_id"], ids["video_token_id"] = ids.pop("image_pad_token_id"), ids.pop("video_pad_token_id")
+        ids = {"vocab_size": -(-vocab // 64) * 64, **{k.replace("_token", "_token_id"): tok.token_to_id(v)
+                                                       for k, v in TOKENS.items() if "im_" not in k}}
     cfg = Qwen2_5_VLConfig(
         vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
                            window_size=56, fullatt_block_indexes=[1], initializer_range=0.3),
@@ -83,7 +98,7 @@ def odd_images(seed: int = 0) -> list:
 
 
 def reference_processor(tokenizer_dir: Path):  # noqa: ANN201
-    """transformers' Qwen2_5_VLProcessor over the slow image processor and the tokenizer. Its __init__ checks a
+    """transformers' Qwen2_5_VLProcessor over the slow image processor and the folder's tokenizer. Its __init__ checks a
     video processor class that needs torchvision (not installed), so the instance is assembled without it; its
     __call__ (placeholder expansion, tokenizing, mm_token_type_ids) is transformers' own."""
     from transformers import AutoTokenizer, Qwen2_5_VLProcessor

@@ -19,6 +19,7 @@ import torch
 # vision kind -> "module:class" under model/vision/ (each module's class: from_checkpoint(raw config, tensors))
 TOWERS = MappingProxyType({
     "gemma3": "gemma3:Gemma3Vision",
+    "qwen2_5_vl": "qwen_vl:QwenVisionTower",
 })
 
 

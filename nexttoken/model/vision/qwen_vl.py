@@ -16,6 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...errors import ModelLoadError
+from ..rope import mrope_index
+
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
                "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x)}
 # Where a checkpoint keeps the tower: transformers' saved layout, and its newer in-memory one.
@@ -131,32 +134,63 @@ class PatchMerger(nn.Module):
 
 class QwenVisionTower(nn.Module):
     """pixel_values (patches, C * T * P * P) + image_grid_thw (images, 3) -> (tokens, out_hidden_size): every
-    image's merged tokens in order, one row per `<|image_pad|>`."""
+    image's merged tokens in order, one row per `<|image_pad|>`. The decoder rotates the prompt by M-RoPE's 3-D
+    positions (`rope_index`)."""
 
-    def __init__(self, cfg: QwenVisionConfig) -> None:
+    bidirectional = False  # the image tokens attend causally, as the text does
+    prefixes = PREFIXES
+
+    def __init__(self, cfg: QwenVisionConfig, image_token_id: int = -1) -> None:
         super().__init__()
         self.config = cfg
+        self.image_token_id = image_token_id
         c = cfg
         self.patch_embed = nn.Conv3d(c.in_channels, c.hidden_size, bias=False,
                                      kernel_size=(c.temporal_patch_size, c.patch_size, c.patch_size),
                                      stride=(c.temporal_patch_size, c.patch_size, c.patch_size))
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.depth))
         self.merger = PatchMerger(c)
-        spatial = c.head_dim // 2  # h and w each rotate a quarter of the head's angle pairs... twice over
+        spatial = c.head_dim // 2  # rows and columns each rotate half of the head's angle pairs
         self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, spatial, 2, dtype=torch.float) / spatial))
 
     @classmethod
-    def from_tensors(cls, raw_config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> "QwenVisionTower":
-        """The tower of a Qwen2_5_VLForConditionalGeneration checkpoint: config.json's vision_config and the
-        checkpoint's `visual.*` (or `model.visual.*`) tensors, in float32."""
-        tower = cls(QwenVisionConfig.from_dict(raw_config))
+    def from_checkpoint(cls, raw: dict[str, Any], tensors: dict[str, torch.Tensor]) -> "QwenVisionTower":
+        """The tower of a Qwen2_5_VLForConditionalGeneration checkpoint: config.json (its vision_config and
+        image_token_id) and the checkpoint's `visual.*` (or `model.visual.*`) tensors, in float32."""
+        vision, image_token = raw.get("vision_config"), raw.get("image_token_id")
+        if not isinstance(vision, dict) or image_token is None:
+            raise ModelLoadError("a Qwen2_5_VLForConditionalGeneration config.json needs vision_config and "
+                                 "image_token_id")
+        tower = cls(QwenVisionConfig.from_dict(vision), int(image_token))
         state = {}
         for name, tensor in tensors.items():
             prefix = next((p for p in PREFIXES if name.startswith(p)), None)
             if prefix is not None:
                 state[name[len(prefix):].replace("patch_embed.proj.", "patch_embed.")] = tensor.float()
-        tower.load_state_dict(state, strict=True)
+        missing = sorted(set(tower.state_dict()) - set(state))
+        if missing:
+            raise ModelLoadError(f"Qwen2.5-VL vision tower: the checkpoint lacks {missing[:3]}")
+        tower.load_state_dict({k: state[k] for k in tower.state_dict()}, strict=True)
         return tower.eval()
+
+    @classmethod
+    def from_tensors(cls, raw_vision: dict[str, Any], tensors: dict[str, torch.Tensor]) -> "QwenVisionTower":
+        """The tower from config.json's vision_config alone (no placeholder id): features only."""
+        return cls.from_checkpoint({"vision_config": raw_vision, "image_token_id": -1}, tensors)
+
+    def encode(self, prepared: Any, image_grid_thw: Any = None) -> torch.Tensor:
+        """A Prepared (images/prepared.py; or its pixel_values and image_grid_thw arrays) -> (tokens,
+        out_hidden_size) float32 features, image after image."""
+        if image_grid_thw is None:
+            prepared, image_grid_thw = prepared.pixel_values, prepared.extra["image_grid_thw"]
+        device = self.patch_embed.weight.device
+        return self(torch.as_tensor(prepared, device=device), torch.as_tensor(image_grid_thw))
+
+    def rope_index(self, ids: list[int], images: Any) -> tuple[torch.Tensor, int]:
+        """A prompt's M-RoPE positions (3, T) and the offset later tokens add (rope.mrope_index), its images (each
+        with prepared.extra["image_grid_thw"]) in prompt order."""
+        grids = [tuple(int(v) for v in g) for im in images for g in im.prepared.extra["image_grid_thw"]]
+        return mrope_index(ids, self.image_token_id, grids, self.config.spatial_merge_size)
 
     @torch.inference_mode()
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
@@ -176,10 +210,6 @@ class QwenVisionTower(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, image_lengths if i in c.fullatt_block_indexes else window_lengths, cos, sin)
         return self.merger(x)[torch.argsort(order)]
-
-    def encode(self, pixel_values: Any, image_grid_thw: Any) -> torch.Tensor:
-        """Prepared arrays (numpy or torch) -> (tokens, out_hidden_size) float32 features."""
-        return self(torch.as_tensor(pixel_values), torch.as_tensor(image_grid_thw))
 
     def _angles(self, grids: list[tuple[int, int, int]]) -> torch.Tensor:
         """(N, head_dim / 2) rotary angles: each patch's row position times the frequencies, then its column's, in
