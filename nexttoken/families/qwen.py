@@ -64,7 +64,7 @@ QWEN2_5_VL = Family(
     "Qwen2_5_VLForConditionalGeneration", ("qwen2_5_vl",), "Qwen2.5-VL 3B / 7B / 32B / 72B (images in)",
     "Qwen2's text model (`text_config`) with M-RoPE (`mrope_section`: the rotary pairs split over an image token's "
     "temporal, row and column positions; text counts up on all three) and a windowed ViT (2-D rotary, full "
-    "attention at `fullatt_block_indexes`) whose patch merger joins each 2 x 2 patches into one `<|image_pad|>`",
+    "attention at `fullatt_block_indexes`) whose patch merger joins each 2 x 2 patches into one image token",
     read=_qwen2, vision="qwen2_5_vl", tensor_parallel=False,
     renames=((r"^model\.language_model\.", "model."), (r"^(model\.)?visual\..*$", "")),
 )
