@@ -113,6 +113,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     llm, implied = _load(args)
     options = {**_options(args, llm), **implied}
+    if args.image:  # issue 43: the prompt marks each image's place with the model's placeholder
+        options["images"] = args.image
     if args.trace:
         return _generate_traced(llm, prompt, options, args.trace)
     if args.json:
@@ -176,9 +178,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     llm, implied = _load(args)
     options = {**_options(args, llm), **implied}
-    messages: list[dict[str, str]] = []
+    messages: list[dict[str, Any]] = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
+    images = [{"type": "image", "image": path} for path in args.image or []]  # issue 43: with the first message
     interactive = sys.stdin.isatty()
     if interactive:
         print("chat: type a message and press Enter; Ctrl-D exits.", file=sys.stderr)
@@ -191,7 +194,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
             return 0
         if not line.strip():
             continue
-        messages.append({"role": "user", "content": line})
+        content: Any = [*images, {"type": "text", "text": line}] if images else line
+        images = []
+        messages.append({"role": "user", "content": content})
         sys.stdout.write("assistant> " if interactive else "")
         reply = ""
         for delta in llm.stream_chat(messages, **options):
@@ -214,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print the full result as JSON instead of streaming")
     gen.add_argument("--trace", metavar="PAGE.html", help="record why each token was chosen: write the explain "
                      "page there and the trace beside it as .json (see docs/tracing.md)")
+    gen.add_argument("--image", action="append", metavar="PATH", help="an image for a vision-language model "
+                     "(repeatable, in order); the prompt marks each one's place with the model's placeholder "
+                     "(Gemma 3: <start_of_image>)")
     _add_model_args(gen)
     _add_generation_args(gen)
     gen.set_defaults(run=cmd_generate)
@@ -229,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "(Ctrl-D exits). Each answer runs to the end of the turn (or the end of the "
                                       "model's context) unless --max-new-tokens limits it.")
     chat.add_argument("--system", help="system message")
+    chat.add_argument("--image", action="append", metavar="PATH", help="an image sent with the first message, "
+                      "before its text (repeatable; a vision-language model)")
     _add_model_args(chat)
     _add_generation_args(chat)
     chat.set_defaults(run=cmd_chat)

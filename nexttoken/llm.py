@@ -256,15 +256,23 @@ class LLM:
             return ToolUse.of(tools, tool_choice, parallel_tool_calls, self.tool_call_parser)
         return self.chat_renderer.tool_use(tools, tool_choice, parallel_tool_calls)
 
-    def stream(self, prompt: Prompt, **options: Any) -> Iterator[str]:
-        """Yield text deltas as they are generated; they concatenate to `generate(prompt).text`."""
-        yield from self._stream(self.encode(prompt), self._request(options))
+    def stream(self, prompt: Prompt, images: Sequence[Any] | None = None, **options: Any) -> Iterator[str]:
+        """Yield text deltas as they are generated; they concatenate to `generate(prompt).text` (`images` as
+        generate's for one prompt)."""
+        request = self._request(options)
+        ids, placed = self._with_images(prompt, list(images)) if images else (self.encode(prompt), ())
+        yield from self._stream(ids, request, placed)
 
     def stream_chat(self, messages: Sequence[Message], **options: Any) -> Iterator[str]:
         if options.get("tools"):
             raise GenerationConfigError("stream_chat() yields text; for tool calls use chat(..., tools=...), or "
                                         "the server's streamed delta.tool_calls")
-        yield from self._stream(self.chat_renderer.render(messages).ids, self._request(options))
+        request = self._request(options)
+        sources = message_images(messages)
+        inputs = self._read_images(sources) if sources else None
+        prompt = self.chat_renderer.render(messages, expand=inputs.expand if inputs else None)
+        placed = inputs.placed(prompt.ids, self.model.vision.image_token_id) if inputs else ()
+        yield from self._stream(prompt.ids, request, placed)
 
     # ---- internals ---------------------------------------------------------------------------------------------
     def _request(self, options: dict[str, Any]) -> _Request:
@@ -357,7 +365,7 @@ class LLM:
         driver.run(seqs)
         return [self._completion(s) for s in seqs]
 
-    def _stream(self, prompt: list[int], request: _Request) -> Iterator[str]:
+    def _stream(self, prompt: list[int], request: _Request, images: tuple = ()) -> Iterator[str]:
         if request.searched or request.cfg.num_return_sequences != 1:
             raise GenerationConfigError(
                 "stream() yields one greedy or sampled sequence: leave num_beams, penalty_alpha and "
@@ -369,7 +377,7 @@ class LLM:
         self._need_tokenizer()
         request.check_lora(1)
         driver = self._driver_for([prompt], request.cfg)
-        seq = driver.submit(prompt, request.cfg, request, request.hooks_for(0, 1), request.lora_for(0))
+        seq = driver.submit(prompt, request.cfg, request, request.hooks_for(0, 1), request.lora_for(0), images)
         for event in driver.events(seq):
             _check_event(event)
             if event.text:
