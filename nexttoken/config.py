@@ -49,6 +49,7 @@ class RopeConfig:
     # M-RoPE (Qwen2-VL, Qwen2.5-VL): how many of the head_dim / 2 angle pairs rotate by the temporal, height and
     # width positions (ForwardBatch.mrope_positions); () : one position per token
     mrope_section: tuple[int, ...] = ()
+    mrope_interleaved: bool = False  # Qwen3-VL: the rows' pairs interleave (t h w t h w ...) instead of running
 
 
 @dataclass(frozen=True)
@@ -329,7 +330,8 @@ def _rope_config(raw: dict[str, Any], source: str, head_dim: int, partial: bool 
     if section and (rope_type != "default" or sum(section) != head_dim // 2):
         raise ModelLoadError(f"{source}: mrope_section {list(section)} must split the {head_dim // 2} angle pairs "
                              f"(head_dim / 2) of the default RoPE, got rope type {rope_type!r}")
-    return RopeConfig(theta=theta, type=rope_type, factor=factor, partial_rotary_factor=share, mrope_section=section)
+    return RopeConfig(theta=theta, type=rope_type, factor=factor, partial_rotary_factor=share, mrope_section=section,
+                      mrope_interleaved=bool(section) and bool(params.get("mrope_interleaved", False)))
 
 
 def _longrope_config(raw: dict[str, Any], params: dict[str, Any], theta: float, source: str,

@@ -18,6 +18,7 @@ from .source import ImageLimits, content_hash, load_image
 PROCESSORS = MappingProxyType({
     "gemma3": "gemma3:Gemma3Images",
     "qwen2_5_vl": "qwen_vl:QwenVLImages",
+    "qwen3_vl": "qwen_vl:QwenVLImages",
 })
 
 

@@ -1,5 +1,7 @@
-"""Qwen2.5-VL end to end (issue 43): a tiny random-weight Qwen2_5_VLForConditionalGeneration loaded as a declared
-family, its images prepared, encoded by the windowed tower and placed by M-RoPE's 3-D positions; tokens equal to
+"""Qwen2.5-VL and Qwen3-VL end to end (issue 43): tiny random-weight Qwen2_5_VLForConditionalGeneration and
+Qwen3VLForConditionalGeneration checkpoints loaded as declared families, their images prepared, encoded by the
+tower (Qwen3-VL: its DeepStack rows added after the first decoder layers) and placed by M-RoPE's 3-D positions
+(Qwen3-VL: interleaved); tokens equal to
 transformers' generate with the same images and its processor's inputs, greedy and seeded, through LLM.generate,
 LLM.chat and the engine (small prefill chunks that an image must not be split by, text-only requests beside)."""
 
@@ -19,11 +21,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 PICTURE = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
-@pytest.fixture(scope="module")
-def vlm(tmp_path_factory):  # noqa: ANN201
-    folder = tmp_path_factory.mktemp("qwen2_5_vl")
-    hf = build_qwen2_5_vl(folder, tokenizer=True, seed=1)
-    return nexttoken.load(folder), hf, reference_processor(folder), odd_images(seed=3)
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def vlm(request, tmp_path_factory):  # noqa: ANN201
+    qwen3 = request.param == "qwen3_vl"
+    folder = tmp_path_factory.mktemp(request.param)
+    hf = build_qwen2_5_vl(folder, tokenizer=True, seed=1, qwen3=qwen3)
+    return nexttoken.load(folder), hf, reference_processor(folder, qwen3), odd_images(seed=3)
 
 
 def _transformers(vlm, text: str, images: list, new: int = 8, special: bool = True,  # noqa: ANN001
@@ -39,9 +42,11 @@ def _transformers(vlm, text: str, images: list, new: int = 8, special: bool = Tr
 
 def test_declared_family_loads_tower_and_processor(vlm) -> None:
     llm, hf, _, _ = vlm
-    assert llm.model.config.architecture == "Qwen2_5_VLForConditionalGeneration"
+    qwen3 = type(hf).__name__ == "Qwen3VLForConditionalGeneration"
+    assert llm.model.config.architecture == type(hf).__name__
     assert llm.model.config.rope.mrope_section == (2, 3, 3)
-    assert type(llm.model.vision).__name__ == "QwenVisionTower"
+    assert llm.model.config.rope.mrope_interleaved == qwen3
+    assert type(llm.model.vision).__name__ == ("Qwen3VisionTower" if qwen3 else "QwenVisionTower")
     assert llm.model.vision.image_token_id == hf.config.image_token_id
     assert type(llm.images).__name__ == "QwenVLImages"
 

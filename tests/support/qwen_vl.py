@@ -35,10 +35,17 @@ TOKENS = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "visio
           "vision_end_token": "<|vision_end|>", "im_start_token": "<|im_start|>", "im_end_token": "<|im_end|>"}
 
 
-def build_qwen2_5_vl(folder: Path, tokenizer: bool = False, seed: int = 0):  # noqa: ANN201
+# Qwen3-VL: 16-pixel patches, mean / std 0.5
+PREPROCESSOR_3 = {**PREPROCESSOR, "patch_size": 16, "min_pixels": 32 * 32 * 4, "max_pixels": 32 * 32 * 64,
+                  "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+
+
+def build_qwen2_5_vl(folder: Path, tokenizer: bool = False, seed: int = 0, qwen3: bool = False):  # noqa: ANN201
     """Save the tiny model to `folder` (with `tokenizer`: the default model's small BPE tokenizer with Qwen's
-    vision and chat tokens added, and Qwen2.5-VL's chat template); returns the transformers model."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    vision and chat tokens added, and Qwen2.5-VL's chat template); returns the transformers model. `qwen3`: a
+    Qwen3-VL instead (3 vision blocks, learned positions over a 6 x 6 table, DeepStack after blocks 0 and 1; a
+    3-layer Qwen3 text model with interleaved M-RoPE)."""
+    import transformers
 
     folder.mkdir(parents=True, exist_ok=True)
     ids = dict(SMALL_IDS)
@@ -51,16 +58,22 @@ def build_qwen2_5_vl(folder: Path, tokenizer: bool = False, seed: int = 0):  # n
         tok = Tokenizer.from_dir(folder)
         ids = {"vocab_size": -(-vocab // 64) * 64, **{k.replace("_token", "_token_id"): tok.token_to_id(v)
                                                        for k, v in TOKENS.items() if "im_" not in k}}
-    cfg = Qwen2_5_VLConfig(
-        vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
-                           window_size=56, fullatt_block_indexes=[1], initializer_range=0.3),
-        text_config=dict(vocab_size=ids.pop("vocab_size"), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
-                         initializer_range=0.3, bos_token_id=None, eos_token_id=None, pad_token_id=None),
-        **ids)
+    rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
+    text = dict(vocab_size=ids.pop("vocab_size"), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, rope_parameters=rope,
+                initializer_range=0.3, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    vision = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64, initializer_range=0.3)
+    if qwen3:
+        text |= dict(num_hidden_layers=3, head_dim=16, rope_parameters={**rope, "mrope_interleaved": True})
+        vision |= dict(depth=3, patch_size=16, num_position_embeddings=36, deepstack_visual_indexes=[0, 1])
+        cfg = transformers.Qwen3VLConfig(vision_config=vision, text_config=text, **ids)
+        model_class = transformers.Qwen3VLForConditionalGeneration
+    else:
+        vision |= dict(window_size=56, fullatt_block_indexes=[1])
+        cfg = transformers.Qwen2_5_VLConfig(vision_config=vision, text_config=text, **ids)
+        model_class = transformers.Qwen2_5_VLForConditionalGeneration
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(cfg).eval()
+    model = model_class(cfg).eval()
     with torch.no_grad():  # biases start at zero and norms at one: make them matter
         for name, p in model.named_parameters():
             if name.endswith("bias"):
@@ -68,7 +81,7 @@ def build_qwen2_5_vl(folder: Path, tokenizer: bool = False, seed: int = 0):  # n
             elif "norm" in name or "ln_q" in name:
                 p.normal_(1.0, 0.3)
     model.save_pretrained(folder)
-    (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
+    (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_3 if qwen3 else PREPROCESSOR))
     return model
 
 
@@ -97,19 +110,21 @@ def odd_images(seed: int = 0) -> list:
     ]
 
 
-def reference_processor(tokenizer_dir: Path):  # noqa: ANN201
-    """transformers' Qwen2_5_VLProcessor over the slow image processor and the folder's tokenizer. Its __init__ checks a
-    video processor class that needs torchvision (not installed), so the instance is assembled without it; its
-    __call__ (placeholder expansion, tokenizing, mm_token_type_ids) is transformers' own."""
-    from transformers import AutoTokenizer, Qwen2_5_VLProcessor
+def reference_processor(tokenizer_dir: Path, qwen3: bool = False):  # noqa: ANN201
+    """transformers' Qwen2_5_VLProcessor (`qwen3`: Qwen3VLProcessor) over the slow image processor and the folder's
+    tokenizer. Its __init__ checks a video processor class that needs torchvision (not installed), so the instance
+    is assembled without it; its __call__ (placeholder expansion, tokenizing, mm_token_type_ids) is transformers'
+    own."""
+    from transformers import AutoTokenizer, Qwen2_5_VLProcessor, Qwen3VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    processor = object.__new__(Qwen2_5_VLProcessor)
-    processor.image_processor = Qwen2VLImageProcessorPil(
-        min_pixels=PREPROCESSOR["min_pixels"], max_pixels=PREPROCESSOR["max_pixels"])
+    processor = object.__new__(Qwen3VLProcessor if qwen3 else Qwen2_5_VLProcessor)
+    settings = {k: v for k, v in (PREPROCESSOR_3 if qwen3 else PREPROCESSOR).items() if k != "image_processor_type"}
+    processor.image_processor = Qwen2VLImageProcessorPil(**settings)
     processor.tokenizer, processor.video_processor, processor.chat_template = tokenizer, None, None
-    processor.image_token, processor.video_token = "<|image_pad|>", "<|video_pad|>"
-    processor.image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
-    processor.video_token_id = tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    for name in ("image", "video", "vision_start", "vision_end"):
+        token = TOKENS[f"{name}_token"]
+        setattr(processor, f"{name}_token", token)
+        setattr(processor, f"{name}_token_id", tokenizer.convert_tokens_to_ids(token))
     return processor

@@ -20,6 +20,7 @@ import torch
 TOWERS = MappingProxyType({
     "gemma3": "gemma3:Gemma3Vision",
     "qwen2_5_vl": "qwen_vl:QwenVisionTower",
+    "qwen3_vl": "qwen3_vl:Qwen3VisionTower",
 })
 
 

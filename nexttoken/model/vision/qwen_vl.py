@@ -202,7 +202,7 @@ class QwenVisionTower(nn.Module):
         order, window_lengths = window_index(grids, c)
         unit = c.spatial_merge_size**2
         x = x.view(-1, unit, c.hidden_size)[order].reshape(-1, c.hidden_size)  # windows' blocks consecutive
-        angles = self._angles(grids)  # (N, D/2) in image order
+        angles = rotary_angles(grids, c.spatial_merge_size, self.inv_freq)  # (N, D/2) in image order
         angles = angles.view(-1, unit, angles.shape[-1])[order].reshape(-1, angles.shape[-1])
         emb = torch.cat((angles, angles), dim=-1)
         cos, sin = emb.cos(), emb.sin()
@@ -210,20 +210,6 @@ class QwenVisionTower(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, image_lengths if i in c.fullatt_block_indexes else window_lengths, cos, sin)
         return self.merger(x)[torch.argsort(order)]
-
-    def _angles(self, grids: list[tuple[int, int, int]]) -> torch.Tensor:
-        """(N, head_dim / 2) rotary angles: each patch's row position times the frequencies, then its column's, in
-        the merge-block order of the patches (transformers' get_vision_position_ids)."""
-        m = self.config.spatial_merge_size
-        rows = []
-        for t, h, w in grids:
-            hpos, wpos = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-            block = (h // m, m, w // m, m)
-            hpos, wpos = hpos.reshape(block).transpose(1, 2).flatten(), wpos.reshape(block).transpose(1, 2).flatten()
-            rows.append(torch.stack([hpos, wpos], dim=-1).repeat(t, 1))
-        positions = torch.cat(rows)  # (N, 2)
-        freqs = positions[..., None].float() * self.inv_freq  # (N, 2, D/4)
-        return torch.cat([freqs[:, 0], freqs[:, 1]], dim=-1)
 
 
 def window_index(grids: list[tuple[int, int, int]], cfg: QwenVisionConfig) -> tuple[torch.Tensor, list[int]]:
@@ -245,3 +231,16 @@ def window_index(grids: list[tuple[int, int, int]], cfg: QwenVisionConfig) -> tu
         lengths += [int(n) * m * m for n in counts if n > 0]
         offset += t * gh * gw
     return torch.cat(order), lengths
+
+
+def rotary_angles(grids: list[tuple[int, int, int]], merge: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    """(N, head_dim / 2) rotary angles: each patch's row position times the frequencies, then its column's, in
+    the merge-block order of the patches (transformers' get_vision_position_ids)."""
+    rows = []
+    for t, h, w in grids:
+        hpos, wpos = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        block = (h // merge, merge, w // merge, merge)
+        hpos, wpos = hpos.reshape(block).transpose(1, 2).flatten(), wpos.reshape(block).transpose(1, 2).flatten()
+        rows.append(torch.stack([hpos, wpos], dim=-1).repeat(t, 1))
+    freqs = torch.cat(rows)[..., None].float() * inv_freq  # (N, 2, D/4)
+    return torch.cat([freqs[:, 0], freqs[:, 1]], dim=-1)

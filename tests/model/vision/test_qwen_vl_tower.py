@@ -1,5 +1,5 @@
-"""Qwen2.5-VL's vision tower and M-RoPE decoder against transformers' Qwen2_5_VLForConditionalGeneration on the
-same tiny random weights: the tower's features on the same pixel values, the 3-D positions of get_rope_index, and
+"""Qwen2.5-VL's (and Qwen3-VL's) vision tower and M-RoPE decoder against transformers' models on the same tiny
+random weights: the tower's features on the same pixel values, the 3-D positions of get_rope_index, and
 the text model's logits with those positions given."""
 
 import json
@@ -120,3 +120,20 @@ def test_image_tokens_must_match_the_grids(prepared):
     grids = [tuple(g) for g in prepared.extra["image_grid_thw"].tolist()]
     with pytest.raises(ImageError):
         mrope_index([1, IMAGE, IMAGE, 2], IMAGE, grids, 2)
+
+
+def test_qwen3_tower_features_and_deepstack_equal_transformers(tmp_path):
+    from nexttoken.model.vision.qwen3_vl import Qwen3VisionTower
+
+    hf = build_qwen2_5_vl(tmp_path, qwen3=True)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    tower = Qwen3VisionTower.from_checkpoint(raw, read_tensors(safetensors_files(tmp_path)))
+    images = odd_images()
+    prepared = QwenVLImages.from_dir(tmp_path).prepare([images[0], images[3], images[1]])
+    pixels, grid = torch.from_numpy(prepared.pixel_values), torch.from_numpy(prepared.extra["image_grid_thw"])
+    with torch.no_grad():
+        out = hf.model.get_image_features(pixels, grid)
+    want = torch.cat([torch.cat(out.pooler_output), *(torch.cat(d) for d in out.deepstack_features)], dim=-1)
+    got = tower.encode(prepared)
+    assert got.shape == (sum(prepared.tokens), 64 * 3)  # the final merger's rows, then two DeepStack mergers'
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
