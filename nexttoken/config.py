@@ -210,7 +210,8 @@ class ModelConfig:
             family = BY_MODEL_TYPE.get(raw.get("model_type"))  # type: ignore[arg-type]
         if family is not None and (family.text_of or family.vision) and isinstance(raw.get("text_config"), dict):
             # a vision-language checkpoint: its text model's config (Qwen3.5's Qwen3_5ForConditionalGeneration)
-            tied = raw.get("tie_word_embeddings", raw["text_config"].get("tie_word_embeddings", False))
+            untold = dict(family.config_defaults).get("tie_word_embeddings", False)  # the family's default
+            tied = raw.get("tie_word_embeddings", raw["text_config"].get("tie_word_embeddings", untold))
             raw = {**raw["text_config"], "architectures": [family.architecture], "tie_word_embeddings": tied}
         if family is not None and family.config_defaults:
             raw = {**dict(family.config_defaults), **raw}

@@ -32,8 +32,9 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
         message = dict(message)
         content = message.get("content")
         if _has_images(content):
-            message["content"] = [{"type": "image"} if p["type"] in IMAGE_PARTS else {"type": "text", "text": p["text"]}
-                                  for p in content if p["type"] in IMAGE_PARTS or p["type"] in TEXT_PARTS]
+            message["content"] = [{"type": "image"} if p.get("type") in IMAGE_PARTS
+                                  else {"type": "text", "text": p.get("text") or ""}
+                                  for p in content if p.get("type") in IMAGE_PARTS + TEXT_PARTS]
         else:
             message["content"] = message_text(content, message.get("role"))
         calls = message.get("tool_calls")
@@ -50,7 +51,7 @@ def message_images(messages: Sequence[Mapping[str, Any]]) -> list[Any]:
     `{"type": "image", "image": ...}` part holds: a path, bytes, a PIL image, an array); images/source.py loads
     them."""
     return [_image_source(p) for m in messages if _has_images(m.get("content")) for p in m["content"]
-            if p["type"] in IMAGE_PARTS]
+            if p.get("type") in IMAGE_PARTS]
 
 
 def _has_images(content: Any) -> bool:

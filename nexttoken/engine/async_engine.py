@@ -96,9 +96,11 @@ class AsyncEngine:
     async def stream(
         self, request_id: str, prompt_ids: list[int], params: GenerationConfig, arrival_time: float | None = None,
         group: str | None = None, reserved: bool = False, priority: int = 0, lora: str | None = None,
+        images: tuple = (),
     ) -> AsyncIterator[TokenEvent]:
-        """Events of one request until it finishes (under LoRA adapter `lora`, None: the base model). Closing the
-        iterator early cancels the request. `reserved`: `reserve` counted it already."""
+        """Events of one request until it finishes (under LoRA adapter `lora`, None: the base model; `images`: its
+        placed images, LLMEngine.add_request's). Closing the iterator early cancels the request. `reserved`:
+        `reserve` counted it already."""
         if self.error is not None or self._closed is not None:
             if reserved:
                 self.release(1)
@@ -110,7 +112,7 @@ class AsyncEngine:
         if not reserved:
             with self._adds_lock:
                 self._inbox_adds += 1
-        self._inbox.put(("add", (request_id, prompt_ids, params, arrival_time, group, priority, lora)))
+        self._inbox.put(("add", (request_id, prompt_ids, params, arrival_time, group, priority, lora, images)))
         finished = False
         try:
             while True:
@@ -179,10 +181,10 @@ class AsyncEngine:
             if kind == "add":
                 with self._adds_lock:
                     self._inbox_adds -= 1
-                request_id, prompt_ids, params, arrival, group, priority, lora = item
+                request_id, prompt_ids, params, arrival, group, priority, lora, images = item
                 try:
                     self.engine.add_request(prompt_ids, params, request_id, arrival_time=arrival, group=group,
-                                            priority=priority, lora=lora)
+                                            priority=priority, lora=lora, images=images)
                 except Exception as e:  # noqa: BLE001 - a bad request fails alone
                     self._send(request_id, e)
             elif kind == "call":  # work on the engine's model between steps (embeddings, LoRA loading)

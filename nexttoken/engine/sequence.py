@@ -57,7 +57,7 @@ class Sequence:
     priority: int = 0  # lower runs first (--scheduling-policy priority), as vLLM's
     lora: str | None = None  # the LoRA adapter it decodes under (model.adapters' name); None: the base model
     lora_key: str | None = None  # that adapter's prefix-cache key (its name and which load of it)
-    # issue 43: its images (images/prepared.py's PromptImage: prepared alone, content hash, prompt span), in prompt order
+    # issue 43: its images, in prompt order (images/prepared.py's PromptImage: prepared alone, hash, prompt span)
     images: tuple = ()
     # M-RoPE (Qwen2.5-VL, a prompt with images): the prompt's (3, P) positions (rope.mrope_index) and the offset
     # every later token's position adds to its column; None / 0: each token's column is its position

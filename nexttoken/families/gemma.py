@@ -88,6 +88,13 @@ GEMMA3_VISION = Family(
     "`mm_tokens_per_image` soft tokens, RMS-normed, projected); an image's tokens attend each other both ways "
     "during prefill (transformers' `token_type_ids`)",
     read=_gemma3, vision="gemma3",
-    renames=((r"^(model\.language_model|language_model\.model)\.", "model."), (r"^language_model\.lm_head\.", "lm_head."),
+    # the released config.json's text_config lists only what differs from Gemma3TextConfig's defaults
+    config_defaults=(("vocab_size", 262208), ("hidden_size", 2304), ("intermediate_size", 9216),
+                     ("num_hidden_layers", 26), ("num_attention_heads", 8), ("num_key_value_heads", 4),
+                     ("head_dim", 256), ("hidden_activation", "gelu_pytorch_tanh"), ("max_position_embeddings", 131072),
+                     ("rms_norm_eps", 1e-6), ("query_pre_attn_scalar", 256), ("sliding_window", 4096),
+                     ("tie_word_embeddings", True), ("bos_token_id", 2), ("eos_token_id", 1), ("pad_token_id", 0)),
+    renames=((r"^(model\.language_model|language_model\.model)\.", "model."),
+             (r"^language_model\.lm_head\.", "lm_head."),
              (r"^(model\.)?(vision_tower|multi_modal_projector)\..*$", "")),
 )

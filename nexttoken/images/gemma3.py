@@ -52,8 +52,10 @@ class Gemma3Images:
         image = _json(folder / "preprocessor_config.json") or proc.get("image_processor") or {}
         config = _json(folder / "config.json")
         seq = proc.get("image_seq_length", image.get("image_seq_length", config.get("mm_tokens_per_image", 256)))
-        tokens = _json(folder / "tokenizer_config.json").get("extra_special_tokens") or {}
-        return cls(image, seq, {k: v for k, v in tokens.items() if k in TOKENS} if isinstance(tokens, dict) else {})
+        tok = _json(folder / "tokenizer_config.json")  # boi_token, ... at its top level or in extra_special_tokens
+        extra = tok.get("extra_special_tokens") if isinstance(tok.get("extra_special_tokens"), dict) else {}
+        tokens = {k: v for k, v in {**tok, **extra}.items() if k in TOKENS and isinstance(v, str)}
+        return cls(image, seq, tokens)
 
     def prepare(self, images: list[Any]) -> Prepared:
         """RGB PIL images -> Prepared: pixel_values (N, 3, H, W) float32, each image taking image_seq_length

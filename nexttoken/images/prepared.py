@@ -46,7 +46,9 @@ def joined(parts: list[Prepared]) -> Prepared:
     extra: dict[str, Any] = {}
     for key in parts[0].extra if parts else ():
         values = [p.extra[key] for p in parts]
-        extra[key] = np.concatenate(values) if isinstance(values[0], np.ndarray) else [v for x in values for v in
-                                                                                       (x if isinstance(x, list) else [x])]
+        if isinstance(values[0], np.ndarray):
+            extra[key] = np.concatenate(values)
+        else:
+            extra[key] = [v for x in values for v in (x if isinstance(x, list) else [x])]
     pixels = np.concatenate([p.pixel_values for p in parts]) if parts else np.zeros((0,), dtype=np.float32)
     return Prepared(pixels, [t for p in parts for t in p.tokens], extra)

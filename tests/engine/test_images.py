@@ -153,3 +153,42 @@ def test_encoder_cache_is_bounded_in_bytes(vlm) -> None:
     assert (len(cache), cache.bytes, cache.encoded, cache.hits) == (2, 2 * rows, 3, 1)
     engine = LLMEngine(model, tok, EngineConfig(max_num_seqs=2, max_model_len=64, encoder_cache_memory=rows))
     assert engine.runner.encoder.max_bytes == rows
+
+
+def test_async_engine_streams_requests_with_images(vlm) -> None:
+    """The server's engine thread (AsyncEngine) carries a request's images to the engine: the same tokens."""
+    import asyncio
+
+    from nexttoken.engine.async_engine import AsyncEngine
+
+    model, tok, *_ = vlm
+    text = "async <start_of_image> please"
+    ids, placed = _request(vlm, text, [_photo(30)])
+    engine = AsyncEngine(_engine(model, tok))
+    engine.start()
+
+    async def tokens() -> list[int]:
+        return [t async for e in engine.stream("r", ids, GenerationConfig(max_new_tokens=8), images=placed)
+                for t in e.token_ids]
+
+    try:
+        assert asyncio.run(tokens()) == _transformers(vlm, text, [_photo(30)])
+    finally:
+        engine.shutdown()
+
+
+def test_preempted_requests_with_images_recompute_the_same_tokens(vlm) -> None:
+    """A pool too small for every request: the preempted ones prefill their images again (from the encoder
+    cache) and answer as transformers does."""
+    model, tok, *_ = vlm
+    engine = LLMEngine(model, tok, EngineConfig(max_num_seqs=3, max_model_len=128, chunk_size=8, block_size=4,
+                                                num_kv_blocks=16, enable_prefix_caching=False))
+    cases = [(f"case {i} <start_of_image> what now?", [_photo(40 + i)]) for i in range(3)]
+    seqs = [engine.add_request(*_request(vlm, t, im)[:1], GenerationConfig(max_new_tokens=8),
+                               images=_request(vlm, t, im)[1]) for t, im in cases]
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.scheduler.num_preemptions > 0
+    assert engine.runner.encoder.encoded == 3 and engine.runner.encoder.hits > 0
+    for seq, (text, images) in zip(seqs, cases):
+        assert seq.output_ids == _transformers(vlm, text, images)

@@ -78,9 +78,9 @@ class Gemma3Vision(nn.Module):
         if not vision or image_token is None:
             raise ModelLoadError("a Gemma3ForConditionalGeneration config.json needs vision_config and "
                                  "image_token_index")
-        defaults = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27,
-                    "num_attention_heads": 16, "patch_size": 14, "image_size": 896}  # Gemma 3's SigLIP
-        tower = cls({**defaults, **vision}, int(text.get("hidden_size", 2560)),
+        defaults = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                    "num_attention_heads": 12, "patch_size": 16, "image_size": 224}  # SiglipVisionConfig's
+        tower = cls({**defaults, **vision}, int(text.get("hidden_size", 2304)),  # Gemma3TextConfig's
                     int(raw.get("mm_tokens_per_image", 256)), int(image_token))
         state = {_our_name(n): t for n, t in tensors.items()}
         missing = set(tower.state_dict()) - set(state)

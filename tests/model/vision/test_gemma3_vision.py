@@ -75,3 +75,25 @@ def test_text_model_of_a_vision_checkpoint_loads_alone(models) -> None:
     with torch.no_grad():
         torch.testing.assert_close(ours(ids, batch, ours.new_cache(1, 5))[0], hf(input_ids=ids).logits[0],
                                    rtol=0, atol=1e-5)
+
+
+def test_released_config_reads_as_transformers_fills_it() -> None:
+    """gemma-3-4b-it's config.json lists only what differs from the defaults: read as transformers' Gemma3Config
+    fills it in."""
+    from nexttoken.config import ModelConfig
+
+    released = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+                "boi_token_index": 255999, "eoi_token_index": 256000, "image_token_index": 262144,
+                "mm_tokens_per_image": 256, "text_config": {
+                    "hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                    "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+                "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                                  "model_type": "siglip_vision_model", "num_attention_heads": 16,
+                                  "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False}}
+    filled = transformers.Gemma3Config(**{k: v for k, v in released.items() if k != "architectures"}).to_dict()
+    filled["architectures"] = released["architectures"]
+    ours, theirs = ModelConfig.from_dict(released), ModelConfig.from_dict(filled)
+    assert ours == theirs
+    assert (ours.num_attention_heads, ours.head_dim, ours.vocab_size) == (8, 256, 262208)
+    assert ours.tie_word_embeddings
