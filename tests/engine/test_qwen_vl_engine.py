@@ -103,3 +103,27 @@ def test_engine_chunks_cache_and_mixed_batch(vlm) -> None:
     for (text, images), seq in zip(cases, seqs):
         assert seq.output_ids == _transformers(vlm, text, images, new=6), text
     assert engine.runner.encoder.encoded == 2  # pics[2] twice, pics[0] once
+
+
+def test_preempted_and_speculated_requests_keep_their_positions(vlm) -> None:
+    """A pool too small for every request (the preempted ones recompute, their generated tokens at column +
+    rope_delta), and prompt-lookup speculation (its verification rows at column + rope_delta): transformers' tokens."""
+    llm, _, _, pics = vlm
+    engine = LLMEngine(llm.model, llm.tokenizer, EngineConfig(max_num_seqs=3, max_model_len=128, chunk_size=8,
+                                                              block_size=4, num_kv_blocks=16,
+                                                              enable_prefix_caching=False))
+    cases = [(f"case {i} {PICTURE} what now?", [pics[i]]) for i in (0, 4, 6)]
+    seqs = []
+    for text, images in cases:
+        inputs = read_images(llm.images, images)
+        ids = llm.tokenizer.encode(inputs.expand(text))
+        seqs.append(engine.add_request(ids, GenerationConfig(max_new_tokens=8, min_new_tokens=8),
+                                       images=inputs.placed(ids, llm.model.vision.image_token_id)))
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.scheduler.num_preemptions > 0
+    for seq, (text, images) in zip(seqs, cases):
+        assert seq.output_ids == _transformers(vlm, text, images), text
+    text = f"{PICTURE} the the the the the the"
+    got = llm.generate(text, images=[pics[2]], max_new_tokens=8, min_new_tokens=8, prompt_lookup_num_tokens=3)
+    assert got.token_ids == _transformers(vlm, text, [pics[2]])
