@@ -18,7 +18,7 @@ from torch import nn
 
 from ...errors import ModelLoadError
 from ..rope import mrope_index
-from .qwen_vl import ACTIVATIONS, PREFIXES, Attention, QwenVisionConfig, rotary_angles
+from .qwen_vl import PREFIXES, Attention, QwenVisionConfig, activation, rotary_angles
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class MLP(nn.Module):
         super().__init__()
         self.linear_fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.linear_fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
-        self.act = ACTIVATIONS[cfg.hidden_act]
+        self.act = activation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(self.act(self.linear_fc1(x)))

@@ -10,6 +10,7 @@ window's blocks are consecutive (`window_index`); the merger's output is put bac
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -19,10 +20,17 @@ from torch import nn
 from ...errors import ModelLoadError
 from ..rope import mrope_index
 
-ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-               "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x)}
-# Where a checkpoint keeps the tower: transformers' saved layout, and its newer in-memory one.
+ACTIVATIONS = MappingProxyType({
+    "silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x)})
+# Where a checkpoint keeps the tower: Qwen2.5-VL's files `visual.*`, Qwen3-VL's (transformers 5) `model.visual.*`.
 PREFIXES = ("visual.", "model.visual.")
+
+
+def activation(name: str):  # noqa: ANN201
+    if name not in ACTIVATIONS:
+        raise ModelLoadError(f"Qwen-VL vision tower: hidden_act {name!r} is not supported ({', '.join(ACTIVATIONS)})")
+    return ACTIVATIONS[name]
 
 
 @dataclass(frozen=True)
@@ -73,7 +81,7 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
-        self.act = ACTIVATIONS[cfg.hidden_act]
+        self.act = activation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
@@ -126,7 +134,8 @@ class PatchMerger(nn.Module):
         super().__init__()
         self.width = cfg.hidden_size * cfg.spatial_merge_size**2
         self.ln_q = RMSNorm(cfg.hidden_size)
-        self.mlp = nn.Sequential(nn.Linear(self.width, self.width), nn.GELU(), nn.Linear(self.width, cfg.out_hidden_size))
+        self.mlp = nn.Sequential(nn.Linear(self.width, self.width), nn.GELU(),
+                                 nn.Linear(self.width, cfg.out_hidden_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.ln_q(x).view(-1, self.width))
