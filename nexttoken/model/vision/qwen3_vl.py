@@ -141,7 +141,7 @@ class Qwen3VisionTower(nn.Module):
         x = self.patch_embed(x.view(-1, c.in_channels, c.temporal_patch_size, c.patch_size, c.patch_size))
         x = x.view(-1, c.hidden_size) + self._positions(grids)
         angles = rotary_angles(grids, c.spatial_merge_size, self.inv_freq)
-        emb = torch.cat((angles, angles), dim=-1)
+        emb = torch.cat((angles, angles), dim=-1).to(x.device)
         cos, sin = emb.cos(), emb.sin()
         lengths = [h * w for t, h, w in grids for _ in range(t)]  # each image (frame) attends itself
         deep = []
@@ -163,7 +163,8 @@ class Qwen3VisionTower(nn.Module):
             (rt, rw), (ct, cw) = _taps(rows, h, side), _taps(cols, w, side)
             index = (rt[:, :, None] * side + ct[:, None, :]).reshape(-1, 4)
             weight = (rw[:, :, None] * cw[:, None, :]).reshape(-1, 4)
-            out.append((self.pos_embed(index) * weight[:, :, None]).sum(1).repeat(t, 1))
+            device = self.pos_embed.weight.device
+            out.append((self.pos_embed(index.to(device)) * weight.to(device)[:, :, None]).sum(1).repeat(t, 1))
         return torch.cat(out)
 
 

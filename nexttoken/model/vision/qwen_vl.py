@@ -210,10 +210,11 @@ class QwenVisionTower(nn.Module):
         x = self.patch_embed(x).view(-1, c.hidden_size)  # (N, C)
         order, window_lengths = window_index(grids, c)
         unit = c.spatial_merge_size**2
+        order = order.to(x.device)
         x = x.view(-1, unit, c.hidden_size)[order].reshape(-1, c.hidden_size)  # windows' blocks consecutive
         angles = rotary_angles(grids, c.spatial_merge_size, self.inv_freq)  # (N, D/2) in image order
-        angles = angles.view(-1, unit, angles.shape[-1])[order].reshape(-1, angles.shape[-1])
-        emb = torch.cat((angles, angles), dim=-1)
+        angles = angles.view(-1, unit, angles.shape[-1])[order.cpu()].reshape(-1, angles.shape[-1])
+        emb = torch.cat((angles, angles), dim=-1).to(x.device)
         cos, sin = emb.cos(), emb.sin()
         image_lengths = [h * w for t, h, w in grids for _ in range(t)]
         for i, block in enumerate(self.blocks):
