@@ -46,6 +46,10 @@ class RopeConfig:
     truncate: bool = True
     # the share of head_dim that rotates (GLM-4 MoE: 0.5): the first int(head_dim * factor) dims, the rest pass
     partial_rotary_factor: float = 1.0
+    # M-RoPE (Qwen2-VL, Qwen2.5-VL): how many of the head_dim / 2 angle pairs rotate by the temporal, height and
+    # width positions (ForwardBatch.mrope_positions); () : one position per token
+    mrope_section: tuple[int, ...] = ()
+    mrope_interleaved: bool = False  # Qwen3-VL: the rows' pairs interleave (t h w t h w ...) instead of running
 
 
 @dataclass(frozen=True)
@@ -314,6 +318,8 @@ def _rope_config(raw: dict[str, Any], source: str, head_dim: int, partial: bool 
     params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
     theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "mrope":  # older Qwen2-VL configs; transformers reads it as the default RoPE + mrope_section
+        rope_type = "default"
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ModelLoadError(
             f"{source}: rope type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
@@ -348,7 +354,12 @@ def _rope_config(raw: dict[str, Any], source: str, head_dim: int, partial: bool 
             high_freq_factor=float(params["high_freq_factor"]),
             original_max_position_embeddings=int(params["original_max_position_embeddings"]),
         )
-    return RopeConfig(theta=theta, type=rope_type, factor=factor, partial_rotary_factor=share)
+    section = tuple(int(n) for n in params.get("mrope_section") or ())
+    if section and (rope_type != "default" or sum(section) != head_dim // 2):
+        raise ModelLoadError(f"{source}: mrope_section {list(section)} must split the {head_dim // 2} angle pairs "
+                             f"(head_dim / 2) of the default RoPE, got rope type {rope_type!r}")
+    return RopeConfig(theta=theta, type=rope_type, factor=factor, partial_rotary_factor=share, mrope_section=section,
+                      mrope_interleaved=bool(section) and bool(params.get("mrope_interleaved", False)))
 
 
 def _longrope_config(raw: dict[str, Any], params: dict[str, Any], theta: float, source: str,

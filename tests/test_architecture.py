@@ -113,7 +113,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "nemotron_h": {"arithmetic", "batch", "layers", "linear", "llama", "recurrent", "state"},
         "network": {"arithmetic", "falcon_h1", "gemma4", "llama", "nemotron_h"},  # the network a family declares
         "parallel": {"linear", "memory", "moe", "quant"},
-        "vision": set(),  # issue 43: vision towers and projectors, a module per vision kind
+        "vision": {"rope"},  # issue 43: vision towers and projectors, a module per vision kind
         "weights": {"arithmetic", "gemma4", "linear", "llama", "memory", "moe", "network", "parallel", "quant",
                     "recurrent", "vision"},  # GGUF blocks kept packed (quant/ggml.py)
     },

@@ -285,6 +285,8 @@ class LLMEngine:
             lora_key=lora_key,
             images=images,
         )
+        if images and hasattr(self.vision, "rope_index"):  # M-RoPE (Qwen2.5-VL): the images' 3-D positions
+            seq.mrope_positions, seq.rope_delta = self.vision.rope_index(seq.prompt_ids, images)
         if self.recurrent and (draft_model is not None or params.prompt_lookup_num_tokens is not None):
             raise GenerationConfigError(refused("speculative decoding (assistant_model, prompt_lookup_num_tokens)",
                                                 self.model))

@@ -161,6 +161,7 @@ class DecodeRow:
     num_cached: int = 0
     lora: str | None = None  # the sequence's LoRA adapter: a replayed row computes what its decode step computed
     slot: int | None = None  # the sequence's place among the running: its recurrent state slot
+    rope_delta: int = 0  # M-RoPE: what the sequence's positions add to their columns (Sequence.rope_delta)
 
     def hook_inputs(self) -> dict:
         return {}
@@ -224,14 +225,15 @@ class ModelRunner:
     def run(self, plan: StepPlan) -> list[tuple[list[Sequence], torch.Tensor]]:
         """(requests, their (rows, V) float32 logits) for every request that chooses a token this step, in the
         groups they were computed in."""
-        replayed = [DecodeRow(r.seq.block_table, r.seq.token_ids[c], c + 1, lora=r.seq.lora, slot=r.seq.slot)
+        replayed = [DecodeRow(r.seq.block_table, r.seq.token_ids[c], c + 1, lora=r.seq.lora, slot=r.seq.slot,
+                              rope_delta=r.seq.rope_delta)
                     for r in plan.replay for c in range(r.start, r.end)]
         if replayed and self.states is None:
             self._decode(replayed)  # the K/V of tokens already chosen: their logits are not needed again
         elif replayed:  # a recurrent state advances one token at a time: each sequence's columns in order
             for depth in range(max(r.end - r.start for r in plan.replay)):
                 self._decode([DecodeRow(r.seq.block_table, r.seq.token_ids[r.start + depth], r.start + depth + 1,
-                                        lora=r.seq.lora, slot=r.seq.slot)
+                                        lora=r.seq.lora, slot=r.seq.slot, rope_delta=r.seq.rope_delta)
                               for r in plan.replay if r.start + depth < r.end])
         for r in plan.replay:  # either way the replayed columns are in the cache now
             r.seq.num_cached = r.end
@@ -278,9 +280,11 @@ class ModelRunner:
     def _decode_native(self, plan: fused.RowsPlan, part: list[Sequence]) -> torch.Tensor:
         """(rows, V) logits of the fused native step: each row through its own block table, over its own columns."""
         ids = torch.tensor([[s.last_token] for s in part])  # (rows, 1)
-        cols = torch.tensor([s.num_tokens - 1 for s in part])  # (rows,) column = position of the new token
+        cols = torch.tensor([s.num_tokens - 1 for s in part])  # (rows,) column of the new token
+        positions = cols + torch.tensor([_rope_delta(s) for s in part])  # = the column but after M-RoPE's images
         slots = None if self.states is None else torch.tensor([s.slot for s in part])  # recurrent state slots
-        logits = fused.decode_rows(plan, self.model, ids, cols, _tables(part), cols + 1, self._lora_slots(part), slots)
+        logits = fused.decode_rows(plan, self.model, ids, positions, _tables(part), cols + 1, self._lora_slots(part),
+                                   slots)
         assert logits is not None, "rows_plan said the native step takes this model and cache"
         for seq in part:
             seq.num_cached = seq.num_tokens
@@ -293,8 +297,9 @@ class ModelRunner:
         tables = _tables(group + pad, -(-span // self.cache.block_size)).to(device)  # (B, blocks of span)
         ids = torch.tensor([[s.last_token] for s in group + pad], device=device)  # (B, 1)
         cols = torch.tensor([[s.num_tokens - 1] for s in group + pad], device=device)  # (B, 1)
+        positions = cols + torch.tensor([[_rope_delta(s)] for s in group + pad], device=device)
         valid = torch.ones(len(tables), span, dtype=torch.bool, device=device)
-        batch = dataclasses.replace(ForwardBatch.build(cols, cols, valid, span, self.window), rowwise=True,
+        batch = dataclasses.replace(ForwardBatch.build(positions, cols, valid, span, self.window), rowwise=True,
                                     lora=self._lora_slots(group + pad))
         slots = None if self.states is None else torch.tensor([s.slot for s in group + pad], device=device)
         view = RowsView(self.cache, tables, n, span, self.states, slots)
@@ -312,6 +317,9 @@ class ModelRunner:
         valid = torch.ones(1, end, dtype=torch.bool, device=device)
         batch = ForwardBatch.build(cols, cols, valid, end, self.window, write_start=start, last_only=not want_prompt)
         batch.lora = self._lora_slots([seq])
+        if seq.mrope_positions is not None:  # M-RoPE: the images' 3-D positions, later tokens shifted
+            batch.mrope_positions = _mrope_columns(seq, start, end).to(device)[:, None]  # (3, 1, T)
+            batch.positions = batch.mrope_positions[0]
         if seq.images:
             batch = self._with_images(batch, seq, ids, start, end)
         if self.states is not None and start == 0:  # a sequence's first chunk (again, after a preemption)
@@ -356,6 +364,20 @@ class ModelRunner:
         adapters = self.model.adapters
         return torch.tensor([-1 if name is None else adapters.slot(name) for name in names],
                             device=self.model.device)
+
+
+def _rope_delta(row) -> int:  # noqa: ANN001 - a Sequence, a replayed or a verification row
+    return getattr(row, "rope_delta", 0)
+
+
+def _mrope_columns(seq: Sequence, start: int, end: int) -> torch.Tensor:
+    """(3, end - start) M-RoPE positions of columns [start, end): the prompt's from its table, the generated
+    tokens' (a preempted sequence prefilled again) their column + rope_delta on all three rows."""
+    table = seq.mrope_positions  # (3, P)
+    inside = table[:, start : min(end, table.shape[1])]
+    first = max(start, table.shape[1])
+    after = torch.arange(first, max(first, end)) + seq.rope_delta
+    return torch.cat([inside, after.expand(3, -1)], dim=1)
 
 
 def _lora(row) -> str | None:  # noqa: ANN001 - a Sequence, or a verification row (no adapter)

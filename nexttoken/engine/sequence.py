@@ -59,6 +59,10 @@ class Sequence:
     lora_key: str | None = None  # that adapter's prefix-cache key (its name and which load of it)
     # issue 43: its images, in prompt order (images/prepared.py's PromptImage: prepared alone, hash, prompt span)
     images: tuple = ()
+    # M-RoPE (Qwen2.5-VL, a prompt with images): the prompt's (3, P) positions (rope.mrope_index) and the offset
+    # every later token's position adds to its column; None / 0: each token's column is its position
+    mrope_positions: Any = None
+    rope_delta: int = 0
     arrival_time: float = 0.0
     status: SequenceStatus = SequenceStatus.WAITING
     slot: int | None = None  # its place among the running (0 .. max_num_seqs - 1): a draft model's cache row

@@ -58,6 +58,7 @@ class VerifyRow:
     last_token: int  # the token fed at column num_tokens - 1
     num_tokens: int
     num_cached: int = 0
+    rope_delta: int = 0  # M-RoPE: the request's position offset (Sequence.rope_delta)
 
     def hook_inputs(self) -> dict:
         return {}
@@ -268,7 +269,7 @@ class Speculator:
         for wanted in by_drafter.values():
             proposals.update(wanted[0][0].spec.drafter.propose(wanted, drop))
         seqs = [seq for seq in seqs if seq not in failed]
-        rows = {seq: [VerifyRow(seq.block_table, t, seq.num_tokens + i)
+        rows = {seq: [VerifyRow(seq.block_table, t, seq.num_tokens + i, rope_delta=seq.rope_delta)
                       for i, t in enumerate([seq.last_token] + proposals.get(seq, Proposal()).tokens)] for seq in seqs}
         logits = self.runner.verify([r for seq in seqs for r in rows[seq]])  # (rows, V)
         first = 0

@@ -60,3 +60,19 @@ QWEN3_MOE = Family(
     "Qwen3's per-head q/k norms; top k with `norm_topk_prob`",
     read=_qwen3_moe, gguf="qwen3moe", read_gguf=_gguf_qwen3_moe,
 )
+QWEN3_VL = Family(
+    "Qwen3VLForConditionalGeneration", ("qwen3_vl",), "Qwen3-VL 2B / 4B / 8B / 32B dense (images in)",
+    "Qwen3's text model (`text_config`) with interleaved M-RoPE (`mrope_interleaved`) and a ViT with learned "
+    "positions (resampled to each image), whose DeepStack mergers add rows from its `deepstack_visual_indexes` "
+    "blocks to the image tokens after the first decoder layers",
+    read=_qwen3, vision="qwen3_vl", tensor_parallel=False,
+    renames=((r"^model\.language_model\.", "model."), (r"^(model\.)?visual\..*$", "")),
+)
+QWEN2_5_VL = Family(
+    "Qwen2_5_VLForConditionalGeneration", ("qwen2_5_vl",), "Qwen2.5-VL 3B / 7B / 32B / 72B (images in)",
+    "Qwen2's text model (`text_config`) with M-RoPE (`mrope_section`: the rotary pairs split over an image token's "
+    "temporal, row and column positions; text counts up on all three) and a windowed ViT (2-D rotary, full "
+    "attention at `fullatt_block_indexes`) whose patch merger joins each 2 x 2 patches into one image token",
+    read=_qwen2, vision="qwen2_5_vl", tensor_parallel=False,
+    renames=((r"^model\.language_model\.", "model."), (r"^(model\.)?visual\..*$", "")),
+)

@@ -19,6 +19,8 @@ PROCESSORS = MappingProxyType({
     "gemma3": "gemma3:Gemma3Images",
     "idefics3": "idefics3:Idefics3Processor",
     "lfm2_vl": "lfm2_vl:Lfm2VlProcessor",
+    "qwen2_5_vl": "qwen_vl:QwenVLImages",
+    "qwen3_vl": "qwen_vl:QwenVLImages",
 })
 
 

@@ -33,6 +33,9 @@ class ForwardBatch:
     # in the mask's row-major order), applied after the embedding and its scale, as transformers'
     # `inputs_embeds.masked_scatter(image_mask, features)`; None: text only.
     embeds: tuple[torch.Tensor, torch.Tensor] | None = None
+    # M-RoPE (Qwen2.5-VL): (3, B, T) int64 temporal / height / width positions of the new tokens (rope.mrope_index),
+    # given where a row's new tokens hold image tokens; None: every token rotates by `positions` on all three rows
+    mrope_positions: torch.Tensor | None = None
 
     @classmethod
     def build(

@@ -401,6 +401,7 @@ def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch
         and (batch.lora is None or not _sharded(model))  # the native step adds each row's adapter products
         and (batch.mask is None or batch.window_only)  # the native step computes a sliding window itself
         and batch.write_start == batch.kv_len - 1
+        and batch.mrope_positions is None  # the native step rotates by batch.positions alone
         and input_ids.device.type == "cpu"
         and cache.k.dtype == torch.float32
         and model.dtype == torch.float32

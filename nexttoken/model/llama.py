@@ -18,7 +18,7 @@ from .cache import KVCache
 from .layers import Block, RMSNorm
 from .linear import Linear
 from .recurrent import StateSlots, state_specs
-from .rope import inverse_frequencies, longrope_inv_freq, rope_cos_sin
+from .rope import inverse_frequencies, longrope_inv_freq, mrope_cos_sin, rope_cos_sin
 from .state import SequenceState
 
 
@@ -138,14 +138,24 @@ class Transformer(nn.Module):
             x = x * cfg.embedding_multiplier
         if cfg.embed_scale is not None:  # Gemma: x sqrt(hidden), the factor rounded to the dtype as transformers does
             x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
+        deepstack: list[torch.Tensor] = []
         if batch.embeds is not None:  # images (issue 43): the encoder's rows replace their placeholders' embeddings
             where, rows = batch.embeds
+            if rows.shape[1] != x.shape[-1]:  # Qwen3-VL: each row also holds k DeepStack rows, added after layer i < k
+                rows, *deepstack = rows.to(x.dtype).split(x.shape[-1], dim=1)
             x = x.masked_scatter(where[..., None], rows.to(x.dtype))
         inv_freq = longrope_inv_freq(cfg.rope, self.inv_freq, self.long_inv_freq, batch.positions)
-        cos, sin = rope_cos_sin(inv_freq, batch.positions, x.dtype, cfg.rope.attention_factor)
+        if batch.mrope_positions is not None and cfg.rope.mrope_section:  # Qwen2.5-VL's image tokens
+            cos, sin = mrope_cos_sin(inv_freq, batch.mrope_positions, x.dtype, cfg.rope.mrope_section,
+                                     cfg.rope.mrope_interleaved)
+        else:
+            cos, sin = rope_cos_sin(inv_freq, batch.positions, x.dtype, cfg.rope.attention_factor)
         local = None if self.local_inv_freq is None else rope_cos_sin(self.local_inv_freq, batch.positions, x.dtype)
         # each layer rotates with the RoPE its kind names: the model's, the sliding layers' own, or none (NoPE)
         tables = {"global": (cos, sin), "local": local or (cos, sin), None: (None, None)}
-        for block in self.layers:
+        for i, block in enumerate(self.layers):
             x = block(x, batch, cache, *tables[block.attention.kind.rope])  # a recurrent kind's rope is None
+            if i < len(deepstack):  # as transformers' _deepstack_process: x[image tokens] += the layer's rows
+                x = x.clone()
+                x[batch.embeds[0]] = x[batch.embeds[0]] + deepstack[i]
         return x

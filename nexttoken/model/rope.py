@@ -11,6 +11,7 @@ import math
 import torch
 
 from ..config import RopeConfig
+from ..errors import ImageError
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int, long: bool = False) -> torch.Tensor:
@@ -88,7 +89,30 @@ def rope_cos_sin(
     The sin table's first half is negated: apply_rope then rotates with one roll instead of transformers'
     rotate_half (two slices, a negation and a cat per layer); -a * b == a * -b exactly, so results are identical.
     """
-    freqs = positions.float()[..., None] * inv_freq  # (B, T, D/2)
+    return _tables(positions.float()[..., None] * inv_freq, dtype, scaling)  # angles (B, T, D/2)
+
+
+def mrope_cos_sin(
+    inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype, section: tuple[int, ...],
+    interleaved: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """M-RoPE's tables (Qwen2-VL, Qwen2.5-VL) for positions (3, B, T): temporal, height, width. The angle pairs
+    split into `section`'s runs, run i rotating by position row i % 3 (transformers' recomposition_frequencies);
+    `interleaved` (Qwen3-VL): pair j rotates by the height row where j % 3 == 1 and j < 3 * section[1], by the width
+    row where j % 3 == 2 and j < 3 * section[2], else by the temporal row. Rows all equal: the plain RoPE."""
+    freqs = positions.float()[..., None] * inv_freq  # (3, B, T, D/2)
+    if interleaved:
+        mixed = freqs[0].clone()
+        for row in (1, 2):
+            picked = slice(row, section[row] * 3, 3)
+            mixed[..., picked] = freqs[row][..., picked]
+    else:
+        mixed = torch.cat([run[i % 3] for i, run in enumerate(freqs.split(list(section), dim=-1))], dim=-1)
+    return _tables(mixed, dtype, 1.0)
+
+
+def _tables(freqs: torch.Tensor, dtype: torch.dtype, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Angles (B, T, D/2) -> cos and signed sin, each (B, 1, T, D)."""
     emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, D): halves layout, as in transformers' rotate_half
     cos, sin = emb.cos(), emb.sin()
     if scaling != 1.0:  # LongRoPE's attention factor, in float32 before the cast as transformers does
@@ -106,3 +130,34 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
         x, rest = x[..., :rotary], x[..., rotary:]
         return torch.cat([x * cos + x.roll(rotary // 2, dims=-1) * signed_sin, rest], dim=-1)
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin  # roll * signed sin == rotate_half(x) * sin
+
+
+def mrope_index(
+    ids: list[int], image_token_id: int, grids: list[tuple[int, int, int]], merge: int
+) -> tuple[torch.Tensor, int]:
+    """Qwen2.5-VL's 3-D positions of one prompt (transformers' get_rope_index): (3, T) int64 and the offset
+    (max position + 1 - T) that later tokens add to their index. Text counts up on all three rows; image i's
+    grid_t x (grid_h / merge) x (grid_w / merge) tokens take the current position plus their (t, h, w) in the
+    grid, and the text after it continues from the current position + max(grid_h, grid_w) / merge."""
+    rows, pos, i, n, images = [], 0, 0, len(ids), iter(grids)
+    while i < n:
+        j = i
+        if ids[i] == image_token_id:
+            t, h, w = next(images, (0, 0, 0))
+            gt, gh, gw = t, h // merge, w // merge
+            j = i + gt * gh * gw
+            if gt == 0 or j > n or any(x != image_token_id for x in ids[i:j]):
+                raise ImageError(f"the prompt's image tokens at {i} do not match the images' grids {grids}")
+            tt, hh, ww = torch.meshgrid(torch.arange(gt), torch.arange(gh), torch.arange(gw), indexing="ij")
+            rows.append(torch.stack([tt, hh, ww]).reshape(3, -1) + pos)
+            pos += max(h, w) // merge
+        else:
+            while j < n and ids[j] != image_token_id:
+                j += 1
+            rows.append(torch.arange(pos, pos + j - i).expand(3, -1))
+            pos += j - i
+        i = j
+    if next(images, None) is not None:
+        raise ImageError(f"the prompt has fewer image tokens than the images' grids {grids} take")
+    positions = torch.cat(rows, dim=1) if rows else torch.zeros(3, 0, dtype=torch.int64)
+    return positions, (int(positions.max()) + 1 - n) if n else 0

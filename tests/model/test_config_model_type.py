@@ -18,8 +18,10 @@ from nexttoken.errors import ModelLoadError
 
 def test_model_types_name_the_architectures_transformers_names() -> None:
     assert set(ARCHITECTURE_OF_MODEL_TYPE.values()) == set(SUPPORTED_ARCHITECTURES)
-    for model_type, arch in ARCHITECTURE_OF_MODEL_TYPE.items():
-        assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type] == arch
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    for model_type, arch in ARCHITECTURE_OF_MODEL_TYPE.items():  # vision-language types: image-text-to-text's
+        assert {**MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES, **MODEL_FOR_CAUSAL_LM_MAPPING_NAMES}[model_type] == arch
 
 
 def test_an_unknown_model_type_without_architectures_is_a_clear_error() -> None:

@@ -21,6 +21,8 @@ TOWERS = MappingProxyType({
     "gemma3": "gemma3:Gemma3Vision",
     "idefics3": "idefics3:Idefics3Vision",
     "lfm2_vl": "lfm2_vl:Lfm2VlVision",
+    "qwen2_5_vl": "qwen_vl:QwenVisionTower",
+    "qwen3_vl": "qwen3_vl:Qwen3VisionTower",
 })
 
 
