@@ -117,12 +117,13 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "block_manager": {"sequence"},
         "scheduler": {"block_manager", "sequence"},
         "postprocess": {"sequence"},
-        "model_runner": {"block_manager", "scheduler", "sequence"},
+        "model_runner": {"block_manager", "scheduler", "sequence", "state_checkpoints"},
+        "state_checkpoints": set(),  # hybrid models: recurrent states kept where cached prefixes end
         "speculation": {"model_runner", "postprocess", "scheduler", "sequence"},
         "distributed": {"model_runner", "scheduler"},
         "launch": {"distributed"},
         "llm_engine": {"block_manager", "distributed", "embedding", "model_runner", "postprocess", "scheduler",
-                       "sequence", "speculation"},
+                       "sequence", "speculation", "state_checkpoints"},
         "async_engine": {"embedding", "llm_engine", "sequence"},
         "fit": set(),  # the KV pool and context sized to a memory budget (llama.cpp's --fit)
     },

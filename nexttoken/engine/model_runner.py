@@ -42,6 +42,7 @@ from ..model import fused
 from ..model.kernels import MAX_ROWS
 from ..model.recurrent import StateSlots, state_bytes
 from .block_manager import BlockManager
+from .state_checkpoints import StateCheckpoints
 from .scheduler import PrefillChunk, StepPlan
 from .sequence import Sequence
 
@@ -190,22 +191,24 @@ def refused(feature: str, model: torch.nn.Module) -> str:
             "state per sequence that this feature would have to copy or roll back; run the request without it")
 
 
-def check_state_memory(model: torch.nn.Module, num_slots: int) -> int:
+def check_state_memory(model: torch.nn.Module, num_slots: int, checkpoints: int = 0) -> int:
     """The bytes of `num_slots` sequences' recurrent state (one slot per running sequence for each recurrent
-    layer), checked against the memory available before anything is allocated."""
+    layer) and of the prefix cache's `checkpoints` copies of one sequence's state, checked against the memory
+    available before anything is allocated."""
     per_slot = state_bytes(model.config, model.dtype)
-    need = per_slot * num_slots
+    need = per_slot * (num_slots + checkpoints)
     free = _available_bytes() if model.device.type == "cpu" else None
     if free is not None and need > free:
         raise GenerationConfigError(
-            f"the recurrent state needs {need / 2**30:.2f} GiB ({num_slots} sequences x {per_slot / 2**20:.1f} MiB) "
-            f"but {free / 2**30:.2f} GiB of memory is available: lower --max-num-seqs (max_num_seqs) to at most "
-            f"{free // per_slot}")
+            f"the recurrent state needs {need / 2**30:.2f} GiB ({num_slots} sequences + {checkpoints} prefix-cache "
+            f"checkpoints x {per_slot / 2**20:.1f} MiB) but {free / 2**30:.2f} GiB of memory is available: lower "
+            f"--max-num-seqs (max_num_seqs) to at most {max(0, free // per_slot - checkpoints)} or state_checkpoints")
     return need
 
 
 class ModelRunner:
     states: StateSlots | None = None  # the recurrent layers' state, a slot per running sequence (Sequence.slot)
+    checkpoints: StateCheckpoints | None = None  # their states where cached prefixes end (the prefix cache's)
 
     def __init__(self, model: Transformer, num_blocks: int, block_size: int, max_len: int,
                  cache_dtype: torch.dtype | None = None) -> None:
@@ -221,6 +224,7 @@ class ModelRunner:
     def run(self, plan: StepPlan) -> list[tuple[list[Sequence], torch.Tensor]]:
         """(requests, their (rows, V) float32 logits) for every request that chooses a token this step, in the
         groups they were computed in."""
+        self._restore(plan)
         replayed = [DecodeRow(r.seq.block_table, r.seq.token_ids[c], c + 1, lora=r.seq.lora, slot=r.seq.slot)
                     for r in plan.replay for c in range(r.start, r.end)]
         if replayed and self.states is None:
@@ -238,6 +242,14 @@ class ModelRunner:
             if chunk.samples:
                 out.append(([chunk.seq], logits))
         return out
+
+    def _restore(self, plan: StepPlan) -> None:
+        """A hybrid's sequences admitted on a prefix-cache hit: their state slots take the state kept where the
+        hit ends (before any forward of the step can drop that checkpoint)."""
+        for seq in plan.admitted:
+            if seq.restore_key is not None and seq.slot is not None and self.checkpoints is not None:
+                self.checkpoints.restore(seq.restore_key, self.states, seq.slot)
+            seq.restore_key = None
 
     def _decode(self, seqs: list[Sequence]) -> list[tuple[list[Sequence], torch.Tensor]]:
         groups: dict[int, list[Sequence]] = {}
@@ -315,7 +327,9 @@ class ModelRunner:
         logits = self.model(ids, batch, view, **seq.hook_inputs()).float()  # (1, V), or (1, T, V) for prompt logprobs
         seq.num_cached = end
         if self.blocks is not None:
-            self.blocks.cache_chunk(seq, start, end)
+            key = self.blocks.cache_chunk(seq, start, end)
+            if key is not None and self.checkpoints is not None:  # the state after this cacheable prefix
+                self.checkpoints.save(key, self.states, seq.slot)
         if want_prompt:
             _record_prompt_logprobs(seq, start, end, logits[0])
             logits = logits[:, -1]
