@@ -42,7 +42,7 @@ from ..model.recurrent import StateSlots, state_specs
 from ..model.lora import AdapterRegistry, LoraAdapter, Resolver, read_adapter, registry_of
 from .distributed import DistributedRunner
 from .block_manager import BlockManager, pool_blocks
-from .model_runner import ModelRunner, check_state_memory, recurrent_layers, refused
+from .model_runner import ModelRunner, check_state_memory, recurrent_layers
 from .postprocess import advance, advance_greedy, fail, guarded, plain_greedy, snapshot
 from .scheduler import POLICIES, Scheduler, StepPlan
 from .sequence import Sequence, TokenEvent
@@ -186,8 +186,6 @@ class LLMEngine:
         if self.recurrent and config.enable_prefix_caching:
             checkpoints = config.max_num_seqs if config.state_checkpoints is None else config.state_checkpoints
         state_memory = check_state_memory(model, config.max_num_seqs, checkpoints) if self.recurrent else 0
-        if self.recurrent and speculative is not None:
-            raise GenerationConfigError(refused("speculative decoding", model))
         num_blocks = pool_blocks(model, config.max_num_seqs, self.max_model_len, block_size,
                                  config.kv_cache_memory, config.num_kv_blocks, cache_dtype, reserved=state_memory)
         prefix_caching = config.enable_prefix_caching and (not self.recurrent or checkpoints > 0)
@@ -286,9 +284,6 @@ class LLMEngine:
             lora=lora,
             lora_key=lora_key,
         )
-        if self.recurrent and (draft_model is not None or params.prompt_lookup_num_tokens is not None):
-            raise GenerationConfigError(refused("speculative decoding (assistant_model, prompt_lookup_num_tokens)",
-                                                self.model))
         seq.spec = self.speculator.setup(seq, draft_model)
         self.requests[request_id] = seq
         self.scheduler.add(seq)

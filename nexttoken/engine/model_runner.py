@@ -277,12 +277,31 @@ class ModelRunner:
     def verify(self, rows: list) -> torch.Tensor:
         """(len(rows), V) float32 logits of decode rows given as objects with a Sequence's block_table, last_token,
         num_tokens (speculation.VerifyRow): several may share blocks, at consecutive columns in order, and each
-        gets the numbers a single decode step of that row computes (native step, or its bucket and group)."""
+        gets the numbers a single decode step of that row computes (native step, or its bucket and group).
+
+        With recurrent layers a request's rows run one depth at a time (each row's state is the one its previous
+        row left), and the state of its slot after each depth is kept: `rollback` then puts back the one after the
+        last row whose token was accepted."""
         where = {id(row): i for i, row in enumerate(rows)}
         logits = torch.empty(len(rows), self.model.config.vocab_size)
-        for part, part_logits in self._decode(rows):
-            logits[[where[id(row)] for row in part]] = part_logits
+        self._verified: dict[int, list[dict[int, list[torch.Tensor]]]] = {}
+        depths = [rows] if self.states is None else _depths(rows)
+        for level in depths:
+            for part, part_logits in self._decode(level):
+                logits[[where[id(row)] for row in part]] = part_logits
+            if self.states is not None:
+                for row in level:
+                    self._verified.setdefault(row.slot, []).append(
+                        {layer: [t[row.slot].clone() for t in ts] for layer, ts in self.states.tensors.items()})
         return logits
+
+    def rollback(self, slot: int, depth: int) -> None:
+        """After a verification: slot `slot`'s recurrent state becomes the one its request's row `depth` left (the
+        last token it keeps in the cache); a no-op without recurrent layers."""
+        kept = getattr(self, "_verified", {}).pop(slot, [])
+        if self.states is not None and 0 <= depth < len(kept):
+            for layer, values in kept[depth].items():
+                self.states.write(layer, slice(slot, slot + 1), [v[None] for v in values])
 
     def _decode_native(self, plan: fused.RowsPlan, part: list[Sequence]) -> torch.Tensor:
         """(rows, V) logits of the fused native step: each row through its own block table, over its own columns."""
@@ -343,6 +362,18 @@ class ModelRunner:
         adapters = self.model.adapters
         return torch.tensor([-1 if name is None else adapters.slot(name) for name in names],
                             device=self.model.device)
+
+
+def _depths(rows: list) -> list[list]:
+    """Verification rows by depth: the i-th row of each slot (its request's column n - 1 + i) in level i."""
+    seen: dict[int, int] = {}
+    levels: list[list] = []
+    for row in rows:
+        depth = seen[row.slot] = seen.get(row.slot, -1) + 1
+        if depth == len(levels):
+            levels.append([])
+        levels[depth].append(row)
+    return levels
 
 
 def _lora(row) -> str | None:  # noqa: ANN001 - a Sequence, or a verification row (no adapter)

@@ -114,15 +114,43 @@ def test_state_memory_is_counted_and_checked(pair) -> None:
         LLMEngine(model, None, EngineConfig(max_num_seqs=2**40 // per_seq + 1, num_kv_blocks=4))
 
 
+@pytest.fixture(scope="module")
+def draft(tmp_path_factory):
+    """An attention-only draft model over the same vocabulary (random: most of its drafts are rejected)."""
+    folder = tmp_path_factory.mktemp("draft")
+    save_variant("llama-gqa", folder, seed=3)
+    return load_model(folder)
+
+
+def test_speculative_decoding_rolls_the_state_back_and_is_lossless(pair, draft) -> None:
+    """Prompt lookup and a draft model on a hybrid: each request's rows verified one depth at a time and its state
+    put back to the one after its last kept draft, so every request's greedy tokens are those of the same batch
+    without speculation (one request of it does not speculate); drafts were both kept and rejected."""
+    model, _ = pair
+    prompts = [[1] + [5, 6, 7] * 8, [1, 9, 8, 7, 6] * 5, PROMPTS[2], PROMPTS[1], PROMPTS[0]]  # some drafts hit
+    greedy = GenerationConfig(max_new_tokens=24, do_sample=False, eos_token_id=None)
+    lookup = dataclasses.replace(greedy, prompt_lookup_num_tokens=3)
+    want = [s.output_ids for s in LLMEngine(model, None, EngineConfig(max_num_seqs=5, chunk_size=8)).generate(
+        prompts, greedy)]
+    engine = LLMEngine(model, None, EngineConfig(max_num_seqs=5, chunk_size=8))
+    seqs = [engine.add_request(p, lookup) for p in prompts[:3]]
+    seqs += [engine.add_request(prompts[3], greedy, draft_model=draft), engine.add_request(prompts[4], greedy)]
+    while engine.has_unfinished():
+        engine.step()
+    assert [s.output_ids for s in seqs] == want
+    stats = engine.stats()
+    assert 0 < stats.spec_accepted_tokens_total < stats.spec_draft_tokens_total, stats
+    with pytest.raises(GenerationConfigError, match="draft model .* keep a recurrent state"):
+        engine.add_request(PROMPTS[0], greedy, draft_model=model)
+    with pytest.raises(GenerationConfigError, match="draft model .* keep a recurrent state"):
+        LLMEngine(model, None, EngineConfig(max_num_seqs=2), speculative=SpeculativeConfig(draft_model=model))
+    default = LLMEngine(model, None, EngineConfig(max_num_seqs=5, chunk_size=8), speculative=SpeculativeConfig(3))
+    assert [s.output_ids for s in default.generate(prompts, greedy)] == want  # the engine's default: lookup
+
+
 def test_features_that_cannot_work_yet_are_refused_by_name(pair) -> None:
     model, _ = pair
     arch = model.config.architecture
-    engine = LLMEngine(model, None, EngineConfig(max_num_seqs=2))
-    lookup = GenerationConfig(max_new_tokens=4, do_sample=False, prompt_lookup_num_tokens=2)
-    with pytest.raises(GenerationConfigError, match=f"speculative decoding .* is not supported for {arch}"):
-        engine.add_request(PROMPTS[0], lookup)
-    with pytest.raises(GenerationConfigError, match=f"speculative decoding is not supported for {arch}"):
-        LLMEngine(model, None, EngineConfig(max_num_seqs=2), speculative=SpeculativeConfig())
     with pytest.raises(LoraError, match=f"LoRA adapters are not applied to {arch}"):
         attach(model, 1, 4)
     with pytest.raises(ModelLoadError, match=f"tensor parallelism does not split {arch}"):
