@@ -12,7 +12,7 @@ from types import MappingProxyType
 from . import (exaone, gemma, gemma4, glm, gpt_oss, granite, granite_hybrid, lfm2, llama, mamba2, mixtral, olmo, olmo3,
                phi3, qwen, qwen35, smollm3)
 from .base import (CONVOLUTION, FULL, LINEAR_ATTENTION, LOCAL_SLIDING, MIXERS, NOPE, RECURRENT_FEATURES,
-                   RECURRENT_REFUSED, SLIDING, STATE_SPACE, Family, GGUFMeta, LayerKind)
+                   RECURRENT_LORA, RECURRENT_REFUSED, SLIDING, STATE_SPACE, Family, GGUFMeta, LayerKind)
 
 # In docs/models.md's order.
 FAMILIES: tuple[Family, ...] = (
@@ -46,6 +46,8 @@ def docs_table() -> str:
 def features_table() -> str:
     """docs/models.md's table of the families whose layers keep a recurrent state, and what the engine does on them."""
     rows = ["| `architectures` | state per sequence and layer | engine features | refused or off |", "|---|---|---|---|"]
-    rows += [f"| `{f.architecture}` | {f.state} | {', '.join(RECURRENT_FEATURES)} | {', '.join(RECURRENT_REFUSED)} |"
-             for f in FAMILIES if f.state]
+    for f in [f for f in FAMILIES if f.state]:
+        works = (*RECURRENT_FEATURES, RECURRENT_LORA[0]) if f.lora else RECURRENT_FEATURES
+        refused = RECURRENT_REFUSED if f.lora else (RECURRENT_LORA[1], *RECURRENT_REFUSED)
+        rows.append(f"| `{f.architecture}` | {f.state} | {', '.join(works)} | {', '.join(refused)} |")
     return "\n".join(rows)

@@ -47,10 +47,15 @@ STATE_SPACE = LayerKind(mixer="state_space", rope=None)  # Mamba2's selective st
 # What the engine does for a family whose layers keep a recurrent state (docs/models.md's feature table): the
 # engine features that work on it, and those it refuses by name (engine/llm_engine.py checks the model's kinds).
 RECURRENT_FEATURES = ("continuous batching (mixed lengths)", "chunked prefill (state carried across chunks)",
-                      "preemption (recompute)", "n > 1 (each sequence prefilled alone)", "structured output",
-                      "traces")
-RECURRENT_REFUSED = ("prefix caching (turned off, logged)", "speculative decoding", "tensor parallelism",
-                     "LoRA", "the fused native step (modules path)")
+                      "preemption (recompute)",
+                      "prefix caching (the state checkpointed where a cached prefix ends, a hit restores it)",
+                      "n > 1 (the prompt prefilled once, the state copied at the fork)",
+                      "speculative decoding (the state rolled back for rejected drafts; an attention-only draft "
+                      "model or prompt lookup)",
+                      "structured output", "traces")
+RECURRENT_REFUSED = ("tensor parallelism", "the fused native step (modules path)")
+# LoRA, by the family's `lora`: on its attention and MLP matrices, never a recurrent layer's own
+RECURRENT_LORA = ("LoRA on the attention and MLP matrices", "LoRA (no attention or MLP matrices to adapt)")
 
 
 class GGUFMeta(Protocol):

@@ -77,7 +77,7 @@ GRANITE_HYBRID = Family(
     "Mamba2 layers (`layer_types` 'mamba': a convolution window and a head_dim x state_size matrix per head per "
     "sequence) between attention layers; Granite's multipliers; no RoPE unless `position_embedding_type` 'rope'; "
     "the MLP from `shared_mlp` (`shared_intermediate_size`); experts refused",
-    read=_granite_hybrid, tensor_parallel=False, lora=False, gguf="granitehybrid", read_gguf=_gguf,
+    read=_granite_hybrid, tensor_parallel=False, gguf="granitehybrid", read_gguf=_gguf,
     gguf_permuted=True,
     gguf_aliases=((r"\.mamba\.dt_bias$", ".mamba.dt_proj.bias"),),
     renames=((r"\.shared_mlp\.input_linear\.", ".mlp.gate_up_proj."),

@@ -42,7 +42,7 @@ QWEN3_5 = Family(
     "gated-DeltaNet layers (`layer_types` 'linear_attention': a convolution window and a key x value matrix per "
     "head per sequence) before every `full_attention_interval`-th attention layer; attention output gated, "
     "`partial_rotary_factor` RoPE, (1 + w) norms",
-    read=_qwen35, tensor_parallel=False, lora=False,
+    read=_qwen35, tensor_parallel=False,
     # the released checkpoints are Qwen3_5ForConditionalGeneration: the text model under model.language_model
     text_of=("Qwen3_5ForConditionalGeneration",),
     renames=((r"^model\.language_model\.", "model."), (r"^model\.visual\..*$", ""), (r"^mtp\..*$", "")),

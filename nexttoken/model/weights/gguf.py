@@ -340,9 +340,9 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
     torch_dtype = resolve_dtype(dtype, device)
     cfg = ModelConfig.from_dict(config_dict(g), source=str(g.path))
     names = list(expected_shapes(cfg))
-    # a model with recurrent layers (issue 41) loads dequantized: its blocks are not kept packed yet
-    recurrent = any(not cfg.layer(i).keeps_kv for i in range(cfg.num_hidden_layers))
-    if not dequantize and not recurrent and device.type == "cpu" and torch_dtype == torch.float32:
+    # a model with recurrent layers (issue 41) keeps its attention and MLP matrices packed as the other families
+    # do; its recurrent layers' own matrices (and their small vectors) are read as floats (gguf_packed._dense)
+    if not dequantize and device.type == "cpu" and torch_dtype == torch.float32:
         from .gguf_packed import build_packed_model, file_rows, keepable, keepable_experts, release_pages
 
         dense = gguf_names(g, cfg, names)
