@@ -120,6 +120,9 @@ class Family:
     # Checkpoint tensor names (after renames) -> the name llama.cpp's tensor map knows them by, for a GGUF file
     # ((regex, replacement) pairs): LFM2's final norm is our `model.norm`, llama.cpp's `token_embd_norm`.
     gguf_aliases: tuple[tuple[str, str], ...] = ()
+    # A tensor as llama.cpp's converter rearranged it -> the checkpoint's layout: (config, checkpoint name, tensor)
+    # -> tensor (Qwen3.5's value heads, which the converter tiles for ggml's broadcast). None: as stored.
+    gguf_tensor: Callable[[Any, str, Any], Any] | None = None
     # config.json fields a family's configs leave out, filled before the shared fields are read (Mamba2: no
     # attention heads, no MLP)
     config_defaults: tuple[tuple[str, Any], ...] = ()

@@ -229,6 +229,27 @@ def test_gguf_from_llama_cpps_converter(variant: str, outtype: str, tmp_path: Pa
                        if not isinstance(b.attention, Attention))
 
 
+def test_qwen3_5_gguf_from_llama_cpps_converter(tmp_path: Path, shared_dir: Path) -> None:
+    """A tiny Qwen3.5 (4 value heads over 2 key heads, so the converter tiles the value heads) saved as bf16 and
+    converted by llama.cpp's converter (`qwen35`, without the MTP head): its recurrent layers, the delta rule's
+    sizes under ssm.*, the (1 + w) norms stored shifted (the delta rule's own norm not), A stored as -exp(A_log),
+    the value heads put back in the checkpoint's order; it gives the folder's tokens, kept as stored (bf16
+    matrices) and dequantized."""
+    from support.llama_cpp import convert, with_tokenizer
+
+    arch, overrides = VARIANTS["qwen3_5-delta"]
+    build_hf_model(arch, **{**overrides, "vocab_size": 151680}).to(torch.bfloat16).save_pretrained(tmp_path)
+    with_tokenizer(tmp_path, shared_dir / "tokenizers" / "qwen2.5-instruct")
+    path = convert(tmp_path, tmp_path / "qwen35.gguf", "bf16", ("--no-mtp",))
+    folder = nexttoken.load(tmp_path)
+    ids = [5, 17, 33, 8, 61, 2, 40, 12]
+    want = folder.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids
+    for llm in (nexttoken.load(path), nexttoken.load(path, dequantize=True)):
+        assert llm.model.config.layers == folder.model.config.layers
+        assert llm.model.config.recurrent == folder.model.config.recurrent
+        assert llm.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == want
+
+
 def test_qwen3_5_chat_with_its_real_template_and_the_server(shared_dir: Path, tmp_path: Path) -> None:
     """A tiny Qwen3.5 over Qwen2.5's real tokenizer with Qwen3.5's own chat template (llama.cpp's copy, thinking
     and tool calls in it): `chat` and `nexttoken serve` (driven by the openai client) give transformers' greedy

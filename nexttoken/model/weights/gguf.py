@@ -299,8 +299,10 @@ def checkpoint_tensors(g: GGUFFile, cfg: ModelConfig, names: list[str], dtype: t
         t = _as_checkpoint(g, cfg, gname, _tensor(g, gname, torch.float32))
         if gname.endswith(".ssm_a"):  # llama.cpp stores Mamba2's A = -exp(A_log)
             t = torch.log(-t)
-        if writer_family(g).gguf_norm_shift and gname.endswith("norm.weight"):
-            t = t - 1
+        if writer_family(g).gguf_norm_shift and gname.endswith("norm.weight") and not gname.endswith("ssm_norm.weight"):
+            t = t - 1  # (Qwen3.5's gated delta-rule norm is a plain RMSNorm: llama.cpp leaves it as it is)
+        if writer_family(g).gguf_tensor is not None:
+            t = writer_family(g).gguf_tensor(cfg, hf, t)
         if hf.endswith("shared_expert_gate.weight") and t.dim() == 1:  # llama.cpp keeps the (C,) vector
             t = t.unsqueeze(0)
         want = shapes.get(hf)
