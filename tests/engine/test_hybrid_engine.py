@@ -127,7 +127,7 @@ def test_speculative_decoding_rolls_the_state_back_and_is_lossless(pair, draft) 
     put back to the one after its last kept draft, so every request's greedy tokens are those of the same batch
     without speculation (one request of it does not speculate); drafts were both kept and rejected."""
     model, _ = pair
-    prompts = [[1] + [5, 6, 7] * 8, [1, 9, 8, 7, 6] * 5, PROMPTS[2], PROMPTS[1], PROMPTS[0]]  # some drafts hit
+    prompts = [[1] + [5, 6, 7] * 8, [1, 9, 8, 7, 6] * 5, PROMPTS[2], PROMPTS[0], [1, 2, 3]]  # some drafts hit
     greedy = GenerationConfig(max_new_tokens=24, do_sample=False, eos_token_id=None)
     lookup = dataclasses.replace(greedy, prompt_lookup_num_tokens=3)
     want = [s.output_ids for s in LLMEngine(model, None, EngineConfig(max_num_seqs=5, chunk_size=8)).generate(
