@@ -184,13 +184,6 @@ def recurrent_layers(model: torch.nn.Module) -> dict[int, str]:
     return {i: cfg.layer(i).mixer for i in range(cfg.num_hidden_layers) if not cfg.layer(i).keeps_kv}
 
 
-def refused(feature: str, model: torch.nn.Module) -> str:
-    """The message for an engine feature a model with recurrent layers cannot run exactly yet."""
-    kinds = ", ".join(sorted(set(recurrent_layers(model).values())))
-    return (f"{feature} is not supported for {model.config.architecture}: its {kinds} layers keep a recurrent "
-            "state per sequence that this feature would have to copy or roll back; run the request without it")
-
-
 def check_state_memory(model: torch.nn.Module, num_slots: int, checkpoints: int = 0) -> int:
     """The bytes of `num_slots` sequences' recurrent state (one slot per running sequence for each recurrent
     layer) and of the prefix cache's `checkpoints` copies of one sequence's state, checked against the memory
