@@ -124,12 +124,13 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "scheduler": {"block_manager", "sequence"},
         "postprocess": {"sequence"},
         "encoder": set(),  # issue 43: the vision tower's features cached by image hash
-        "model_runner": {"block_manager", "encoder", "scheduler", "sequence"},
+        "state_checkpoints": set(),  # hybrid models: recurrent states kept where cached prefixes end
+        "model_runner": {"block_manager", "encoder", "scheduler", "sequence", "state_checkpoints"},
         "speculation": {"model_runner", "postprocess", "scheduler", "sequence"},
         "distributed": {"model_runner", "scheduler"},
         "launch": {"distributed"},
         "llm_engine": {"block_manager", "distributed", "embedding", "encoder", "model_runner", "postprocess",
-                       "scheduler", "sequence", "speculation"},
+                       "scheduler", "sequence", "speculation", "state_checkpoints"},
         "async_engine": {"embedding", "llm_engine", "sequence"},
         "fit": set(),  # the KV pool and context sized to a memory budget (llama.cpp's --fit)
     },

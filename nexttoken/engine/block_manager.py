@@ -44,6 +44,9 @@ class BlockManager:
         self.release: Callable[[list[int]], None] | None = None
         self._written: set[int] = set()  # blocks handed out since the last release
         self.hit_tokens = 0  # of them, found
+        # A hybrid model's recurrent-state checkpoints (state_checkpoints.StateCheckpoints): a hit must end where
+        # one is kept, since the K/V blocks alone do not give the state after the prefix. None: attention only.
+        self.checkpoints = None
 
     # ---- sizes -----------------------------------------------------------------------------------------------
     @property
@@ -131,6 +134,7 @@ class BlockManager:
         """Give a sequence with an empty table the cached blocks of its prompt's longest cached prefix (whole chunks,
         at least one prompt token left to compute); returns the tokens found. It holds a reference to each."""
         assert not seq.block_table
+        seq.restore_key = None
         if not self.prefix_caching or seq.params.wants_prompt_logprobs:  # those need every prompt position's logits
             return 0
         prompt = seq.prompt_ids
@@ -142,6 +146,11 @@ class BlockManager:
                 break
             blocks.append(block)
         blocks = blocks[: len(blocks) // per_chunk * per_chunk]
+        if self.checkpoints is not None:  # the longest whole-chunk prefix whose state was kept
+            keys = self.keys(prompt, len(blocks), seq.lora_key)
+            while blocks and not self.checkpoints.has(keys[len(blocks) - 1]):
+                blocks = blocks[: len(blocks) - per_chunk]
+            seq.restore_key = keys[len(blocks) - 1] if blocks else None
         for block in blocks:
             if self._refs[block] == 0:
                 del self._evictable[block]
@@ -155,20 +164,23 @@ class BlockManager:
             self.queried_tokens += prompt_tokens
             self.hit_tokens += hit_tokens
 
-    def cache_chunk(self, seq: Sequence, start: int, end: int) -> None:
+    def cache_chunk(self, seq: Sequence, start: int, end: int) -> Hashable | None:
         """After a whole prefill chunk [start, end) of prompt tokens was computed into seq's blocks: hash them, so
         later prompts find them. A key already held by another block (two requests computed the same chunk at
-        once) keeps its first block."""
+        once) keeps its first block. Returns the key of the chunk's last block (where a hybrid model's state is
+        checkpointed), None when the chunk is not cacheable."""
         if not self.prefix_caching or end - start != self.chunk_size or end > len(seq.prompt_ids):
-            return
+            return None
         if start % self.chunk_size:  # a chunk moved off the grid by an image (scheduler.unsplit): not a whole chunk
-            return
+            return None
         first, last = start // self.block_size, end // self.block_size
-        for b, key in enumerate(self.keys(seq.prompt_ids, last, seq.lora_key, seq.images)[first:], start=first):
+        keys = self.keys(seq.prompt_ids, last, seq.lora_key, seq.images)
+        for b, key in enumerate(keys[first:], start=first):
             block = seq.block_table[b]
             if key not in self._cached and block not in self._key_of:
                 self._cached[key] = block
                 self._key_of[block] = key
+        return keys[-1]
 
     def pending_key(self, seq: Sequence) -> Hashable | None:
         """The key of the last block of seq's next whole prompt chunk (None when that chunk is partial or the

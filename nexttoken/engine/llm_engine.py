@@ -44,11 +44,12 @@ from ..model.lora import AdapterRegistry, LoraAdapter, Resolver, read_adapter, r
 from .distributed import DistributedRunner
 from .block_manager import BlockManager, pool_blocks
 from .encoder import DEFAULT_ENCODER_CACHE_BYTES, EncoderCache
-from .model_runner import ModelRunner, check_state_memory, recurrent_layers, refused
+from .model_runner import ModelRunner, check_state_memory, recurrent_layers
 from .postprocess import advance, advance_greedy, fail, guarded, plain_greedy, snapshot
 from .scheduler import POLICIES, Scheduler, StepPlan
 from .sequence import Sequence, TokenEvent
 from .speculation import SpeculativeConfig, Speculator
+from .state_checkpoints import StateCheckpoints
 
 log = logging.getLogger("nexttoken.engine")
 
@@ -86,6 +87,9 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # auto (the model's dtype), float32, bf16 or int8 (per token and head scales)
     scheduling_policy: str = "fcfs"  # fcfs, or priority (a request's `priority`, lower first, as vLLM)
     encoder_cache_memory: int = DEFAULT_ENCODER_CACHE_BYTES  # bytes of image features kept (a model with a tower)
+    # hybrid models (recurrent layers): copies of a sequence's state kept where cached prefixes end, each the size
+    # of one sequence's state (reserved before the KV pool is sized); None: max_num_seqs; 0: no prefix caching
+    state_checkpoints: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "chunk_size", "max_num_batched_tokens"):
@@ -102,6 +106,11 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise GenerationConfigError(f"{name} must be an integer >= 1 (or unset), got {value!r}")
+        if self.state_checkpoints is not None and (isinstance(self.state_checkpoints, bool)
+                                                   or not isinstance(self.state_checkpoints, int)
+                                                   or self.state_checkpoints < 0):
+            raise GenerationConfigError(
+                f"state_checkpoints must be an integer >= 0 (or unset), got {self.state_checkpoints!r}")
         if self.kv_cache_memory is not None and self.num_kv_blocks is not None:
             raise GenerationConfigError("give kv_cache_memory or num_kv_blocks, not both: each sizes the KV pool")
         if self.block_size is not None and self.chunk_size % self.block_size:
@@ -141,6 +150,8 @@ class EngineStats:
     spec_draft_tokens_total: int = 0  # speculative decoding: draft tokens verified
     spec_accepted_tokens_total: int = 0  # of them, kept
     spec_steps_total: int = 0  # verification passes (each adds the kept drafts and one token of the target's)
+    state_checkpoints: int = 0  # hybrid models: recurrent-state checkpoints held where cached prefixes end
+    state_checkpoint_bytes: int = 0  # their reserved memory
 
     @property
     def spec_acceptance_rate(self) -> float:
@@ -175,20 +186,22 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or context, context)
         block_size = config.tokens_per_block
         cache_dtype = KV_CACHE_DTYPES[config.kv_cache_dtype] or model.dtype
-        # issue 41's hybrids: a state slot per running sequence for each recurrent layer (sized and checked first)
+        # issue 41's hybrids: a state slot per running sequence for each recurrent layer, and the prefix cache's
+        # checkpoints of that state (sized and checked first, both)
         self.recurrent = recurrent_layers(model)
-        state_memory = check_state_memory(model, config.max_num_seqs) if self.recurrent else 0
-        if self.recurrent and speculative is not None:
-            raise GenerationConfigError(refused("speculative decoding", model))
+        checkpoints = 0
+        if self.recurrent and config.enable_prefix_caching:
+            checkpoints = config.max_num_seqs if config.state_checkpoints is None else config.state_checkpoints
+        state_memory = check_state_memory(model, config.max_num_seqs, checkpoints) if self.recurrent else 0
         self.vision = getattr(model, "vision", None)  # issue 43: the vision tower (None: a text model)
         encoder_memory = config.encoder_cache_memory if self.vision is not None else 0
         num_blocks = pool_blocks(model, config.max_num_seqs, self.max_model_len, block_size, config.kv_cache_memory,
                                  config.num_kv_blocks, cache_dtype, reserved=state_memory + encoder_memory)
-        prefix_caching = config.enable_prefix_caching and not self.recurrent
-        if config.enable_prefix_caching and self.recurrent:
+        prefix_caching = config.enable_prefix_caching and (not self.recurrent or checkpoints > 0)
+        if config.enable_prefix_caching and not prefix_caching:
             log.warning("prefix caching is off for this model (%s): its %s layers keep a recurrent state that a "
-                        "cached prefix's K/V blocks do not hold", model.config.architecture,
-                        ", ".join(sorted(set(self.recurrent.values()))))
+                        "cached prefix's K/V blocks do not hold, and state_checkpoints is 0",
+                        model.config.architecture, ", ".join(sorted(set(self.recurrent.values()))))
         self.blocks = BlockManager(num_blocks, block_size, config.chunk_size, prefix_caching)
         # One request alone may fill the pool, never more: a longer one could not run even with all others preempted.
         self.max_seq_tokens = min(self.max_model_len, self.blocks.capacity_tokens)
@@ -201,7 +214,11 @@ class LLMEngine:
         if self.vision is not None:
             self.runner.encoder = EncoderCache(self.vision, encoder_memory)
         if self.recurrent:
-            self.runner.states = StateSlots(state_specs(model.config), config.max_num_seqs, model.dtype, model.device)
+            specs = state_specs(model.config)
+            self.runner.states = StateSlots(specs, config.max_num_seqs, model.dtype, model.device)
+            if prefix_caching:
+                self.runner.checkpoints = self.blocks.checkpoints = StateCheckpoints(specs, checkpoints, model.dtype,
+                                                                                     model.device)
         cache = getattr(self.runner, "cache", None)
         self.blocks.release = cache.release if cache is not None else None  # freed blocks' pages back when idle
         self.requests: dict[str, Sequence] = {}
@@ -287,9 +304,6 @@ class LLMEngine:
         )
         if images and hasattr(self.vision, "rope_index"):  # M-RoPE (Qwen2.5-VL): the images' 3-D positions
             seq.mrope_positions, seq.rope_delta = self.vision.rope_index(seq.prompt_ids, images)
-        if self.recurrent and (draft_model is not None or params.prompt_lookup_num_tokens is not None):
-            raise GenerationConfigError(refused("speculative decoding (assistant_model, prompt_lookup_num_tokens)",
-                                                self.model))
         seq.spec = self.speculator.setup(seq, draft_model)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
@@ -445,7 +459,14 @@ class LLMEngine:
             generated_tokens_total=self._generated_tokens,
             steps_total=self._steps,
             **self.speculator.totals(running),
+            **self._checkpoint_stats(),
         )
+
+    def _checkpoint_stats(self) -> dict[str, int]:
+        checkpoints = getattr(self.runner, "checkpoints", None)
+        if checkpoints is None:
+            return {}
+        return dict(state_checkpoints=len(checkpoints), state_checkpoint_bytes=checkpoints.nbytes)
 
     # ---- helpers -----------------------------------------------------------------------------------------------
     def _check_prompt(self, prompt_ids: list[int]) -> None:

@@ -43,6 +43,7 @@ from ..model.kernels import MAX_ROWS
 from ..model.recurrent import StateSlots, state_bytes
 from .block_manager import BlockManager
 from .encoder import EncoderCache
+from .state_checkpoints import StateCheckpoints
 from .scheduler import PrefillChunk, StepPlan
 from .sequence import Sequence
 
@@ -185,29 +186,24 @@ def recurrent_layers(model: torch.nn.Module) -> dict[int, str]:
     return {i: cfg.layer(i).mixer for i in range(cfg.num_hidden_layers) if not cfg.layer(i).keeps_kv}
 
 
-def refused(feature: str, model: torch.nn.Module) -> str:
-    """The message for an engine feature a model with recurrent layers cannot run exactly yet."""
-    kinds = ", ".join(sorted(set(recurrent_layers(model).values())))
-    return (f"{feature} is not supported for {model.config.architecture}: its {kinds} layers keep a recurrent "
-            "state per sequence that this feature would have to copy or roll back; run the request without it")
-
-
-def check_state_memory(model: torch.nn.Module, num_slots: int) -> int:
+def check_state_memory(model: torch.nn.Module, num_slots: int, checkpoints: int = 0) -> int:
     """The bytes of `num_slots` sequences' recurrent state (one slot per running sequence for each recurrent
-    layer), checked against the memory available before anything is allocated."""
+    layer) and of the prefix cache's `checkpoints` copies of one sequence's state, checked against the memory
+    available before anything is allocated."""
     per_slot = state_bytes(model.config, model.dtype)
-    need = per_slot * num_slots
+    need = per_slot * (num_slots + checkpoints)
     free = _available_bytes() if model.device.type == "cpu" else None
     if free is not None and need > free:
         raise GenerationConfigError(
-            f"the recurrent state needs {need / 2**30:.2f} GiB ({num_slots} sequences x {per_slot / 2**20:.1f} MiB) "
-            f"but {free / 2**30:.2f} GiB of memory is available: lower --max-num-seqs (max_num_seqs) to at most "
-            f"{free // per_slot}")
+            f"the recurrent state needs {need / 2**30:.2f} GiB ({num_slots} sequences + {checkpoints} prefix-cache "
+            f"checkpoints x {per_slot / 2**20:.1f} MiB) but {free / 2**30:.2f} GiB of memory is available: lower "
+            f"--max-num-seqs (max_num_seqs) to at most {max(0, free // per_slot - checkpoints)} or state_checkpoints")
     return need
 
 
 class ModelRunner:
     states: StateSlots | None = None  # the recurrent layers' state, a slot per running sequence (Sequence.slot)
+    checkpoints: StateCheckpoints | None = None  # their states where cached prefixes end (the prefix cache's)
 
     def __init__(self, model: Transformer, num_blocks: int, block_size: int, max_len: int,
                  cache_dtype: torch.dtype | None = None) -> None:
@@ -225,6 +221,7 @@ class ModelRunner:
     def run(self, plan: StepPlan) -> list[tuple[list[Sequence], torch.Tensor]]:
         """(requests, their (rows, V) float32 logits) for every request that chooses a token this step, in the
         groups they were computed in."""
+        self._restore(plan)
         replayed = [DecodeRow(r.seq.block_table, r.seq.token_ids[c], c + 1, lora=r.seq.lora, slot=r.seq.slot,
                               rope_delta=r.seq.rope_delta)
                     for r in plan.replay for c in range(r.start, r.end)]
@@ -243,6 +240,14 @@ class ModelRunner:
             if chunk.samples:
                 out.append(([chunk.seq], logits))
         return out
+
+    def _restore(self, plan: StepPlan) -> None:
+        """A hybrid's sequences admitted on a prefix-cache hit: their state slots take the state kept where the
+        hit ends (before any forward of the step can drop that checkpoint)."""
+        for seq in plan.admitted:
+            if seq.restore_key is not None and seq.slot is not None and self.checkpoints is not None:
+                self.checkpoints.restore(seq.restore_key, self.states, seq.slot)
+            seq.restore_key = None
 
     def _decode(self, seqs: list[Sequence]) -> list[tuple[list[Sequence], torch.Tensor]]:
         groups: dict[int, list[Sequence]] = {}
@@ -270,12 +275,31 @@ class ModelRunner:
     def verify(self, rows: list) -> torch.Tensor:
         """(len(rows), V) float32 logits of decode rows given as objects with a Sequence's block_table, last_token,
         num_tokens (speculation.VerifyRow): several may share blocks, at consecutive columns in order, and each
-        gets the numbers a single decode step of that row computes (native step, or its bucket and group)."""
+        gets the numbers a single decode step of that row computes (native step, or its bucket and group).
+
+        With recurrent layers a request's rows run one depth at a time (each row's state is the one its previous
+        row left), and the state of its slot after each depth is kept: `rollback` then puts back the one after the
+        last row whose token was accepted."""
         where = {id(row): i for i, row in enumerate(rows)}
         logits = torch.empty(len(rows), self.model.config.vocab_size)
-        for part, part_logits in self._decode(rows):
-            logits[[where[id(row)] for row in part]] = part_logits
+        self._verified: dict[int, list[dict[int, list[torch.Tensor]]]] = {}
+        depths = [rows] if self.states is None else _depths(rows)
+        for level in depths:
+            for part, part_logits in self._decode(level):
+                logits[[where[id(row)] for row in part]] = part_logits
+            if self.states is not None:
+                for row in level:
+                    self._verified.setdefault(row.slot, []).append(
+                        {layer: [t[row.slot].clone() for t in ts] for layer, ts in self.states.tensors.items()})
         return logits
+
+    def rollback(self, slot: int, depth: int) -> None:
+        """After a verification: slot `slot`'s recurrent state becomes the one its request's row `depth` left (the
+        last token it keeps in the cache); a no-op without recurrent layers."""
+        kept = getattr(self, "_verified", {}).pop(slot, [])
+        if self.states is not None and 0 <= depth < len(kept):
+            for layer, values in kept[depth].items():
+                self.states.write(layer, slice(slot, slot + 1), [v[None] for v in values])
 
     def _decode_native(self, plan: fused.RowsPlan, part: list[Sequence]) -> torch.Tensor:
         """(rows, V) logits of the fused native step: each row through its own block table, over its own columns."""
@@ -329,7 +353,9 @@ class ModelRunner:
         logits = self.model(ids, batch, view, **seq.hook_inputs()).float()  # (1, V), or (1, T, V) for prompt logprobs
         seq.num_cached = end
         if self.blocks is not None:
-            self.blocks.cache_chunk(seq, start, end)
+            key = self.blocks.cache_chunk(seq, start, end)
+            if key is not None and self.checkpoints is not None:  # the state after this cacheable prefix
+                self.checkpoints.save(key, self.states, seq.slot)
         if want_prompt:
             _record_prompt_logprobs(seq, start, end, logits[0])
             logits = logits[:, -1]
@@ -378,6 +404,18 @@ def _mrope_columns(seq: Sequence, start: int, end: int) -> torch.Tensor:
     first = max(start, table.shape[1])
     after = torch.arange(first, max(first, end)) + seq.rope_delta
     return torch.cat([inside, after.expand(3, -1)], dim=1)
+
+
+def _depths(rows: list) -> list[list]:
+    """Verification rows by depth: the i-th row of each slot (its request's column n - 1 + i) in level i."""
+    seen: dict[int, int] = {}
+    levels: list[list] = []
+    for row in rows:
+        depth = seen[row.slot] = seen.get(row.slot, -1) + 1
+        if depth == len(levels):
+            levels.append([])
+        levels[depth].append(row)
+    return levels
 
 
 def _lora(row) -> str | None:  # noqa: ANN001 - a Sequence, or a verification row (no adapter)

@@ -70,6 +70,7 @@ class Sequence:
     num_preemptions: int = 0
     num_cached: int = 0  # tokens whose K/V are in its blocks
     prefix_hit_tokens: int = 0  # of them, copied from the prefix cache
+    restore_key: Any = None  # a hybrid's hit: the key of the recurrent-state checkpoint its slot starts from
     prompt_logprobs: PromptLogprobs | None = None  # position 0 has none
     scheduled_time: float | None = None  # first admitted
     first_token_time: float | None = None

@@ -59,6 +59,7 @@ class VerifyRow:
     num_tokens: int
     num_cached: int = 0
     rope_delta: int = 0  # M-RoPE: the request's position offset (Sequence.rope_delta)
+    slot: int | None = None  # the request's place among the running: its recurrent state slot (hybrid models)
 
     def hook_inputs(self) -> dict:
         return {}
@@ -160,6 +161,8 @@ class Speculator:
             raise GenerationConfigError(SPEC_TP)
         self._drafters: dict[int, Drafter] = {}  # id(draft model) -> its slot cache
         self._totals = [0, 0, 0]  # drafted, accepted, verification passes of finished requests
+        if default is not None and default.draft_model is not None:
+            self._drafter(default.draft_model)  # a draft it cannot serve is refused now, not at the first request
 
     # ---- set-up, per request -----------------------------------------------------------------------------------
     def setup(self, seq: Sequence, draft_model: Transformer | None) -> Speculation | None:
@@ -203,6 +206,10 @@ class Speculator:
             raise GenerationConfigError(
                 f"the draft model's context ({draft.config.max_position_embeddings}) is shorter than this engine's "
                 f"max_model_len ({self.runner.max_len}): use a draft with a context at least as long")
+        if any(not draft.config.layer(i).keeps_kv for i in range(draft.config.num_hidden_layers)):
+            raise GenerationConfigError(
+                f"the draft model ({draft.config.architecture}) has layers that keep a recurrent state, which its "
+                "slot cache does not hold: use a draft model whose layers are all attention, or prompt lookup")
         if id(draft) not in self._drafters:
             self._drafters[id(draft)] = Drafter(draft, self.num_slots, self.runner.max_len)
         return self._drafters[id(draft)]
@@ -269,16 +276,19 @@ class Speculator:
         for wanted in by_drafter.values():
             proposals.update(wanted[0][0].spec.drafter.propose(wanted, drop))
         seqs = [seq for seq in seqs if seq not in failed]
-        rows = {seq: [VerifyRow(seq.block_table, t, seq.num_tokens + i, rope_delta=seq.rope_delta)
+        rows = {seq: [VerifyRow(seq.block_table, t, seq.num_tokens + i, rope_delta=seq.rope_delta,
+                                slot=seq.slot)
                       for i, t in enumerate([seq.last_token] + proposals.get(seq, Proposal()).tokens)] for seq in seqs}
         logits = self.runner.verify([r for seq in seqs for r in rows[seq]])  # (rows, V)
         first = 0
         for seq in seqs:
-            n = len(rows[seq])
+            n, fed = len(rows[seq]), seq.num_tokens
             try:
                 events += self._accept(seq, logits[first : first + n], proposals.get(seq, Proposal()))
             except Exception as e:  # noqa: BLE001 - this request ends (its tokens so far stand); the others go on
                 drop(seq, e)
+            # a recurrent state goes back to the one after the last kept draft (row num_cached - fed)
+            self.runner.rollback(seq.slot, seq.num_cached - fed)
             first += n
         return events
 

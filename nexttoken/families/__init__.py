@@ -13,7 +13,7 @@ from . import (exaone, falcon_h1, gemma, gemma4, glm, gpt_oss, granite, granite_
                lfm2_vl, llama, mamba2, mixtral, nemotron_h, olmo, olmo3, phi3, qwen, qwen3_next, qwen35, qwen35_moe,
                smollm3)
 from .base import (CONVOLUTION, FULL, LINEAR_ATTENTION, LOCAL_SLIDING, MIXERS, NOPE, RECURRENT_FEATURES,
-                   RECURRENT_REFUSED, SLIDING, STATE_SPACE, Family, GGUFMeta, LayerKind)
+                   RECURRENT_LORA, RECURRENT_NATIVE, RECURRENT_REFUSED, SLIDING, STATE_SPACE, Family, GGUFMeta, LayerKind)
 
 # In docs/models.md's order.
 FAMILIES: tuple[Family, ...] = (
@@ -49,6 +49,9 @@ def docs_table() -> str:
 def features_table() -> str:
     """docs/models.md's table of the families whose layers keep a recurrent state, and what the engine does on them."""
     rows = ["| `architectures` | state per sequence and layer | engine features | refused or off |", "|---|---|---|---|"]
-    rows += [f"| `{f.architecture}` | {f.state} | {', '.join(RECURRENT_FEATURES)} | {', '.join(RECURRENT_REFUSED)} |"
-             for f in FAMILIES if f.state]
+    for f in [f for f in FAMILIES if f.state]:
+        works, refused = list(RECURRENT_FEATURES), list(RECURRENT_REFUSED)
+        (works if f.lora else refused).append(RECURRENT_LORA[0 if f.lora else 1])
+        (works if f.native_step else refused).append(RECURRENT_NATIVE[0 if f.native_step else 1])
+        rows.append(f"| `{f.architecture}` | {f.state} | {', '.join(works)} | {', '.join(refused)} |")
     return "\n".join(rows)

@@ -47,10 +47,19 @@ STATE_SPACE = LayerKind(mixer="state_space", rope=None)  # Mamba2's selective st
 # What the engine does for a family whose layers keep a recurrent state (docs/models.md's feature table): the
 # engine features that work on it, and those it refuses by name (engine/llm_engine.py checks the model's kinds).
 RECURRENT_FEATURES = ("continuous batching (mixed lengths)", "chunked prefill (state carried across chunks)",
-                      "preemption (recompute)", "n > 1 (each sequence prefilled alone)", "structured output",
-                      "traces", "the fused native decode step (csrc/recurrent.cpp)")
-RECURRENT_REFUSED = ("prefix caching (turned off, logged)", "speculative decoding", "tensor parallelism",
-                     "LoRA")
+                      "preemption (recompute)",
+                      "prefix caching (the state checkpointed where a cached prefix ends, a hit restores it)",
+                      "n > 1 (the prompt prefilled once, the state copied at the fork)",
+                      "speculative decoding (the state rolled back for rejected drafts; an attention-only draft "
+                      "model or prompt lookup)",
+                      "structured output", "traces")
+RECURRENT_REFUSED = ("tensor parallelism",)
+# LoRA, by the family's `lora`: on its attention and MLP matrices, never a recurrent layer's own
+RECURRENT_LORA = ("LoRA on the attention and MLP matrices",
+                  "LoRA (Mamba2: no attention or MLP matrices to adapt; the others: not yet checked against PEFT)")
+# The fused native step, by the family's `native_step` (model/fused.py; csrc/recurrent.cpp computes the mixers)
+RECURRENT_NATIVE = ("the fused native decode step (csrc/recurrent.cpp; a layer with experts runs the modules)",
+                    "the fused native decode step (the modules path runs every step)")
 
 
 class GGUFMeta(Protocol):
@@ -115,6 +124,9 @@ class Family:
     # Checkpoint tensor names (after renames) -> the name llama.cpp's tensor map knows them by, for a GGUF file
     # ((regex, replacement) pairs): LFM2's final norm is our `model.norm`, llama.cpp's `token_embd_norm`.
     gguf_aliases: tuple[tuple[str, str], ...] = ()
+    # A tensor as llama.cpp's converter rearranged it -> the checkpoint's layout: (config, checkpoint name, tensor)
+    # -> tensor (Qwen3.5's value heads, which the converter tiles for ggml's broadcast). None: as stored.
+    gguf_tensor: Callable[[Any, str, Any], Any] | None = None
     # config.json fields a family's configs leave out, filled before the shared fields are read (Mamba2: no
     # attention heads, no MLP)
     config_defaults: tuple[tuple[str, Any], ...] = ()

@@ -84,7 +84,7 @@ GRANITE_HYBRID = Family(
     "sequence) between attention layers; Granite's multipliers; no RoPE unless `position_embedding_type` 'rope'; "
     "the MLP from `shared_mlp` (`shared_intermediate_size`), beside `num_local_experts` experts (top k, softmax "
     "over the k) where it has them",
-    read=_granite_hybrid, tensor_parallel=False, lora=False, gguf="granitehybrid", read_gguf=_gguf,
+    read=_granite_hybrid, tensor_parallel=False, gguf="granitehybrid", read_gguf=_gguf,
     gguf_permuted=True, stacked_experts=True,
     gguf_aliases=((r"\.mamba\.dt_bias$", ".mamba.dt_proj.bias"),),
     renames=((r"\.shared_mlp\.input_linear\.", ".mlp.gate_up_proj."),

@@ -53,7 +53,7 @@ LFM2 = Family(
     "Lfm2ForCausalLM", ("lfm2",), "LFM2, LFM2.5 (350M-2.6B)",
     "gated short-convolution layers (`layer_types` 'conv', a window of `conv_L_cache` - 1 inputs per sequence) "
     "between attention layers with per-head q/k norms; MLP width from `block_ff_dim`",
-    read=_lfm2, tensor_parallel=False, lora=False, gguf="lfm2", read_gguf=_gguf,
+    read=_lfm2, tensor_parallel=False, gguf="lfm2", read_gguf=_gguf,
     gguf_aliases=((r"^model\.norm\.weight$", "model.embedding_norm.weight"),),
     renames=((r"\.operator_norm\.", ".input_layernorm."), (r"\.ffn_norm\.", ".post_attention_layernorm."),
              (r"\.feed_forward\.w1\.", ".mlp.gate_proj."), (r"\.feed_forward\.w3\.", ".mlp.up_proj."),

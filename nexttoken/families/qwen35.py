@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ModelLoadError
-from .base import FULL, LINEAR_ATTENTION, Family
+from .base import FULL, LINEAR_ATTENTION, Family, GGUFMeta
 
 
 def _qwen35(raw: dict[str, Any], source: str, layers: int) -> dict[str, Any]:
@@ -37,12 +37,63 @@ def _qwen35(raw: dict[str, Any], source: str, layers: int) -> dict[str, Any]:
             "rotary_dim": int(head_dim * factor), "recurrent": rec}
 
 
+def _gguf(g: GGUFMeta, cfg: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's qwen35 keys: the recurrent layers (or the attention interval), the delta rule's sizes under
+    `ssm.*` (state_size: the key head dim, group_count: key heads, time_step_rank: value heads), the rotated part
+    of each head as rope.dimension_count; block_count counts the MTP layers (nextn_predict_layers), left out."""
+    layers = cfg["num_hidden_layers"] - int(g.get("nextn_predict_layers") or 0)  # the MTP layers left out
+    recurrent = g.get("attention.recurrent_layers")
+    if isinstance(recurrent, list) and len(recurrent) >= layers:
+        types = ["linear_attention" if r else "full_attention" for r in recurrent[:layers]]
+    else:
+        interval = int(g.get("full_attention_interval", 4))
+        types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
+    value_heads = int(g.get("ssm.time_step_rank"))
+    rotated = int(g.get("rope.dimension_count") or cfg["head_dim"] // 4)
+    return {"num_hidden_layers": layers, "layer_types": types, "linear_conv_kernel_dim": int(g.get("ssm.conv_kernel", 4)),
+            "linear_key_head_dim": int(g.get("ssm.state_size")), "linear_num_key_heads": int(g.get("ssm.group_count")),
+            "linear_num_value_heads": value_heads,
+            "linear_value_head_dim": int(g.get("ssm.inner_size")) // value_heads,
+            "rope_parameters": {**cfg["rope_parameters"], "partial_rotary_factor": rotated / cfg["head_dim"]}}
+
+
+def _untile(t: Any, dim: int, key_heads: int, per_key: int, width: int) -> Any:
+    """Undo the converter's _reorder_v_heads along `dim`: value heads in tiled order (per_key, key_heads, width)
+    back to grouped by key head (key_heads, per_key, width), the checkpoint's order."""
+    shape = list(t.shape)
+    t = t.reshape(*shape[:dim], per_key, key_heads, width, *shape[dim + 1:])
+    return t.transpose(dim, dim + 1).reshape(shape)
+
+
+def _gguf_tensor(cfg: Any, name: str, t: Any) -> Any:
+    """A linear-attention tensor of a qwen35 GGUF in the checkpoint's value-head order (the converter tiles the
+    value heads when there are more of them than key heads)."""
+    rec = cfg.recurrent
+    if rec is None or ".linear_attn." not in name or rec.linear_num_value_heads == rec.linear_num_key_heads:
+        return t
+    k, per, dv = rec.linear_num_key_heads, rec.linear_num_value_heads // rec.linear_num_key_heads, \
+        rec.linear_value_head_dim
+    qk = 2 * k * rec.linear_key_head_dim  # q and k rows (or channels) come first, untouched
+    if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+        out = t.clone()
+        out[qk:] = _untile(t[qk:], 0, k, per, dv)
+        return out
+    if name.endswith("in_proj_z.weight"):
+        return _untile(t, 0, k, per, dv)
+    if name.endswith(("in_proj_b.weight", "in_proj_a.weight", "A_log", "dt_bias")):
+        return _untile(t, 0, k, per, 1)
+    if name.endswith("out_proj.weight"):
+        return _untile(t, 1, k, per, dv)
+    return t
+
+
 QWEN3_5 = Family(
     "Qwen3_5ForCausalLM", ("qwen3_5_text", "qwen3_5"), "Qwen3.5 dense (0.8B-27B), text",
     "gated-DeltaNet layers (`layer_types` 'linear_attention': a convolution window and a key x value matrix per "
     "head per sequence) before every `full_attention_interval`-th attention layer; attention output gated, "
     "`partial_rotary_factor` RoPE, (1 + w) norms",
-    read=_qwen35, tensor_parallel=False, lora=False,
+    read=_qwen35, tensor_parallel=False, gguf="qwen35", read_gguf=_gguf, gguf_norm_shift=True,
+    gguf_aliases=((r"\.linear_attn\.dt_bias$", ".linear_attn.dt_proj.bias"),), gguf_tensor=_gguf_tensor,
     # the released checkpoints are Qwen3_5ForConditionalGeneration: the text model under model.language_model
     text_of=("Qwen3_5ForConditionalGeneration",),
     renames=((r"^model\.language_model\.", "model."), (r"^model\.visual\..*$", ""), (r"^mtp\..*$", "")),

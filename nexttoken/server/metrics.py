@@ -205,6 +205,8 @@ class _EngineCollector:
         yield _counter("nexttoken_generation_tokens", "Tokens generated", s.generated_tokens_total)
         yield _counter("nexttoken_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache", s.prefix_queried_tokens)
         yield _counter("nexttoken_prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache", s.prefix_hit_tokens)
+        yield _gauge("nexttoken_prefix_state_checkpoints", "Hybrid models: recurrent states kept where cached prefixes end", s.state_checkpoints)
+        yield _gauge("nexttoken_prefix_state_checkpoint_bytes", "Hybrid models: memory reserved for those states", s.state_checkpoint_bytes)
         yield _counter("nexttoken_engine_steps", "Engine steps run (one forward round each)", s.steps_total)
         yield _counter("nexttoken_spec_decode_draft_tokens", "Speculative draft tokens verified", s.spec_draft_tokens_total)
         yield _counter("nexttoken_spec_decode_accepted_tokens", "Speculative draft tokens kept", s.spec_accepted_tokens_total)

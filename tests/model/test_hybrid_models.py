@@ -15,6 +15,8 @@ import nexttoken
 from nexttoken.config import ModelConfig
 from nexttoken.families import CONVOLUTION, FULL, LINEAR_ATTENTION, NOPE, STATE_SPACE, features_table
 from nexttoken.model import ForwardBatch, fused, kernels, load_model
+from nexttoken.model.layers import Attention
+from nexttoken.model.quant.ggml import GGUFLinear, native_blocks
 from nexttoken.model.recurrent import delta_rule, ssd
 from support.tiny_models import BASE, HYBRID_FAMILIES, RECURRENT, VARIANTS, build_hf_model, save_variant
 
@@ -196,8 +198,8 @@ def test_gguf_from_llama_cpps_converter(variant: str, outtype: str, tmp_path: Pa
     """A tiny LFM2 / Granite 4.0-H over Qwen2.5's real tokenizer, converted by llama.cpp's convert_hf_to_gguf.py: the
     per-layer KV head counts (0 for the recurrent layers), the squeezed convolutions, LFM2's final norm as
     token_embd_norm, Mamba2's A stored as -exp(A_log), Granite's MLP split in gate and up read back to the folder's
-    model. An f32 file gives the folder's tokens; a Q8_0 file, loaded by default (dequantized: recurrent models'
-    blocks are not kept packed yet), gives its own dequantized run's."""
+    model. An f32 file gives the folder's tokens; a Q8_0 file, loaded by default (its attention and MLP matrices kept
+    in their blocks, the recurrent layers' own matrices as floats), gives its own dequantized run's."""
     import json
 
     from support.llama_cpp import convert, with_tokenizer
@@ -218,7 +220,35 @@ def test_gguf_from_llama_cpps_converter(variant: str, outtype: str, tmp_path: Pa
     if outtype == "f32":
         assert got == hf.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False, eos_token_id=None,
                                   pad_token_id=0)[0, len(ids):].tolist()
-    assert nexttoken.load(path).generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == got
+    default = nexttoken.load(path)
+    assert default.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == got
+    if outtype == "q8_0" and native_blocks():
+        attention = next(b.attention for b in default.model.layers if isinstance(b.attention, Attention))
+        assert isinstance(attention.wqkv, GGUFLinear) and isinstance(attention.wo, GGUFLinear)
+        assert any(isinstance(m, GGUFLinear) for b in default.model.layers for m in (b.mlp.w13, b.mlp.w2))
+        assert not any(isinstance(b.attention.wi, GGUFLinear) for b in default.model.layers
+                       if not isinstance(b.attention, Attention))
+
+
+def test_qwen3_5_gguf_from_llama_cpps_converter(tmp_path: Path, shared_dir: Path) -> None:
+    """A tiny Qwen3.5 (4 value heads over 2 key heads, so the converter tiles the value heads) saved as bf16 and
+    converted by llama.cpp's converter (`qwen35`, without the MTP head): its recurrent layers, the delta rule's
+    sizes under ssm.*, the (1 + w) norms stored shifted (the delta rule's own norm not), A stored as -exp(A_log),
+    the value heads put back in the checkpoint's order; it gives the folder's tokens, kept as stored (bf16
+    matrices) and dequantized."""
+    from support.llama_cpp import convert, with_tokenizer
+
+    arch, overrides = VARIANTS["qwen3_5-delta"]
+    build_hf_model(arch, **{**overrides, "vocab_size": 151680}).to(torch.bfloat16).save_pretrained(tmp_path)
+    with_tokenizer(tmp_path, shared_dir / "tokenizers" / "qwen2.5-instruct")
+    path = convert(tmp_path, tmp_path / "qwen35.gguf", "bf16", ("--no-mtp",))
+    folder = nexttoken.load(tmp_path)
+    ids = [5, 17, 33, 8, 61, 2, 40, 12]
+    want = folder.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids
+    for llm in (nexttoken.load(path), nexttoken.load(path, dequantize=True)):
+        assert llm.model.config.layers == folder.model.config.layers
+        assert llm.model.config.recurrent == folder.model.config.recurrent
+        assert llm.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == want
 
 
 def test_qwen3_5_chat_with_its_real_template_and_the_server(shared_dir: Path, tmp_path: Path) -> None:

@@ -186,8 +186,9 @@ def _fused(tensors: dict[str, torch.Tensor], config: dict, cfg: ModelConfig,
            path: Path) -> tuple[dict[tuple[int, str], LoraWeights], int]:
     """The adapter's (A, B) pairs fused onto wqkv / wo / w13 / w2, checked against the model's shapes."""
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    renames = [(re.compile(a), b) for a, b in family(cfg.architecture).renames]
     for key, t in tensors.items():
-        m = _KEY.match(key)
+        m = _KEY.match(_renamed(key, renames))
         if m is None or m.group(2) not in _MODULES:
             what = "an embedding or the LM head" if any(s in key for s in ("embed", "lm_head")) else "a module"
             raise LoraError(f"{path}: tensor {key} adapts {what} nexttoken does not apply LoRA to; adapters may "
@@ -196,6 +197,9 @@ def _fused(tensors: dict[str, torch.Tensor], config: dict, cfg: ModelConfig,
         if layer >= cfg.num_hidden_layers:
             raise LoraError(f"{path}: tensor {key} is for layer {layer}, but the base model has "
                             f"{cfg.num_hidden_layers} layers: the adapter belongs to another model")
+        if not cfg.layer(layer).keeps_kv and m.group(2).startswith("self_attn."):
+            raise LoraError(f"{path}: tensor {key} adapts layer {layer}'s attention, but that layer of "
+                            f"{cfg.architecture} is a {cfg.layer(layer).mixer} layer")
         pairs.setdefault((layer, m.group(2)), {})[m.group(3)] = t
     if not pairs:
         raise LoraError(f"{path}/{WEIGHTS_FILE} holds no lora_A / lora_B weights")
@@ -209,8 +213,7 @@ def _fused(tensors: dict[str, torch.Tensor], config: dict, cfg: ModelConfig,
             raise LoraError(f"{path}: layer {layer}'s MLP is a mixture of experts; nexttoken applies LoRA to its "
                             "attention only")
         target, part = _MODULES[module]
-        fused_checkpoint = family(cfg.architecture).fused_checkpoint
-        if (part is None) != (fused_checkpoint or target in ("wo", "w2")):
+        if module not in _checkpoint_modules(cfg):
             raise LoraError(f"{path}: {module} is not a module of {cfg.architecture}")
         A, B = ab["A"].float(), ab["B"].float()
         rows = parts[target][part] if part is not None else sum(parts[target])
@@ -228,9 +231,35 @@ def _fused(tensors: dict[str, torch.Tensor], config: dict, cfg: ModelConfig,
     return {key: _stack(key[1], ps, parts) for key, ps in pieces.items()}, rank
 
 
+def _renamed(key: str, renames: list[tuple[re.Pattern, str]]) -> str:
+    """A PEFT key with the family's checkpoint renames applied to its module path (LFM2's feed_forward.w1 ->
+    mlp.gate_proj, Granite 4.0-H's shared_mlp.input_linear -> mlp.gate_up_proj, ...)."""
+    prefix = "base_model.model."
+    if not key.startswith(prefix):
+        return key
+    name = key[len(prefix):]
+    for pattern, replacement in renames:
+        name = pattern.sub(replacement, name)
+    return prefix + name
+
+
+def _checkpoint_modules(cfg: ModelConfig) -> set[str]:
+    """The PEFT module names (after renames) of the family's checkpoints: q/k/v and gate/up apart, or fused
+    (Phi-3's qkv_proj / gate_up_proj; Granite 4.0-H's MLP is one [gate; up] matrix)."""
+    fam = family(cfg.architecture)
+    fused_mlp = fam.fused_checkpoint or any(".mlp.gate_up_proj." in b for _, b in fam.renames)
+    names = {"self_attn.o_proj", "mlp.down_proj"}
+    names |= {"self_attn.qkv_proj"} if fam.fused_checkpoint else {"self_attn.q_proj", "self_attn.k_proj",
+                                                                  "self_attn.v_proj"}
+    names |= {"mlp.gate_up_proj"} if fused_mlp else {"mlp.gate_proj", "mlp.up_proj"}
+    return names
+
+
 def _parts(cfg: ModelConfig) -> dict[str, list[int]]:
-    """Row counts of each fused matrix's parts: wqkv = q, k, v; w13 = gate, up."""
+    """Row counts of each fused matrix's parts: wqkv = q, k, v (q with Qwen3.5's output gate rows); w13 = gate,
+    up."""
     q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    q *= 2 if cfg.attention_output_gate else 1
     return {"wqkv": [q, kv, kv], "w13": [cfg.intermediate_size] * 2, "wo": [cfg.hidden_size],
             "w2": [cfg.hidden_size]}
 

@@ -162,6 +162,8 @@ def wrap(model: nn.Module, max_loras: int, max_rank: int) -> AdapterSet:
     adapters = AdapterSet(max_loras, max_rank)
     for i, block in enumerate(model.layers):
         owners = {"wqkv": block.attention, "wo": block.attention, "w13": block.mlp, "w2": block.mlp}
+        if not model.config.layer(i).keeps_kv:  # a recurrent layer (issue 41): its mixer's matrices take none
+            owners["wqkv"] = owners["wo"] = None
         for target in TARGETS:
             owner = owners[target]
             inner = getattr(owner, target, None)

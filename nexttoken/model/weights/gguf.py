@@ -299,8 +299,10 @@ def checkpoint_tensors(g: GGUFFile, cfg: ModelConfig, names: list[str], dtype: t
         t = _as_checkpoint(g, cfg, gname, _tensor(g, gname, torch.float32))
         if gname.endswith(".ssm_a"):  # llama.cpp stores Mamba2's A = -exp(A_log)
             t = torch.log(-t)
-        if writer_family(g).gguf_norm_shift and gname.endswith("norm.weight"):
-            t = t - 1
+        if writer_family(g).gguf_norm_shift and gname.endswith("norm.weight") and not gname.endswith("ssm_norm.weight"):
+            t = t - 1  # (Qwen3.5's gated delta-rule norm is a plain RMSNorm: llama.cpp leaves it as it is)
+        if writer_family(g).gguf_tensor is not None:
+            t = writer_family(g).gguf_tensor(cfg, hf, t)
         if hf.endswith("shared_expert_gate.weight") and t.dim() == 1:  # llama.cpp keeps the (C,) vector
             t = t.unsqueeze(0)
         want = shapes.get(hf)
@@ -340,9 +342,9 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
     torch_dtype = resolve_dtype(dtype, device)
     cfg = ModelConfig.from_dict(config_dict(g), source=str(g.path))
     names = list(expected_shapes(cfg))
-    # a model with recurrent layers (issue 41) loads dequantized: its blocks are not kept packed yet
-    recurrent = any(not cfg.layer(i).keeps_kv for i in range(cfg.num_hidden_layers))
-    if not dequantize and not recurrent and device.type == "cpu" and torch_dtype == torch.float32:
+    # a model with recurrent layers (issue 41) keeps its attention and MLP matrices packed as the other families
+    # do; its recurrent layers' own matrices (and their small vectors) are read as floats (gguf_packed._dense)
+    if not dequantize and device.type == "cpu" and torch_dtype == torch.float32:
         from .gguf_packed import build_packed_model, file_rows, keepable, keepable_experts, release_pages
 
         dense = gguf_names(g, cfg, names)

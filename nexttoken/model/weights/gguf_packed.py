@@ -42,12 +42,15 @@ def keepable(g, cfg: ModelConfig, gguf_names: dict[str, str]) -> dict[str, str]:
             kinds[hf] = "blocks"
         elif name == "BF16":
             kinds[hf] = "bf16"
+    placed = {"model.embed_tokens.weight", "lm_head.weight"}
     for i in range(cfg.num_hidden_layers):
         for group in _groups(cfg, i).values():
+            placed.update(group)
             if len({kinds.get(n) for n in group}) != 1:  # mixed kinds (or missing): the whole group is dequantized
                 for n in group:
                     kinds.pop(n, None)
-    return kinds
+    # a matrix no group places stays float: Granite 4.0-H's [gate; up], which the file splits in two tensors
+    return {hf: kind for hf, kind in kinds.items() if hf in placed}
 
 
 _EXPERT_PARTS = {"gate": 0, "up": 1, "down": 2}  # ffn_{part}_exps -> Family.expert_names' index
