@@ -11,6 +11,7 @@ from types import MappingProxyType
 
 from . import (exaone, gemma, gemma4, glm, gpt_oss, granite, granite_hybrid, lfm2, llama, mamba2, mixtral, olmo, olmo3,
                phi3, qwen, qwen35, smollm3)
+from . import ernie
 from .base import (CONVOLUTION, FULL, LINEAR_ATTENTION, LOCAL_SLIDING, MIXERS, NOPE, RECURRENT_FEATURES,
                    RECURRENT_REFUSED, SLIDING, STATE_SPACE, Family, GGUFMeta, LayerKind)
 
@@ -20,6 +21,7 @@ FAMILIES: tuple[Family, ...] = (
     mixtral.MIXTRAL, qwen.QWEN2_MOE, qwen.QWEN3_MOE, phi3.PHI3,
     smollm3.SMOLLM3, gemma4.GEMMA4, olmo3.OLMO3, exaone.EXAONE4, glm.GLM4_MOE,
     gpt_oss.GPT_OSS,
+    ernie.ERNIE4_5, ernie.ERNIE4_5_MOE,
     lfm2.LFM2, qwen35.QWEN3_5, granite_hybrid.GRANITE_HYBRID, mamba2.MAMBA2,
 )
 BY_ARCHITECTURE = MappingProxyType({f.architecture: f for f in FAMILIES})

@@ -147,13 +147,26 @@ def _spm(meta: Mapping[str, Any], tokens: list[str], types: list[int]) -> tokeni
 # Token texts llama.cpp treats as ending generation besides EOS (llama-vocab.cpp's end-of-generation set).
 _END_OF_GENERATION = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
                       "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<｜end▁of▁sentence｜>",
-                      "<end_of_utterance>")
+                      "<end_of_utterance>", "<|flush|>", "<|calls|>", "</s>", "[EOT]", "[EOS]", "<|end_of_text|>",
+                      "<eos>", "<turn|>", "<|tool_response>", "[e~[")
+# Its fill-in-the-middle pad, repository and file-separator tokens end generation too (by metadata id or by text).
+_FIM_KEYS = ("fim_pad", "fim_rep", "fim_sep")
+_FIM = ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>",
+        "<REPO>", "<reponame>", "<|file_sep|>")
+# llama.cpp's exceptions: with harmony's <|return|> and <|call|> (gpt-oss; Solar Open's <|calls|> and <|flush|>),
+# <|end|> closes a message, not the answer; beside Gemma 4's <|tool_response> (or PLaMo's eos), </s> is text.
+_NOT_END = ((("<|return|>", "<|call|>"), "<|end|>"), (("<|calls|>", "<|flush|>"), "<|end|>"),
+            (("<|tool_response>",), "</s>"), (("<|plamo:eos|>",), "</s>"))
 
 
 def end_of_generation_ids(meta: Mapping[str, Any]) -> list[int]:
-    """The ids llama.cpp stops generating at: EOS, the EOT / EOM ids, and the end-of-turn tokens it recognises by
-    text (e.g. <|im_end|> and <|endoftext|>), in that order without repeats."""
+    """The ids llama.cpp stops generating at: EOS, the EOT / EOM ids, the fill-in-the-middle pad / repository /
+    separator ids, and the end-of-turn tokens it recognises by text (e.g. <|im_end|> and <|endoftext|>), in that
+    order without repeats; less its exceptions (_NOT_END: gpt-oss's <|end|>)."""
     tokens = meta.get("tokenizer.ggml.tokens") or []
-    ids = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
-    ids += [i for i, t in enumerate(tokens) if t in _END_OF_GENERATION]
-    return list(dict.fromkeys(i for i in ids if isinstance(i, int) and 0 <= i < len(tokens)))
+    ids = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom", *_FIM_KEYS)]
+    ids += [i for i, t in enumerate(tokens) if t in _END_OF_GENERATION or t in _FIM]
+    ids = [i for i in dict.fromkeys(ids) if isinstance(i, int) and 0 <= i < len(tokens)]
+    texts = {tokens[i] for i in ids}
+    dropped = {end for needs, end in _NOT_END if texts.issuperset(needs)}
+    return [i for i in ids if tokens[i] not in dropped]

@@ -23,7 +23,8 @@ from nexttoken.model import fused, load_model
 from support.fused import MODULES_ONLY
 from support.tiny_models import VARIANTS, build_hf_model, save_variant
 
-NAMES = ["gemma4-kv-shared-ple", "gemma4-moe", "glm4-moe-groups", "olmo3-sliding", "exaone4-sliding-nope"]
+NAMES = ["gemma4-kv-shared-ple", "gemma4-moe", "glm4-moe-groups", "olmo3-sliding", "exaone4-sliding-nope",
+         "ernie4_5-pairs-bias", "ernie4_5-moe"]
 PROMPTS = torch.tensor([[1, 5, 17, 33, 9, 60, 7, 8], [1, 40, 41, 42, 43, 44, 45, 46], [1, 90, 3, 3, 8, 12, 70, 71]])
 GREEDY = dict(max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
 

@@ -97,6 +97,27 @@ def renamed(cfg: ModelConfig, names: dict) -> dict:
     return out
 
 
+def pairs_to_halves(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """q / k rows (or biases) of whole heads, each head's dims rotating in adjacent pairs (2i, 2i + 1: ERNIE 4.5)
+    -> the same rows in NeoX halves (i, i + head_dim / 2), the order the model rotates: a permutation of each head's
+    dims, applied to q and k alike, so every q.k product is unchanged. (llama.cpp's converter applies the inverse to
+    Llama's rows; gguf.py's _unpermute is this map.)"""
+    half = head_dim // 2
+    return rows.reshape(-1, half, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)  # (H, half, 2) -> (H, 2, half)
+
+
+def _rotate_halves(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our fused [q; k; v] rows of a family whose RoPE rotates pairs (Family.rope_pairs), reordered in place."""
+    if not family(cfg.architecture).rope_pairs:
+        return state
+    qk = (cfg.num_attention_heads + cfg.num_key_value_heads) * cfg.head_dim
+    with torch.no_grad():
+        for name, t in state.items():
+            if name.endswith(("attention.wqkv.weight", "attention.wqkv.bias")):
+                t[:qk] = pairs_to_halves(t[:qk], cfg.head_dim)  # (a copy: reshape of the swapped view)
+    return state
+
+
 def _gate_up(cfg: ModelConfig) -> bool:
     """Whether the family's renames give the MLP's gate and up as one `mlp.gate_up_proj` tensor."""
     return any(r.endswith(".mlp.gate_up_proj.") for _, r in family(cfg.architecture).renames)
@@ -319,7 +340,7 @@ def load_model(
         model = network(cfg)
     parts = state_parts(cfg, entries)
     dtypes = {name: _weight_dtype(model, name, precision) for name in parts}
-    model.load_state_dict(_read_state(parts, entries, dtypes, device), assign=True, strict=True)
+    model.load_state_dict(_rotate_halves(cfg, _read_state(parts, entries, dtypes, device)), assign=True, strict=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
     model = model.to(device).eval()
