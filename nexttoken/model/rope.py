@@ -106,3 +106,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
         x, rest = x[..., :rotary], x[..., rotary:]
         return torch.cat([x * cos + x.roll(rotary // 2, dims=-1) * signed_sin, rest], dim=-1)
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin  # roll * signed sin == rotate_half(x) * sin
+
+
+def pairs_to_halves(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """q / k rows (or biases) of whole heads, each head's dims rotating in adjacent pairs (2i, 2i + 1: ERNIE 4.5)
+    -> the same rows in NeoX halves (i, i + head_dim / 2), the order the model rotates: a permutation of each head's
+    dims, applied to q and k alike, so every q.k product is unchanged. (llama.cpp's converter applies the inverse to
+    Llama's rows; weights/gguf.py's _unpermute is this map.)"""
+    half = head_dim // 2
+    return rows.reshape(-1, half, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)  # (H, half, 2) -> (H, 2, half)

@@ -20,6 +20,7 @@ from ..network import network, own_checkpoint
 from ..memory import copy_into_arena, empty_in_arena, release_freed_memory
 from ..moe import checkpoint_parts as moe_parts, checkpoint_shapes as moe_shapes
 from ..recurrent import MIXERS as RECURRENT_MIXERS
+from ..rope import pairs_to_halves
 from ..quant.quantize import apply_quantization, quantize_bf16
 from .reader import Entry, Reader, check_dtypes, read_headers, stored_dtype
 
@@ -95,15 +96,6 @@ def renamed(cfg: ModelConfig, names: dict) -> dict:
         if name:  # a rule that leaves nothing drops the tensor (a vision tower the text model does not use)
             out[name] = value
     return out
-
-
-def pairs_to_halves(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """q / k rows (or biases) of whole heads, each head's dims rotating in adjacent pairs (2i, 2i + 1: ERNIE 4.5)
-    -> the same rows in NeoX halves (i, i + head_dim / 2), the order the model rotates: a permutation of each head's
-    dims, applied to q and k alike, so every q.k product is unchanged. (llama.cpp's converter applies the inverse to
-    Llama's rows; gguf.py's _unpermute is this map.)"""
-    half = head_dim // 2
-    return rows.reshape(-1, half, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)  # (H, half, 2) -> (H, 2, half)
 
 
 def _rotate_halves(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -12,8 +12,9 @@ from ...config import ModelConfig
 from ...errors import ModelLoadError
 from ..llama import Transformer
 from ...families import family
-from .loader import (_IGNORED_SUFFIXES, _open_folder, _owned, check_tensors, pairs_to_halves, resolve_dtype,
-                     safetensors_files, to_state_dict)
+from ..rope import pairs_to_halves
+from .loader import (_IGNORED_SUFFIXES, _open_folder, _owned, check_tensors, resolve_dtype, safetensors_files,
+                     to_state_dict)
 from ..memory import release_freed_memory
 from ..parallel import ParallelInfo, Shards, shard_modules
 
