@@ -91,6 +91,9 @@ class Family:
     read_gguf: GGUFReader = no_gguf_keys
     gguf_permuted: bool = False  # llama.cpp's converter permuted q / k rows for its interleaved RoPE (LlamaModel)
     gguf_norm_shift: bool = False  # llama.cpp stores RMSNorm weights as 1 + w (Gemma)
+    # the family's GGUF reader reads the per-layer shapes (KV heads, MLP widths) and the RoPE keys itself (Gemma 4:
+    # its `rope_freqs` marks the full layers' unrotated dims, not Llama 3's scaling)
+    gguf_per_layer: bool = False
     fused_checkpoint: bool = False  # q/k/v as `qkv_proj`, gate/up as `gate_up_proj` (Phi-3): our layout already
     moe_prefix: str = "mlp."  # where a sparse layer's router and experts sit under model.layers.{i}.
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # one expert's gate, up, down

@@ -68,9 +68,12 @@ def tokenizer_from_gguf(meta: Mapping[str, Any], source: str) -> Tokenizer:
         backend, add_bos = _bpe(meta, tokens, source)
     elif kind == "llama":
         backend, add_bos = _spm(meta, tokens, types), True
+    elif kind == "gemma4":
+        backend, add_bos = _spm_bpe(meta, tokens), True
     else:
         raise TokenizerError(f"{source}: GGUF tokenizer model {kind!r} is not supported (supported: gpt2 = "
-                             "byte-level BPE, llama = SentencePiece); pass --tokenizer DIR_OR_ID")
+                             "byte-level BPE, llama = SentencePiece, gemma4 = SentencePiece-style BPE); pass "
+                             "--tokenizer DIR_OR_ID")
     # Added tokens, in id order so every one keeps its id: control tokens are special, user-defined ones not.
     added = [tokenizers.AddedToken(tokens[i], special=t == CONTROL, normalized=False)
              for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)]
@@ -116,6 +119,20 @@ def _bpe(meta: Mapping[str, Any], tokens: list[str], source: str) -> tuple[token
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     backend.decoder = decoders.ByteLevel()
     return backend, add_bos
+
+
+def _spm_bpe(meta: Mapping[str, Any], tokens: list[str]) -> tokenizers.Tokenizer:
+    """Gemma 4's vocabulary as llama.cpp reads it (tokenizer model `gemma4`): spaces escaped as "▁" with no prefix,
+    the text split only at runs of newlines, then the file's BPE merges, unknown bytes as <0xNN> tokens."""
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
+    vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}
+    unk = meta.get("tokenizer.ggml.unknown_token_id")
+    unk_token = tokens[unk] if isinstance(unk, int) and 0 <= unk < len(tokens) else None
+    backend = tokenizers.Tokenizer(models.BPE(vocab, merges, unk_token=unk_token, fuse_unk=True, byte_fallback=True))
+    backend.normalizer = normalizers.Replace(" ", "▁")
+    backend.pre_tokenizer = pre_tokenizers.Split(tokenizers.Regex("[^\n]+|[\n]+"), behavior="isolated")
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    return backend
 
 
 def _spm(meta: Mapping[str, Any], tokens: list[str], types: list[int]) -> tokenizers.Tokenizer:

@@ -267,3 +267,31 @@ def test_gguf_from_llama_cpps_converter_gives_the_folders_tokens(name, tmp_path:
     ids = [5, 17, 33, 8, 61, 2, 40, 12]
     want = hf.generate(torch.tensor([ids]), **dict(GREEDY, max_new_tokens=10))[0, len(ids):].tolist()
     assert llm.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == want
+
+
+def test_gemma4_gguf_from_llama_cpps_converter_gives_the_folders_tokens(tmp_path: Path, shared_dir) -> None:
+    """Gemma 4 (per-layer inputs, KV sharing with a double-wide MLP, keys as values, the full layers' own head
+    size and KV heads, proportional RoPE) through convert_hf_to_gguf.py over Llama 2's tokenizer: the file's
+    per-layer keys, its missing attn_v and its `rope_freqs` read back to the folder's config; the tokens are
+    transformers'; its `gemma4` vocabulary (SentencePiece-style BPE, no prefix space) encodes as the folder's
+    tokenizer.json does (which prefixes one)."""
+    pytest.importorskip("gguf")
+    import dataclasses
+
+    import tokenizers
+    from support.llama_cpp import convert, with_tokenizer
+
+    _, overrides = VARIANTS["gemma4-kv-shared-ple"]
+    hf = build_hf_model("gemma4", **{**overrides, "vocab_size": 32000, "vocab_size_per_layer_input": 32000})
+    folder = tmp_path / "model"
+    hf.save_pretrained(folder)
+    with_tokenizer(folder, shared_dir / "tokenizers" / "llama-2-chat")
+    llm = nexttoken.load(convert(folder, tmp_path / "model.gguf", "f32"))
+    ours, want = dataclasses.asdict(llm.model.config), dataclasses.asdict(load_model(folder).config)
+    assert {k: v for k, v in ours.items() if ours[k] != want[k]}.keys() <= {"rms_norm_eps", "torch_dtype"}
+    ids = [5, 17, 33, 8, 61, 2, 40, 12]
+    expected = hf.generate(torch.tensor([ids]), **dict(GREEDY, max_new_tokens=10))[0, len(ids):].tolist()
+    assert llm.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == expected
+    reference = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    for text in ["Hello world, how are you?", "Two\n\nlines\nend", "naïve café 日本語 🙂", "  spaces   inside"]:
+        assert llm.tokenizer.encode(" " + text) == reference.encode(text).ids

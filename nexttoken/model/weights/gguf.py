@@ -25,6 +25,7 @@ from ...config import ModelConfig
 from ...errors import MissingFileError, ModelLoadError
 from ...families import BY_GGUF, Family
 from ..llama import Transformer
+from ..network import own_checkpoint
 from .gguf_reader import BigEndian, read_gguf
 from .loader import _expected_shapes as expected_shapes, build_model, resolve_dtype
 
@@ -111,9 +112,9 @@ def config_dict(g: GGUFFile) -> dict[str, Any]:
     kv_heads = g.get("attention.head_count_kv", heads)
     if isinstance(kv_heads, list):  # per-layer counts: one value is all our attention takes
         kv_heads = [k for k in kv_heads if k] or [heads]  # 0: a layer without attention (LFM2's convolutions)
-        if len(set(kv_heads)) != 1:
+        if len(set(kv_heads)) != 1 and not family.gguf_per_layer:
             raise ModelLoadError(f"{g.path}: KV heads differ between layers ({sorted(set(kv_heads))}); not supported")
-        kv_heads = kv_heads[0]
+        kv_heads = kv_heads[0]  # (a family with per-layer shapes reads them itself: Family.gguf_per_layer)
     head_dim = g.get("attention.key_length") or (g.get("rope.dimension_count") if family.gguf_permuted else None)
     head_dim = int(head_dim or hidden // heads)
     tokens = g.metadata.get("tokenizer.ggml.tokens")
@@ -123,7 +124,7 @@ def config_dict(g: GGUFFile) -> dict[str, Any]:
         "model_type": family.model_types[0],
         "architectures": [family.architecture],
         "hidden_size": hidden,
-        "intermediate_size": int(g.get("feed_forward_length") or g.get("expert_feed_forward_length") or 0),
+        "intermediate_size": int(_first(g.get("feed_forward_length")) or g.get("expert_feed_forward_length") or 0),
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": int(kv_heads),
@@ -134,7 +135,7 @@ def config_dict(g: GGUFFile) -> dict[str, Any]:
         "tie_word_embeddings": "output.weight" not in g.tensors,
         "attention_bias": "blk.0.attn_output.bias" in g.tensors,
         "mlp_bias": "blk.0.ffn_down.bias" in g.tensors,
-        "rope_parameters": _rope(g, head_dim),
+        "rope_parameters": {} if family.gguf_per_layer else _rope(g, head_dim),
         "bos_token_id": g.metadata.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": g.metadata.get("tokenizer.ggml.eos_token_id"),
         "pad_token_id": g.metadata.get("tokenizer.ggml.padding_token_id"),
@@ -142,6 +143,11 @@ def config_dict(g: GGUFFile) -> dict[str, Any]:
     if g.get("attention.sliding_window") is not None:
         cfg["sliding_window"] = int(g.get("attention.sliding_window"))
     return cfg | family.read_gguf(g, cfg)
+
+
+def _first(value: Any) -> Any:
+    """A per-layer array's first entry (Gemma 4's feed_forward_length), or the value itself."""
+    return value[0] if isinstance(value, list) and value else value
 
 
 def _rope(g: GGUFFile, head_dim: int) -> dict[str, Any]:
@@ -342,7 +348,9 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
     names = list(expected_shapes(cfg))
     # a model with recurrent layers (issue 41) loads dequantized: its blocks are not kept packed yet
     recurrent = any(not cfg.layer(i).keeps_kv for i in range(cfg.num_hidden_layers))
-    if not dequantize and not recurrent and device.type == "cpu" and torch_dtype == torch.float32:
+    # so does a family with a network of its own (Gemma 4): the packed builder makes the shared decoder
+    if not dequantize and not recurrent and not own_checkpoint(cfg) and device.type == "cpu" \
+            and torch_dtype == torch.float32:
         from .gguf_packed import build_packed_model, file_rows, keepable, keepable_experts, release_pages
 
         dense = gguf_names(g, cfg, names)
