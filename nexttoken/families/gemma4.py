@@ -17,8 +17,9 @@ layers, plus (transformers' configuration_gemma4.py / modeling_gemma4.py, 5.24):
 nexttoken runs it through its own modules (model/gemma4.py): the fused native step, tensor parallelism and LoRA are
 refused for it by this declaration. llama.cpp's `gemma4` GGUF files are read back into the same config (_gguf):
 per-layer KV heads and MLP widths, both head dims, the sliding pattern, the KV-shared count, the per-layer inputs,
-keys-as-values by the full layers' missing attn_v, and the full layers' proportional RoPE from `rope_freqs` (1 for a
-rotated frequency, 1e30 for the others).
+keys-as-values by the full layers' missing attn_v, the full layers' proportional RoPE from `rope_freqs` (1 for a
+rotated frequency, 1e30 for the others), the MoE block's stacked experts and router scales under llama.cpp's names
+(gguf_aliases). They load dequantized (weights/gguf.py: the packed builder makes the shared decoder).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def _gemma4(raw: dict[str, Any], source: str, layers: int) -> dict[str, Any]:
            "values_from_keys": bool(raw.get("attention_k_eq_v", False)), "kv_shared_layers": shared,
            "double_wide_mlp": bool(raw.get("use_double_wide_mlp", False)),
            "per_layer_input": int(raw.get("hidden_size_per_layer_input") or 0),
-           "per_layer_vocab": int(raw.get("vocab_size_per_layer_input") or raw["vocab_size"]),
+           "per_layer_vocab": int(raw.get("vocab_size_per_layer_input") or raw["vocab_size"])
+           if raw.get("hidden_size_per_layer_input") else 0,  # (0: no per-layer inputs, ModelConfig's default)
            "rope": {"rope_parameters": full}, "rope_local": {"rope_parameters": local},
            **layer_kinds(int(raw.get("sliding_window", 512)), [t == "sliding_attention" for t in types],
                          LOCAL_SLIDING, FULL)}
@@ -135,5 +137,11 @@ GEMMA4 = Family(
     "optional MoE block beside the MLP (`enable_moe_block`); modules path",
     read=_gemma4, native_step=False, tensor_parallel=False, lora=False, network="gemma4", gguf="gemma4",
     read_gguf=_gguf, gguf_per_layer=True,
-    gguf_aliases=((r"\.layer_scalar$", ".layer_scalar.weight"),),  # llama.cpp's converter names it so
+    # llama.cpp's converter names layer_scalar with a `.weight`, and writes the MoE block's tensors under its own
+    # names (Gemma4Model.modify_tensors): stacked experts as they are, the router's scales beside its matrix
+    gguf_aliases=((r"\.layer_scalar$", ".layer_scalar.weight"),
+                  (r"^model\.layers\.(\d+)\.experts\.(gate_up|down)_proj$", r"blk.\1.ffn_\2_exps.weight"),
+                  (r"^model\.layers\.(\d+)\.router\.proj\.weight$", r"blk.\1.ffn_gate_inp.weight"),
+                  (r"^model\.layers\.(\d+)\.router\.scale$", r"blk.\1.ffn_gate_inp.scale"),
+                  (r"^model\.layers\.(\d+)\.router\.per_expert_scale$", r"blk.\1.ffn_down_exps.scale")),
 )

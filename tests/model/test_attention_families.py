@@ -269,20 +269,27 @@ def test_gguf_from_llama_cpps_converter_gives_the_folders_tokens(name, tmp_path:
     assert llm.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == want
 
 
-def test_gemma4_gguf_from_llama_cpps_converter_gives_the_folders_tokens(tmp_path: Path, shared_dir) -> None:
+# (The MoE variant's full layers get a head size of their own: the converter finds the full layers' head size only
+# in a per_layer_config override, which transformers saves only where it differs.)
+GEMMA4_GGUF = {"gemma4-kv-shared-ple": dict(vocab_size_per_layer_input=32000), "gemma4-moe": dict(global_head_dim=32)}
+
+
+@pytest.mark.parametrize("name", sorted(GEMMA4_GGUF))
+def test_gemma4_gguf_from_llama_cpps_converter_gives_the_folders_tokens(name, tmp_path: Path, shared_dir) -> None:
     """Gemma 4 (per-layer inputs, KV sharing with a double-wide MLP, keys as values, the full layers' own head
-    size and KV heads, proportional RoPE) through convert_hf_to_gguf.py over Llama 2's tokenizer: the file's
-    per-layer keys, its missing attn_v and its `rope_freqs` read back to the folder's config; the tokens are
-    transformers'; its `gemma4` vocabulary (SentencePiece-style BPE, no prefix space) encodes as the folder's
-    tokenizer.json does (which prefixes one)."""
+    size and KV heads, proportional RoPE; the MoE block) through convert_hf_to_gguf.py over Llama 2's tokenizer:
+    the file's per-layer keys, its missing attn_v, its `rope_freqs` and its expert keys read back to the folder's
+    config, the stacked experts and the router's scales to their tensors; the tokens are transformers'; its
+    `gemma4` vocabulary (SentencePiece-style BPE, no prefix space) encodes as the folder's tokenizer.json does
+    (which prefixes one)."""
     pytest.importorskip("gguf")
     import dataclasses
 
     import tokenizers
     from support.llama_cpp import convert, with_tokenizer
 
-    _, overrides = VARIANTS["gemma4-kv-shared-ple"]
-    hf = build_hf_model("gemma4", **{**overrides, "vocab_size": 32000, "vocab_size_per_layer_input": 32000})
+    _, overrides = VARIANTS[name]
+    hf = build_hf_model("gemma4", **{**overrides, "vocab_size": 32000, **GEMMA4_GGUF[name]})
     folder = tmp_path / "model"
     hf.save_pretrained(folder)
     with_tokenizer(folder, shared_dir / "tokenizers" / "llama-2-chat")

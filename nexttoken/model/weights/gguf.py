@@ -246,11 +246,14 @@ def gguf_names(g: GGUFFile, cfg: ModelConfig, names: list[str]) -> dict[str, str
     name_map = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
     out = {}
     for hf in names:
-        if ".experts." in hf:
+        if re.search(r"\.experts\.\d+\.", hf):  # one expert's slice of a stacked tensor (checkpoint_tensors)
             continue
         full = hf
         for pattern, alias in writer_family(g).gguf_aliases:  # a name llama.cpp's map knows in another spelling
             full = re.sub(pattern, alias, full)
+        if full.startswith("blk.") and full in g.tensors:  # an alias to the file's own name (Gemma 4's experts)
+            out[hf] = full
+            continue
         base, suffix = full.rsplit(".", 1)
         gname = name_map.get_name(base)
         if gname is None and base.endswith("block_sparse_moe.gate"):  # Mixtral's router
