@@ -101,7 +101,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "linear": {"kernels", "native_abi"},
         "moe": {"linear"},
         "quant": {"arithmetic", "kernels", "linear", "memory", "native_abi"},
-        "lora": {"quant"},  # PEFT adapters: read onto the fused matrices, applied per row, merged
+        "lora": {"quant", "rope"},  # PEFT adapters: read onto the fused matrices, applied per row, merged
         "recurrent": {"batch", "linear", "state"},  # issue 41's layer kinds that keep a state per sequence
         "layers": {"batch", "cache", "linear", "moe", "recurrent", "rope", "state"},
         "fused": {"arithmetic", "batch", "cache", "kernels", "layers", "linear", "moe", "native_abi", "quant",
@@ -115,7 +115,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "parallel": {"linear", "memory", "moe", "quant"},
         "vision": {"rope"},  # issue 43: vision towers and projectors, a module per vision kind
         "weights": {"arithmetic", "gemma4", "linear", "llama", "memory", "moe", "network", "parallel", "quant",
-                    "recurrent", "vision"},  # GGUF blocks kept packed (quant/ggml.py)
+                    "recurrent", "rope", "vision"},  # GGUF blocks kept packed (quant/ggml.py)
     },
     "engine": {
         "sequence": set(),

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from . import (exaone, falcon_h1, gemma, gemma4, glm, gpt_oss, granite, granite_hybrid, idefics3, lfm2, lfm2_moe,
-               lfm2_vl, llama, mamba2, mixtral, nemotron_h, olmo, olmo3, phi3, qwen, qwen3_next, qwen35, qwen35_moe,
-               smollm3)
+from . import (ernie, exaone, falcon_h1, gemma, gemma4, glm, gpt_oss, granite, granite_hybrid, idefics3, lfm2,
+               lfm2_moe, lfm2_vl, llama, mamba2, mixtral, nemotron_h, olmo, olmo3, phi3, qwen, qwen3_next, qwen35,
+               qwen35_moe, smollm3)
 from .base import (CONVOLUTION, FULL, LINEAR_ATTENTION, LOCAL_SLIDING, MIXERS, NOPE, RECURRENT_FEATURES,
                    RECURRENT_LORA, RECURRENT_NATIVE, RECURRENT_REFUSED, SLIDING, STATE_SPACE, Family, GGUFMeta, LayerKind)
 
@@ -21,6 +21,7 @@ FAMILIES: tuple[Family, ...] = (
     gemma.GEMMA3_VISION, mixtral.MIXTRAL, qwen.QWEN2_MOE, qwen.QWEN3_MOE, qwen.QWEN2_5_VL, qwen.QWEN3_VL, phi3.PHI3,
     smollm3.SMOLLM3, gemma4.GEMMA4, olmo3.OLMO3, exaone.EXAONE4, glm.GLM4_MOE,
     gpt_oss.GPT_OSS,
+    ernie.ERNIE4_5, ernie.ERNIE4_5_MOE,
     lfm2.LFM2, qwen35.QWEN3_5, granite_hybrid.GRANITE_HYBRID, mamba2.MAMBA2, lfm2_moe.LFM2_MOE,
     qwen35_moe.QWEN3_5_MOE, qwen3_next.QWEN3_NEXT, falcon_h1.FALCON_H1, nemotron_h.NEMOTRON_H,
     idefics3.IDEFICS3, idefics3.SMOLVLM, lfm2_vl.LFM2_VL,

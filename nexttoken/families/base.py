@@ -100,10 +100,20 @@ class Family:
     read_gguf: GGUFReader = no_gguf_keys
     gguf_permuted: bool = False  # llama.cpp's converter permuted q / k rows for its interleaved RoPE (LlamaModel)
     gguf_norm_shift: bool = False  # llama.cpp stores RMSNorm weights as 1 + w (Gemma)
+    # the family's GGUF reader reads the per-layer shapes (KV heads, MLP widths) and the RoPE keys itself (Gemma 4:
+    # its `rope_freqs` marks the full layers' unrotated dims, not Llama 3's scaling)
+    gguf_per_layer: bool = False
     fused_checkpoint: bool = False  # q/k/v as `qkv_proj`, gate/up as `gate_up_proj` (Phi-3): our layout already
     moe_prefix: str = "mlp."  # where a sparse layer's router and experts sit under model.layers.{i}.
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # one expert's gate, up, down
     shared_expert: str = "shared_expert"  # the shared expert's module under moe_prefix (GLM-4: shared_experts)
+    # the router's correction bias under moe_prefix (GLM-4 MoE's; ERNIE 4.5's moe_statics one), and whether it is
+    # stored as one row (1, experts) rather than (experts,)
+    correction_bias: str = "gate.e_score_correction_bias"
+    correction_rows: bool = False
+    # q / k rows rotate by RoPE in adjacent pairs of each head's dims (ERNIE 4.5): the loader reorders them into
+    # the halves the model rotates (model/weights/loader.py's pairs_to_halves)
+    rope_pairs: bool = False
     # the fused native step (model/fused.py) computes its blocks; False: they run the modules (parts it lacks)
     native_step: bool = True
     network: str = "decoder"  # which network model/network.py builds: the shared decoder, or a family's own

@@ -15,7 +15,11 @@ layers, plus (transformers' configuration_gemma4.py / modeling_gemma4.py, 5.24):
   with per-expert scales, experts stored as (E, 2I, C) / (E, C, I) tensors, both branches post-normed and summed.
 
 nexttoken runs it through its own modules (model/gemma4.py): the fused native step, tensor parallelism and LoRA are
-refused for it by this declaration. llama.cpp's `gemma4` GGUF files are not read yet.
+refused for it by this declaration. llama.cpp's `gemma4` GGUF files are read back into the same config (_gguf):
+per-layer KV heads and MLP widths, both head dims, the sliding pattern, the KV-shared count, the per-layer inputs,
+keys-as-values by the full layers' missing attn_v, the full layers' proportional RoPE from `rope_freqs` (1 for a
+rotated frequency, 1e30 for the others), the MoE block's stacked experts and router scales under llama.cpp's names
+(gguf_aliases). They load dequantized (weights/gguf.py: the packed builder makes the shared decoder).
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ModelLoadError
-from .base import FULL, LOCAL_SLIDING, Family
-from .reading import cap, layer_kinds
+from .base import FULL, LOCAL_SLIDING, Family, GGUFMeta
+from .reading import cap, gguf_need, layer_kinds
 
 
 def _per_layer(raw: dict[str, Any], types: list[str]) -> tuple[int, int | None]:
@@ -65,7 +69,8 @@ def _gemma4(raw: dict[str, Any], source: str, layers: int) -> dict[str, Any]:
            "values_from_keys": bool(raw.get("attention_k_eq_v", False)), "kv_shared_layers": shared,
            "double_wide_mlp": bool(raw.get("use_double_wide_mlp", False)),
            "per_layer_input": int(raw.get("hidden_size_per_layer_input") or 0),
-           "per_layer_vocab": int(raw.get("vocab_size_per_layer_input") or raw["vocab_size"]),
+           "per_layer_vocab": int(raw.get("vocab_size_per_layer_input") or raw["vocab_size"])
+           if raw.get("hidden_size_per_layer_input") else 0,  # (0: no per-layer inputs, ModelConfig's default)
            "rope": {"rope_parameters": full}, "rope_local": {"rope_parameters": local},
            **layer_kinds(int(raw.get("sliding_window", 512)), [t == "sliding_attention" for t in types],
                          LOCAL_SLIDING, FULL)}
@@ -76,6 +81,53 @@ def _gemma4(raw: dict[str, Any], source: str, layers: int) -> dict[str, Any]:
     return out
 
 
+def _per_layer_values(g: GGUFMeta, key: str, layers: int) -> list[Any]:
+    value = gguf_need(g, key)
+    return list(value) if isinstance(value, list) else [value] * layers
+
+
+def _gguf(g: GGUFMeta, cfg: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's gemma4 keys (conversion/gemma.py's Gemma4Model) as transformers' Gemma4TextConfig fields."""
+    layers = cfg["num_hidden_layers"]
+    slides = [bool(s) for s in _per_layer_values(g, "attention.sliding_window_pattern", layers)]
+    kv = [int(k) for k in _per_layer_values(g, "attention.head_count_kv", layers)]
+    widths = [int(w) for w in _per_layer_values(g, "feed_forward_length", layers)]
+    shared = int(g.get("attention.shared_kv_layers") or 0)
+    head_full = int(gguf_need(g, "attention.key_length"))
+    head_swa = int(g.get("attention.key_length_swa") or head_full)
+    swa_kv, full_kv = {k for k, s in zip(kv, slides) if s}, {k for k, s in zip(kv, slides) if not s}
+    if len(swa_kv) > 1 or len(full_kv) > 1:
+        raise ModelLoadError(f"{g.path}: KV heads differ between layers of one type ({kv}); not supported")
+    full = [i for i in range(layers - shared) if not slides[i]]
+    keys_as_values = bool(full) and f"blk.{full[0]}.attn_v.weight" not in g.tensors
+    rotated = int(g.get("rope.dimension_count") or head_full)
+    if "rope_freqs.weight" in g.tensors:  # 1 where a full layer's frequency rotates, 1e30 where it does not
+        rotated = 2 * int((g.tensors["rope_freqs.weight"].data == 1.0).sum())
+    local = {"rope_type": "default", "rope_theta": float(g.get("rope.freq_base_swa") or 10_000.0)}
+    if int(g.get("rope.dimension_count_swa") or head_swa) != head_swa:
+        local["partial_rotary_factor"] = int(g.get("rope.dimension_count_swa")) / head_swa
+    embed = g.tensors.get("per_layer_token_embd.weight")
+    out = {"hidden_activation": "gelu_pytorch_tanh", "head_dim": head_swa,
+           "layer_types": ["sliding_attention" if s else "full_attention" for s in slides],
+           "global_head_dim": head_full, "num_key_value_heads": (swa_kv or full_kv).pop(),
+           "attention_k_eq_v": keys_as_values, "num_kv_shared_layers": shared, "intermediate_size": widths[0],
+           "use_double_wide_mlp": shared > 0 and widths[-1] == 2 * widths[0] != widths[0],
+           "hidden_size_per_layer_input": int(g.get("embedding_length_per_layer_input") or 0),
+           "final_logit_softcapping": g.get("final_logit_softcapping"),
+           "rope_parameters": {"sliding_attention": local, "full_attention": {
+               "rope_type": "proportional", "rope_theta": float(g.get("rope.freq_base") or 1_000_000.0),
+               "partial_rotary_factor": rotated / head_full}}}
+    if keys_as_values and full_kv:
+        out["num_global_key_value_heads"] = full_kv.pop()
+    if embed is not None:
+        out["vocab_size_per_layer_input"] = int(embed.shape[-1])
+    if g.get("expert_count"):
+        out |= {"enable_moe_block": True, "num_experts": int(g.get("expert_count")),
+                "top_k_experts": int(gguf_need(g, "expert_used_count")),
+                "moe_intermediate_size": int(gguf_need(g, "expert_feed_forward_length"))}
+    return out
+
+
 GEMMA4 = Family(
     "Gemma4ForCausalLM", ("gemma4_text",), "Gemma 4 text (E2B, E4B, 26B-A4B, 31B: the text model)",
     "Gemma 3's block with q/k norms scaling by `w`, values RMS-normed, attention scale 1; the full layers' own "
@@ -83,5 +135,13 @@ GEMMA4 = Family(
     "full layers; KV shared by the last `num_kv_shared_layers` layers (no cache of their own; double-wide MLP "
     "with `use_double_wide_mlp`); per-layer input embeddings (`hidden_size_per_layer_input`); `layer_scalar`; the "
     "optional MoE block beside the MLP (`enable_moe_block`); modules path",
-    read=_gemma4, native_step=False, tensor_parallel=False, lora=False, network="gemma4",
+    read=_gemma4, native_step=False, tensor_parallel=False, lora=False, network="gemma4", gguf="gemma4",
+    read_gguf=_gguf, gguf_per_layer=True,
+    # llama.cpp's converter names layer_scalar with a `.weight`, and writes the MoE block's tensors under its own
+    # names (Gemma4Model.modify_tensors): stacked experts as they are, the router's scales beside its matrix
+    gguf_aliases=((r"\.layer_scalar$", ".layer_scalar.weight"),
+                  (r"^model\.layers\.(\d+)\.experts\.(gate_up|down)_proj$", r"blk.\1.ffn_\2_exps.weight"),
+                  (r"^model\.layers\.(\d+)\.router\.proj\.weight$", r"blk.\1.ffn_gate_inp.weight"),
+                  (r"^model\.layers\.(\d+)\.router\.scale$", r"blk.\1.ffn_gate_inp.scale"),
+                  (r"^model\.layers\.(\d+)\.router\.per_expert_scale$", r"blk.\1.ffn_down_exps.scale")),
 )

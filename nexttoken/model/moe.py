@@ -35,7 +35,8 @@ class MoE(nn.Module):
         # GLM-4 MoE's sigmoid router (see route): a float32 per-expert bias that moves the choice, not the weights
         self.scoring, self.groups, self.topk_group = moe.scoring, moe.n_group, moe.topk_group
         self.routed_scale, self.norm_eps = moe.routed_scaling_factor, moe.topk_norm_eps
-        self.correction = nn.Parameter(torch.zeros(moe.num_experts)) if moe.correction_bias else None
+        rows = (1,) if family(cfg.architecture).correction_rows else ()  # ERNIE 4.5 keeps it as one row
+        self.correction = nn.Parameter(torch.zeros(*rows, moe.num_experts)) if moe.correction_bias else None
         # Tensor parallelism (model/parallel.py): sums the ranks' partial outputs, once per layer; None: one process.
         self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
@@ -47,7 +48,11 @@ class MoE(nn.Module):
         if self.scoring == "sigmoid":
             return self._grouped_sigmoid(x)
         probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # (N, E)
-        weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # (N, k)
+        if self.correction is not None:  # ERNIE 4.5: the bias moves the choice; the weights are the probabilities
+            chosen = torch.topk(probs + self.correction.float().view(-1), self.top_k, dim=-1)[1]  # (N, k)
+            weights = probs.gather(1, chosen)
+        else:
+            weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # (N, k)
         if self.norm_topk:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return (weights if self.float32_weights else weights.to(x.dtype)), chosen
@@ -57,7 +62,7 @@ class MoE(nn.Module):
         experts of the `topk_group` groups whose two best scores (+ correction bias) sum highest; the chosen experts'
         plain scores as weights, renormalised where configured, x routed_scaling_factor. Float32 weights."""
         scores = torch.sigmoid(self.gate(x).float())  # (N, E); the router's few-row products are row-invariant
-        choice = scores if self.correction is None else scores + self.correction.float()
+        choice = scores if self.correction is None else scores + self.correction.float().view(-1)
         N, E = scores.shape
         if self.groups > 1:
             groups = choice.view(N, self.groups, E // self.groups).topk(2, dim=-1)[0].sum(dim=-1)  # (N, G)
@@ -112,7 +117,8 @@ def checkpoint_shapes(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]
         if moe.shared_gate:
             shapes[p + "shared_expert_gate.weight"] = (1, C)
     if moe.correction_bias:
-        shapes[p + "gate.e_score_correction_bias"] = (moe.num_experts,)
+        declared = family(cfg.architecture)
+        shapes[p + declared.correction_bias] = (1, moe.num_experts) if declared.correction_rows else (moe.num_experts,)
     return shapes
 
 
@@ -138,7 +144,7 @@ def checkpoint_parts(cfg: ModelConfig, layer: int) -> dict[str, list[str]]:
         if moe.shared_gate:
             sd[o + "shared_gate.weight"] = [p + "shared_expert_gate.weight"]
     if moe.correction_bias:
-        sd[o + "correction"] = [p + "gate.e_score_correction_bias"]
+        sd[o + "correction"] = [p + family(cfg.architecture).correction_bias]
     return sd
 
 

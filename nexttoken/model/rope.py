@@ -161,3 +161,12 @@ def mrope_index(
         raise ImageError(f"the prompt has fewer image tokens than the images' grids {grids} take")
     positions = torch.cat(rows, dim=1) if rows else torch.zeros(3, 0, dtype=torch.int64)
     return positions, (int(positions.max()) + 1 - n) if n else 0
+
+
+def pairs_to_halves(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """q / k rows (or biases) of whole heads, each head's dims rotating in adjacent pairs (2i, 2i + 1: ERNIE 4.5)
+    -> the same rows in NeoX halves (i, i + head_dim / 2), the order the model rotates: a permutation of each head's
+    dims, applied to q and k alike, so every q.k product is unchanged. (llama.cpp's converter applies the inverse to
+    Llama's rows; weights/gguf.py's _unpermute is this map.)"""
+    half = head_dim // 2
+    return rows.reshape(-1, half, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)  # (H, half, 2) -> (H, 2, half)

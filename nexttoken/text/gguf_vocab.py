@@ -68,9 +68,12 @@ def tokenizer_from_gguf(meta: Mapping[str, Any], source: str) -> Tokenizer:
         backend, add_bos = _bpe(meta, tokens, source)
     elif kind == "llama":
         backend, add_bos = _spm(meta, tokens, types), True
+    elif kind == "gemma4":
+        backend, add_bos = _spm_bpe(meta, tokens), True
     else:
         raise TokenizerError(f"{source}: GGUF tokenizer model {kind!r} is not supported (supported: gpt2 = "
-                             "byte-level BPE, llama = SentencePiece); pass --tokenizer DIR_OR_ID")
+                             "byte-level BPE, llama = SentencePiece, gemma4 = SentencePiece-style BPE); pass "
+                             "--tokenizer DIR_OR_ID")
     # Added tokens, in id order so every one keeps its id: control tokens are special, user-defined ones not.
     added = [tokenizers.AddedToken(tokens[i], special=t == CONTROL, normalized=False)
              for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)]
@@ -118,6 +121,20 @@ def _bpe(meta: Mapping[str, Any], tokens: list[str], source: str) -> tuple[token
     return backend, add_bos
 
 
+def _spm_bpe(meta: Mapping[str, Any], tokens: list[str]) -> tokenizers.Tokenizer:
+    """Gemma 4's vocabulary as llama.cpp reads it (tokenizer model `gemma4`): spaces escaped as "▁" with no prefix,
+    the text split only at runs of newlines, then the file's BPE merges, unknown bytes as <0xNN> tokens."""
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
+    vocab = {t: i for i, t in reversed(list(enumerate(tokens)))}
+    unk = meta.get("tokenizer.ggml.unknown_token_id")
+    unk_token = tokens[unk] if isinstance(unk, int) and 0 <= unk < len(tokens) else None
+    backend = tokenizers.Tokenizer(models.BPE(vocab, merges, unk_token=unk_token, fuse_unk=True, byte_fallback=True))
+    backend.normalizer = normalizers.Replace(" ", "▁")
+    backend.pre_tokenizer = pre_tokenizers.Split(tokenizers.Regex("[^\n]+|[\n]+"), behavior="isolated")
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    return backend
+
+
 def _spm(meta: Mapping[str, Any], tokens: list[str], types: list[int]) -> tokenizers.Tokenizer:
     """A SentencePiece vocabulary as llama.cpp tokenizes it: merges ranked by the merged token's score."""
     scores = list(meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
@@ -147,13 +164,26 @@ def _spm(meta: Mapping[str, Any], tokens: list[str], types: list[int]) -> tokeni
 # Token texts llama.cpp treats as ending generation besides EOS (llama-vocab.cpp's end-of-generation set).
 _END_OF_GENERATION = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
                       "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<｜end▁of▁sentence｜>",
-                      "<end_of_utterance>")
+                      "<end_of_utterance>", "<|flush|>", "<|calls|>", "</s>", "[EOT]", "[EOS]", "<|end_of_text|>",
+                      "<eos>", "<turn|>", "<|tool_response>", "[e~[")
+# Its fill-in-the-middle pad, repository and file-separator tokens end generation too (by metadata id or by text).
+_FIM_KEYS = ("fim_pad", "fim_rep", "fim_sep")
+_FIM = ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>",
+        "<REPO>", "<reponame>", "<|file_sep|>")
+# llama.cpp's exceptions: with harmony's <|return|> and <|call|> (gpt-oss; Solar Open's <|calls|> and <|flush|>),
+# <|end|> closes a message, not the answer; beside Gemma 4's <|tool_response> (or PLaMo's eos), </s> is text.
+_NOT_END = ((("<|return|>", "<|call|>"), "<|end|>"), (("<|calls|>", "<|flush|>"), "<|end|>"),
+            (("<|tool_response>",), "</s>"), (("<|plamo:eos|>",), "</s>"))
 
 
 def end_of_generation_ids(meta: Mapping[str, Any]) -> list[int]:
-    """The ids llama.cpp stops generating at: EOS, the EOT / EOM ids, and the end-of-turn tokens it recognises by
-    text (e.g. <|im_end|> and <|endoftext|>), in that order without repeats."""
+    """The ids llama.cpp stops generating at: EOS, the EOT / EOM ids, the fill-in-the-middle pad / repository /
+    separator ids, and the end-of-turn tokens it recognises by text (e.g. <|im_end|> and <|endoftext|>), in that
+    order without repeats; less its exceptions (_NOT_END: gpt-oss's <|end|>)."""
     tokens = meta.get("tokenizer.ggml.tokens") or []
-    ids = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
-    ids += [i for i, t in enumerate(tokens) if t in _END_OF_GENERATION]
-    return list(dict.fromkeys(i for i in ids if isinstance(i, int) and 0 <= i < len(tokens)))
+    ids = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom", *_FIM_KEYS)]
+    ids += [i for i, t in enumerate(tokens) if t in _END_OF_GENERATION or t in _FIM]
+    ids = [i for i in dict.fromkeys(ids) if isinstance(i, int) and 0 <= i < len(tokens)]
+    texts = {tokens[i] for i in ids}
+    dropped = {end for needs, end in _NOT_END if texts.issuperset(needs)}
+    return [i for i in ids if tokens[i] not in dropped]

@@ -23,7 +23,8 @@ from nexttoken.model import fused, load_model
 from support.fused import MODULES_ONLY
 from support.tiny_models import VARIANTS, build_hf_model, save_variant
 
-NAMES = ["gemma4-kv-shared-ple", "gemma4-moe", "glm4-moe-groups", "olmo3-sliding", "exaone4-sliding-nope"]
+NAMES = ["gemma4-kv-shared-ple", "gemma4-moe", "glm4-moe-groups", "olmo3-sliding", "exaone4-sliding-nope",
+         "ernie4_5-pairs-bias", "ernie4_5-moe"]
 PROMPTS = torch.tensor([[1, 5, 17, 33, 9, 60, 7, 8], [1, 40, 41, 42, 43, 44, 45, 46], [1, 90, 3, 3, 8, 12, 70, 71]])
 GREEDY = dict(max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
 
@@ -266,3 +267,38 @@ def test_gguf_from_llama_cpps_converter_gives_the_folders_tokens(name, tmp_path:
     ids = [5, 17, 33, 8, 61, 2, 40, 12]
     want = hf.generate(torch.tensor([ids]), **dict(GREEDY, max_new_tokens=10))[0, len(ids):].tolist()
     assert llm.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == want
+
+
+# (The MoE variant's full layers get a head size of their own: the converter finds the full layers' head size only
+# in a per_layer_config override, which transformers saves only where it differs.)
+GEMMA4_GGUF = {"gemma4-kv-shared-ple": dict(vocab_size_per_layer_input=32000), "gemma4-moe": dict(global_head_dim=32)}
+
+
+@pytest.mark.parametrize("name", sorted(GEMMA4_GGUF))
+def test_gemma4_gguf_from_llama_cpps_converter_gives_the_folders_tokens(name, tmp_path: Path, shared_dir) -> None:
+    """Gemma 4 (per-layer inputs, KV sharing with a double-wide MLP, keys as values, the full layers' own head
+    size and KV heads, proportional RoPE; the MoE block) through convert_hf_to_gguf.py over Llama 2's tokenizer:
+    the file's per-layer keys, its missing attn_v, its `rope_freqs` and its expert keys read back to the folder's
+    config, the stacked experts and the router's scales to their tensors; the tokens are transformers'; its
+    `gemma4` vocabulary (SentencePiece-style BPE, no prefix space) encodes as the folder's tokenizer.json does
+    (which prefixes one)."""
+    pytest.importorskip("gguf")
+    import dataclasses
+
+    import tokenizers
+    from support.llama_cpp import convert, with_tokenizer
+
+    _, overrides = VARIANTS[name]
+    hf = build_hf_model("gemma4", **{**overrides, "vocab_size": 32000, **GEMMA4_GGUF[name]})
+    folder = tmp_path / "model"
+    hf.save_pretrained(folder)
+    with_tokenizer(folder, shared_dir / "tokenizers" / "llama-2-chat")
+    llm = nexttoken.load(convert(folder, tmp_path / "model.gguf", "f32"))
+    ours, want = dataclasses.asdict(llm.model.config), dataclasses.asdict(load_model(folder).config)
+    assert {k: v for k, v in ours.items() if ours[k] != want[k]}.keys() <= {"rms_norm_eps", "torch_dtype"}
+    ids = [5, 17, 33, 8, 61, 2, 40, 12]
+    expected = hf.generate(torch.tensor([ids]), **dict(GREEDY, max_new_tokens=10))[0, len(ids):].tolist()
+    assert llm.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == expected
+    reference = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    for text in ["Hello world, how are you?", "Two\n\nlines\nend", "naïve café 日本語 🙂", "  spaces   inside"]:
+        assert llm.tokenizer.encode(" " + text) == reference.encode(text).ids

@@ -8,6 +8,7 @@ kept packed, against the same file dequantized and the folder); the features tha
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from nexttoken.model.quant.mxfp4 import Mxfp4Linear
 from nexttoken.model.rope import inverse_frequencies
 from nexttoken.model.weights.gguf import load_gguf_model, open_gguf
 from support import gpt_oss
+from support.harmony import harmony_tokenizer, special_ids
 from support.tiny_models import PROMPTS, left_padded
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -170,8 +172,9 @@ def test_mxfp4_checkpoint_equals_transformers_on_its_values(tmp_path: Path) -> N
 
 @pytest.fixture(scope="module")
 def gguf_pair(tmp_path_factory, shared_dir):
-    """An MXFP4 gpt-oss folder over Qwen2.5's tokenizer (the converter's GptOss writes a GPT-2 vocabulary) and the
-    GGUF llama.cpp's converter writes of it: experts MXFP4 as the checkpoint's, the rest float32."""
+    """An MXFP4 gpt-oss folder over Qwen2.5's tokenizer with harmony's special tokens (the converter's GptOss writes a
+    GPT-2 vocabulary) and the GGUF llama.cpp's converter writes of it: experts MXFP4 as the checkpoint's, the rest
+    float32."""
     llama_cpp = pytest.importorskip("support.llama_cpp")
     try:
         llama_cpp.converter()
@@ -180,7 +183,7 @@ def gguf_pair(tmp_path_factory, shared_dir):
     folder = tmp_path_factory.mktemp("gpt-oss-mxfp4")
     hf = gpt_oss.build(vocab_size=151680, hidden_size=32, num_attention_heads=2, num_key_value_heads=1)
     gpt_oss.quantize_mxfp4(hf, folder)
-    llama_cpp.with_tokenizer(folder, shared_dir / "tokenizers" / "qwen2.5-instruct")
+    harmony_tokenizer(folder, shared_dir)
     return hf, folder, llama_cpp.convert(folder, folder / "model.gguf", "f32")
 
 
@@ -206,6 +209,19 @@ def test_gguf_from_llama_cpps_converter(gguf_pair, monkeypatch) -> None:
         for chunk in (len(long), 1):  # > 16 rows: dequantized tiles; 1 row: the native product
             assert torch.allclose(all_logits(packed, long, chunk=chunk), all_logits(exact, long, chunk=chunk),
                                   atol=1e-4, rtol=1e-4)
+
+
+def test_gguf_stops_at_return_and_call_not_at_end(gguf_pair) -> None:
+    """The file's stop ids are the folder's generation_config (gpt-oss stops at <|return|> and <|call|>), as
+    llama.cpp reads its vocabulary: harmony's <|end|>, which closes the analysis message before the answer, is no
+    stop (llama-vocab.cpp drops it beside <|return|> and <|call|>)."""
+    from nexttoken.text.gguf_vocab import end_of_generation_ids
+
+    _, folder, path = gguf_pair
+    ids = special_ids(folder)
+    stops = end_of_generation_ids(open_gguf(path).metadata)
+    assert set(json.loads((folder / "generation_config.json").read_text())["eos_token_id"]) <= set(stops)
+    assert {ids["<|return|>"], ids["<|call|>"]} <= set(stops) and ids["<|end|>"] not in stops
 
 
 def test_lora_on_the_attention_equals_peft(pair, tmp_path: Path) -> None:

@@ -172,6 +172,12 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                                          first_k_dense_replace=1, n_group=4, topk_group=2, n_shared_experts=1,
                                          routed_scaling_factor=2.5, attention_bias=True, use_qk_norm=True,
                                          num_hidden_layers=3, head_dim=16)),
+    # ERNIE 4.5: RoPE over adjacent pairs of dims, biases on every projection; the MoE: a dense first layer, then a
+    # softmax router whose correction bias moves the choice (top 3 of 8, renormalised) and a shared expert.
+    "ernie4_5-pairs-bias": ("ernie4_5", dict(use_bias=True, head_dim=16)),
+    "ernie4_5-moe": ("ernie4_5_moe", dict(moe_num_experts=8, moe_k=3, moe_intermediate_size=32,
+                                          moe_num_shared_experts=1, moe_layer_start_index=1, num_hidden_layers=3,
+                                          head_dim=16)),
 }
 # Variants that run one process only (their declaration refuses tensor parallelism).
 NO_TENSOR_PARALLEL = {"gpt-oss"}
@@ -228,6 +234,8 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
         "olmo3": (transformers.Olmo3Config, transformers.Olmo3ForCausalLM),
         "gemma4": (transformers.Gemma4TextConfig, transformers.Gemma4ForCausalLM),
         "exaone4": (transformers.Exaone4Config, transformers.Exaone4ForCausalLM),
+        "ernie4_5": (transformers.Ernie4_5Config, transformers.Ernie4_5ForCausalLM),
+        "ernie4_5_moe": (transformers.Ernie4_5_MoeConfig, transformers.Ernie4_5_MoeForCausalLM),
     }[arch]
     cfg = cfg_cls(**{**BASE, **overrides})
     cfg._attn_implementation = "eager"
@@ -237,7 +245,8 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
     model = model_cls(cfg).eval()
     if arch == "gpt_oss":
         cfg._experts_implementation = "eager"  # transformers' own loop over the experts
-    if arch in ("qwen2", "qwen2_moe", "gpt_oss", "glm4_moe"):  # random-init biases (and gpt-oss's sinks) are zero; make them matter
+    # random-init biases (and gpt-oss's sinks, ERNIE 4.5 MoE's correction bias) are zero; make them matter
+    if arch in ("qwen2", "qwen2_moe", "gpt_oss", "glm4_moe", "ernie4_5", "ernie4_5_moe"):
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name.endswith(("bias", "sinks")):

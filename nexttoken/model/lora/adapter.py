@@ -27,6 +27,7 @@ from safetensors import SafetensorError, safe_open
 from ...config import ModelConfig
 from ...families import family
 from ...errors import LoraError, MissingFileError
+from ..rope import pairs_to_halves
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 TARGETS = ("wqkv", "wo", "w13", "w2")  # the matrices of a stock block an adapter may change
@@ -227,6 +228,8 @@ def _fused(tensors: dict[str, torch.Tensor], config: dict, cfg: ModelConfig,
                             "belongs to another model")
         rank = max(rank, r)
         scaling = _module_scaling(f"model.layers.{layer}.{module}", r, config)
+        if target == "wqkv" and part in (0, 1) and family(cfg.architecture).rope_pairs:
+            B = pairs_to_halves(B, cfg.head_dim)  # ERNIE 4.5: q / k rows as the loader reordered the base's
         pieces.setdefault((layer, target), []).append((part, A, B * scaling))
     return {key: _stack(key[1], ps, parts) for key, ps in pieces.items()}, rank
 

@@ -25,6 +25,7 @@ from ...config import ModelConfig
 from ...errors import MissingFileError, ModelLoadError
 from ...families import BY_GGUF, Family
 from ..llama import Transformer
+from ..network import own_checkpoint
 from .gguf_reader import BigEndian, read_gguf
 from .loader import _expected_shapes as expected_shapes, build_model, resolve_dtype
 
@@ -111,9 +112,9 @@ def config_dict(g: GGUFFile) -> dict[str, Any]:
     kv_heads = g.get("attention.head_count_kv", heads)
     if isinstance(kv_heads, list):  # per-layer counts: one value is all our attention takes
         kv_heads = [k for k in kv_heads if k] or [heads]  # 0: a layer without attention (LFM2's convolutions)
-        if len(set(kv_heads)) != 1:
+        if len(set(kv_heads)) != 1 and not family.gguf_per_layer:
             raise ModelLoadError(f"{g.path}: KV heads differ between layers ({sorted(set(kv_heads))}); not supported")
-        kv_heads = kv_heads[0]
+        kv_heads = kv_heads[0]  # (a family with per-layer shapes reads them itself: Family.gguf_per_layer)
     head_dim = g.get("attention.key_length") or (g.get("rope.dimension_count") if family.gguf_permuted else None)
     head_dim = int(head_dim or hidden // heads)
     tokens = g.metadata.get("tokenizer.ggml.tokens")
@@ -123,7 +124,7 @@ def config_dict(g: GGUFFile) -> dict[str, Any]:
         "model_type": family.model_types[0],
         "architectures": [family.architecture],
         "hidden_size": hidden,
-        "intermediate_size": int(g.get("feed_forward_length") or g.get("expert_feed_forward_length") or 0),
+        "intermediate_size": int(_first(g.get("feed_forward_length")) or g.get("expert_feed_forward_length") or 0),
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": int(kv_heads),
@@ -134,7 +135,7 @@ def config_dict(g: GGUFFile) -> dict[str, Any]:
         "tie_word_embeddings": "output.weight" not in g.tensors,
         "attention_bias": "blk.0.attn_output.bias" in g.tensors,
         "mlp_bias": "blk.0.ffn_down.bias" in g.tensors,
-        "rope_parameters": _rope(g, head_dim),
+        "rope_parameters": {} if family.gguf_per_layer else _rope(g, head_dim),
         "bos_token_id": g.metadata.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": g.metadata.get("tokenizer.ggml.eos_token_id"),
         "pad_token_id": g.metadata.get("tokenizer.ggml.padding_token_id"),
@@ -142,6 +143,11 @@ def config_dict(g: GGUFFile) -> dict[str, Any]:
     if g.get("attention.sliding_window") is not None:
         cfg["sliding_window"] = int(g.get("attention.sliding_window"))
     return cfg | family.read_gguf(g, cfg)
+
+
+def _first(value: Any) -> Any:
+    """A per-layer array's first entry (Gemma 4's feed_forward_length), or the value itself."""
+    return value[0] if isinstance(value, list) and value else value
 
 
 def _rope(g: GGUFFile, head_dim: int) -> dict[str, Any]:
@@ -240,11 +246,14 @@ def gguf_names(g: GGUFFile, cfg: ModelConfig, names: list[str]) -> dict[str, str
     name_map = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
     out = {}
     for hf in names:
-        if ".experts." in hf:
+        if re.search(r"\.experts\.\d+\.", hf):  # one expert's slice of a stacked tensor (checkpoint_tensors)
             continue
         full = hf
         for pattern, alias in writer_family(g).gguf_aliases:  # a name llama.cpp's map knows in another spelling
             full = re.sub(pattern, alias, full)
+        if full.startswith("blk.") and full in g.tensors:  # an alias to the file's own name (Gemma 4's experts)
+            out[hf] = full
+            continue
         base, suffix = full.rsplit(".", 1)
         gname = name_map.get_name(base)
         if gname is None and base.endswith("block_sparse_moe.gate"):  # Mixtral's router
@@ -343,8 +352,9 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
     cfg = ModelConfig.from_dict(config_dict(g), source=str(g.path))
     names = list(expected_shapes(cfg))
     # a model with recurrent layers (issue 41) keeps its attention and MLP matrices packed as the other families
-    # do; its recurrent layers' own matrices (and their small vectors) are read as floats (gguf_packed._dense)
-    if not dequantize and device.type == "cpu" and torch_dtype == torch.float32:
+    # do; its recurrent layers' own matrices (and their small vectors) are read as floats (gguf_packed._dense).
+    # A family with a network of its own (Gemma 4) loads dequantized: the packed builder makes the shared decoder.
+    if not dequantize and not own_checkpoint(cfg) and device.type == "cpu" and torch_dtype == torch.float32:
         from .gguf_packed import build_packed_model, file_rows, keepable, keepable_experts, release_pages
 
         dense = gguf_names(g, cfg, names)

@@ -19,6 +19,7 @@ from ..network import checkpoint_of, network, own_checkpoint
 from ..memory import copy_into_arena, empty_in_arena, release_freed_memory
 from ..moe import checkpoint_parts as moe_parts, checkpoint_shapes as moe_shapes
 from ..recurrent import MIXERS as RECURRENT_MIXERS
+from ..rope import pairs_to_halves
 from ..quant.quantize import apply_quantization, quantize_bf16
 from .reader import Entry, Reader, check_dtypes, read_headers, stored_dtype
 
@@ -94,6 +95,18 @@ def renamed(cfg: ModelConfig, names: dict) -> dict:
         if name:  # a rule that leaves nothing drops the tensor (a vision tower the text model does not use)
             out[name] = value
     return out
+
+
+def _rotate_halves(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our fused [q; k; v] rows of a family whose RoPE rotates pairs (Family.rope_pairs), reordered in place."""
+    if not family(cfg.architecture).rope_pairs:
+        return state
+    qk = (cfg.num_attention_heads + cfg.num_key_value_heads) * cfg.head_dim
+    with torch.no_grad():
+        for name, t in state.items():
+            if name.endswith(("attention.wqkv.weight", "attention.wqkv.bias")):
+                t[:qk] = pairs_to_halves(t[:qk], cfg.head_dim)  # (a copy: reshape of the swapped view)
+    return state
 
 
 def _gate_up(cfg: ModelConfig) -> bool:
@@ -318,7 +331,7 @@ def load_model(
         model = network(cfg)
     parts = state_parts(cfg, entries)
     dtypes = {name: _weight_dtype(model, name, precision) for name in parts}
-    model.load_state_dict(_read_state(parts, entries, dtypes, device), assign=True, strict=True)
+    model.load_state_dict(_rotate_halves(cfg, _read_state(parts, entries, dtypes, device)), assign=True, strict=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
     model = model.to(device).eval()

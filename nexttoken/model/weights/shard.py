@@ -11,6 +11,8 @@ from safetensors import SafetensorError, safe_open
 from ...config import ModelConfig
 from ...errors import ModelLoadError
 from ..llama import Transformer
+from ...families import family
+from ..rope import pairs_to_halves
 from .loader import (_IGNORED_SUFFIXES, _open_folder, _owned, check_tensors, resolve_dtype, safetensors_files,
                      to_state_dict)
 from ..memory import release_freed_memory
@@ -48,6 +50,7 @@ def read_shard(files: list[Path], cfg: ModelConfig, shards: Shards) -> dict[str,
                                (q_size + kv_size + shards.kv[0], q_size + kv_size + shards.kv[1])],
                   "gate_up_proj": [shards.mlp, (cfg.intermediate_size + shards.mlp[0],
                                                 cfg.intermediate_size + shards.mlp[1])]}
+    pairs = family(cfg.architecture).rope_pairs
     out: dict[str, torch.Tensor] = {}
     for f in files:
         with safe_open(str(f), framework="pt", device="cpu") as sf:
@@ -76,6 +79,8 @@ def read_shard(files: list[Path], cfg: ModelConfig, shards: Shards) -> dict[str,
                     t = piece[a:b]
                 else:  # norms, per-head q/k norms, o/down biases: every rank holds them whole
                     t = piece[:]
+                if pairs and part in ("q_proj", "k_proj"):  # ERNIE 4.5: this rank's whole heads, pairs to halves
+                    t = pairs_to_halves(t, cfg.head_dim)
                 out[name] = t
     return out
 
