@@ -121,7 +121,6 @@ class Family:
     tensor_parallel: bool = True  # model/parallel.py splits its checkpoints and blocks (tested against one process)
     # gpt-oss: each projection's experts stacked in one checkpoint tensor (model/weights/stacked.py unstacks them)
     stacked_experts: bool = False
-    native_step: bool = True  # model/fused.py may run its decode steps natively (False: the modules path always)
     lora: bool = True  # PEFT adapters on q/k/v/o and gate/up/down (attention only on sparse MLP layers)
     # Checkpoint tensor names -> the Llama names the loader reads ((regex, replacement) pairs, applied in order):
     # LFM2's `feed_forward.w1` is Llama's `mlp.gate_proj`. Recurrent layers' tensors keep their own names.
