@@ -280,3 +280,10 @@ def test_no_test_module_imports_another() -> None:
                 offenders += [f"{path.relative_to(TESTS)} imports {a.name}" for a in node.names
                               if a.name.split(".")[-1].startswith("test_")]
     assert not offenders, offenders
+
+
+def test_test_modules_have_unique_names() -> None:
+    """pytest imports test modules by their base name (rootdir-relative, no packages): two files with one name stop
+    the whole suite at collection."""
+    names = [p.name for p in (PACKAGE.parent / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

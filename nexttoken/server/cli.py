@@ -16,7 +16,7 @@ from ..chat.reasoning import FORMATS as REASONING_FORMATS
 KV_CACHE_DTYPES = ("auto", "bf16", "float32", "int8")
 POLICIES = ("fcfs", "priority")
 DEFAULT_MEMORY_PERCENT = 25
-DEFAULT_ENCODER_CACHE_BYTES = 64 * 2**20  # engine/encoder.py's (tests/server/test_images.py checks they agree)
+DEFAULT_ENCODER_CACHE_BYTES = 64 * 2**20  # engine/encoder.py's (tests/server/test_image_requests.py checks they agree)
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
 
 
