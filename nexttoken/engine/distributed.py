@@ -78,6 +78,9 @@ class MirrorSequence:
         self.num_cached, self.prompt_logprobs = a.num_cached, None
         self.block_table: list[int] = []
         self.slot: int | None = None  # a recurrent state's row: none (tensor parallelism refuses recurrent models)
+        # images and M-RoPE: none (tensor parallelism refuses the vision families)
+        self.images: tuple = ()
+        self.mrope_positions, self.rope_delta = None, 0
         self.output_ids: list[int] = []  # known when rank 0 replays them (a preempted request)
         self.extra: dict = {}
 
