@@ -77,12 +77,12 @@ def test_wrong_files_are_refused_by_name(converted) -> None:
 @pytest.fixture(scope="module")
 def gemma3(shared_dir, tmp_path_factory):  # noqa: ANN201
     """(folder, transformers' model, processor, text GGUF, mmproj GGUF) of a tiny Gemma 3 (4 tokens an image).
-    Its three text layers all slide, as llama.cpp's Gemma 3 has them (a global layer every sixth; its GGUF
-    records no layer types). The converter writes the projection in float16 whatever --outtype says, so the folder's is rounded to float16
-    first (the tower is then compared exactly, and the tokens too). It converts a copy laid out as the released
-    checkpoints are (vision_tower.vision_model.*, the names it maps) with a SentencePiece model beside it (its
-    Gemma 3 vocabulary reader needs one; the tiny model's own BPE vocabulary is not one it recognises), so the pair
-    is loaded with the folder's tokenizer."""
+    Its three text layers all slide, as llama.cpp's Gemma 3 has them (a global layer every sixth; its GGUF records
+    no layer types). The converter writes the projection in float16 whatever --outtype says, so the folder's is
+    rounded to float16 first (the tower is then compared exactly, and the tokens too). It converts a copy laid out
+    as the released checkpoints are (vision_tower.vision_model.*, the names it maps) with a SentencePiece model
+    beside it (its Gemma 3 vocabulary reader needs one; the tiny model's BPE vocabulary is not one it recognises),
+    so the pair is loaded with the folder's tokenizer."""
     root = tmp_path_factory.mktemp("gemma3")
     folder, released = root / "folder", root / "released"
     _, processor = gemma3_vlm(folder, seed=5)
