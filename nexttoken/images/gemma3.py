@@ -43,6 +43,7 @@ class Gemma3Images:
         self.image_seq_length = int(image_seq_length)
         t = TOKENS | (tokens or {})
         self.placeholder = t["boi_token"]  # what a prompt marks each image's place with
+        self.image_token = t["image_token"]  # the token whose embeddings the tower's rows replace
         self.full_sequence = f"\n\n{t['boi_token']}{t['image_token'] * self.image_seq_length}{t['eoi_token']}\n\n"
 
     @classmethod
@@ -56,6 +57,14 @@ class Gemma3Images:
         extra = tok.get("extra_special_tokens") if isinstance(tok.get("extra_special_tokens"), dict) else {}
         tokens = {k: v for k, v in {**tok, **extra}.items() if k in TOKENS and isinstance(v, str)}
         return cls(image, seq, tokens)
+
+    @classmethod
+    def from_settings(cls, image: dict[str, Any], processor: dict[str, Any], config: dict[str, Any],
+                      source: str = "the image processor") -> "Gemma3Images":
+        """From the image processor's settings (an mmproj GGUF's: size, mean, std, image_seq_length), the
+        processor's and config.json; the tokens are Gemma 3's own."""
+        seq = processor.get("image_seq_length", image.get("image_seq_length", config.get("mm_tokens_per_image", 256)))
+        return cls(image, seq)
 
     def prepare(self, images: list[Any]) -> Prepared:
         """RGB PIL images -> Prepared: pixel_values (N, 3, H, W) float32, each image taking image_seq_length

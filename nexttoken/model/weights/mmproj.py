@@ -3,7 +3,8 @@ encoder and projector of a vision-language model, beside the text model's own GG
 `mm.*` tensors are read back into the checkpoint's config and tensor names, so the same tower (model/vision/) runs
 them, and its preprocessing settings into the Hugging Face processor's.
 
-Projector types read (`clip.projector_type`): idefics3 (SmolVLM, Idefics3)."""
+Projector types read (`clip.projector_type`): idefics3 (SmolVLM, Idefics3), gemma3 (Gemma 3 4B / 12B / 27B: the
+converter stores the projector's soft_emb_norm as 1 + w, read back as w, and its input projection in float16)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ import torch
 from ...errors import ModelLoadError
 from .gguf import GGUFFile, _tensor, open_gguf
 
-# clip.projector_type -> (vision kind, the transformers architecture it came from)
-PROJECTORS = {"idefics3": ("idefics3", "Idefics3ForConditionalGeneration")}
 # llama.cpp's tensor names (gguf-py's MODEL_TENSOR map for MMPROJ) -> Idefics3's checkpoint names
 IDEFICS3_NAMES = (
     (r"^v\.patch_embd\.", "model.vision_model.embeddings.patch_embedding."),
@@ -31,6 +30,20 @@ IDEFICS3_NAMES = (
     (r"^v\.blk\.(\d+)\.attn_out\.", r"model.vision_model.encoder.layers.\1.self_attn.out_proj."),
     (r"^mm\.model\.fc\.", "model.connector.modality_projection.proj."),
 )
+# ... -> Gemma 3's (SigLIP under model.vision_tower, as transformers 5 names it; the projector's two tensors)
+GEMMA3_NAMES = (
+    (r"^v\.patch_embd\.", "model.vision_tower.embeddings.patch_embedding."),
+    (r"^v\.position_embd\.", "model.vision_tower.embeddings.position_embedding."),
+    (r"^v\.post_ln\.", "model.vision_tower.post_layernorm."),
+    (r"^v\.blk\.(\d+)\.ln([12])\.", r"model.vision_tower.encoder.layers.\1.layer_norm\2."),
+    (r"^v\.blk\.(\d+)\.ffn_up\.", r"model.vision_tower.encoder.layers.\1.mlp.fc1."),
+    (r"^v\.blk\.(\d+)\.ffn_down\.", r"model.vision_tower.encoder.layers.\1.mlp.fc2."),
+    (r"^v\.blk\.(\d+)\.attn_([qkv])\.", r"model.vision_tower.encoder.layers.\1.self_attn.\2_proj."),
+    (r"^v\.blk\.(\d+)\.attn_out\.", r"model.vision_tower.encoder.layers.\1.self_attn.out_proj."),
+    (r"^mm\.input_projection\.weight$", "model.multi_modal_projector.mm_input_projection_weight"),
+    (r"^mm\.soft_emb_norm\.", "model.multi_modal_projector.mm_soft_emb_norm."),
+)
+GEMMA3_NORM = "model.multi_modal_projector.mm_soft_emb_norm.weight"
 
 
 @dataclass(frozen=True)
@@ -58,9 +71,40 @@ def read_mmproj(path: str | Path) -> Mmproj:
     if projector not in PROJECTORS:
         raise ModelLoadError(f"{g.path}: projector type {projector!r} is not supported; nexttoken reads mmproj files "
                              f"of {', '.join(PROJECTORS)}")
-    kind, architecture = PROJECTORS[projector]
-    return Mmproj(g.path, kind, _idefics3_config(g, architecture), _tensors(g, IDEFICS3_NAMES),
-                  _idefics3_image_settings(g))
+    return PROJECTORS[projector](g)
+
+
+def _idefics3(g: GGUFFile) -> Mmproj:
+    return Mmproj(g.path, "idefics3", _idefics3_config(g, "Idefics3ForConditionalGeneration"),
+                  _tensors(g, IDEFICS3_NAMES), _idefics3_image_settings(g))
+
+
+def _gemma3(g: GGUFFile) -> Mmproj:
+    """Gemma 3: SigLIP's clip.vision.* as vision_config; the pooling (clip.vision.projector.scale_factor, 4 when
+    absent, as clip.cpp reads it) gives mm_tokens_per_image; images resized to the encoder's square."""
+    size, patch = int(_need(g, "clip.vision.image_size")), int(_need(g, "clip.vision.patch_size"))
+    per_side = size // patch // int(g.metadata.get("clip.vision.projector.scale_factor", 4))
+    vision = {"hidden_size": int(_need(g, "clip.vision.embedding_length")),
+              "intermediate_size": int(_need(g, "clip.vision.feed_forward_length")),
+              "num_hidden_layers": int(_need(g, "clip.vision.block_count")),
+              "num_attention_heads": int(_need(g, "clip.vision.attention.head_count")),
+              "image_size": size, "patch_size": patch,
+              "layer_norm_eps": float(g.metadata.get("clip.vision.attention.layer_norm_epsilon", 1e-6))}
+    config = {"architectures": ["Gemma3ForConditionalGeneration"], "vision_config": vision,
+              "text_config": {"hidden_size": int(_need(g, "clip.vision.projection_dim"))},
+              "mm_tokens_per_image": per_side * per_side}
+    tensors = _tensors(g, GEMMA3_NAMES)
+    if GEMMA3_NORM in tensors:  # the converter wrote 1 + w (Gemma3RMSNorm's scale); the tower adds the 1 itself
+        tensors[GEMMA3_NORM] = tensors[GEMMA3_NORM] - 1.0
+    settings: dict[str, Any] = {"size": {"height": size, "width": size}, "image_seq_length": per_side * per_side}
+    for key, name in (("clip.vision.image_mean", "image_mean"), ("clip.vision.image_std", "image_std")):
+        if g.metadata.get(key) is not None:
+            settings[name] = [float(v) for v in g.metadata[key]]
+    return Mmproj(g.path, "gemma3", config, tensors, settings)
+
+
+# clip.projector_type -> its reader (the vision kind, config, tensors and image settings)
+PROJECTORS = {"idefics3": _idefics3, "gemma3": _gemma3}
 
 
 def _need(g: GGUFFile, key: str) -> Any:
