@@ -7,14 +7,18 @@ the engine (an image request beside text-only ones, small prefill chunks, one im
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from support.qwen_vl import build_qwen3_5, odd_images, reference_processor
 from transformers import PreTrainedTokenizerFast
 
 import nexttoken
 from nexttoken.engine import EngineConfig, LLMEngine
 from nexttoken.generation.config import GenerationConfig
+from nexttoken.errors import ImageError
 from nexttoken.images import read_images
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -114,3 +118,21 @@ def test_engine_mixes_image_and_text_requests(vlm) -> None:
     for (text, images), seq in zip(cases, seqs):
         assert seq.output_ids == _transformers(vlm, text, images, new=6), text
     assert engine.runner.encoder.encoded == 1  # pics[2] in two requests
+
+
+def test_a_checkpoint_without_tower_tensors_is_a_text_model(vlm, tmp_path) -> None:
+    """A text-only export that kept the vision config (no `model.visual.*` tensors) loads its text model, as before
+    the tower: its tokens are the full checkpoint's on text, and an image is an ImageError naming the fix."""
+    llm, _, _, pics = vlm
+    for f in llm.path.iterdir():
+        if f.suffix == ".safetensors":
+            save_file({k: v for k, v in load_file(f).items() if ".visual." not in k}, tmp_path / f.name,
+                      metadata={"format": "pt"})
+        elif f.is_file():
+            shutil.copy(f, tmp_path / f.name)
+    text = nexttoken.load(tmp_path)
+    assert getattr(text.model, "vision", None) is None and text.images is None
+    prompt = "no picture here, words alone"
+    assert text.generate(prompt, max_new_tokens=6).token_ids == llm.generate(prompt, max_new_tokens=6).token_ids
+    with pytest.raises(ImageError):
+        text.generate(f"look {PICTURE}", images=[pics[0]], max_new_tokens=2)

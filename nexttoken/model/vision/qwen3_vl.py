@@ -182,11 +182,12 @@ def _taps(index: torch.Tensor, size: int, side: int) -> tuple[torch.Tensor, torc
 class Qwen35VisionTower(Qwen3VisionTower):
     """Qwen3.5's tower (transformers' Qwen3_5VisionModel): Qwen3-VL's without DeepStack, one out_hidden row per
     `<|image_pad|>`. Qwen3.5 declares its text family (families/qwen35.py) for Qwen3_5ForCausalLM checkpoints too:
-    a config.json without `vision_config` (a text model) has no tower (None)."""
+    a config.json without `vision_config` (a text model), or a checkpoint without any tower tensor (a text-only
+    export that kept the config), has no tower (None)."""
 
     @classmethod
     def from_checkpoint(cls, raw: dict[str, Any], tensors: dict[str, torch.Tensor]) -> "Qwen35VisionTower | None":
-        if "vision_config" not in raw:
+        if "vision_config" not in raw or not tensors:
             return None
         vision = raw["vision_config"]
         if not isinstance(vision, dict) or raw.get("image_token_id") is None:
