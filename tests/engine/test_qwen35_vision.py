@@ -1,4 +1,5 @@
-"""Qwen3.5's vision tower end to end (issue 43): a tiny random-weight Qwen3_5ForConditionalGeneration (a hybrid
+"""Qwen3.5's vision tower end to end (issue 43): a tiny random-weight Qwen3_5ForConditionalGeneration (and
+Qwen3_5MoeForConditionalGeneration: the same tower, the MoE text model) (a hybrid
 text model: gated-DeltaNet layers before a gated attention layer, half of each head rotated by interleaved M-RoPE;
 Qwen3-VL's tower without DeepStack) loaded as the declared Qwen3.5 family with its tower; features equal to
 transformers' Qwen3_5VisionModel, tokens equal to transformers' generate with the same images and its processor's
@@ -26,10 +27,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 PICTURE = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
-@pytest.fixture(scope="module")
-def vlm(tmp_path_factory):  # noqa: ANN201
-    folder = tmp_path_factory.mktemp("qwen3_5")
-    hf = build_qwen3_5(folder, seed=1)
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe"])
+def vlm(request, tmp_path_factory):  # noqa: ANN201
+    folder = tmp_path_factory.mktemp(request.param)
+    hf = build_qwen3_5(folder, seed=1, moe=request.param == "qwen3_5_moe")
     processor = reference_processor(folder, qwen3=True)
     # transformers' AutoTokenizer gives model_type qwen3_5 its own Qwen3_5Tokenizer (Qwen's pre-tokenizer, not the
     # folder's tokenizer.json); the folder's tokenizer_config.json names the fast tokenizer its tokenizer.json is
@@ -51,7 +52,9 @@ def _transformers(vlm, text: str, images: list, new: int = 8, special: bool = Tr
 def test_the_family_loads_its_hybrid_text_model_tower_and_processor(vlm) -> None:
     llm, hf, _, _ = vlm
     cfg = llm.model.config
-    assert cfg.architecture == "Qwen3_5ForCausalLM" and cfg.recurrent is not None and cfg.rotary_dim == 16
+    moe = type(hf).__name__ == "Qwen3_5MoeForConditionalGeneration"
+    assert cfg.architecture == ("Qwen3_5MoeForCausalLM" if moe else "Qwen3_5ForCausalLM")
+    assert cfg.recurrent is not None and cfg.rotary_dim == 16 and (cfg.moe is not None) == moe
     assert (cfg.rope.mrope_section, cfg.rope.mrope_interleaved) == ((2, 3, 3), True)
     assert type(llm.model.vision).__name__ == "Qwen35VisionTower"
     assert llm.model.vision.config.deepstack_visual_indexes == ()

@@ -130,12 +130,14 @@ def reference_processor(tokenizer_dir: Path, qwen3: bool = False):  # noqa: ANN2
     return processor
 
 
-def build_qwen3_5(folder: Path, seed: int = 0):  # noqa: ANN201
+def build_qwen3_5(folder: Path, seed: int = 0, moe: bool = False):  # noqa: ANN201
     """A tiny Qwen3_5ForConditionalGeneration saved to `folder` with the default model's BPE tokenizer (Qwen's
     vision and chat tokens added, Qwen2.5-VL's chat template) and Qwen3-VL's preprocessing (16-pixel patches); its
     text model is the hybrid of tests/support/tiny_models.py's "qwen3_5-delta" cut to 4 layers (gated-DeltaNet and
     gated attention alternating) with half of each head rotated by interleaved M-RoPE [2, 3, 3]; its tower 2
-    blocks of width 32 with learned positions over a 6 x 6 table. Returns the transformers model."""
+    blocks of width 32 with learned positions over a 6 x 6 table. `moe`: a Qwen3_5MoeForConditionalGeneration
+    instead (the text model "qwen3_5-moe"'s sparse MLPs on the same 4 layers; the same tower). Returns the
+    transformers model."""
     import transformers
     from support.tiny_models import BASE, VARIANTS
     from support.vision import tokenizer_with
@@ -149,14 +151,16 @@ def build_qwen3_5(folder: Path, seed: int = 0):  # noqa: ANN201
     rope = {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5, "mrope_section": [2, 3, 3],
             "mrope_interleaved": True}  # a small theta: every rotated pair turns visibly between an image's rows
     layers = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
-    text = {**BASE, **VARIANTS["qwen3_5-delta"][1], "num_hidden_layers": 4, "layer_types": layers,
+    text = {**BASE, **VARIANTS["qwen3_5-moe" if moe else "qwen3_5-delta"][1], "num_hidden_layers": 4,
+            "layer_types": layers,
             "vocab_size": -(-vocab // 64) * 64,
             "rope_parameters": rope, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
     vision = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64, patch_size=16,
                   num_position_embeddings=36, initializer_range=0.3)
-    cfg = transformers.Qwen3_5Config(text_config=text, vision_config=vision, **ids)
+    name = "Qwen3_5Moe" if moe else "Qwen3_5"
+    cfg = getattr(transformers, f"{name}Config")(text_config=text, vision_config=vision, **ids)
     torch.manual_seed(seed)
-    model = transformers.Qwen3_5ForConditionalGeneration(cfg).eval()
+    model = getattr(transformers, f"{name}ForConditionalGeneration")(cfg).eval()
     with torch.no_grad():  # biases start at zero and norms at one: make them matter
         for name, p in model.named_parameters():
             if name.endswith("bias") and "visual" in name:
