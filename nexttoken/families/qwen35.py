@@ -38,8 +38,8 @@ def _qwen35(raw: dict[str, Any], source: str, layers: int) -> dict[str, Any]:
     # images (a Qwen3_5ForConditionalGeneration's): interleaved M-RoPE, transformers' default section [11, 11, 10]
     mrope = {**params, "mrope_section": params.get("mrope_section") or [11, 11, 10], "mrope_interleaved": True}
     return {"layers": tuple(LINEAR_ATTENTION if t == "linear_attention" else FULL for t in types),
-            "rope": {**raw, "rope_parameters": mrope}, "qk_norm": "head", "norm_plus_one": True, "attention_output_gate": True,
-            "rotary_dim": int(head_dim * factor), "recurrent": rec}
+            "rope": {**raw, "rope_parameters": mrope}, "qk_norm": "head", "norm_plus_one": True,
+            "attention_output_gate": True, "rotary_dim": int(head_dim * factor), "recurrent": rec}
 
 
 def _gguf(g: GGUFMeta, cfg: dict[str, Any]) -> dict[str, Any]:
