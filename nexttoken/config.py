@@ -262,7 +262,9 @@ class ModelConfig:
                 f"{source}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}"
             )
         switches = {"layers": (FULL,) * layers} | family.read(raw, source, layers)  # families/<family>.py's fields
-        rope = _rope_config(switches.pop("rope", raw), source, head_dim, partial="rotary_dim" in switches)
+        # a family that reads its own rotary_dim (Qwen3.5) hands the RoPE that many dims of each head
+        rope = _rope_config(switches.pop("rope", raw), source, switches.get("rotary_dim", head_dim),
+                            partial="rotary_dim" in switches)
         recurrent = switches.pop("recurrent", None)
         intermediate = switches.pop("intermediate_size", None)  # LFM2 derives its own from block_ff_dim
         local = switches.pop("rope_local", None)
@@ -355,11 +357,13 @@ def _rope_config(raw: dict[str, Any], source: str, head_dim: int, partial: bool 
             original_max_position_embeddings=int(params["original_max_position_embeddings"]),
         )
     section = tuple(int(n) for n in params.get("mrope_section") or ())
-    if section and (rope_type != "default" or sum(section) != head_dim // 2):
+    interleaved = bool(section) and bool(params.get("mrope_interleaved", False))
+    # interleaved (Qwen3-VL, Qwen3.5): section[1] / section[2] count every third pair from 1 / 2, clamped, any sum
+    if section and (rope_type != "default" or (sum(section) != head_dim // 2 and not interleaved)):
         raise ModelLoadError(f"{source}: mrope_section {list(section)} must split the {head_dim // 2} angle pairs "
                              f"(head_dim / 2) of the default RoPE, got rope type {rope_type!r}")
     return RopeConfig(theta=theta, type=rope_type, factor=factor, partial_rotary_factor=share, mrope_section=section,
-                      mrope_interleaved=bool(section) and bool(params.get("mrope_interleaved", False)))
+                      mrope_interleaved=interleaved)
 
 
 def _longrope_config(raw: dict[str, Any], params: dict[str, Any], theta: float, source: str,

@@ -1,10 +1,13 @@
 """Qwen3.5 (text, dense) and Qwen3-Next's layout: three gated-DeltaNet layers (model/recurrent/delta_rule.py) before
 each attention layer (`layer_types`, or every `full_attention_interval`-th layer attention); the attention layers gate
 their output by sigmoid(a second half of q_proj's rows per head), norm q and k per head, and rotate a
-`partial_rotary_factor` part of each head (text positions: Qwen3.5's interleaved M-RoPE is the plain RoPE); every
-RMSNorm scales by (1 + w). The released checkpoints are vision-language (Qwen3_5ForConditionalGeneration): their
-text model is read from `text_config` and `model.language_model.*`, the vision tower and the multi-token-prediction
-head left out. transformers' configuration_qwen3_5.py / modeling_qwen3_5.py."""
+`partial_rotary_factor` part of each head (interleaved M-RoPE: text positions count up on all three rows, the plain
+RoPE); every RMSNorm scales by (1 + w). The released checkpoints are vision-language
+(Qwen3_5ForConditionalGeneration): their text model is read from `text_config` and `model.language_model.*`, the
+multi-token-prediction head left out, and their vision tower (`model.visual.*`: Qwen3-VL's without DeepStack,
+model/vision/qwen3_vl.py's Qwen35VisionTower; images prepared as Qwen2-VL's, images/qwen_vl.py) loaded beside it;
+a Qwen3_5ForCausalLM checkpoint (no `vision_config`) has none. transformers' configuration_qwen3_5.py /
+modeling_qwen3_5.py."""
 
 from __future__ import annotations
 
@@ -32,9 +35,11 @@ def _qwen35(raw: dict[str, Any], source: str, layers: int) -> dict[str, Any]:
            "linear_value_head_dim": int(raw.get("linear_value_head_dim", 128))}
     if rec["linear_num_value_heads"] % rec["linear_num_key_heads"]:
         raise ModelLoadError(f"{source}: linear_num_value_heads must be a multiple of linear_num_key_heads")
+    # images (a Qwen3_5ForConditionalGeneration's): interleaved M-RoPE, transformers' default section [11, 11, 10]
+    mrope = {**params, "mrope_section": params.get("mrope_section") or [11, 11, 10], "mrope_interleaved": True}
     return {"layers": tuple(LINEAR_ATTENTION if t == "linear_attention" else FULL for t in types),
-            "qk_norm": "head", "norm_plus_one": True, "attention_output_gate": True,
-            "rotary_dim": int(head_dim * factor), "recurrent": rec}
+            "rope": {**raw, "rope_parameters": mrope}, "qk_norm": "head", "norm_plus_one": True,
+            "attention_output_gate": True, "rotary_dim": int(head_dim * factor), "recurrent": rec}
 
 
 def _gguf(g: GGUFMeta, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -88,14 +93,15 @@ def _gguf_tensor(cfg: Any, name: str, t: Any) -> Any:
 
 
 QWEN3_5 = Family(
-    "Qwen3_5ForCausalLM", ("qwen3_5_text", "qwen3_5"), "Qwen3.5 dense (0.8B-27B), text",
+    "Qwen3_5ForCausalLM", ("qwen3_5_text", "qwen3_5"), "Qwen3.5 dense (0.8B-27B), text (images in)",
     "gated-DeltaNet layers (`layer_types` 'linear_attention': a convolution window and a key x value matrix per "
     "head per sequence) before every `full_attention_interval`-th attention layer; attention output gated, "
-    "`partial_rotary_factor` RoPE, (1 + w) norms",
+    "`partial_rotary_factor` RoPE, (1 + w) norms; a Qwen3_5ForConditionalGeneration checkpoint's Qwen3-VL tower "
+    "(no DeepStack) places its images by interleaved M-RoPE",
     read=_qwen35, tensor_parallel=False, gguf="qwen35", read_gguf=_gguf, gguf_norm_shift=True,
     gguf_aliases=((r"\.linear_attn\.dt_bias$", ".linear_attn.dt_proj.bias"),), gguf_tensor=_gguf_tensor,
     # the released checkpoints are Qwen3_5ForConditionalGeneration: the text model under model.language_model
     text_of=("Qwen3_5ForConditionalGeneration",),
     renames=((r"^model\.language_model\.", "model."), (r"^model\.visual\..*$", ""), (r"^mtp\..*$", "")),
-    state="a convolution window and a delta-rule matrix per head",
+    state="a convolution window and a delta-rule matrix per head", vision="qwen3_5",
 )

@@ -20,6 +20,7 @@ PROCESSORS = MappingProxyType({
     "idefics3": "idefics3:Idefics3Processor",
     "lfm2_vl": "lfm2_vl:Lfm2VlProcessor",
     "qwen2_5_vl": "qwen_vl:QwenVLImages",
+    "qwen3_5": "qwen_vl:QwenVLImages",
     "qwen3_vl": "qwen_vl:QwenVLImages",
 })
 

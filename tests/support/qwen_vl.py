@@ -128,3 +128,45 @@ def reference_processor(tokenizer_dir: Path, qwen3: bool = False):  # noqa: ANN2
         setattr(processor, f"{name}_token", token)
         setattr(processor, f"{name}_token_id", tokenizer.convert_tokens_to_ids(token))
     return processor
+
+
+def build_qwen3_5(folder: Path, seed: int = 0, moe: bool = False):  # noqa: ANN201
+    """A tiny Qwen3_5ForConditionalGeneration saved to `folder` with the default model's BPE tokenizer (Qwen's
+    vision and chat tokens added, Qwen2.5-VL's chat template) and Qwen3-VL's preprocessing (16-pixel patches); its
+    text model is the hybrid of tests/support/tiny_models.py's "qwen3_5-delta" cut to 4 layers (gated-DeltaNet and
+    gated attention alternating) with half of each head rotated by interleaved M-RoPE [2, 3, 3]; its tower 2
+    blocks of width 32 with learned positions over a 6 x 6 table. `moe`: a Qwen3_5MoeForConditionalGeneration
+    instead (the text model "qwen3_5-moe"'s sparse MLPs on the same 4 layers; the same tower). Returns the
+    transformers model."""
+    import transformers
+    from support.tiny_models import BASE, VARIANTS
+    from support.vision import tokenizer_with
+
+    from nexttoken.text.tokenizer import Tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = tokenizer_with(folder, TOKENS, TEMPLATE)
+    tok = Tokenizer.from_dir(folder)
+    ids = {k.replace("_token", "_token_id"): tok.token_to_id(v) for k, v in TOKENS.items() if "im_" not in k}
+    rope = {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5, "mrope_section": [2, 3, 3],
+            "mrope_interleaved": True}  # a small theta: every rotated pair turns visibly between an image's rows
+    layers = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
+    text = {**BASE, **VARIANTS["qwen3_5-moe" if moe else "qwen3_5-delta"][1], "num_hidden_layers": 4,
+            "layer_types": layers,
+            "vocab_size": -(-vocab // 64) * 64,
+            "rope_parameters": rope, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+    vision = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64, patch_size=16,
+                  num_position_embeddings=36, initializer_range=0.3)
+    name = "Qwen3_5Moe" if moe else "Qwen3_5"
+    cfg = getattr(transformers, f"{name}Config")(text_config=text, vision_config=vision, **ids)
+    torch.manual_seed(seed)
+    model = getattr(transformers, f"{name}ForConditionalGeneration")(cfg).eval()
+    with torch.no_grad():  # biases start at zero and norms at one: make them matter
+        for name, p in model.named_parameters():
+            if name.endswith("bias") and "visual" in name:
+                p.normal_(0, 0.3)
+            elif "visual" in name and "norm" in name:
+                p.normal_(1.0, 0.3)
+    model.save_pretrained(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_3))
+    return model

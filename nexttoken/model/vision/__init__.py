@@ -22,6 +22,7 @@ TOWERS = MappingProxyType({
     "idefics3": "idefics3:Idefics3Vision",
     "lfm2_vl": "lfm2_vl:Lfm2VlVision",
     "qwen2_5_vl": "qwen_vl:QwenVisionTower",
+    "qwen3_5": "qwen3_vl:Qwen35VisionTower",
     "qwen3_vl": "qwen3_vl:Qwen3VisionTower",
 })
 

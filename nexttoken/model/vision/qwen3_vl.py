@@ -177,3 +177,20 @@ def _taps(index: torch.Tensor, size: int, side: int) -> tuple[torch.Tensor, torc
     taps = (floor.long()[:, None] + offsets).clamp(0, side - 1)
     weights = (1 - (src[:, None] - floor[:, None] - offsets).abs()).clamp(min=0)
     return taps, weights
+
+
+class Qwen35VisionTower(Qwen3VisionTower):
+    """Qwen3.5's tower (transformers' Qwen3_5VisionModel): Qwen3-VL's without DeepStack, one out_hidden row per
+    `<|image_pad|>`. Qwen3.5 declares its text family (families/qwen35.py) for Qwen3_5ForCausalLM checkpoints too:
+    a config.json without `vision_config` (a text model), or a checkpoint without any tower tensor (a text-only
+    export that kept the config), has no tower (None)."""
+
+    @classmethod
+    def from_checkpoint(cls, raw: dict[str, Any], tensors: dict[str, torch.Tensor]) -> "Qwen35VisionTower | None":
+        if "vision_config" not in raw or not tensors:
+            return None
+        vision = raw["vision_config"]
+        if not isinstance(vision, dict) or raw.get("image_token_id") is None:
+            raise ModelLoadError("a Qwen3_5ForConditionalGeneration config.json needs vision_config and "
+                                 "image_token_id")
+        return super().from_checkpoint({**raw, "vision_config": {**vision, "deepstack_visual_indexes": []}}, tensors)

@@ -346,8 +346,9 @@ def load_model(
     return model
 
 
-def load_vision(path: Path, kind: str, device: torch.device) -> torch.nn.Module:
-    """The vision tower and projector (model/vision/<kind>.py) of a vision-language checkpoint folder, float32."""
+def load_vision(path: Path, kind: str, device: torch.device) -> torch.nn.Module | None:
+    """The vision tower and projector (model/vision/<kind>.py) of a vision-language checkpoint folder, float32
+    (None: a text checkpoint of a family that also reads its vision-language ones, Qwen3.5's)."""
     from .. import vision
 
     prefixes = vision.tower_class(kind).prefixes
@@ -358,7 +359,8 @@ def load_vision(path: Path, kind: str, device: torch.device) -> torch.nn.Module:
                 if name.startswith(prefixes):
                     tensors[name] = sf.get_tensor(name)
     raw = json.loads((path / "config.json").read_text())
-    return vision.build(kind, raw, tensors).to(device)
+    tower = vision.build(kind, raw, tensors)
+    return None if tower is None else tower.to(device)
 
 
 def _load_stacked(path: Path, cfg: ModelConfig, dtype: str | torch.dtype | None, device: torch.device,
