@@ -57,3 +57,23 @@ def gemma4_vlm(folder: Path, seed: int = 0):  # noqa: ANN201
     images.save_pretrained(folder)
     (folder / "generation_config.json").write_text(json.dumps({"do_sample": False}))
     return model, images, tok
+
+
+def hf_inputs(folder: Path, text: str, images: list) -> dict:  # noqa: ANN001
+    """transformers' inputs for `text` with `images`: its image processor's pixel values and positions, and the
+    prompt expanded by Gemma4Processor.replace_image_token (the processor itself cannot be built here: its video
+    processor needs torchvision) and tokenised by its tokenizer."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    pixels = transformers.Gemma4ImageProcessorPil.from_pretrained(folder)(images, return_tensors="pt") if images else {}
+    processor = SimpleNamespace(**{k: TOKENS[k] for k in ("boi_token", "image_token", "eoi_token")})
+    pieces = text.split(TOKENS["image_token"])
+    expanded = pieces[0] + "".join(transformers.Gemma4Processor.replace_image_token(processor, pixels, i) + rest
+                                   for i, rest in enumerate(pieces[1:]))
+    out = dict(tok(expanded, return_tensors="pt"))
+    if images:
+        out |= {"pixel_values": pixels["pixel_values"], "image_position_ids": pixels["image_position_ids"]}
+    return out
