@@ -1,0 +1,67 @@
+"""Gemma 4's images through the engine (issue 43): a request with an image and text-only requests in the same
+batches, greedy and seeded, give transformers' Gemma4ForConditionalGeneration.generate tokens; the image's
+placeholders are prompt tokens and never split across prefill chunks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from nexttoken.engine import EngineConfig, LLMEngine
+from nexttoken.generation.config import GenerationConfig
+from nexttoken.images import processor_for, read_images
+from nexttoken.model import load_model
+from nexttoken.text.tokenizer import Tokenizer
+from support.gemma4_vision import gemma4_vlm, hf_inputs
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):  # noqa: ANN201
+    folder = tmp_path_factory.mktemp("gemma4")
+    hf, _, _ = gemma4_vlm(folder, seed=2)
+    return load_model(folder), Tokenizer.from_dir(folder), hf, folder
+
+
+def _photo(seed: int, shape=(30, 44, 3)) -> Image.Image:  # noqa: ANN001
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8))
+
+
+def test_tokens_equal_transformers_greedy_and_seeded_mixed_with_text(vlm) -> None:
+    model, tok, hf, folder = vlm
+    cases = [  # (text, images, options)
+        ("hi <|image|> what is it?", [_photo(0)], {}),
+        ("just text, no picture at all", [], {}),
+        ("compare <|image|> and <|image|> now", [_photo(1), _photo(2, (90, 12, 3))], {}),
+        ("seeded <|image|> story", [_photo(3)], {"do_sample": True, "top_k": 20, "temperature": 0.8, "seed": 11}),
+        ("seeded text alone", [], {"do_sample": True, "top_k": 20, "temperature": 0.8, "seed": 12}),
+    ]
+    engine = LLMEngine(model, tok, EngineConfig(max_num_seqs=8, max_model_len=512, chunk_size=16,
+                                                max_num_batched_tokens=96))
+    chunks = []  # every prefill chunk the engine runs, observed on the way to the runner
+    run = engine.runner.run
+    engine.runner.run = lambda plan: (chunks.extend((c.start, c.end, c.seq.images) for c in plan.prefill), run(plan))[1]
+    images_of = processor_for("gemma4", folder)
+    seqs = []
+    for text, images, options in cases:
+        inputs = read_images(images_of, images) if images else None
+        ids = tok.encode(inputs.expand(text) if images else text)
+        placed = inputs.placed(ids, model.vision.image_token_id) if images else ()
+        cfg = GenerationConfig(max_new_tokens=8, do_sample=options.get("do_sample", False),
+                               top_k=options.get("top_k", 50), temperature=options.get("temperature", 1.0),
+                               seed=options.get("seed"))
+        seqs.append(engine.add_request(ids, cfg, images=placed))
+    while engine.has_unfinished():
+        engine.step()
+    assert any(im for _, _, im in chunks)
+    assert all(end <= im.start or im.end <= start or start <= im.start and im.end <= end
+               for start, end, images in chunks for im in images)
+    for seq, (text, images, options) in zip(seqs, cases):
+        inputs = hf_inputs(folder, text, images)
+        if options.get("do_sample"):
+            torch.manual_seed(options["seed"])
+        hf_options = {k: v for k, v in options.items() if k != "seed"}
+        theirs = hf.generate(**inputs, max_new_tokens=8, **hf_options)[0, inputs["input_ids"].shape[1]:].tolist()
+        assert seq.output_ids == theirs, text
+        assert len(seq.prompt_ids) == inputs["input_ids"].shape[1]  # image tokens are prompt tokens
