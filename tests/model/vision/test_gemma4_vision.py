@@ -130,3 +130,19 @@ def test_generate_and_chat_equal_transformers_greedy_and_seeded(models) -> None:
     assert "<|image|>" in prompt
     expected = _hf_generate(hf, hf_inputs(folder, prompt, [photo]))
     assert llm.chat(messages, max_new_tokens=8).token_ids == expected
+
+
+def test_two_way_image_attention_is_refused_by_name(models) -> None:
+    """Gemma 4's larger checkpoints let an image's tokens attend each other both ways on the sliding layers
+    (text_config.use_bidirectional_attention = "vision"): not implemented, so refused rather than run causally."""
+    import json
+
+    from nexttoken.config import ModelConfig
+    from nexttoken.errors import ModelLoadError
+
+    _, _, folder = models
+    raw = json.loads((folder / "config.json").read_text())
+    assert ModelConfig.from_dict(raw).architecture == "Gemma4ForConditionalGeneration"
+    raw["text_config"]["use_bidirectional_attention"] = "vision"
+    with pytest.raises(ModelLoadError, match="use_bidirectional_attention='vision' is not supported"):
+        ModelConfig.from_dict(raw)
