@@ -173,17 +173,18 @@ class Gemma4Vision(nn.Module):
         keep = ~pad[:, None, None, :]
         for layer in self.layers:
             h = layer(h, cos, sin, keep)
-        pooled, real = self._pool(h.masked_fill(pad[..., None], 0.0), at, x.shape[1] // self.kernel**2)
+        pooled, real = self._pool(h.masked_fill(pad[..., None], 0.0), at, pad, x.shape[1] // self.kernel**2)
         rows = (pooled.float() * h.shape[-1] ** 0.5)[real]  # (soft tokens, C)
         if self.standardize:
             rows = (rows - self.std_bias) * self.std_scale
         return self.projection(rms(rows, self.eps))
 
-    def _pool(self, h: torch.Tensor, at: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _pool(self, h: torch.Tensor, at: torch.Tensor, pad: torch.Tensor,
+              length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """h (N, P, C) -> (N, length, C) each k x k square of patches averaged (one-hot weights / k^2, as
         transformers' _avg_pool_by_positions) and (N, length) which outputs any patch reached."""
-        if h.shape[1] == length:
-            return h, torch.ones(h.shape[:2], dtype=torch.bool, device=h.device)
+        if h.shape[1] == length:  # no pooling (k = 1): the real patches are the rows
+            return h, ~pad
         k = int((h.shape[1] // length) ** 0.5)
         width = at[..., 0].max(dim=-1, keepdim=True)[0] + 1  # (N, 1) the image's patches per row
         cell = torch.div(at, k, rounding_mode="floor")
