@@ -52,9 +52,10 @@ def _gemma4(raw: dict[str, Any], source: str, layers: int) -> dict[str, Any]:
     if len(types) != layers:
         raise ModelLoadError(f"{source}: layer_types has {len(types)} entries for num_hidden_layers={layers}")
     types[-1] = "full_attention"  # transformers forces the last layer full
-    if raw.get("use_bidirectional_attention"):  # "vision": an image's tokens both ways on the sliding layers only
+    if raw.get("use_bidirectional_attention") not in (None, False, "vision"):  # "vision": the tower's business
         raise ModelLoadError(f"{source}: use_bidirectional_attention={raw['use_bidirectional_attention']!r} is not "
-                             "supported yet (nexttoken's Gemma 4 decoder attends causally, image tokens included)")
+                             "supported (Gemma 4 decoders attend causally, but for \"vision\": an image's tokens "
+                             "each other on the sliding layers)")
     shared = int(raw.get("num_kv_shared_layers") or 0)
     first_shared = layers - shared
     if shared and (shared >= layers or set(types[:first_shared]) != set(types)):

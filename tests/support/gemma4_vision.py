@@ -25,8 +25,9 @@ TEMPLATE = (
 )
 
 
-def gemma4_vlm(folder: Path, seed: int = 0):  # noqa: ANN201
-    """Save the tiny checkpoint to `folder`; returns (hf model, hf image processor, hf tokenizer)."""
+def gemma4_vlm(folder: Path, seed: int = 0, two_way: bool = False):  # noqa: ANN201
+    """Save the tiny checkpoint to `folder` (two_way: text_config.use_bidirectional_attention "vision", an image's
+    tokens attending each other on the sliding layers); returns (hf model, hf image processor, hf tokenizer)."""
     import torch
     import transformers
 
@@ -39,7 +40,8 @@ def gemma4_vlm(folder: Path, seed: int = 0):  # noqa: ANN201
         vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
         num_key_value_heads=1, head_dim=16, global_head_dim=16, sliding_window=16, max_position_embeddings=512,
         layer_types=["sliding_attention", "full_attention", "full_attention"], hidden_size_per_layer_input=8,
-        vocab_size_per_layer_input=V, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=0)
+        vocab_size_per_layer_input=V, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=0,
+        use_bidirectional_attention="vision" if two_way else None)
     vision = transformers.Gemma4VisionConfig(
         hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
         head_dim=16, patch_size=4, pooling_kernel_size=2, position_embedding_size=160)
@@ -74,6 +76,8 @@ def hf_inputs(folder: Path, text: str, images: list) -> dict:  # noqa: ANN001
     expanded = pieces[0] + "".join(transformers.Gemma4Processor.replace_image_token(processor, pixels, i) + rest
                                    for i, rest in enumerate(pieces[1:]))
     out = dict(tok(expanded, return_tensors="pt"))
+    image_id = tok.convert_tokens_to_ids(TOKENS["image_token"])
+    out["mm_token_type_ids"] = (out["input_ids"] == image_id).long()  # Gemma4Processor's: 1 on image tokens
     if images:
         out |= {"pixel_values": pixels["pixel_values"], "image_position_ids": pixels["image_position_ids"]}
     return out

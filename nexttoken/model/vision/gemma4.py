@@ -11,8 +11,9 @@ float32 whatever the decoder's dtype.
   x sqrt(hidden), padding rows dropped, optionally standardised (`standardize`: std_bias / std_scale).
 - Embedder: RMSNorm without a scale, then a bias-free projection to the text model's width.
 
-Image tokens attend causally in the decoder unless text_config.use_bidirectional_attention is "vision" (then the
-sliding layers see an image's tokens both ways): that setting is refused by the family's reader for now.
+Image tokens attend causally in the decoder unless text_config.use_bidirectional_attention is "vision": then, during
+the prefill, an image's tokens attend each other both ways on the sliding layers (the full layers stay causal):
+`bidirectional` "sliding", which the engine reads.
 
 Checkpoint names: `model.vision_tower.*` and `model.embed_vision.*` (or without `model.`)."""
 
@@ -112,10 +113,10 @@ class Gemma4Vision(nn.Module):
     """Gemma4VisionModel + embed_vision: pixel_values (N, max_patches, patch^2 x 3) and image_position_ids
     (N, max_patches, 2) -> (soft tokens of all images, text hidden)."""
 
-    bidirectional = False  # refused above: the family reader raises for use_bidirectional_attention="vision"
     prefixes = ("vision_tower.", "embed_vision.", "model.vision_tower.", "model.embed_vision.")
 
-    def __init__(self, vision: dict[str, Any], text_hidden: int, image_token_id: int) -> None:
+    def __init__(self, vision: dict[str, Any], text_hidden: int, image_token_id: int,
+                 bidirectional: bool = False) -> None:
         super().__init__()
         v = {**DEFAULTS, **vision}
         if v["hidden_activation"] != "gelu_pytorch_tanh":
@@ -138,13 +139,17 @@ class Gemma4Vision(nn.Module):
             self.register_buffer("std_scale", torch.ones(C))
         self.projection = nn.Linear(int(v.get("output_proj_dims") or C), text_hidden, bias=False)
         self.image_token_id = image_token_id
+        # text_config.use_bidirectional_attention "vision": an image's tokens attend each other both ways during the
+        # prefill on the sliding layers only (transformers' create_masks_for_vision_model); otherwise causally
+        self.bidirectional: bool | str = "sliding" if bidirectional else False
 
     @classmethod
     def from_checkpoint(cls, raw: dict[str, Any], tensors: dict[str, torch.Tensor]) -> "Gemma4Vision":
         vision, text = raw.get("vision_config") or {}, raw.get("text_config") or {}
         if not vision:
             raise ModelLoadError("a Gemma4ForConditionalGeneration config.json needs vision_config to take images")
-        tower = cls(vision, int(text.get("hidden_size", 2304)), int(raw.get("image_token_id", 258880)))
+        tower = cls(vision, int(text.get("hidden_size", 2304)), int(raw.get("image_token_id", 258880)),
+                    text.get("use_bidirectional_attention") == "vision")
         state = {_our_name(n): t for n, t in tensors.items()}
         missing = set(tower.state_dict()) - set(state)
         if missing:

@@ -132,9 +132,9 @@ def test_generate_and_chat_equal_transformers_greedy_and_seeded(models) -> None:
     assert llm.chat(messages, max_new_tokens=8).token_ids == expected
 
 
-def test_two_way_image_attention_is_refused_by_name(models) -> None:
-    """Gemma 4's larger checkpoints let an image's tokens attend each other both ways on the sliding layers
-    (text_config.use_bidirectional_attention = "vision"): not implemented, so refused rather than run causally."""
+def test_bidirectional_text_is_refused_by_name(models) -> None:
+    """use_bidirectional_attention "all" (every token both ways) is not a decoder nexttoken runs: refused by name;
+    "vision" loads (its image blocks: tests/engine/test_gemma4_images.py)."""
     import json
 
     from nexttoken.config import ModelConfig
@@ -144,5 +144,7 @@ def test_two_way_image_attention_is_refused_by_name(models) -> None:
     raw = json.loads((folder / "config.json").read_text())
     assert ModelConfig.from_dict(raw).architecture == "Gemma4ForConditionalGeneration"
     raw["text_config"]["use_bidirectional_attention"] = "vision"
-    with pytest.raises(ModelLoadError, match="use_bidirectional_attention='vision' is not supported"):
+    assert ModelConfig.from_dict(raw).architecture == "Gemma4ForConditionalGeneration"
+    raw["text_config"]["use_bidirectional_attention"] = "all"
+    with pytest.raises(ModelLoadError, match="use_bidirectional_attention='all' is not supported"):
         ModelConfig.from_dict(raw)

@@ -17,10 +17,12 @@ from nexttoken.text.tokenizer import Tokenizer
 from support.gemma4_vision import gemma4_vlm, hf_inputs
 
 
-@pytest.fixture(scope="module")
-def vlm(tmp_path_factory):  # noqa: ANN201
+@pytest.fixture(scope="module", params=["causal", "two-way"])
+def vlm(request, tmp_path_factory):  # noqa: ANN201
+    """The tiny checkpoint, its image tokens attending causally or (use_bidirectional_attention "vision") each other
+    both ways on the sliding layers during the prefill."""
     folder = tmp_path_factory.mktemp("gemma4")
-    hf, _, _ = gemma4_vlm(folder, seed=2)
+    hf, _, _ = gemma4_vlm(folder, seed=2, two_way=request.param == "two-way")
     return load_model(folder), Tokenizer.from_dir(folder), hf, folder
 
 
@@ -35,7 +37,6 @@ def test_tokens_equal_transformers_greedy_and_seeded_mixed_with_text(vlm) -> Non
         ("just text, no picture at all", [], {}),
         ("compare <|image|> and <|image|> now", [_photo(1), _photo(2, (90, 12, 3))], {}),
         ("seeded <|image|> story", [_photo(3)], {"do_sample": True, "top_k": 20, "temperature": 0.8, "seed": 11}),
-        ("seeded text alone", [], {"do_sample": True, "top_k": 20, "temperature": 0.8, "seed": 12}),
     ]
     engine = LLMEngine(model, tok, EngineConfig(max_num_seqs=8, max_model_len=512, chunk_size=16,
                                                 max_num_batched_tokens=96))
@@ -65,3 +66,16 @@ def test_tokens_equal_transformers_greedy_and_seeded_mixed_with_text(vlm) -> Non
         theirs = hf.generate(**inputs, max_new_tokens=8, **hf_options)[0, inputs["input_ids"].shape[1]:].tolist()
         assert seq.output_ids == theirs, text
         assert len(seq.prompt_ids) == inputs["input_ids"].shape[1]  # image tokens are prompt tokens
+
+
+def test_two_way_blocks_change_the_numbers(vlm) -> None:
+    """The check above can fail: with use_bidirectional_attention "vision", transformers' logits depend on the
+    image blocks (mm_token_type_ids), and the tower tells the engine to lay them on the sliding layers only."""
+    model, _, hf, folder = vlm
+    inputs = hf_inputs(folder, "hi <|image|> what is it?", [_photo(0)])
+    with torch.no_grad():
+        blocks = hf(**inputs).logits
+        causal = hf(**{k: v for k, v in inputs.items() if k != "mm_token_type_ids"}).logits
+    two_way = hf.config.text_config.use_bidirectional_attention == "vision"
+    assert model.vision.bidirectional == ("sliding" if two_way else False)
+    assert ((blocks - causal).abs().max() > 1e-3) == two_way
