@@ -151,8 +151,9 @@ GEMMA4_VISION = Family(
     "Gemma4ForConditionalGeneration", ("gemma4",), "Gemma 4 (images in)",
     "Gemma 4's text model (`text_config`) with its vision tower: patches at each image's own aspect ratio (up to "
     "`max_soft_tokens` x pooling_kernel_size^2), learned x / y embeddings, 2-D axial RoPE, q / k / v RMS-normed, "
-    "k x k average pooling, an RMS-normed projection (`embed_vision`); image tokens attend causally (a text_config "
-    "with use_bidirectional_attention=\"vision\" is refused); the audio tower is not read; modules path",
+    "k x k average pooling, an RMS-normed projection (`embed_vision`); image tokens attend causally, or with "
+    "`use_bidirectional_attention: \"vision\"` each other both ways on the sliding layers during the prefill; the "
+    "audio tower is not read; modules path",
     read=_gemma4, native_step=False, tensor_parallel=False, lora=False, network="gemma4", vision="gemma4",
     renames=((r"^model\.language_model\.", "model."),
              (r"^(model\.)?(vision_tower|embed_vision|audio_tower|embed_audio)\..*$", "")),
