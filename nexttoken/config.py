@@ -301,7 +301,7 @@ class ModelConfig:
         if cfg.hidden_act not in SUPPORTED_ACTIVATIONS:
             raise ModelLoadError(f"{source}: hidden activation {cfg.hidden_act!r} is not supported; "
                                  f"supported: {', '.join(SUPPORTED_ACTIVATIONS)}")
-        if raw.get("use_bidirectional_attention"):
+        if raw.get("use_bidirectional_attention") not in (None, False, "vision"):  # "vision": images only (Gemma 4)
             raise ModelLoadError(f"{source}: use_bidirectional_attention is not supported (decoders attend causally)")
         return cfg
 

@@ -364,8 +364,8 @@ class ModelRunner:
     def _with_images(self, batch: ForwardBatch, seq: Sequence, ids: torch.Tensor, start: int,
                      end: int) -> ForwardBatch:
         """The chunk's images (the scheduler never splits one): their encoder rows replace their placeholders'
-        embeddings (ForwardBatch.embeds), and where the tower says so (Gemma 3) each image's tokens attend each
-        other both ways, as transformers' token_type_ids do in the prefill."""
+        embeddings (ForwardBatch.embeds), and where the tower says so (Gemma 3; Gemma 4: "sliding", on those layers
+        only) each image's tokens attend each other both ways, as transformers' token_type_ids do in the prefill."""
         inside = [im for im in seq.images if start <= im.start and im.end <= end]
         if not inside:
             return batch
@@ -380,7 +380,7 @@ class ModelRunner:
             return batch
         starts = where & ~F.pad(where, (1, 0))[:, :-1]  # a run of placeholders is one image's block
         groups = torch.where(where, torch.cumsum(starts.long(), dim=1) - 1, -1)  # (1, T)
-        return batch.with_blocks(groups, self.window)
+        return batch.with_blocks(groups, self.window, full=tower.bidirectional != "sliding")  # Gemma 4: sliding only
 
     def _lora_slots(self, rows: list) -> torch.Tensor | None:
         """(B,) int64 adapter slot of each row (-1: the base model), or None when no row has an adapter."""

@@ -19,7 +19,7 @@ from .base import (CONVOLUTION, FULL, LINEAR_ATTENTION, LOCAL_SLIDING, MIXERS, N
 FAMILIES: tuple[Family, ...] = (
     llama.LLAMA, llama.MISTRAL, qwen.QWEN2, qwen.QWEN3, olmo.OLMO2, granite.GRANITE, gemma.GEMMA2, gemma.GEMMA3,
     gemma.GEMMA3_VISION, mixtral.MIXTRAL, qwen.QWEN2_MOE, qwen.QWEN3_MOE, qwen.QWEN2_5_VL, qwen.QWEN3_VL, phi3.PHI3,
-    smollm3.SMOLLM3, gemma4.GEMMA4, olmo3.OLMO3, exaone.EXAONE4, glm.GLM4_MOE,
+    smollm3.SMOLLM3, gemma4.GEMMA4, gemma4.GEMMA4_VISION, olmo3.OLMO3, exaone.EXAONE4, glm.GLM4_MOE,
     gpt_oss.GPT_OSS,
     ernie.ERNIE4_5, ernie.ERNIE4_5_MOE,
     lfm2.LFM2, qwen35.QWEN3_5, granite_hybrid.GRANITE_HYBRID, mamba2.MAMBA2, lfm2_moe.LFM2_MOE,

@@ -52,8 +52,10 @@ def _gemma4(raw: dict[str, Any], source: str, layers: int) -> dict[str, Any]:
     if len(types) != layers:
         raise ModelLoadError(f"{source}: layer_types has {len(types)} entries for num_hidden_layers={layers}")
     types[-1] = "full_attention"  # transformers forces the last layer full
-    if raw.get("use_bidirectional_attention"):
-        raise ModelLoadError(f"{source}: use_bidirectional_attention is not supported (decoders attend causally)")
+    if raw.get("use_bidirectional_attention") not in (None, False, "vision"):  # "vision": the tower's business
+        raise ModelLoadError(f"{source}: use_bidirectional_attention={raw['use_bidirectional_attention']!r} is not "
+                             "supported (Gemma 4 decoders attend causally, but for \"vision\": an image's tokens "
+                             "each other on the sliding layers)")
     shared = int(raw.get("num_kv_shared_layers") or 0)
     first_shared = layers - shared
     if shared and (shared >= layers or set(types[:first_shared]) != set(types)):
@@ -144,4 +146,15 @@ GEMMA4 = Family(
                   (r"^model\.layers\.(\d+)\.router\.proj\.weight$", r"blk.\1.ffn_gate_inp.weight"),
                   (r"^model\.layers\.(\d+)\.router\.scale$", r"blk.\1.ffn_gate_inp.scale"),
                   (r"^model\.layers\.(\d+)\.router\.per_expert_scale$", r"blk.\1.ffn_down_exps.scale")),
+)
+GEMMA4_VISION = Family(
+    "Gemma4ForConditionalGeneration", ("gemma4",), "Gemma 4 (images in)",
+    "Gemma 4's text model (`text_config`) with its vision tower: patches at each image's own aspect ratio (up to "
+    "`max_soft_tokens` x pooling_kernel_size^2), learned x / y embeddings, 2-D axial RoPE, q / k / v RMS-normed, "
+    "k x k average pooling, an RMS-normed projection (`embed_vision`); image tokens attend causally, or with "
+    "`use_bidirectional_attention: \"vision\"` each other both ways on the sliding layers during the prefill; the "
+    "audio tower is not read; modules path",
+    read=_gemma4, native_step=False, tensor_parallel=False, lora=False, network="gemma4", vision="gemma4",
+    renames=((r"^model\.language_model\.", "model."),
+             (r"^(model\.)?(vision_tower|embed_vision|audio_tower|embed_audio)\..*$", "")),
 )

@@ -17,6 +17,7 @@ from .source import ImageLimits, content_hash, load_image
 # vision kind (families/base.py's Family.vision) -> "module:class" here, each class read by from_dir(folder)
 PROCESSORS = MappingProxyType({
     "gemma3": "gemma3:Gemma3Images",
+    "gemma4": "gemma4:Gemma4Images",
     "idefics3": "idefics3:Idefics3Processor",
     "lfm2_vl": "lfm2_vl:Lfm2VlProcessor",
     "qwen2_5_vl": "qwen_vl:QwenVLImages",

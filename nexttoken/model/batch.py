@@ -73,16 +73,18 @@ class ForwardBatch:
         return cls(positions, write_index, kv_len, mask, window_mask, write_start, last_only, window_only=plain,
                    token_valid=valid)
 
-    def with_blocks(self, groups: torch.Tensor, sliding_window: int | None = None) -> "ForwardBatch":
+    def with_blocks(self, groups: torch.Tensor, sliding_window: int | None = None,
+                    full: bool = True) -> "ForwardBatch":
         """The same batch where the new tokens of one block (an image's, Gemma 3's token_type_ids) also attend each
         other forward, as transformers' blockwise overlay: groups (B, T) int64, >= 0 a block's id, -1 causal text.
-        The sliding layers' mask keeps its window on top (AND(window, OR(causal, block)))."""
+        The sliding layers' mask keeps its window on top (AND(window, OR(causal, block))); full False: only the
+        sliding layers' (Gemma 4's use_bidirectional_attention "vision"), the full layers stay causal."""
         assert self.mask is not None, "blocks only change a mask the prefill built"
         B, T = groups.shape
         same = (groups[:, :, None] == groups[:, None, :]) & (groups[:, :, None] >= 0)  # (B, T, T) query x new key
         extra = torch.zeros(B, T, self.kv_len, dtype=torch.bool, device=groups.device)
         extra.scatter_(2, self.write_index[:, None, :].expand(B, T, T), same)  # new keys sit at their write columns
-        mask, window = self.mask | extra[:, None], self.window_mask
+        mask, window = (self.mask | extra[:, None]) if full else self.mask, self.window_mask
         if window is not None:
             cols = torch.arange(self.kv_len, device=groups.device)
             near = cols > self.write_index[:, :, None] - (sliding_window if sliding_window is not None else self.kv_len)

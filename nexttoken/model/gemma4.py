@@ -258,8 +258,13 @@ class Gemma4Transformer(Transformer):
 
     def _trunk(self, input_ids: torch.Tensor, batch: ForwardBatch, cache: SequenceState) -> torch.Tensor:
         cfg = self.config
+        if batch.embeds is not None:  # images: placeholders read as the pad token (its per-layer row included)
+            input_ids = input_ids.masked_fill(batch.embeds[0], cfg.pad_token_id or 0)
         x = self.embed(input_ids) * torch.tensor(cfg.embed_scale, dtype=self.dtype)  # (B, T, C)
-        per_layer = self._per_layer_inputs(input_ids, x)
+        if batch.embeds is not None:  # issue 43: the encoder's rows replace their placeholders' embeddings
+            where, rows = batch.embeds
+            x = x.masked_scatter(where[..., None], rows.to(x.dtype))
+        per_layer = self._per_layer_inputs(input_ids, x)  # projects the embeddings with the images' rows in
         tables = {True: rope_cos_sin(self.local_inv_freq, batch.positions, x.dtype),
                   False: rope_cos_sin(self.global_inv_freq, batch.positions, x.dtype)}
         shared: dict = {}  # source layer -> its (keys, values), for the KV-shared layers after it

@@ -19,6 +19,7 @@ import torch
 # vision kind -> "module:class" under model/vision/ (each module's class: from_checkpoint(raw config, tensors))
 TOWERS = MappingProxyType({
     "gemma3": "gemma3:Gemma3Vision",
+    "gemma4": "gemma4:Gemma4Vision",
     "idefics3": "idefics3:Idefics3Vision",
     "lfm2_vl": "lfm2_vl:Lfm2VlVision",
     "qwen2_5_vl": "qwen_vl:QwenVisionTower",
