@@ -10,18 +10,18 @@ from .base import Family
 
 # the text model's tensors under the Llama names; the tower's and connector's dropped from the decoder's
 RENAMES = ((r"^model\.text_model\.", "model."), (r"^model\.(vision_model|connector)\..*$", ""))
-# No model_types: transformers maps `idefics3` / `smolvlm` to image-text-to-text models, not causal LMs; the
-# checkpoints name their architecture.
+# model_types: transformers maps `idefics3` / `smolvlm` to image-text-to-text models (not causal LMs); the
+# checkpoints name their architecture, and a config without one loads by these.
 
 IDEFICS3 = Family(
-    "Idefics3ForConditionalGeneration", (), "Idefics3-8B-Llama3 (images in)",
+    "Idefics3ForConditionalGeneration", ("idefics3",), "Idefics3-8B-Llama3 (images in)",
     "a Llama text model (`text_config`) with a SigLIP tower over image tiles (patch positions bucketed per tile) "
     "and a pixel-shuffle connector (`scale_factor`); an image is split into up to `size / max_image_size` rows and "
     "columns of tiles plus the whole image, each tile `image_seq_len` `<image>` tokens",
     vision="idefics3", renames=RENAMES,
 )
 SMOLVLM = Family(
-    "SmolVLMForConditionalGeneration", (), "SmolVLM 256M / 500M / 2.2B, SmolVLM2 (images in)",
+    "SmolVLMForConditionalGeneration", ("smolvlm",), "SmolVLM 256M / 500M / 2.2B, SmolVLM2 (images in)",
     "Idefics3's network (a Llama text model, the tiled SigLIP tower, the pixel-shuffle connector) and processor",
     vision="idefics3", renames=RENAMES,
 )

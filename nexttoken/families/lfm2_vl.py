@@ -9,7 +9,7 @@ from .base import Family
 from .lfm2 import LFM2
 
 LFM2_VL = Family(
-    "Lfm2VlForConditionalGeneration", (), "LFM2-VL 450M / 1.6B / 3B (images in)",
+    "Lfm2VlForConditionalGeneration", ("lfm2_vl",), "LFM2-VL 450M / 1.6B / 3B (images in)",
     "LFM2's text model (`text_config`) with a SigLIP2 NaFlex tower (position embeddings resized to each image's patch "
     "grid) and a pixel-unshuffle projector (`downsample_factor`, LayerNorm, GELU MLP); an image larger than "
     "`max_image_tokens` split into `min_tiles`..`max_tiles` tiles of `tile_size` plus a thumbnail",

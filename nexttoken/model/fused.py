@@ -225,6 +225,8 @@ class _Plan:
             return None
         if att.gated and att.qk_norm == "projection":  # the native gated rows norm each head (Qwen3.5's)
             return None
+        if att.gated and "lora_A" in att.wqkv._buffers:  # adapters on gated q rows (Qwen3.5): the modules apply them
+            return None
         if (type(block), type(att), type(block.attention_norm), type(block.ffn_norm)) != (Block, Attention, RMSNorm,
                                                                                              RMSNorm):
             return None
@@ -282,9 +284,11 @@ class _Plan:
         linears = [_Linear(), _Linear()] if mlp is None else [_linear(_local(mlp.w13)), _linear(_local(mlp.w2))]
         if any(lin is None for lin in linears):
             return None
+        # the MLP's adapters (LoRA on hybrids adapts attention and MLP matrices, never the mixer's own)
+        loras = [_lora(getattr(mlp, "w13", None)), _lora(getattr(mlp, "w2", None))]
         return _Layer(block.attention_norm.weight.data_ptr(),
                       None if block.ffn_norm is None else block.ffn_norm.weight.data_ptr(), _Linear(), _Linear(),
-                      *linears, mixer=kind, recurrent=ctypes.pointer(recurrent))
+                      *linears, mixer=kind, recurrent=ctypes.pointer(recurrent), lora_w13=loras[0], lora_w2=loras[1])
 
 
 # The recurrent mixers' native kinds (csrc/nt_abi.h's NtMixer)
