@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import ModelLoadError
+from .checkpoint import assign
 
 
 class SiglipLayer(nn.Module):
@@ -83,11 +84,7 @@ class Gemma3Vision(nn.Module):
         tower = cls({**defaults, **vision}, int(text.get("hidden_size", 2304)),  # Gemma3TextConfig's
                     int(raw.get("mm_tokens_per_image", 256)), int(image_token))
         state = {_our_name(n): t for n, t in tensors.items()}
-        missing = set(tower.state_dict()) - set(state)
-        if missing:
-            raise ModelLoadError(f"Gemma 3 vision tower: the checkpoint lacks {sorted(missing)[:3]}")
-        tower.load_state_dict({k: state[k].float() for k in tower.state_dict()}, strict=True)
-        return tower.eval()
+        return assign(tower, state, "Gemma 3 vision tower")
 
     @torch.inference_mode()
     def encode(self, prepared: Any) -> torch.Tensor:

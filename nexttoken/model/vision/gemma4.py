@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import ModelLoadError
+from .checkpoint import assign
 
 DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 16, "num_attention_heads": 12,
             "num_key_value_heads": 12, "head_dim": 64, "rms_norm_eps": 1e-6, "pooling_kernel_size": 3,
@@ -151,11 +152,7 @@ class Gemma4Vision(nn.Module):
         tower = cls(vision, int(text.get("hidden_size", 2304)), int(raw.get("image_token_id", 258880)),
                     text.get("use_bidirectional_attention") == "vision")
         state = {_our_name(n): t for n, t in tensors.items()}
-        missing = set(tower.state_dict()) - set(state)
-        if missing:
-            raise ModelLoadError(f"Gemma 4 vision tower: the checkpoint lacks {sorted(missing)[:3]}")
-        tower.load_state_dict({k: state[k].float() for k in tower.state_dict()}, strict=True)
-        return tower.eval()
+        return assign(tower, state, "Gemma 4 vision tower")
 
     @torch.inference_mode()
     def encode(self, prepared: Any) -> torch.Tensor:

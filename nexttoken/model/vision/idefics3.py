@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import ModelLoadError
+from .checkpoint import assign
 
 # config.json's hidden_act -> torch's GELU (SigLIP's towers use the tanh approximation)
 ACTIVATIONS = {"gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu_fast": "tanh", "gelu": "none"}
@@ -172,14 +173,7 @@ class Idefics3Vision(nn.Module):
     def load(self, tensors: Mapping[str, torch.Tensor]) -> "Idefics3Vision":
         """Copy the checkpoint's `model.vision_model.*` and `model.connector.*` tensors in (every one required)."""
         state = {name.removeprefix("model."): t for name, t in tensors.items() if name.startswith(PREFIXES)}
-        try:
-            missing, unexpected = self.load_state_dict(state, strict=False)
-        except RuntimeError as e:  # a tensor of another shape than the config's
-            raise ModelLoadError(f"the Idefics3 vision tensors do not match its config: {e}") from None
-        if missing or unexpected:
-            raise ModelLoadError(f"the Idefics3 vision tensors do not match its config: missing {missing[:4]}, "
-                                 f"unexpected {unexpected[:4]}")
-        return self
+        return assign(self, state, "the Idefics3 vision tower", extra_ok=False)
 
     @torch.inference_mode()
     def encode(self, prepared: Any) -> torch.Tensor:

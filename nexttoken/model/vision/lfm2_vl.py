@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import ModelLoadError
+from .checkpoint import assign
 from .idefics3 import ACTIVATIONS, EncoderLayer
 
 PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.")
@@ -123,14 +124,7 @@ class Lfm2VlVision(nn.Module):
         """Copy the checkpoint's `model.vision_tower.[vision_model.]*` and `model.multi_modal_projector.*` in."""
         state = {re.sub(r"^vision_tower\.vision_model\.", "vision_tower.", name.removeprefix("model.")): t
                  for name, t in tensors.items() if name.startswith(PREFIXES)}
-        try:
-            missing, unexpected = self.load_state_dict(state, strict=False)
-        except RuntimeError as e:  # a tensor of another shape than the config's
-            raise ModelLoadError(f"the LFM2-VL vision tensors do not match its config: {e}") from None
-        if missing or unexpected:
-            raise ModelLoadError(f"the LFM2-VL vision tensors do not match its config: missing {missing[:4]}, "
-                                 f"unexpected {unexpected[:4]}")
-        return self
+        return assign(self, state, "the LFM2-VL vision tower", extra_ok=False)
 
     @torch.inference_mode()
     def encode(self, prepared: Any) -> torch.Tensor:

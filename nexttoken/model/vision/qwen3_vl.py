@@ -18,7 +18,8 @@ from torch import nn
 
 from ...errors import ModelLoadError
 from ..rope import mrope_index
-from .qwen_vl import PREFIXES, Attention, QwenVisionConfig, activation, rotary_angles
+from .checkpoint import assign
+from .qwen_vl import PREFIXES, Attention, QwenVisionConfig, activation, rotary_angles, tower_state
 
 
 @dataclass(frozen=True)
@@ -111,16 +112,7 @@ class Qwen3VisionTower(nn.Module):
             raise ModelLoadError("a Qwen3VLForConditionalGeneration config.json needs vision_config and "
                                  "image_token_id")
         tower = cls(Qwen3VisionConfig.from_dict(vision), int(image_token))
-        state = {}
-        for name, tensor in tensors.items():
-            prefix = next((p for p in PREFIXES if name.startswith(p)), None)
-            if prefix is not None:
-                state[name[len(prefix):].replace("patch_embed.proj.", "patch_embed.")] = tensor.float()
-        missing = sorted(set(tower.state_dict()) - set(state))
-        if missing:
-            raise ModelLoadError(f"Qwen3-VL vision tower: the checkpoint lacks {missing[:3]}")
-        tower.load_state_dict({k: state[k] for k in tower.state_dict()}, strict=True)
-        return tower.eval()
+        return assign(tower, tower_state(tensors), "Qwen3-VL vision tower")
 
     def encode(self, prepared: Any) -> torch.Tensor:
         """A Prepared (images/prepared.py) -> (tokens, out_hidden * (1 + k)) float32 rows, image after image."""

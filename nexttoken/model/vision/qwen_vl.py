@@ -19,12 +19,23 @@ from torch import nn
 
 from ...errors import ModelLoadError
 from ..rope import mrope_index
+from .checkpoint import assign
 
 ACTIVATIONS = MappingProxyType({
     "silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x)})
 # Where a checkpoint keeps the tower: Qwen2.5-VL's files `visual.*`, Qwen3-VL's (transformers 5) `model.visual.*`.
 PREFIXES = ("visual.", "model.visual.")
+
+
+def tower_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A Qwen-VL checkpoint's `visual.*` / `model.visual.*` tensors under the tower's own names."""
+    state = {}
+    for name, tensor in tensors.items():
+        prefix = next((p for p in PREFIXES if name.startswith(p)), None)
+        if prefix is not None:
+            state[name[len(prefix):].replace("patch_embed.proj.", "patch_embed.")] = tensor
+    return state
 
 
 def activation(name: str):  # noqa: ANN201
@@ -171,16 +182,7 @@ class QwenVisionTower(nn.Module):
             raise ModelLoadError("a Qwen2_5_VLForConditionalGeneration config.json needs vision_config and "
                                  "image_token_id")
         tower = cls(QwenVisionConfig.from_dict(vision), int(image_token))
-        state = {}
-        for name, tensor in tensors.items():
-            prefix = next((p for p in PREFIXES if name.startswith(p)), None)
-            if prefix is not None:
-                state[name[len(prefix):].replace("patch_embed.proj.", "patch_embed.")] = tensor.float()
-        missing = sorted(set(tower.state_dict()) - set(state))
-        if missing:
-            raise ModelLoadError(f"Qwen2.5-VL vision tower: the checkpoint lacks {missing[:3]}")
-        tower.load_state_dict({k: state[k] for k in tower.state_dict()}, strict=True)
-        return tower.eval()
+        return assign(tower, tower_state(tensors), "Qwen2.5-VL vision tower")
 
     @classmethod
     def from_tensors(cls, raw_vision: dict[str, Any], tensors: dict[str, torch.Tensor]) -> "QwenVisionTower":
