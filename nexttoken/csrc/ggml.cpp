@@ -208,15 +208,23 @@ template <> TARGET Chunk decode<Q3_K>(const uint8_t* row, int64_t c, bool) {
   return {u, by_quarter(_mm_loadu_ps(a)), _mm512_setzero_ps()};
 }
 
-// Chunk j (0..3) of a Q4_K / Q5_K super-block: its two 32-element sub-blocks' scales d * sc and offsets
-// -dmin * m (the 6-bit pairs at blk + 4), lanes 0-7 the first sub-block's, 8-15 the second's.
-TARGET inline Chunk k4_chunk(__m512i u, const uint8_t* blk, int j) {
+// Q4_K / Q5_K chunk j (0..3) of a super-block: sub-block 2j's scale a0 = d * sc and offset b0 = -dmin * m, and
+// sub-block 2j + 1's (a1, b1), each broadcast.
+TARGET inline void k4_scales(const uint8_t* blk, int j, __m512* a0, __m512* b0, __m512* a1, __m512* b1) {
   const float d = half(blk), dmin = half(blk + 2);
   int sc0, m0, sc1, m1;
   scale_min_k4(2 * j, blk + 4, &sc0, &m0);
   scale_min_k4(2 * j + 1, blk + 4, &sc1, &m1);
-  return {u, _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d * (float)sc0), _mm512_set1_ps(d * (float)sc1)),
-          _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(-(dmin * (float)m0)), _mm512_set1_ps(-(dmin * (float)m1)))};
+  *a0 = _mm512_set1_ps(d * (float)sc0), *b0 = _mm512_set1_ps(-dmin * (float)m0);
+  *a1 = _mm512_set1_ps(d * (float)sc1), *b1 = _mm512_set1_ps(-dmin * (float)m1);
+}
+
+// Chunk j (0..3) of a Q4_K / Q5_K super-block: its two 32-element sub-blocks' scales d * sc and offsets
+// -dmin * m (the 6-bit pairs at blk + 4), lanes 0-7 the first sub-block's, 8-15 the second's.
+TARGET inline Chunk k4_chunk(__m512i u, const uint8_t* blk, int j) {
+  __m512 a0, b0, a1, b1;
+  k4_scales(blk, j, &a0, &b0, &a1, &b1);
+  return {u, _mm512_mask_blend_ps(0xFF00, a0, a1), _mm512_mask_blend_ps(0xFF00, b0, b1)};
 }
 
 template <> TARGET Chunk decode<Q4_K>(const uint8_t* row, int64_t c, bool) {
@@ -464,12 +472,8 @@ template <> TARGET void direct<Q5_1>(const uint8_t* row, int64_t c, bool two, __
 template <> TARGET void direct<Q4_K>(const uint8_t* row, int64_t c, bool, __m512* w) {
   const uint8_t* blk = row + (c / 4) * 144;
   const int j = (int)(c % 4);
-  const float d = half(blk), dmin = half(blk + 2);
-  int sc0, m0, sc1, m1;
-  scale_min_k4(2 * j, blk + 4, &sc0, &m0);
-  scale_min_k4(2 * j + 1, blk + 4, &sc1, &m1);
-  const __m512 a0 = _mm512_set1_ps(d * (float)sc0), b0 = _mm512_set1_ps(-dmin * (float)m0);
-  const __m512 a1 = _mm512_set1_ps(d * (float)sc1), b1 = _mm512_set1_ps(-dmin * (float)m1);
+  __m512 a0, b0, a1, b1;
+  k4_scales(blk, j, &a0, &b0, &a1, &b1);
   const __m512i nib = _mm512_set1_epi32(0x0f);
   for (int h = 0; h < 2; ++h) {
     const __m512i v = widen_u8(blk + 16 + 32 * j + 16 * h);
@@ -483,12 +487,8 @@ template <> TARGET void direct<Q4_K>(const uint8_t* row, int64_t c, bool, __m512
 template <> TARGET void direct<Q5_K>(const uint8_t* row, int64_t c, bool, __m512* w) {
   const uint8_t* blk = row + (c / 4) * 176;
   const int j = (int)(c % 4);
-  const float d = half(blk), dmin = half(blk + 2);
-  int sc0, m0, sc1, m1;
-  scale_min_k4(2 * j, blk + 4, &sc0, &m0);
-  scale_min_k4(2 * j + 1, blk + 4, &sc1, &m1);
-  const __m512 a0 = _mm512_set1_ps(d * (float)sc0), b0 = _mm512_set1_ps(-dmin * (float)m0);
-  const __m512 a1 = _mm512_set1_ps(d * (float)sc1), b1 = _mm512_set1_ps(-dmin * (float)m1);
+  __m512 a0, b0, a1, b1;
+  k4_scales(blk, j, &a0, &b0, &a1, &b1);
   const __m512i nib = _mm512_set1_epi32(0x0f), sixteen = _mm512_set1_epi32(16);
   const __m512i bit0 = _mm512_set1_epi32(1 << (2 * j)), bit1 = _mm512_set1_epi32(2 << (2 * j));
   for (int h = 0; h < 2; ++h) {
