@@ -18,28 +18,28 @@ import torch
 from ...errors import ModelLoadError
 from .gguf import GGUFFile, _tensor, open_gguf
 
-# llama.cpp's tensor names (gguf-py's MODEL_TENSOR map for MMPROJ) -> Idefics3's checkpoint names
-IDEFICS3_NAMES = (
-    (r"^v\.patch_embd\.", "model.vision_model.embeddings.patch_embedding."),
-    (r"^v\.position_embd\.", "model.vision_model.embeddings.position_embedding."),
-    (r"^v\.post_ln\.", "model.vision_model.post_layernorm."),
-    (r"^v\.blk\.(\d+)\.ln([12])\.", r"model.vision_model.encoder.layers.\1.layer_norm\2."),
-    (r"^v\.blk\.(\d+)\.ffn_up\.", r"model.vision_model.encoder.layers.\1.mlp.fc1."),
-    (r"^v\.blk\.(\d+)\.ffn_down\.", r"model.vision_model.encoder.layers.\1.mlp.fc2."),
-    (r"^v\.blk\.(\d+)\.attn_([qkv])\.", r"model.vision_model.encoder.layers.\1.self_attn.\2_proj."),
-    (r"^v\.blk\.(\d+)\.attn_out\.", r"model.vision_model.encoder.layers.\1.self_attn.out_proj."),
+
+def _siglip_names(root: str) -> tuple[tuple[str, str], ...]:
+    """llama.cpp's tensor names of a SigLIP encoder (gguf-py's MODEL_TENSOR map for MMPROJ) -> a checkpoint's, the
+    encoder under `root` (Idefics3: model.vision_model.; Gemma 3, as transformers 5 names it: model.vision_tower.)."""
+    return (
+        (r"^v\.patch_embd\.", f"{root}embeddings.patch_embedding."),
+        (r"^v\.position_embd\.", f"{root}embeddings.position_embedding."),
+        (r"^v\.post_ln\.", f"{root}post_layernorm."),
+        (r"^v\.blk\.(\d+)\.ln([12])\.", root + r"encoder.layers.\1.layer_norm\2."),
+        (r"^v\.blk\.(\d+)\.ffn_up\.", root + r"encoder.layers.\1.mlp.fc1."),
+        (r"^v\.blk\.(\d+)\.ffn_down\.", root + r"encoder.layers.\1.mlp.fc2."),
+        (r"^v\.blk\.(\d+)\.attn_([qkv])\.", root + r"encoder.layers.\1.self_attn.\2_proj."),
+        (r"^v\.blk\.(\d+)\.attn_out\.", root + r"encoder.layers.\1.self_attn.out_proj."),
+    )
+
+
+# -> Idefics3's checkpoint names (and its connector's projection)
+IDEFICS3_NAMES = _siglip_names("model.vision_model.") + (
     (r"^mm\.model\.fc\.", "model.connector.modality_projection.proj."),
 )
-# ... -> Gemma 3's (SigLIP under model.vision_tower, as transformers 5 names it; the projector's two tensors)
-GEMMA3_NAMES = (
-    (r"^v\.patch_embd\.", "model.vision_tower.embeddings.patch_embedding."),
-    (r"^v\.position_embd\.", "model.vision_tower.embeddings.position_embedding."),
-    (r"^v\.post_ln\.", "model.vision_tower.post_layernorm."),
-    (r"^v\.blk\.(\d+)\.ln([12])\.", r"model.vision_tower.encoder.layers.\1.layer_norm\2."),
-    (r"^v\.blk\.(\d+)\.ffn_up\.", r"model.vision_tower.encoder.layers.\1.mlp.fc1."),
-    (r"^v\.blk\.(\d+)\.ffn_down\.", r"model.vision_tower.encoder.layers.\1.mlp.fc2."),
-    (r"^v\.blk\.(\d+)\.attn_([qkv])\.", r"model.vision_tower.encoder.layers.\1.self_attn.\2_proj."),
-    (r"^v\.blk\.(\d+)\.attn_out\.", r"model.vision_tower.encoder.layers.\1.self_attn.out_proj."),
+# -> Gemma 3's (and the projector's two tensors)
+GEMMA3_NAMES = _siglip_names("model.vision_tower.") + (
     (r"^mm\.input_projection\.weight$", "model.multi_modal_projector.mm_input_projection_weight"),
     (r"^mm\.soft_emb_norm\.", "model.multi_modal_projector.mm_soft_emb_norm."),
 )
