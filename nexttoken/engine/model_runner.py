@@ -305,7 +305,7 @@ class ModelRunner:
         """(rows, V) logits of the fused native step: each row through its own block table, over its own columns."""
         ids = torch.tensor([[s.last_token] for s in part])  # (rows, 1)
         cols = torch.tensor([s.num_tokens - 1 for s in part])  # (rows,) column of the new token
-        positions = cols + torch.tensor([_rope_delta(s) for s in part])  # = the column but after M-RoPE's images
+        positions = _shifted(cols, part)  # = the column, but after M-RoPE's images
         slots = None if self.states is None else torch.tensor([s.slot for s in part])  # recurrent state slots
         logits = fused.decode_rows(plan, self.model, ids, positions, _tables(part), cols + 1, self._lora_slots(part),
                                    slots)
@@ -321,7 +321,7 @@ class ModelRunner:
         tables = _tables(group + pad, -(-span // self.cache.block_size)).to(device)  # (B, blocks of span)
         ids = torch.tensor([[s.last_token] for s in group + pad], device=device)  # (B, 1)
         cols = torch.tensor([[s.num_tokens - 1] for s in group + pad], device=device)  # (B, 1)
-        positions = cols + torch.tensor([[_rope_delta(s)] for s in group + pad], device=device)
+        positions = _shifted(cols, group + pad)
         valid = torch.ones(len(tables), span, dtype=torch.bool, device=device)
         batch = dataclasses.replace(ForwardBatch.build(positions, cols, valid, span, self.window), rowwise=True,
                                     lora=self._lora_slots(group + pad))
@@ -392,8 +392,13 @@ class ModelRunner:
                             device=self.model.device)
 
 
-def _rope_delta(row) -> int:  # noqa: ANN001 - a Sequence, a replayed or a verification row
-    return getattr(row, "rope_delta", 0)
+def _shifted(cols: torch.Tensor, rows: list) -> torch.Tensor:
+    """cols (rows, ...) shifted row by row by each row's M-RoPE offset (Sequence.rope_delta; a replayed or a
+    verification row carries its request's): the rotary positions. A batch without images: cols themselves."""
+    deltas = [getattr(row, "rope_delta", 0) for row in rows]
+    if not any(deltas):
+        return cols
+    return cols + torch.tensor(deltas, device=cols.device).view(-1, *[1] * (cols.dim() - 1))
 
 
 def _mrope_columns(seq: Sequence, start: int, end: int) -> torch.Tensor:
