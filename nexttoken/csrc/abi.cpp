@@ -39,7 +39,8 @@ constexpr Field kFields[] = {
     NT_FIELD(NtLayer, router), NT_FIELD(NtLayer, experts), NT_FIELD(NtLayer, shared),
     NT_FIELD(NtLayer, shared_gate), NT_FIELD(NtLayer, lora_qkv), NT_FIELD(NtLayer, lora_o),
     NT_FIELD(NtLayer, lora_w13), NT_FIELD(NtLayer, lora_w2), NT_FIELD(NtLayer, mixer),
-    NT_FIELD(NtLayer, recurrent), NT_FIELD(NtLayer, gated),
+    NT_FIELD(NtLayer, recurrent), NT_FIELD(NtLayer, gated), NT_FIELD(NtLayer, correction),
+    NT_FIELD(NtLayer, sinks),
 
     NT_FIELD(NtRecurrent, wi), NT_FIELD(NtRecurrent, wo), NT_FIELD(NtRecurrent, conv),
     NT_FIELD(NtRecurrent, conv_bias), NT_FIELD(NtRecurrent, dt_bias), NT_FIELD(NtRecurrent, A_log),
@@ -60,7 +61,9 @@ constexpr Field kFields[] = {
     NT_FIELD(NtModel, long_inv_freq), NT_FIELD(NtModel, rope_original_max), NT_FIELD(NtModel, rope_scaling),
     NT_FIELD(NtModel, n_experts), NT_FIELD(NtModel, top_k), NT_FIELD(NtModel, norm_topk),
     NT_FIELD(NtModel, moe_intermediate), NT_FIELD(NtModel, shared_intermediate), NT_FIELD(NtModel, state_slots),
-    NT_FIELD(NtModel, rotary_dim), NT_FIELD(NtModel, lora_slots),
+    NT_FIELD(NtModel, rotary_dim), NT_FIELD(NtModel, lora_slots), NT_FIELD(NtModel, router),
+    NT_FIELD(NtModel, n_group), NT_FIELD(NtModel, topk_group), NT_FIELD(NtModel, routed_scaling),
+    NT_FIELD(NtModel, topk_norm_eps), NT_FIELD(NtModel, swiglu_limit), NT_FIELD(NtModel, swiglu_alpha),
 };
 
 struct Struct {
@@ -85,6 +88,7 @@ constexpr Code kCodes[] = {
     NT_CODE(KV_I8),       NT_CODE(NT_PLUS_ONE), NT_CODE(NT_SANDWICH),   NT_CODE(NT_NORM_AFTER),
     NT_CODE(NT_GELU),     NT_CODE(QK_NONE),     NT_CODE(QK_HEAD),       NT_CODE(QK_PROJECTION),
     NT_CODE(MIX_ATTENTION), NT_CODE(MIX_SHORT_CONV), NT_CODE(MIX_DELTA_RULE), NT_CODE(MIX_SSD),
+    NT_CODE(ROUTE_SOFTMAX), NT_CODE(ROUTE_TOPK_SOFTMAX), NT_CODE(ROUTE_SIGMOID),
 };
 
 constexpr bool same(const char* a, const char* b) { return *a == *b && (*a == 0 || same(a + 1, b + 1)); }

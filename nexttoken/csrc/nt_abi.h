@@ -39,6 +39,14 @@ enum NtFlag : int64_t { NT_PLUS_ONE = 1, NT_SANDWICH = 2, NT_NORM_AFTER = 4, NT_
 // NtModel.qk_norm: where q and k are normalised before RoPE.
 enum NtQkNorm : int64_t { QK_NONE = 0, QK_HEAD = 1, QK_PROJECTION = 2 };
 
+// NtModel.router: how a MoE layer's router logits (E,) become the chosen experts and their weights (model/moe.py's
+// route). ROUTE_SOFTMAX: softmax over the experts in float32, the top k (+ NtLayer.correction for the choice
+// only: ERNIE 4.5), renormalised where norm_topk. ROUTE_TOPK_SOFTMAX: the top k logits (the router's bias
+// included), softmax over those k (gpt-oss, Granite 4.0-H). ROUTE_SIGMOID: sigmoid scores, the choice by score +
+// correction within the topk_group best of n_group groups (the sum of each group's two best), the chosen plain
+// scores renormalised (+ topk_norm_eps) where norm_topk, times routed_scaling (GLM-4 MoE, LFM2-MoE).
+enum NtRouter : int64_t { ROUTE_SOFTMAX = 0, ROUTE_TOPK_SOFTMAX = 1, ROUTE_SIGMOID = 2 };
+
 struct NtLinear {
   const void* weight;  // (out, in) rows of `kind`; a GGUF mixed matrix: its int64 description of parts
   int64_t kind;        // NtKind: W_F32, W_BF16, W_I8 (then scale is set), W_I4, or W_GGML + ggml type (| flags)
@@ -98,14 +106,16 @@ struct NtLayer {
   int64_t no_rope;              // 1: q and k are not rotated (a NoPE layer: SmolLM3's every fourth)
   NtLinear router;              // a MoE layer: (E, C) float32 router (weight NULL: a dense MLP, w13 / w2 above)
   const NtExpert* experts;      // (E,) the experts' gated MLPs
-  NtExpert shared;              // Qwen2-MoE's always-on expert (w13.weight NULL: none)
-  NtLinear shared_gate;         // its (1, C) sigmoid gate
+  NtExpert shared;              // the always-on shared expert (w13.weight NULL: none)
+  NtLinear shared_gate;         // its (1, C) sigmoid gate (Qwen2-MoE); weight NULL: ungated (GLM-4 MoE, ERNIE 4.5)
   NtLora lora_qkv, lora_o, lora_w13, lora_w2;  // LoRA stacks of the four matrices (A NULL: none)
   // Issue 41 (csrc/recurrent.cpp): the mixer; a recurrent one reads `recurrent` instead of qkv / o / the cache.
   // w13.weight and router.weight both NULL: a block without an MLP (Mamba2: norm, mixer, residual).
   int64_t mixer;                 // NtMixer
   const NtRecurrent* recurrent;  // MIX_SHORT_CONV / MIX_DELTA_RULE / MIX_SSD's weights and state; else NULL
   int64_t gated;                 // 1: q_proj's rows are [query; gate] per head, the output times sigmoid(gate)
+  const float* correction;       // (E,) float32 added to the scores for the choice only (NtModel.router); NULL: none
+  const float* sinks;            // (H,) a learned logit per head joining each softmax (gpt-oss); NULL: none
 };
 
 struct NtModel {
@@ -140,4 +150,10 @@ struct NtModel {
   const int64_t* state_slots;  // (B,) this call's recurrent state slot per row; NULL: row b uses slot b
   int64_t rotary_dim;          // the rotated first part of each head (Qwen3.5's partial RoPE); 0: all of head_dim
   const int64_t* lora_slots;  // (B,) this call's adapter slot per row (-1: the base alone); NULL: no adapters
+  int64_t router;             // NtRouter: the MoE layers' routing rule
+  int64_t n_group, topk_group;  // ROUTE_SIGMOID's expert groups (n_group <= 1: no group limit)
+  double routed_scaling;      // ROUTE_SIGMOID: the weights times this (1.0: none)
+  double topk_norm_eps;       // ROUTE_SIGMOID: added to the chosen scores' sum before renormalising (0: none)
+  double swiglu_limit;        // gpt-oss's clamped SwiGLU: gate <= limit, |up| <= limit, (up + 1) * gate *
+  double swiglu_alpha;        // sigmoid(alpha * gate); limit 0: the plain silu(gate) * up
 };

@@ -206,6 +206,7 @@ class _Plan:
             cfg.rope.original_max_position_embeddings or 0, cfg.rope.attention_factor,
             moe.num_experts if moe else 0, moe.top_k if moe else 0, int(bool(moe and moe.norm_topk_prob)),
             moe.intermediate_size if moe else 0, moe.shared_intermediate_size if moe else 0,
+            routed_scaling=1.0,
         )
         # The same model for a forward whose batch carries no window (mask None past the window: the modules then
         # attend over every column of the sliding layers too).

@@ -48,6 +48,7 @@ KV_F32, KV_I8 = 0, 2  # NtModel.kv_kind
 NT_PLUS_ONE, NT_SANDWICH, NT_NORM_AFTER, NT_GELU = 1, 2, 4, 8  # NtModel.flags
 QK_NONE, QK_HEAD, QK_PROJECTION = 0, 1, 2  # NtModel.qk_norm
 MIX_ATTENTION, MIX_SHORT_CONV, MIX_DELTA_RULE, MIX_SSD = 0, 1, 2, 3  # NtLayer.mixer (issue 41's recurrent kinds)
+ROUTE_SOFTMAX, ROUTE_TOPK_SOFTMAX, ROUTE_SIGMOID = 0, 1, 2  # NtModel.router: a MoE layer's routing rule
 
 # Every code nt_abi.h defines, by its C name: what check compares with the library's.
 CODES: Mapping[str, int] = types.MappingProxyType({
@@ -55,7 +56,8 @@ CODES: Mapping[str, int] = types.MappingProxyType({
     "OUT_BF16": OUT_BF16, "KV_F32": KV_F32, "KV_I8": KV_I8, "NT_PLUS_ONE": NT_PLUS_ONE, "NT_SANDWICH": NT_SANDWICH,
     "NT_NORM_AFTER": NT_NORM_AFTER, "NT_GELU": NT_GELU, "QK_NONE": QK_NONE, "QK_HEAD": QK_HEAD,
     "QK_PROJECTION": QK_PROJECTION, "MIX_ATTENTION": MIX_ATTENTION, "MIX_SHORT_CONV": MIX_SHORT_CONV,
-    "MIX_DELTA_RULE": MIX_DELTA_RULE, "MIX_SSD": MIX_SSD,
+    "MIX_DELTA_RULE": MIX_DELTA_RULE, "MIX_SSD": MIX_SSD, "ROUTE_SOFTMAX": ROUTE_SOFTMAX,
+    "ROUTE_TOPK_SOFTMAX": ROUTE_TOPK_SOFTMAX, "ROUTE_SIGMOID": ROUTE_SIGMOID,
 })
 
 # The kinds a torch dtype's rows are read as (float32 / bfloat16 rows, int8 rows with their scales).
@@ -91,7 +93,8 @@ class NtLayer(ctypes.Structure):
                 ("no_rope", _i64),
                 ("router", NtLinear), ("experts", ctypes.POINTER(NtExpert)), ("shared", NtExpert),
                 ("shared_gate", NtLinear), ("lora_qkv", NtLora), ("lora_o", NtLora), ("lora_w13", NtLora),
-                ("lora_w2", NtLora), ("mixer", _i64), ("recurrent", ctypes.POINTER(NtRecurrent)), ("gated", _i64)]
+                ("lora_w2", NtLora), ("mixer", _i64), ("recurrent", ctypes.POINTER(NtRecurrent)), ("gated", _i64),
+                ("correction", _p), ("sinks", _p)]
 
 
 class NtModel(ctypes.Structure):
@@ -104,7 +107,9 @@ class NtModel(ctypes.Structure):
         ("window", _i64), ("local_inv_freq", _p), ("long_inv_freq", _p), ("rope_original_max", _i64),
         ("rope_scaling", _f64)] + [(name, _i64) for name in (
         "n_experts", "top_k", "norm_topk", "moe_intermediate", "shared_intermediate")] + [
-        ("state_slots", _p), ("rotary_dim", _i64), ("lora_slots", _p)]
+        ("state_slots", _p), ("rotary_dim", _i64), ("lora_slots", _p), ("router", _i64), ("n_group", _i64),
+        ("topk_group", _i64)] + [(name, _f64) for name in (
+        "routed_scaling", "topk_norm_eps", "swiglu_limit", "swiglu_alpha")]
 
 
 STRUCTS: tuple[type[ctypes.Structure], ...] = (NtLinear, NtLora, NtExpert, NtLayer, NtModel, NtRecurrent)
