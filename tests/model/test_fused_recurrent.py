@@ -23,8 +23,8 @@ ENGINE_PROMPTS = [[1, 5, 17, 33, 9, 60], [1, 40], [1, 90, 3, 3, 8, 12, 7, 7, 7, 
 STEPS = 24
 
 
-# Falcon-H1's and Nemotron-H's own networks: no native plan yet (their declarations say native_step=False)
-OWN_NETWORKS = frozenset({"falcon_h1", "nemotron_h"})
+# Falcon-H1's and Nemotron-H's own networks (Nemotron 3's MoE too): no native plan yet (native_step=False)
+OWN_NETWORKS = frozenset({"falcon_h1", "nemotron_h", "nemotron_h-moe"})
 
 
 @pytest.fixture(scope="module", params=sorted(RECURRENT - OWN_NETWORKS))
