@@ -28,6 +28,9 @@ from .llama import Transformer
 from .rope import apply_rope, inverse_frequencies, rope_cos_sin
 from .state import SequenceState
 
+# A GGUF file's matrices are kept as stored (weights/gguf_packed.py): this network uses the file's values as they are
+GGUF_PACKED = True
+
 
 class Norm(nn.Module):
     """transformers' Gemma4RMSNorm (with or without a weight), in float32, cast back to the input's dtype."""

@@ -26,6 +26,9 @@ from .moe import MoE
 from .recurrent.ssd import Mamba2Mixer
 from .state import SequenceState
 
+# A GGUF file's matrices are kept as stored (weights/gguf_packed.py): this network uses the file's values as they are
+GGUF_PACKED = True
+
 
 def pairs(cfg: ModelConfig) -> list[tuple[int, int | None]]:
     """Per layer of ours: (its mixer's index in the checkpoint, the index of the MLP or MoE layer after it, or

@@ -302,3 +302,34 @@ def test_gemma4_gguf_from_llama_cpps_converter_gives_the_folders_tokens(name, tm
     reference = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
     for text in ["Hello world, how are you?", "Two\n\nlines\nend", "naïve café 日本語 🙂", "  spaces   inside"]:
         assert llm.tokenizer.encode(" " + text) == reference.encode(text).ids
+
+
+def test_a_quantized_gemma4_gguf_keeps_its_blocks_and_gives_its_dequantized_tokens(tmp_path: Path, shared_dir) -> None:
+    """Gemma 4 with per-layer inputs through the converter at q8_0: the attention, MLP and per-layer input matrices,
+    the token table and the (vocab, layers x P) per-layer table stay in their blocks (GGUFLinear / GGUFEmbedding:
+    a quantized E2B / E4B file would not fit in memory as floats), and the tokens are those of the file's own
+    values dequantized to float32."""
+    pytest.importorskip("gguf")
+    from nexttoken.model.quant.ggml import GGUFEmbedding, GGUFLinear, native_blocks
+    from support.llama_cpp import convert, with_tokenizer
+
+    if not native_blocks():
+        pytest.skip("the GGUF block kernels need AVX-512 VNNI (the file then loads dequantized)")
+    _, overrides = VARIANTS["gemma4-kv-shared-ple"]
+    # widths that are multiples of 32 (q8_0's block) everywhere the blocks are kept
+    hf = build_hf_model("gemma4", **{**overrides, "vocab_size": 32000, "vocab_size_per_layer_input": 32000,
+                                     "intermediate_size": 64})
+    hf.save_pretrained(tmp_path / "model")
+    with_tokenizer(tmp_path / "model", shared_dir / "tokenizers" / "llama-2-chat")
+    path = convert(tmp_path / "model", tmp_path / "model.gguf", "q8_0")
+    ids = [5, 17, 33, 8, 61, 2, 40, 12]
+    exact = nexttoken.load(path, dequantize=True).generate(ids, max_new_tokens=10, ignore_eos=True).token_ids
+    llm = nexttoken.load(path)
+    model = llm.model
+    assert model.quantization == "gguf" and isinstance(model.embed, GGUFEmbedding)
+    assert isinstance(model.per_layer_embed, GGUFEmbedding) and isinstance(model.per_layer_projection, GGUFLinear)
+    for block in model.layers:
+        assert isinstance(block.attention.wqkv, GGUFLinear) and isinstance(block.attention.wo, GGUFLinear)
+        assert isinstance(block.mlp.w13, GGUFLinear) and isinstance(block.mlp.w2, GGUFLinear)
+        assert isinstance(block.input_gate, GGUFLinear) and isinstance(block.input_projection, GGUFLinear)
+    assert llm.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == exact

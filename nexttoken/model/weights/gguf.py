@@ -25,7 +25,6 @@ from ...config import ModelConfig
 from ...errors import MissingFileError, ModelLoadError
 from ...families import BY_GGUF, Family
 from ..llama import Transformer
-from ..network import own_checkpoint
 from .gguf_reader import BigEndian, read_gguf
 from .loader import _expected_shapes as expected_shapes, build_model, resolve_dtype
 
@@ -353,8 +352,11 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
     names = list(expected_shapes(cfg))
     # a model with recurrent layers (issue 41) keeps its attention and MLP matrices packed as the other families
     # do; its recurrent layers' own matrices (and their small vectors) are read as floats (gguf_packed._dense).
-    # A family with a network of its own (Gemma 4) loads dequantized: the packed builder makes the shared decoder.
-    if not dequantize and not own_checkpoint(cfg) and device.type == "cpu" and torch_dtype == torch.float32:
+    # A network of its own keeps them too where its matrices hold the file's values as they are (gguf_packed's
+    # packable: Gemma 4, Nemotron-H); Falcon-H1, which folds its multipliers into rows at load, loads dequantized.
+    from .gguf_packed import packable
+
+    if not dequantize and packable(cfg) and device.type == "cpu" and torch_dtype == torch.float32:
         from .gguf_packed import build_packed_model, file_rows, keepable, keepable_experts, release_pages
 
         dense = gguf_names(g, cfg, names)

@@ -23,18 +23,35 @@ from torch import nn
 from ...config import ModelConfig
 from ...families import family
 from ..llama import Transformer
+from ..network import checkpoint_of, network, own_checkpoint
 from ..quant.bf16 import BF16Embedding, BF16Linear
 from ..quant.ggml import GGML_TYPES, GGUFEmbedding, GGUFLinear, block_shape, native_blocks
 from .experts import keep_experts, mxfp4_layer
-from .loader import _owned, check_tensors, to_state_dict
+from .loader import _owned, check_tensors, state_parts, to_state_dict
+
+
+def packable(cfg: ModelConfig) -> bool:
+    """Whether a GGUF file of this model can keep its matrices as stored: the shared decoder, or a network of its
+    own whose matrices hold the file's values as they are (its module's GGUF_PACKED: Gemma 4, Nemotron-H; not
+    Falcon-H1, which folds its multipliers into rows at load)."""
+    return not own_checkpoint(cfg) or getattr(checkpoint_of(cfg), "GGUF_PACKED", False)
+
+
+def tables(cfg: ModelConfig) -> dict[str, str]:
+    """Our token tables and LM head -> their checkpoint names (the embedding, the LM head, Gemma 4's per-layer
+    table)."""
+    parts = state_parts(cfg, {})
+    return {ours: parts[ours][0] for ours in ("embed.weight", "lm_head.weight", "per_layer_embed.weight")
+            if ours in parts}
 
 
 def keepable(g, cfg: ModelConfig, gguf_names: dict[str, str]) -> dict[str, str]:  # noqa: ANN001 - a GGUFFile
     """Checkpoint name -> "blocks" or "bf16" for the matrices kept as stored: the dense layers' and the
     embedding's 2-D weights whose GGUF type the kernels read, with every part of a fused matrix of one kind."""
     kinds = {}
+    table_names = set(tables(cfg).values())
     for hf, gname in gguf_names.items():
-        if not hf.endswith(".weight") or "expert" in hf or not _dense(hf):
+        if not hf.endswith(".weight") or "expert" in hf or not (_dense(hf) or hf in table_names):
             continue
         t = g.tensors[gname]
         name = t.tensor_type.name
@@ -42,13 +59,12 @@ def keepable(g, cfg: ModelConfig, gguf_names: dict[str, str]) -> dict[str, str]:
             kinds[hf] = "blocks"
         elif name == "BF16":
             kinds[hf] = "bf16"
-    placed = {"model.embed_tokens.weight", "lm_head.weight"}
-    for i in range(cfg.num_hidden_layers):
-        for group in _groups(cfg, i).values():
-            placed.update(group)
-            if len({kinds.get(n) for n in group}) != 1:  # mixed kinds (or missing): the whole group is dequantized
-                for n in group:
-                    kinds.pop(n, None)
+    placed = set(table_names)
+    for group in matrix_groups(cfg).values():
+        placed.update(group)
+        if len({kinds.get(n) for n in group}) != 1:  # mixed kinds (or missing): the whole group is dequantized
+            for n in group:
+                kinds.pop(n, None)
     # a matrix no group places stays float: Granite 4.0-H's [gate; up], which the file splits in two tensors
     return {hf: kind for hf, kind in kinds.items() if hf in placed}
 
@@ -85,7 +101,20 @@ def keepable_experts(g, cfg: ModelConfig) -> dict[str, tuple[str, int, str]]:  #
 
 def _dense(hf: str) -> bool:
     return hf in ("model.embed_tokens.weight", "lm_head.weight") or hf.rsplit(".", 2)[-2] in (
-        "q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "gate_proj", "up_proj", "down_proj", "gate_up_proj")
+        "q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "gate_proj", "up_proj", "down_proj", "gate_up_proj",
+        "per_layer_input_gate", "per_layer_projection", "per_layer_model_projection")  # Gemma 4's per-layer inputs
+
+
+def matrix_groups(cfg: ModelConfig) -> dict[str, list[str]]:
+    """Our matrix modules (dotted paths) -> the checkpoint weights whose rows each stacks: the shared decoder's
+    four per block (_groups), or, for a network of its own, every weight of its state whose parts are all dense
+    matrices (attention, MLP, per-layer inputs; not experts, routers or recurrent mixers)."""
+    if not own_checkpoint(cfg):
+        return {f"layers.{i}.{m}": group for i in range(cfg.num_hidden_layers) for m, group in _groups(cfg, i).items()}
+    skip = set(tables(cfg))
+    return {ours[: -len(".weight")]: parts for ours, parts in state_parts(cfg, {}).items()
+            if ours.endswith(".weight") and ours not in skip and parts
+            and all(_dense(n) and "expert" not in n for n in parts)}
 
 
 def _groups(cfg: ModelConfig, i: int) -> dict[str, list[str]]:
@@ -116,25 +145,30 @@ def build_packed_model(g, cfg: ModelConfig, floats: dict[str, torch.Tensor], kep
     real = {n: t for n, t in state.items() if t.device.type != "meta"}
     state = _owned(real, torch.device("cpu"), torch.float32)
     with torch.device("meta"):
-        model = Transformer(cfg)
+        model = network(cfg)
     model.load_state_dict(state, assign=True, strict=False)
-    for i, block in enumerate(model.layers):
-        for module_name, group in _groups(cfg, i).items():
-            if group[0] in kept:
-                parent, attr = _parent(block, module_name)
-                setattr(parent, attr, _kept_linear([rows_of(n) for n in group], getattr(parent, attr),
-                                                   activations=activations))
+    for path, group in matrix_groups(cfg).items():
+        if group[0] in kept:
+            parent, attr = _parent(model, path)
+            setattr(parent, attr, _kept_linear([rows_of(n) for n in group], getattr(parent, attr),
+                                               activations=activations))
     keep_experts(model, cfg, experts, rows_of, lambda parts, old: _kept_expert(parts, old, activations))
-    tied = cfg.tie_word_embeddings
-    if "model.embed_tokens.weight" in kept:
-        table = _kept_linear([rows_of("model.embed_tokens.weight")], None, cfg.hidden_size, activations)
+    tied, names = cfg.tie_word_embeddings, tables(cfg)
+    embed = names["embed.weight"]
+    if embed in kept:
+        table = _kept_linear([rows_of(embed)], None, cfg.hidden_size, activations)
         model.embed = BF16Embedding(table) if isinstance(table, BF16Linear) else GGUFEmbedding(table)
         if tied:
             model.lm_head = table
-    if not tied and "lm_head.weight" in kept:
-        model.lm_head = _kept_linear([rows_of("lm_head.weight")], model.lm_head, activations=activations)
-    elif tied and "model.embed_tokens.weight" not in kept:
+    if not tied and names["lm_head.weight"] in kept:
+        model.lm_head = _kept_linear([rows_of(names["lm_head.weight"])], model.lm_head, activations=activations)
+    elif tied and embed not in kept:
         model.lm_head.weight = model.embed.weight
+    per_layer = names.get("per_layer_embed.weight")
+    if per_layer in kept:  # Gemma 4's (vocab, layers x P) table: only the looked-up rows are dequantized
+        width = model.per_layer_embed.embedding_dim
+        table = _kept_linear([rows_of(per_layer)], None, width, activations)
+        model.per_layer_embed = BF16Embedding(table) if isinstance(table, BF16Linear) else GGUFEmbedding(table)
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.device.type == "meta"]
     assert not left, f"not loaded: {left[:3]}"
     model.quantization = "gguf"
@@ -148,9 +182,9 @@ def _kept_expert(parts: list[tuple[torch.Tensor, str]], old: nn.Module, activati
     return _kept_linear(parts, old, activations=activations)
 
 
-def _parent(block: nn.Module, dotted: str) -> tuple[nn.Module, str]:
-    first, attr = dotted.split(".")
-    return getattr(block, first), attr
+def _parent(model: nn.Module, dotted: str) -> tuple[nn.Module, str]:
+    owner, attr = dotted.rsplit(".", 1) if "." in dotted else ("", dotted)
+    return model.get_submodule(owner), attr
 
 
 def _kept_linear(parts: list[tuple[torch.Tensor, str]], old: nn.Module | None, K: int | None = None,
