@@ -35,7 +35,7 @@ from .layers import MLP, Attention, Block, RMSNorm
 from .moe import MoE
 from .native_abi import describe, describe_table
 from .native_abi import (KV_F32, KV_I8, NT_GELU, NT_NORM_AFTER, NT_PLUS_ONE, NT_SANDWICH, QK_HEAD,
-                         QK_NONE, QK_PROJECTION)
+                         QK_NONE, QK_PROJECTION, ROUTE_SOFTMAX, ROUTE_TOPK_SOFTMAX)
 from .native_abi import NtExpert as _Expert
 from .native_abi import NtLayer as _Layer
 from .native_abi import NtLinear as _Linear
@@ -115,6 +115,9 @@ def _key(model: torch.nn.Module, cache: KVCache, states: StateSlots | None = Non
                   att.get("k_norm"), mlp.get("w13"), mlp.get("w2")):
             if m is not None:
                 key += (id(m), _weight(m).data_ptr())
+        sinks = parts["attention"]._parameters.get("sinks")  # gpt-oss's per-head logits (NtLayer.sinks)
+        if sinks is not None:
+            key.append(sinks.data_ptr())
         if "wi" in att:  # a recurrent mixer: its own tensors (taps, decays, norm)
             key += [None if t is None else t.data_ptr() for t in parts["attention"]._parameters.values()]
         if "experts" in mlp:  # a MoE block: its router, experts and shared expert
@@ -206,7 +209,8 @@ class _Plan:
             cfg.rope.original_max_position_embeddings or 0, cfg.rope.attention_factor,
             moe.num_experts if moe else 0, moe.top_k if moe else 0, int(bool(moe and moe.norm_topk_prob)),
             moe.intermediate_size if moe else 0, moe.shared_intermediate_size if moe else 0,
-            routed_scaling=1.0,
+            router=ROUTE_TOPK_SOFTMAX if moe and moe.softmax_after_topk else ROUTE_SOFTMAX, routed_scaling=1.0,
+            swiglu_limit=cfg.swiglu_limit or 0.0, swiglu_alpha=cfg.swiglu_alpha,  # gpt-oss's clamped SwiGLU
         )
         # The same model for a forward whose batch carries no window (mask None past the window: the modules then
         # attend over every column of the sliding layers too).
@@ -235,6 +239,9 @@ class _Plan:
                  getattr(block, "attention_post_norm", None), getattr(block, "ffn_post_norm", None)]
         if any(n is not None and type(n) is not RMSNorm for n in norms):
             return None
+        sinks = _sinks(att, sharded)
+        if sinks is False:
+            return None
         linears = [_linear(_local(m)) for m in (att.wqkv, att.wo)]
         moe = dict(router=_Linear(None, 0, None, None), experts=None, shared=_Expert(), shared_gate=_Linear())
         if type(mlp) is MLP:
@@ -261,7 +268,7 @@ class _Plan:
                       *[None if n is None else n.weight.data_ptr() for n in norms], int(att.sliding),
                       no_rope=int(kind.rope is None), **moe,
                       lora_qkv=loras[0], lora_o=loras[1], lora_w13=loras[2], lora_w2=loras[3],
-                      gated=int(att.gated))
+                      gated=int(att.gated), sinks=sinks)
 
     def _recurrent_layer(self, block: torch.nn.Module, cache: KVCache, i: int, sharded: bool) -> _Layer | None:
         """Recurrent block i (issue 41: LFM2's short convolution, the gated delta rule, Mamba2's SSD) as an NtLayer
@@ -364,6 +371,17 @@ def _with_slots(description: _Model, slots: torch.Tensor | None, state_rows: tor
 
 
 _ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the gates csrc/decode.cpp computes (layers.activation's)
+
+
+def _sinks(att: torch.nn.Module, sharded: bool) -> int | None | bool:
+    """The address of gpt-oss's per-head sink logits ((H,) float32: NtLayer.sinks), None where the layer has none,
+    False where the native step cannot read them (another dtype; a tensor-parallel rank's heads)."""
+    sinks = att.sinks
+    if sinks is None:
+        return None
+    if sharded or sinks.dtype != torch.float32 or not sinks.is_contiguous() or sinks.numel() != att.n_heads:
+        return False
+    return sinks.data_ptr()
 
 
 def _expert(mlp: torch.nn.Module) -> _Expert | None:
