@@ -8,7 +8,8 @@ It takes what it computes exactly like the modules: float32 activations on CPU, 
 last cache column with every column visible (no padding) but for the sliding layers' window, which the native
 attention computes itself, weights that are `Linear`, `BF16Linear`, `Int8Linear`, `Int4Linear` or GGUF's packed `GGUFLinear` layers
 of the stock blocks. Every family's block is a set of switches there (q/k norms, Gemma's (1 + w) sandwich norms, OLMo 2's
-norms after each branch, Granite's multipliers, GeGLU, soft-caps, local RoPE, LongRoPE, MoE experts), and LoRA
+norms after each branch, Granite's multipliers, GeGLU, soft-caps, local RoPE, LongRoPE, MoE experts, gpt-oss's
+attention sinks and clamped SwiGLU), and LoRA
 rows add their adapter's products. Everything else returns None and runs the modules, which are the reference the
 tests hold this path to (same tokens; logits within float32 rounding).
 
