@@ -110,7 +110,7 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "gemma4": {"batch", "cache", "kernels", "layers", "linear", "llama", "rope", "state"},  # Gemma 4's own decoder
         # issue 41's hybrids with decoders of their own: Falcon-H1 (attention and Mamba2 side by side), Nemotron-H
         "falcon_h1": {"arithmetic", "batch", "layers", "llama", "recurrent", "state"},
-        "nemotron_h": {"arithmetic", "batch", "layers", "linear", "llama", "recurrent", "state"},
+        "nemotron_h": {"arithmetic", "batch", "layers", "linear", "llama", "moe", "recurrent", "state"},
         "network": {"arithmetic", "falcon_h1", "gemma4", "llama", "nemotron_h"},  # the network a family declares
         "parallel": {"linear", "memory", "moe", "quant"},
         "vision": {"rope"},  # issue 43: vision towers and projectors, a module per vision kind

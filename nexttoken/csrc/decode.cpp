@@ -202,6 +202,10 @@ int check_rows(const NtModel* m, int64_t B, const int64_t* kv_lens, int64_t tabl
   if (D > 512 || D % 2 || m->n_heads % m->n_kv_heads || table_stride < 1) return 1;
   if (m->kv_kind != KV_F32 && m->kv_kind != KV_I8) return 1;
   if (m->n_experts && (m->top_k < 1 || m->top_k > m->n_experts || m->n_experts > 1024)) return 1;
+  if (m->router < ROUTE_SOFTMAX || m->router > ROUTE_SIGMOID) return 1;
+  if (m->n_group > 1 && (m->n_experts % m->n_group || m->n_experts / m->n_group < 2 || m->topk_group < 1 ||
+                         m->topk_group > m->n_group || m->topk_group * (m->n_experts / m->n_group) < m->top_k))
+    return 1;
   *total_kv = 0;
   for (int64_t b = 0; b < B; ++b) {
     if (kv_lens[b] < 1 || kv_lens[b] > table_stride * (m->cache_head_stride / D)) return 1;
@@ -379,37 +383,79 @@ TARGET int gated_mlp(const NtModel* m, const NtLinear& w13, const NtLinear& w2, 
   return 0;
 }
 
-// A mixture-of-experts MLP on h (B, C), as model/moe.py computes it: router logits, softmax in float32, the top k
-// (largest first; renormalised over the k where the family does), then each chosen expert, in ascending order,
-// on the rows that chose it (only those experts' weights are read), its output times the row's weight added into
-// the row's sum; Qwen2-MoE adds sigmoid(shared_gate(h)) * shared(h). out (B, C).
-int moe_half(const NtModel* m, const NtLayer& L, const float* h, int64_t B, float* out) {
-  const int64_t C = m->hidden, E = m->n_experts, k = m->top_k;
-  Scratch& s = scratch;
-  float *route = s.route.data(), *in = s.moe_in.data(), *y = s.moe_out.data();
-  if (linear(L.router, h, B, E, C, route)) return 1;
-  std::vector<int64_t> chosen(B * k);
-  std::vector<float> weight(B * k);
-  for (int64_t b = 0; b < B; ++b) {
-    float* p = route + b * E;  // softmax over the experts
+// The k largest of v (E,), largest first, ties to the lower index (torch.topk's order on distinct values).
+void top(const float* v, int64_t E, int64_t k, int64_t* out) {
+  for (int64_t j = 0; j < k; ++j) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int64_t i = 0; i < j; ++i) taken |= out[i] == e;
+      if (!taken && (best < 0 || v[e] > v[best])) best = e;
+    }
+    out[j] = best;
+  }
+}
+
+// One row's routing (model/moe.py's route, by NtModel.router): its router logits p (E,) (used up; `choice` (E,)
+// scratch) -> the k chosen experts and their weights.
+void route(const NtModel* m, const NtLayer& L, float* p, float* choice, int64_t* chosen, float* weight) {
+  const int64_t E = m->n_experts, k = m->top_k;
+  if (m->router == ROUTE_TOPK_SOFTMAX) {  // gpt-oss, Granite 4.0-H: the top k logits, softmax over those k
+    top(p, E, k, chosen);
+    const float mx = p[chosen[0]];
+    float sum = 0.f;
+    for (int64_t j = 0; j < k; ++j) sum += (weight[j] = expf(p[chosen[j]] - mx));
+    for (int64_t j = 0; j < k; ++j) weight[j] = weight[j] / sum;
+    return;
+  }
+  if (m->router == ROUTE_SIGMOID) {  // GLM-4 MoE, LFM2-MoE: sigmoid scores
+    for (int64_t e = 0; e < E; ++e) p[e] = 1.f / (1.f + expf(-p[e]));
+  } else {  // softmax over the experts
     float mx = -INFINITY, sum = 0.f;
     for (int64_t e = 0; e < E; ++e) mx = p[e] > mx ? p[e] : mx;
     for (int64_t e = 0; e < E; ++e) sum += (p[e] = expf(p[e] - mx));
     for (int64_t e = 0; e < E; ++e) p[e] = p[e] / sum;
-    float total = 0.f;
-    for (int64_t j = 0; j < k; ++j) {  // the j-th largest; ties to the lower expert
-      int64_t best = -1;
-      for (int64_t e = 0; e < E; ++e) {
-        bool taken = false;
-        for (int64_t i = 0; i < j; ++i) taken |= chosen[b * k + i] == e;
-        if (!taken && (best < 0 || p[e] > p[best])) best = e;
-      }
-      chosen[b * k + j] = best, weight[b * k + j] = p[best];
-      total += p[best];
-    }
-    if (m->norm_topk)
-      for (int64_t j = 0; j < k; ++j) weight[b * k + j] = weight[b * k + j] / total;
   }
+  for (int64_t e = 0; e < E; ++e) choice[e] = L.correction ? p[e] + L.correction[e] : p[e];  // moves the choice only
+  if (m->router == ROUTE_SIGMOID && m->n_group > 1) {  // only the experts of the topk_group best groups
+    const int64_t G = m->n_group, per = E / G;
+    std::vector<float> group(G);
+    std::vector<int64_t> two(2), best(m->topk_group);
+    for (int64_t g = 0; g < G; ++g) {  // a group's score: its two best choices summed
+      top(choice + g * per, per, 2, two.data());
+      group[g] = choice[g * per + two[0]] + choice[g * per + two[1]];
+    }
+    top(group.data(), G, m->topk_group, best.data());
+    for (int64_t g = 0; g < G; ++g) {
+      bool kept = false;
+      for (int64_t i = 0; i < m->topk_group; ++i) kept |= best[i] == g;
+      if (!kept)
+        for (int64_t e = g * per; e < (g + 1) * per; ++e) choice[e] = -INFINITY;
+    }
+  }
+  top(choice, E, k, chosen);
+  float total = 0.f;
+  for (int64_t j = 0; j < k; ++j) total += (weight[j] = p[chosen[j]]);
+  const bool sigmoid = m->router == ROUTE_SIGMOID;
+  if (m->norm_topk)
+    for (int64_t j = 0; j < k; ++j) weight[j] = weight[j] / (sigmoid ? total + (float)m->topk_norm_eps : total);
+  if (sigmoid)
+    for (int64_t j = 0; j < k; ++j) weight[j] = weight[j] * (float)m->routed_scaling;
+}
+
+// A mixture-of-experts MLP on h (B, C), as model/moe.py computes it: router logits, each row's experts and weights
+// (route), then each chosen expert, in ascending order, on the rows that chose it (only those experts' weights are
+// read), its output times the row's weight added into the row's sum; then the shared expert: Qwen2-MoE's scaled
+// by sigmoid(shared_gate(h)), GLM-4 MoE's and ERNIE 4.5's ungated (shared_gate NULL). out (B, C).
+int moe_half(const NtModel* m, const NtLayer& L, const float* h, int64_t B, float* out) {
+  const int64_t C = m->hidden, E = m->n_experts, k = m->top_k;
+  Scratch& s = scratch;
+  float *route_logits = s.route.data(), *in = s.moe_in.data(), *y = s.moe_out.data();
+  if (linear(L.router, h, B, E, C, route_logits)) return 1;
+  std::vector<int64_t> chosen(B * k);
+  std::vector<float> weight(B * k), choice(E);
+  for (int64_t b = 0; b < B; ++b)
+    route(m, L, route_logits + b * E, choice.data(), chosen.data() + b * k, weight.data() + b * k);
   for (int64_t i = 0; i < B * C; ++i) out[i] = 0.f;
   std::vector<int64_t> rows;
   std::vector<float> row_w;
@@ -426,10 +472,14 @@ int moe_half(const NtModel* m, const NtLayer& L, const float* h, int64_t B, floa
       for (int64_t c = 0; c < C; ++c) out[rows[i] * C + c] = out[rows[i] * C + c] + y[i * C + c] * row_w[i];
   }
   if (L.shared.w13.weight) {
-    float* gate = route;  // (B,) the router logits are used up
-    if (linear(L.shared_gate, h, B, 1, C, gate)) return 1;
+    float* gate = route_logits;  // (B,) the router logits are used up
+    if (L.shared_gate.weight && linear(L.shared_gate, h, B, 1, C, gate)) return 1;
     if (gated_mlp(m, L.shared.w13, L.shared.w2, m->shared_intermediate, h, B, y)) return 1;
     for (int64_t b = 0; b < B; ++b) {
+      if (!L.shared_gate.weight) {  // ungated: out + shared(h)
+        for (int64_t c = 0; c < C; ++c) out[b * C + c] = out[b * C + c] + y[b * C + c];
+        continue;
+      }
       const float g = 1.f / (1.f + expf(-gate[b]));
       for (int64_t c = 0; c < C; ++c) out[b * C + c] = out[b * C + c] + g * y[b * C + c];
     }

@@ -58,7 +58,7 @@ RECURRENT_REFUSED = ("tensor parallelism",)
 RECURRENT_LORA = ("LoRA on the attention and MLP matrices",
                   "LoRA (Mamba2: no attention or MLP matrices to adapt; the others: not yet checked against PEFT)")
 # The fused native step, by the family's `native_step` (model/fused.py; csrc/recurrent.cpp computes the mixers)
-RECURRENT_NATIVE = ("the fused native decode step (csrc/recurrent.cpp; a layer with experts runs the modules)",
+RECURRENT_NATIVE = ("the fused native decode step (csrc/recurrent.cpp; experts after a mixer included)",
                     "the fused native decode step (the modules path runs every step)")
 
 

@@ -7,8 +7,7 @@ summed over), so the modules, the fused native step, the pool and tensor paralle
 The MoE: sparse layers every `moe_layer_interval` from `moe_layer_start_index` to `moe_layer_end_index` (the others
 a dense MLP of intermediate_size); a float32 softmax router whose per-expert `moe_statics.e_score_correction_bias`
 moves the choice only, the chosen probabilities renormalised; `moe_num_shared_experts` always-on experts as one
-ungated MLP. The native step's router has no correction bias nor an ungated shared expert: the MoE model runs the
-modules (native_step=False). transformers' modeling_ernie4_5.py / modeling_ernie4_5_moe.py; llama.cpp's `ernie4_5` and
+ungated MLP (the native step's ROUTE_SOFTMAX with NtLayer.correction, shared_gate NULL). transformers' modeling_ernie4_5.py / modeling_ernie4_5_moe.py; llama.cpp's `ernie4_5` and
 `ernie4_5-moe` (the rows as the checkpoint has them: llama.cpp rotates pairs too).
 """
 
@@ -66,8 +65,8 @@ ERNIE4_5 = Family(
 ERNIE4_5_MOE = Family(
     "Ernie4_5_MoeForCausalLM", ("ernie4_5_moe",), "ERNIE 4.5 21B-A3B, 300B-A47B",
     "ERNIE 4.5's block; MoE layers (`moe_layer_start_index` / `_interval` / `_end_index`): softmax router with "
-    "a correction bias for the choice, renormalised, `moe_num_shared_experts` ungated shared experts; modules path",
-    read=_ernie4_5_moe, native_step=False, gguf="ernie4_5-moe", read_gguf=_gguf_moe, rope_pairs=True,
+    "a correction bias for the choice, renormalised, `moe_num_shared_experts` ungated shared experts",
+    read=_ernie4_5_moe, gguf="ernie4_5-moe", read_gguf=_gguf_moe, rope_pairs=True,
     gguf_permuted=True,
     shared_expert="shared_experts", correction_bias="moe_statics.e_score_correction_bias", correction_rows=True,
 )

@@ -7,8 +7,8 @@ always-on experts as one ungated MLP. transformers' configuration_glm4_moe.py / 
 
 The checkpoints carry `num_nextn_predict_layers` multi-token-prediction layers after the last one
 (model.layers.{num_hidden_layers}...): transformers leaves them out, and so do we (loader.py); llama.cpp counts them in
-its block_count and writes `nextn_predict_layers`. The sigmoid router and partial RoPE are not in the fused native
-step: the modules run these blocks (native_step=False).
+its block_count and writes `nextn_predict_layers`. The fused native step computes the sigmoid router
+(ROUTE_SIGMOID, csrc/decode.cpp's route) and the partial RoPE (NtModel.rotary_dim).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ GLM4_MOE = Family(
     "q/k/v bias (`attention_bias`), per-head q/k norms (`use_qk_norm`); partial RoPE (`partial_rotary_factor`, 0.5); "
     "dense MLPs in the first `first_k_dense_replace` layers, then a MoE: sigmoid router with "
     "`e_score_correction_bias` for the choice, `n_group` / `topk_group` group-limited routing, "
-    "`routed_scaling_factor`, `n_shared_experts` ungated shared experts; the MTP layers left out; modules path",
-    read=_glm4_moe, gguf="glm4moe", read_gguf=_gguf, shared_expert="shared_experts", native_step=False,
+    "`routed_scaling_factor`, `n_shared_experts` ungated shared experts; the MTP layers left out",
+    read=_glm4_moe, gguf="glm4moe", read_gguf=_gguf, shared_expert="shared_experts",
     mtp_layers=True,
 )

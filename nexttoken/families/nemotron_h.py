@@ -2,7 +2,10 @@
 mixer ('M'), attention without RoPE ('*') or a squared-ReLU MLP ('-'), by `hybrid_override_pattern` (transformers
 5's `layers_block_type`: 'linear_attention' / 'full_attention' / 'mlp'), each norm -> it -> residual; `backbone.*`
 names. Its own network (model/nemotron_h.py) pairs each MLP layer with the mixer before it, so our layers are the
-mixers (num_hidden_layers counts them). The MoE layers ('E', Nemotron 3) are refused by name."""
+mixers (num_hidden_layers counts them). Nemotron 3's MoE layers ('E') take an MLP layer's place: DeepSeek-V3's
+sigmoid router (GLM-4 MoE's: a correction bias for the choice, group-limited, renormalised, x routed_scaling_factor)
+over squared-ReLU experts (up, relu^2, down: no gate; mixer.experts.{e}.up_proj / down_proj in the checkpoint),
+plus one ungated squared-ReLU shared expert. A latent projection around the experts (`moe_latent_size`) is refused by name."""
 
 from __future__ import annotations
 
@@ -24,11 +27,8 @@ def _pattern(raw: dict[str, Any], source: str) -> str:
     if not pattern or not set(pattern) <= set("M*-E"):
         raise ModelLoadError(f"{source}: Nemotron-H needs hybrid_override_pattern (or layers_block_type) of 'M', "
                              f"'*', '-' per layer, got {pattern or types!r}")
-    if "E" in pattern:
-        raise ModelLoadError(f"{source}: Nemotron-H's MoE layers ('E' in {pattern!r}: Nemotron 3) are not supported "
-                             "yet; the Mamba2 / attention / MLP models (Nemotron-H, Nemotron Nano 2) are")
-    if pattern[0] == "-" or "--" in pattern:
-        raise ModelLoadError(f"{source}: an MLP layer must follow a Mamba2 or attention layer in {pattern!r}")
+    if pattern[0] in "-E" or any(a in "-E" and b in "-E" for a, b in zip(pattern, pattern[1:])):
+        raise ModelLoadError(f"{source}: an MLP or MoE layer must follow a Mamba2 or attention layer in {pattern!r}")
     return pattern
 
 
@@ -45,16 +45,41 @@ def _nemotron_h(raw: dict[str, Any], source: str, layers: int) -> dict[str, Any]
            "mamba_n_groups": groups, "mamba_chunk_size": int(raw.get("chunk_size", 128)),
            "mamba_proj_bias": bool(raw.get("use_bias", False)),
            "time_step_limit": (_number(limit[0]), _number(limit[1])), "mamba_norm_groups": groups}
-    mixers = [c for c in pattern if c != "-"]
-    return {"num_hidden_layers": len(mixers), "layers": tuple(STATE_SPACE if c == "M" else NOPE for c in mixers),
-            "layer_pattern": pattern, "recurrent": rec, "rms_norm_eps": float(raw.get("layer_norm_epsilon", 1e-5)),
-            "intermediate_size": int(raw.get("intermediate_size", 21504))}
+    mixers = [c for c in pattern if c not in "-E"]
+    out = {"num_hidden_layers": len(mixers), "layers": tuple(STATE_SPACE if c == "M" else NOPE for c in mixers),
+           "layer_pattern": pattern, "recurrent": rec, "rms_norm_eps": float(raw.get("layer_norm_epsilon", 1e-5)),
+           "intermediate_size": int(raw.get("intermediate_size", 21504))}
+    if "E" in pattern:
+        out["moe"] = _moe(raw, source, pattern)
+    return out
+
+
+def _moe(raw: dict[str, Any], source: str, pattern: str) -> dict[str, Any]:
+    """Nemotron 3's MoE layers (transformers' NemotronHMoE / NemotronHTopkRouter), on each of our layers whose
+    mixer an 'E' follows."""
+    if raw.get("moe_latent_size") is not None:
+        raise ModelLoadError(f"{source}: Nemotron-H's MoE latent projection (moe_latent_size="
+                             f"{raw['moe_latent_size']}) is not supported yet; MoE layers without it are")
+    experts = int(raw.get("n_routed_experts") or raw.get("num_local_experts") or 8)
+    groups, top_groups = int(raw.get("n_group") or 1), int(raw.get("topk_group") or 1)
+    if experts % groups or not 1 <= top_groups <= groups or (groups > 1 and experts // groups < 2):
+        raise ModelLoadError(f"{source}: n_group={groups} must split n_routed_experts={experts} into groups of at "
+                             f"least 2, and topk_group={top_groups} be between 1 and n_group")
+    sparse = tuple(i + 1 < len(pattern) and pattern[i + 1] == "E" for i, c in enumerate(pattern) if c not in "-E")
+    return dict(num_experts=experts, top_k=int(raw.get("num_experts_per_tok", 2)),
+                intermediate_size=int(raw.get("moe_intermediate_size", 7688)),
+                norm_topk_prob=bool(raw.get("norm_topk_prob", True)), router_weights_float32=True,
+                shared_intermediate_size=int(raw.get("moe_shared_expert_intermediate_size", 7688)),
+                sparse_layers=sparse, scoring="sigmoid", correction_bias=True, n_group=groups,
+                topk_group=top_groups, routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)),
+                shared_gate=False)
 
 
 NEMOTRON_H = Family(
-    "NemotronHForCausalLM", ("nemotron_h",), "Nemotron-H (4B-56B), Nemotron Nano 2",
+    "NemotronHForCausalLM", ("nemotron_h",), "Nemotron-H (4B-56B), Nemotron Nano 2, Nemotron 3 Nano",
     "each layer one of a Mamba2 mixer (a convolution window and a head_dim x state_size matrix per head per "
-    "sequence), NoPE attention or a squared-ReLU MLP, by `hybrid_override_pattern`; MoE layers refused",
+    "sequence), NoPE attention, a squared-ReLU MLP or (Nemotron 3) a MoE of squared-ReLU experts, by "
+    "`hybrid_override_pattern`",
     read=_nemotron_h, network="nemotron_h", tensor_parallel=False, lora=False, native_step=False,
     config_defaults=(("num_hidden_layers", 0),),
     state="a convolution window and a Mamba2 state matrix per head",

@@ -26,7 +26,6 @@ QWEN3_5_MOE = Family(
     "Qwen3.5's gated-DeltaNet and gated attention layers; every MLP sparse: softmax top k renormalised, a shared "
     "expert gated by sigmoid(`shared_expert_gate`)",
     read=_qwen35_moe, tensor_parallel=False, lora=False,
-    native_step=False,  # a sparse MLP after a recurrent mixer: the native step has no such layer yet
     text_of=("Qwen3_5MoeForConditionalGeneration",), renames=QWEN3_5.renames, state=QWEN3_5.state,
     vision=QWEN3_5.vision,  # the ConditionalGeneration's tower: Qwen3.5's (transformers' Qwen3_5MoeVisionModel)
 )

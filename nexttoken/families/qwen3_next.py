@@ -27,6 +27,5 @@ QWEN3_NEXT = Family(
     "gated-DeltaNet layers (in_proj_qkvz / in_proj_ba grouped per key head) before every "
     "`full_attention_interval`-th gated attention layer; (1 + w) norms; sparse MLP with a gated shared expert",
     read=_qwen3_next, tensor_parallel=False, lora=False,
-    native_step=False,  # a sparse MLP after a recurrent mixer: the native step has no such layer yet
     renames=((r"^mtp\..*$", ""),), state="a convolution window and a delta-rule matrix per head",
 )

@@ -36,13 +36,13 @@ from .layers import MLP, Attention, Block, RMSNorm
 from .moe import MoE
 from .native_abi import describe, describe_table
 from .native_abi import (KV_F32, KV_I8, NT_GELU, NT_NORM_AFTER, NT_PLUS_ONE, NT_SANDWICH, QK_HEAD,
-                         QK_NONE, QK_PROJECTION, ROUTE_SOFTMAX, ROUTE_TOPK_SOFTMAX)
+                         QK_NONE, QK_PROJECTION)
 from .native_abi import NtExpert as _Expert
 from .native_abi import NtLayer as _Layer
 from .native_abi import NtLinear as _Linear
 from .native_abi import NtLora as _Lora
 from .native_abi import NtModel as _Model
-from .native_abi import MIX_DELTA_RULE, MIX_SHORT_CONV, MIX_SSD
+from .native_abi import MIX_DELTA_RULE, MIX_SHORT_CONV, MIX_SSD, ROUTE_SIGMOID, ROUTE_SOFTMAX, ROUTE_TOPK_SOFTMAX
 from .native_abi import NtRecurrent as _Recurrent
 from .recurrent import GatedDeltaNet, Mamba2Mixer, ShortConvolution, StateSlots
 
@@ -210,13 +210,15 @@ class _Plan:
             cfg.rope.original_max_position_embeddings or 0, cfg.rope.attention_factor,
             moe.num_experts if moe else 0, moe.top_k if moe else 0, int(bool(moe and moe.norm_topk_prob)),
             moe.intermediate_size if moe else 0, moe.shared_intermediate_size if moe else 0,
-            router=ROUTE_TOPK_SOFTMAX if moe and moe.softmax_after_topk else ROUTE_SOFTMAX, routed_scaling=1.0,
+            **_routing(moe),
             swiglu_limit=cfg.swiglu_limit or 0.0, swiglu_alpha=cfg.swiglu_alpha,  # gpt-oss's clamped SwiGLU
         )
         # The same model for a forward whose batch carries no window (mask None past the window: the modules then
         # attend over every column of the sliding layers too).
         if cfg.rotary_dim and cfg.rotary_dim < cfg.head_dim:  # Qwen3.5's partial RoPE: the first rotary_dim dims
             self.model.rotary_dim = cfg.rotary_dim
+        elif cfg.rope.partial_rotary_factor < 1.0:  # GLM-4 MoE's: the first share of each head (rope.py's tables)
+            self.model.rotary_dim = int(cfg.head_dim * cfg.rope.partial_rotary_factor)
         self.no_window = _Model.from_buffer_copy(self.model)
         self.no_window.window = 0
         self.ok = True
@@ -244,21 +246,14 @@ class _Plan:
         if sinks is False:
             return None
         linears = [_linear(_local(m)) for m in (att.wqkv, att.wo)]
-        moe = dict(router=_Linear(None, 0, None, None), experts=None, shared=_Expert(), shared_gate=_Linear())
+        moe = _no_moe()
         if type(mlp) is MLP:
             linears += [_linear(_local(mlp.w13)), _linear(_local(mlp.w2))]
         elif type(mlp) is MoE and (mlp.reduce is None) != sharded:  # a rank: _rank_step all-reduces its sum
             linears += [_Linear(), _Linear()]  # no dense MLP: the experts'
-            experts = [_expert(e) for e in mlp.experts]
-            shared = None if mlp.shared is None else _expert(mlp.shared)
-            router = _kept(mlp.gate)
-            gate = None if mlp.shared_gate is None else _kept(mlp.shared_gate)
-            if router is None or any(e is None for e in experts) or (mlp.shared is not None and (
-                    shared is None or gate is None)):
+            moe = self._moe(mlp)
+            if moe is None:
                 return None
-            self.experts.append((_Expert * len(experts))(*experts))
-            moe = dict(router=router, experts=self.experts[-1], shared=shared or _Expert(),
-                       shared_gate=gate or _Linear())
         else:
             return None
         if any(lin is None for lin in linears):
@@ -278,7 +273,7 @@ class _Plan:
         mixer, mlp = block.attention, block.mlp
         if sharded or self.states is None or i not in self.states.tensors or type(block) is not Block:
             return None
-        if type(block.attention_norm) is not RMSNorm or (mlp is not None and type(mlp) is not MLP):
+        if type(block.attention_norm) is not RMSNorm or (mlp is not None and type(mlp) not in (MLP, MoE)):
             return None
         if type(block.ffn_norm) not in (RMSNorm, type(None)) or block.sandwich:
             return None
@@ -289,16 +284,52 @@ class _Plan:
         recurrent = _recurrent(kind, mixer, tensors)
         if recurrent is None:
             return None
-        self.recurrent.append(recurrent)
-        linears = [_Linear(), _Linear()] if mlp is None else [_linear(_local(mlp.w13)), _linear(_local(mlp.w2))]
-        if any(lin is None for lin in linears):
+        moe = _no_moe()
+        if type(mlp) is MoE:  # a sparse MLP after the mixer (LFM2-MoE, Qwen3.5-MoE, Qwen3-Next, Granite 4.0-H)
+            moe = self._moe(mlp)
+        linears = [_Linear(), _Linear()] if mlp is None or type(mlp) is MoE else [
+            _linear(_local(mlp.w13)), _linear(_local(mlp.w2))]
+        if moe is None or any(lin is None for lin in linears):
             return None
+        self.recurrent.append(recurrent)
         # the MLP's adapters (LoRA on hybrids adapts attention and MLP matrices, never the mixer's own)
         loras = [_lora(getattr(mlp, "w13", None)), _lora(getattr(mlp, "w2", None))]
         return _Layer(block.attention_norm.weight.data_ptr(),
                       None if block.ffn_norm is None else block.ffn_norm.weight.data_ptr(), _Linear(), _Linear(),
-                      *linears, mixer=kind, recurrent=ctypes.pointer(recurrent), lora_w13=loras[0], lora_w2=loras[1])
+                      *linears, mixer=kind, recurrent=ctypes.pointer(recurrent), lora_w13=loras[0], lora_w2=loras[1],
+                      **moe)
 
+    def _moe(self, mlp: MoE) -> dict | None:
+        """A sparse MLP's NtLayer fields (router, experts, shared expert and its gate, correction bias), or None
+        where a part is not one the native step computes. The experts' array is kept alive with the plan."""
+        experts = [_expert(e) for e in mlp.experts]
+        shared = None if mlp.shared is None else _expert(mlp.shared)
+        router = _kept(mlp.gate)
+        gate = None if mlp.shared_gate is None else _kept(mlp.shared_gate)
+        correction = mlp.correction
+        if router is None or any(e is None for e in experts) or (mlp.shared is not None and shared is None) or (
+                mlp.shared_gate is not None and gate is None):
+            return None
+        if correction is not None and (correction.dtype != torch.float32 or not correction.is_contiguous()):
+            return None
+        self.experts.append((_Expert * len(experts))(*experts))
+        return dict(router=router, experts=self.experts[-1], shared=shared or _Expert(),
+                    shared_gate=gate or _Linear(), correction=None if correction is None else correction.data_ptr())
+
+
+def _routing(moe) -> dict:  # noqa: ANN001
+    """The MoE layers' routing rule as NtModel's fields (csrc/nt_abi.h's NtRouter; model/moe.py's route)."""
+    if moe is None:
+        return dict(router=ROUTE_SOFTMAX, routed_scaling=1.0)
+    rule = ROUTE_TOPK_SOFTMAX if moe.softmax_after_topk else (ROUTE_SIGMOID if moe.scoring == "sigmoid" else
+                                                              ROUTE_SOFTMAX)
+    return dict(router=rule, n_group=moe.n_group, topk_group=moe.topk_group,
+                routed_scaling=moe.routed_scaling_factor, topk_norm_eps=moe.topk_norm_eps)
+
+
+def _no_moe() -> dict:
+    """A layer with a dense MLP (or none): no router, experts or shared expert."""
+    return dict(router=_Linear(None, 0, None, None), experts=None, shared=_Expert(), shared_gate=_Linear())
 
 # The recurrent mixers' native kinds (csrc/nt_abi.h's NtMixer)
 _RECURRENT = {ShortConvolution: MIX_SHORT_CONV, GatedDeltaNet: MIX_DELTA_RULE, Mamba2Mixer: MIX_SSD}
@@ -343,8 +374,9 @@ _REFUSED = _Refused()
 def _native_parts(cfg) -> bool:  # noqa: ANN001
     """Whether the declaration lets the native step run this model (families/base.py's Family.native_step), and
     its config holds no part the native step does not compute: partial RoPE, a sigmoid (GLM-4) router."""
-    return (family(cfg.architecture).native_step and cfg.rope.partial_rotary_factor == 1.0
-            and (cfg.moe is None or cfg.moe.scoring == "softmax"))
+    return (family(cfg.architecture).native_step
+            and (cfg.rope.partial_rotary_factor == 1.0 or cfg.rope.type != "proportional")
+            and (cfg.moe is None or cfg.moe.scoring in ("softmax", "sigmoid")))
 
 
 def _lora(module: torch.nn.Module | None) -> _Lora:
@@ -394,7 +426,7 @@ def _expert(mlp: torch.nn.Module) -> _Expert | None:
 
 
 def _kept(module: torch.nn.Module) -> _Linear | None:
-    """A router (or shared-expert gate): a float32 KeptLinear without bias (its native()), or what a replaced
+    """A router (or shared-expert gate): a float32 KeptLinear, its bias too (its native()), or what a replaced
     layer says of itself."""
     return describe(_local(module))
 

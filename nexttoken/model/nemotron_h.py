@@ -6,6 +6,8 @@ Ours pairs each MLP layer with the mixer layer before it (the released patterns 
 row; families/nemotron_h.py refuses such a pattern): our layer j is the pattern's j-th mixer, its block the Llama
 block's two halves (norm -> mixer -> residual, then norm -> MLP -> residual where an MLP follows), so the layer kinds,
 the caches and the engine's state slots are the mixers'. Checkpoint names: backbone.layers.{i}.norm / .mixer.*.
+Nemotron 3's MoE layers ('E') pair the same way, their MLP half model/moe.py's MoE over squared-ReLU experts (the
+sigmoid router of the family declaration, an ungated squared-ReLU shared expert).
 """
 
 from __future__ import annotations
@@ -20,30 +22,40 @@ from .batch import ForwardBatch
 from .layers import MIXERS, RMSNorm
 from .linear import Linear
 from .llama import Transformer
+from .moe import MoE
 from .recurrent.ssd import Mamba2Mixer
 from .state import SequenceState
 
 
 def pairs(cfg: ModelConfig) -> list[tuple[int, int | None]]:
-    """Per layer of ours: (its mixer's index in the checkpoint, the index of the MLP layer after it, or None)."""
+    """Per layer of ours: (its mixer's index in the checkpoint, the index of the MLP or MoE layer after it, or
+    None)."""
     pattern, out = cfg.layer_pattern, []
     for i, c in enumerate(pattern):
-        if c != "-":
-            mlp = i + 1 if i + 1 < len(pattern) and pattern[i + 1] == "-" else None
+        if c not in "-E":
+            mlp = i + 1 if i + 1 < len(pattern) and pattern[i + 1] in "-E" else None
             out.append((i, mlp))
     return out
 
 
 class ReluSquaredMLP(nn.Module):
-    """NemotronHMLP: down(relu(up(x))^2)."""
+    """NemotronHMLP: down(relu(up(x))^2), `width` wide (the dense MLP's intermediate_size by default)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, width: int | None = None, bias: bool | None = None) -> None:
         super().__init__()
-        self.w1 = Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.w2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        width, bias = width or cfg.intermediate_size, cfg.mlp_bias if bias is None else bias
+        self.w1 = Linear(cfg.hidden_size, width, bias=bias)
+        self.w2 = Linear(width, cfg.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(torch.square(F.relu(self.w1(x))))
+
+
+def _moe(cfg: ModelConfig) -> MoE:
+    """Nemotron 3's MoE: bias-free squared-ReLU experts and a shared expert with the MLPs' biases."""
+    moe = MoE(cfg, lambda width: ReluSquaredMLP(cfg, width, bias=False))
+    moe.shared = ReluSquaredMLP(cfg, cfg.moe.shared_intermediate_size)
+    return moe
 
 
 class NemotronBlock(nn.Module):
@@ -52,7 +64,8 @@ class NemotronBlock(nn.Module):
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.attention = MIXERS[cfg.layer(layer).mixer](cfg, layer)  # Mamba2 or NoPE attention
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if mlp else None
-        self.mlp = ReluSquaredMLP(cfg) if mlp else None
+        sparse = cfg.moe is not None and cfg.moe.sparse_layers[layer]
+        self.mlp = (_moe(cfg) if sparse else ReluSquaredMLP(cfg)) if mlp else None
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, state: SequenceState, cos: torch.Tensor | None,
                 sin: torch.Tensor | None) -> torch.Tensor:
@@ -111,7 +124,9 @@ def _layers(cfg: ModelConfig) -> list[tuple[str, dict[str, list[tuple[str, tuple
             own = f"model.layers.{j}.mamba."
             names |= {"attention." + k: [(p + "mixer." + n[len(own):], s) for n, s in v]
                       for k, v in Mamba2Mixer.checkpoint(cfg, j).items()}
-        if mlp is not None:
+        if mlp is not None and cfg.moe is not None and cfg.moe.sparse_layers[j]:
+            names |= _moe_names(cfg, f"backbone.layers.{mlp}.")
+        elif mlp is not None:
             f = f"backbone.layers.{mlp}."
             names |= {"ffn_norm.weight": [(f + "norm.weight", (C,))],
                       "mlp.w1.weight": [(f + "mixer.up_proj.weight", (I, C))],
@@ -121,3 +136,21 @@ def _layers(cfg: ModelConfig) -> list[tuple[str, dict[str, list[tuple[str, tuple
                           "mlp.w2.bias": [(f + "mixer.down_proj.bias", (C,))]}
         out.append((f"layers.{j}.", names))
     return out
+
+
+def _moe_names(cfg: ModelConfig, f: str) -> dict[str, list[tuple[str, tuple[int, ...]]]]:
+    """A MoE layer's tensors: model/moe.py's names -> the checkpoint's (name, shape)."""
+    assert cfg.moe is not None
+    C, E, J, S = cfg.hidden_size, cfg.moe.num_experts, cfg.moe.intermediate_size, cfg.moe.shared_intermediate_size
+    m = f + "mixer."
+    names = {"ffn_norm.weight": [(f + "norm.weight", (C,))], "mlp.gate.weight": [(m + "gate.weight", (E, C))],
+             "mlp.correction": [(m + "gate.e_score_correction_bias", (E,))],
+             "mlp.shared.w1.weight": [(m + "shared_experts.up_proj.weight", (S, C))],
+             "mlp.shared.w2.weight": [(m + "shared_experts.down_proj.weight", (C, S))]}
+    if cfg.mlp_bias:
+        names |= {"mlp.shared.w1.bias": [(m + "shared_experts.up_proj.bias", (S,))],
+                  "mlp.shared.w2.bias": [(m + "shared_experts.down_proj.bias", (C,))]}
+    for e in range(E):
+        names |= {f"mlp.experts.{e}.w1.weight": [(m + f"experts.{e}.up_proj.weight", (J, C))],
+                  f"mlp.experts.{e}.w2.weight": [(m + f"experts.{e}.down_proj.weight", (C, J))]}
+    return names

@@ -196,9 +196,9 @@ def test_engine_rows_equal_transformers_and_are_batch_invariant(pair) -> None:
 
 
 def test_the_native_step_runs_where_the_declaration_allows(pair) -> None:
-    """OLMo 3 and EXAONE 4 are switches the fused native step already has; GLM-4 MoE's and Gemma 4's declarations
-    keep the modules (a sigmoid router, partial RoPE; Gemma 4's own decoder): the step refuses them, and the tokens
-    above are the modules'."""
+    """OLMo 3 and EXAONE 4 are switches the fused native step already has, GLM-4 MoE's sigmoid group router and
+    partial RoPE parts it computes; Gemma 4's declaration keeps the modules (its own decoder): the step refuses it,
+    and its tokens above are the modules'."""
     name, _, model, _ = pair
     with torch.inference_mode():
         assert (fused.rows_plan(model, model.new_cache(1, 16)) is None) == (name in MODULES_ONLY)

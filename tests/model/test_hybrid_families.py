@@ -77,8 +77,13 @@ def test_configs_read_as_transformers_builds_them() -> None:
     assert falcon.num_hidden_layers == 6 and falcon.layers == (STATE_SPACE, FULL) * 3  # two of ours per layer
     nemotron = ModelConfig.from_dict(transformers.NemotronHConfig(hybrid_override_pattern="M-M*-M").to_dict())
     assert nemotron.layers == (STATE_SPACE, STATE_SPACE, NOPE, STATE_SPACE) and nemotron.layer_pattern == "M-M*-M"
-    with pytest.raises(ModelLoadError, match="MoE layers .* not supported"):
-        ModelConfig.from_dict(transformers.NemotronHConfig(hybrid_override_pattern="ME*E").to_dict())
+    nemotron3 = ModelConfig.from_dict(transformers.NemotronHConfig(hybrid_override_pattern="ME*E").to_dict())
+    assert nemotron3.layers == (STATE_SPACE, NOPE) and nemotron3.moe.sparse_layers == (True, True)
+    assert nemotron3.moe.scoring == "sigmoid" and nemotron3.moe.correction_bias and not nemotron3.moe.shared_gate
+    with pytest.raises(ModelLoadError, match="moe_latent_size=32"):
+        ModelConfig.from_dict(transformers.NemotronHConfig(hybrid_override_pattern="ME*E", moe_latent_size=32).to_dict())
+    with pytest.raises(ModelLoadError, match="must follow a Mamba2 or attention layer"):
+        ModelConfig.from_dict(transformers.NemotronHConfig(hybrid_override_pattern="M-E*").to_dict())
 
 
 def test_logits_equal_transformers(case) -> None:

@@ -7,10 +7,8 @@ import torch
 from nexttoken.model import ForwardBatch
 
 # Variants the native step does not cover (their declarations keep the modules: Family.native_step): gpt-oss's
-# sinks, GLM-4 MoE (its sigmoid router and partial RoPE), Gemma 4 (its own decoder) and ERNIE 4.5 MoE
-# (a correction bias in its softmax router, an ungated shared expert). Every other family's block,
-# windows and experts included, fuses.
-MODULES_ONLY: set[str] = {"gpt-oss", "glm4-moe-groups", "gemma4-kv-shared-ple", "gemma4-moe", "ernie4_5-moe"}
+# sinks and Gemma 4 (its own decoder). Every other family's block, windows, routers and experts included, fuses.
+MODULES_ONLY: set[str] = {"gpt-oss", "gemma4-kv-shared-ple", "gemma4-moe"}
 
 
 @torch.inference_mode()

@@ -141,6 +141,13 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "nemotron_h": ("nemotron_h", dict(hybrid_override_pattern="M-*-M", head_dim=16, mamba_num_heads=4,
                                       mamba_head_dim=32, n_groups=2, ssm_state_size=16, chunk_size=8,
                                       layer_norm_epsilon=1e-5)),
+    # Nemotron 3: Nemotron-H with MoE layers ('E'): 8 squared-ReLU experts in 4 groups (the best 2 groups), top 2,
+    # a shared expert, scaled weights
+    "nemotron_h-moe": ("nemotron_h", dict(hybrid_override_pattern="ME*-ME", head_dim=16, mamba_num_heads=4,
+                                          mamba_head_dim=32, n_groups=2, ssm_state_size=16, chunk_size=8,
+                                          layer_norm_epsilon=1e-5, n_routed_experts=8, num_experts_per_tok=2,
+                                          moe_intermediate_size=24, moe_shared_expert_intermediate_size=40,
+                                          n_group=4, topk_group=2, routed_scaling_factor=2.5)),
     # Mamba2: no attention, no MLP; 4 layers of 4 heads of 32 over 2 groups, scan chunks of 8
     "mamba2-ssd": ("mamba2", dict(num_hidden_layers=4, num_heads=4, head_dim=32, expand=2, n_groups=2, state_size=16,
                                   conv_kernel=4, chunk_size=8, layer_norm_epsilon=1e-5)),
@@ -185,7 +192,8 @@ NO_TENSOR_PARALLEL = {"gpt-oss"}
 # fused native step takes them (tests/model/test_fused_recurrent.py).
 # The hybrid families after the first four (tests/model/test_hybrid_families.py runs them; the suites of the first
 # four, test_hybrid_models.py, test_hybrid_engine.py and the generation parity suite, leave them out).
-HYBRID_FAMILIES = frozenset({"granite4h-moe", "lfm2-moe", "qwen3_5-moe", "qwen3_next", "falcon_h1", "nemotron_h"})
+HYBRID_FAMILIES = frozenset({"granite4h-moe", "lfm2-moe", "qwen3_5-moe", "qwen3_next", "falcon_h1", "nemotron_h",
+                             "nemotron_h-moe"})
 RECURRENT = frozenset({"lfm2-conv", "qwen3_5-delta", "granite4h-mamba", "mamba2-ssd"}) | HYBRID_FAMILIES
 
 
@@ -251,11 +259,14 @@ def build_hf_model(arch: str, seed: int = 0, **overrides):  # noqa: ANN201
             for name, p in model.named_parameters():
                 if name.endswith(("bias", "sinks")):
                     p.normal_(0, 0.3)
-    if arch == "glm4_moe":  # the router's correction bias (zeros at init) moves the choice; make it matter
+    if arch in ("glm4_moe", "nemotron_h"):  # the router's correction bias (zeros at init) moves the choice
         with torch.no_grad():
             for name, b in model.named_buffers():
                 if name.endswith("e_score_correction_bias"):
                     b.normal_(0, 0.3)
+            for name, p in model.named_parameters():
+                if name.endswith("mixer.gate.weight"):  # Nemotron 3's router (zeros at init: every score ties)
+                    p.normal_(0, 0.5)
     if arch in ("qwen3", "olmo2", "qwen3_moe", "glm4_moe", "olmo3", "exaone4"):  # random-init norm weights are ones; make the q/k norms matter
         with torch.no_grad():
             for name, p in model.named_parameters():
