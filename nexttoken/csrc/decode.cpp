@@ -11,8 +11,8 @@
 //
 // The families are switches on the one block (NtModel.flags and the fields after it): q/k norms before RoPE,
 // Gemma's (1 + w) norms around each branch, OLMo 2's norms after each branch, Granite's multipliers, GeGLU,
-// soft-caps, sliding-window layers with their own RoPE, LongRoPE, and mixture-of-experts MLPs that run only
-// the chosen experts' products.
+// soft-caps, sliding-window layers with their own RoPE, LongRoPE, gpt-oss's attention sinks and clamped SwiGLU,
+// and mixture-of-experts MLPs that run only the chosen experts' products.
 //
 // The arithmetic follows the PyTorch modules operation by operation (normalise then scale, rotate as
 // x*cos + roll(x)*signed_sin, softmax over scaled scores); it is built with -ffp-contract=off so the compiler
@@ -145,10 +145,11 @@ struct Scoring {
 // One query head against cache columns [first, kv_len): softmax(score(q.k)) @ v (a sliding layer's window starts
 // at first > 0; the modules' window mask hides the columns before it). Dot products in 16-lane vectors (a head
 // is 48-256 wide), the weighted sum of values likewise; columns in order, block by block, so the sums are the same
-// whatever the block size.
+// whatever the block size. `sink` (gpt-oss; NULL: none): the head's learned logit joins the softmax's max and
+// denominator, its share then dropped (model/layers.py's sink_attention).
 TARGET void attend(const float* q, const void* keys, const void* values, const float* k_scale,
                    const float* v_scale, const Pages& pages, int64_t first, int64_t kv_len, int64_t D,
-                   const Scoring& how, float* scores, float* out) {
+                   const Scoring& how, const float* sink, float* scores, float* out) {
   float mx = -INFINITY;
   for (int64_t s = first; s < kv_len; ++s) {
     const int64_t at = pages.at(s, D);
@@ -163,8 +164,10 @@ TARGET void attend(const float* q, const void* keys, const void* values, const f
     scores[s - first] = sc;
     mx = sc > mx ? sc : mx;
   }
+  if (sink) mx = *sink > mx ? *sink : mx;
   float sum = 0.f;
   for (int64_t s = first; s < kv_len; ++s) sum += (scores[s - first] = expf(scores[s - first] - mx));
+  if (sink) sum += expf(*sink - mx);  // the sink's share of the denominator, last as in the modules' row
   const float inv = 1.f / sum;
   for (int64_t d = 0; d < D; d += 16) {
     const __mmask16 m = D - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - d)) - 1u);
@@ -333,8 +336,8 @@ int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B
     const int64_t first = window > 0 && kv_lens[b] > window ? kv_lens[b] - window : 0;
     Scratch::grow(scores, kv_lens[b] - first);  // this thread's own buffer
     attend(qkv + b * NQKV + head * D, L.k_cache, L.v_cache, m->kv_kind == KV_I8 ? L.k_scale : nullptr,
-           m->kv_kind == KV_I8 ? L.v_scale : nullptr, pages, first, kv_lens[b], D, how, scores.data(),
-           att + b * HD + head * D);
+           m->kv_kind == KV_I8 ? L.v_scale : nullptr, pages, first, kv_lens[b], D, how,
+           L.sinks ? L.sinks + head : nullptr, scores.data(), att + b * HD + head * D);
   }
   if (L.gated) {  // y * sigmoid(gate), as Attention.forward
     const float* gate = s.gate.data();
@@ -346,7 +349,9 @@ int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B
 }
 
 // One gated MLP on n rows: out (n, C) = w2(act(gate(x)) * up(x)), act SiLU or GeGLU's tanh-approximated GELU (in
-// PyTorch's order: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))).
+// PyTorch's order: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))); gpt-oss's clamped SwiGLU where
+// swiglu_limit > 0 (layers.py's clamped_swiglu: gate <= limit, |up| <= limit, (up + 1) * (gate * sigmoid(alpha *
+// gate))). w13's and w2's biases (NtLinear.bias) are added by their products.
 TARGET int gated_mlp(const NtModel* m, const NtLinear& w13, const NtLinear& w2, int64_t I, const float* x, int64_t n,
                      float* out, const NtLayer* lora = nullptr) {
   const int64_t C = m->hidden;
@@ -356,9 +361,15 @@ TARGET int gated_mlp(const NtModel* m, const NtLinear& w13, const NtLinear& w2, 
   if (lora) add_lora(lora->lora_w13, m->lora_slots, x, n, C, 2 * I, gu);
   const bool gelu = m->flags & NT_GELU;
   const float beta = (float)(M_SQRT2 * M_2_SQRTPI * 0.5), kappa = 0.044715f;
+  const float limit = (float)m->swiglu_limit, alpha = (float)m->swiglu_alpha;
   for (int64_t b = 0; b < n; ++b) {
     const float *g = gu + b * 2 * I, *u = g + I;
-    if (gelu) {
+    if (limit > 0.f) {
+      for (int64_t i = 0; i < I; ++i) {
+        const float v = g[i] > limit ? limit : g[i], w = u[i] < -limit ? -limit : (u[i] > limit ? limit : u[i]);
+        act[b * I + i] = (w + 1.f) * (v * (1.f / (1.f + expf(-(v * alpha)))));
+      }
+    } else if (gelu) {
       for (int64_t i = 0; i < I; ++i) {
         const float v = g[i], inner = beta * (v + kappa * (v * v * v));
         act[b * I + i] = 0.5f * v * (1.f + tanhf(inner)) * u[i];

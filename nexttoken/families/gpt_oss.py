@@ -64,8 +64,8 @@ GPT_OSS = Family(
     "q/k/v/o bias; attention sinks (a learned logit per head in each softmax); alternating sliding and full layers "
     "(`layer_types`); YaRN RoPE; a sparse MoE MLP on every layer: router with a bias, softmax over the top k "
     "logits, experts with biases and a clamped SwiGLU (`swiglu_limit`, `swiglu_alpha`); experts stacked in the "
-    "checkpoint (MXFP4 `*_blocks` / `*_scales` in the released ones). Runs the modules path (no fused native step), "
-    "one process (no tensor parallelism)",
-    read=_gpt_oss, gguf="gpt-oss", read_gguf=_gguf, stacked_experts=True, native_step=False,
+    "checkpoint (MXFP4 `*_blocks` / `*_scales` in the released ones). Decode steps take the fused native step "
+    "(experts kept packed as MXFP4: the modules path), one process (no tensor parallelism)",
+    read=_gpt_oss, gguf="gpt-oss", read_gguf=_gguf, stacked_experts=True, native_step=True,
     tensor_parallel=False,
 )

@@ -8,7 +8,8 @@ It takes what it computes exactly like the modules: float32 activations on CPU, 
 last cache column with every column visible (no padding) but for the sliding layers' window, which the native
 attention computes itself, weights that are `Linear`, `BF16Linear`, `Int8Linear`, `Int4Linear` or GGUF's packed `GGUFLinear` layers
 of the stock blocks. Every family's block is a set of switches there (q/k norms, Gemma's (1 + w) sandwich norms, OLMo 2's
-norms after each branch, Granite's multipliers, GeGLU, soft-caps, local RoPE, LongRoPE, MoE experts), and LoRA
+norms after each branch, Granite's multipliers, GeGLU, soft-caps, local RoPE, LongRoPE, MoE experts, gpt-oss's
+attention sinks and clamped SwiGLU), and LoRA
 rows add their adapter's products. Everything else returns None and runs the modules, which are the reference the
 tests hold this path to (same tokens; logits within float32 rounding).
 
@@ -115,6 +116,9 @@ def _key(model: torch.nn.Module, cache: KVCache, states: StateSlots | None = Non
                   att.get("k_norm"), mlp.get("w13"), mlp.get("w2")):
             if m is not None:
                 key += (id(m), _weight(m).data_ptr())
+        sinks = parts["attention"]._parameters.get("sinks")  # gpt-oss's per-head logits (NtLayer.sinks)
+        if sinks is not None:
+            key.append(sinks.data_ptr())
         if "wi" in att:  # a recurrent mixer: its own tensors (taps, decays, norm)
             key += [None if t is None else t.data_ptr() for t in parts["attention"]._parameters.values()]
         if "experts" in mlp:  # a MoE block: its router, experts and shared expert
@@ -207,6 +211,7 @@ class _Plan:
             moe.num_experts if moe else 0, moe.top_k if moe else 0, int(bool(moe and moe.norm_topk_prob)),
             moe.intermediate_size if moe else 0, moe.shared_intermediate_size if moe else 0,
             **_routing(moe),
+            swiglu_limit=cfg.swiglu_limit or 0.0, swiglu_alpha=cfg.swiglu_alpha,  # gpt-oss's clamped SwiGLU
         )
         # The same model for a forward whose batch carries no window (mask None past the window: the modules then
         # attend over every column of the sliding layers too).
@@ -237,6 +242,9 @@ class _Plan:
                  getattr(block, "attention_post_norm", None), getattr(block, "ffn_post_norm", None)]
         if any(n is not None and type(n) is not RMSNorm for n in norms):
             return None
+        sinks = _sinks(att, sharded)
+        if sinks is False:
+            return None
         linears = [_linear(_local(m)) for m in (att.wqkv, att.wo)]
         moe = _no_moe()
         if type(mlp) is MLP:
@@ -256,7 +264,7 @@ class _Plan:
                       *[None if n is None else n.weight.data_ptr() for n in norms], int(att.sliding),
                       no_rope=int(kind.rope is None), **moe,
                       lora_qkv=loras[0], lora_o=loras[1], lora_w13=loras[2], lora_w2=loras[3],
-                      gated=int(att.gated))
+                      gated=int(att.gated), sinks=sinks)
 
     def _recurrent_layer(self, block: torch.nn.Module, cache: KVCache, i: int, sharded: bool) -> _Layer | None:
         """Recurrent block i (issue 41: LFM2's short convolution, the gated delta rule, Mamba2's SSD) as an NtLayer
@@ -398,6 +406,17 @@ def _with_slots(description: _Model, slots: torch.Tensor | None, state_rows: tor
 _ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the gates csrc/decode.cpp computes (layers.activation's)
 
 
+def _sinks(att: torch.nn.Module, sharded: bool) -> int | None | bool:
+    """The address of gpt-oss's per-head sink logits ((H,) float32: NtLayer.sinks), None where the layer has none,
+    False where the native step cannot read them (another dtype; a tensor-parallel rank's heads)."""
+    sinks = att.sinks
+    if sinks is None:
+        return None
+    if sharded or sinks.dtype != torch.float32 or not sinks.is_contiguous() or sinks.numel() != att.n_heads:
+        return False
+    return sinks.data_ptr()
+
+
 def _expert(mlp: torch.nn.Module) -> _Expert | None:
     """One expert's (or the shared expert's) gated MLP as an NtExpert, or None."""
     if type(mlp) is not MLP:
@@ -407,7 +426,7 @@ def _expert(mlp: torch.nn.Module) -> _Expert | None:
 
 
 def _kept(module: torch.nn.Module) -> _Linear | None:
-    """A router (or shared-expert gate): a float32 KeptLinear without bias (its native()), or what a replaced
+    """A router (or shared-expert gate): a float32 KeptLinear, its bias too (its native()), or what a replaced
     layer says of itself."""
     return describe(_local(module))
 

@@ -35,7 +35,8 @@ class KeptLinear(nn.Linear):
     forward = Linear.forward
 
     def native(self) -> NtLinear | None:
-        """As a MoE router or shared-expert gate (csrc/decode.cpp reads them so): float32 rows, no bias."""
-        if self.weight.dtype != torch.float32 or self.bias is not None:
+        """As a MoE router or shared-expert gate (csrc/decode.cpp reads them so): float32 rows, and a float32 bias
+        (gpt-oss's router) added by the product as the forward's kernel adds it."""
+        if self.weight.dtype != torch.float32:
             return None
-        return weight_rows(self.weight)
+        return weight_rows(self.weight, self.bias)

@@ -169,7 +169,10 @@ def test_each_weight_layer_describes_its_own_kind() -> None:
     assert describe(Linear(16, 8).half()) is None  # float16 rows: no kind
     assert describe(Linear(16, 8).to(torch.bfloat16)) is None  # a bfloat16 bias: the kernels add float32 biases
     router = KeptLinear(16, 4, bias=False)
-    assert describe(router).kind == Kind.W_F32 and describe(KeptLinear(16, 4)) is None  # routers have no bias
+    assert describe(router).kind == Kind.W_F32 and describe(router).bias is None
+    biased = KeptLinear(16, 4)  # gpt-oss's router: its float32 bias described with the rows
+    assert (describe(biased).kind, describe(biased).bias) == (Kind.W_F32, biased.bias.data_ptr())
+    assert describe(KeptLinear(16, 4).to(torch.bfloat16)) is None  # routers are read as float32 rows
     table = torch.nn.Embedding(10, 16)
     assert describe_table(table).kind == Kind.W_F32 and describe_table(table).weight == table.weight.data_ptr()
     assert describe_table(BF16Embedding(BF16Linear.from_linear(torch.nn.Linear(16, 10)))).kind == Kind.W_BF16

@@ -6,9 +6,9 @@ import torch
 
 from nexttoken.model import ForwardBatch
 
-# Variants the native step does not cover (their declarations keep the modules: Family.native_step): gpt-oss's
-# sinks and Gemma 4 (its own decoder). Every other family's block, windows, routers and experts included, fuses.
-MODULES_ONLY: set[str] = {"gpt-oss", "gemma4-kv-shared-ple", "gemma4-moe"}
+# Variants the native step does not cover (their declarations keep the modules: Family.native_step): Gemma 4 (its
+# own decoder). Every other family's block, windows, sinks, routers and experts included, fuses.
+MODULES_ONLY: set[str] = {"gemma4-kv-shared-ple", "gemma4-moe"}
 
 
 @torch.inference_mode()
