@@ -37,6 +37,8 @@ def pairs(cfg: ModelConfig) -> list[tuple[int, int | None]]:
 class ReluSquaredMLP(nn.Module):
     """NemotronHMLP: down(relu(up(x))^2)."""
 
+    native_form = "relu2"  # model/fused.py: the native step's ungated MLP (NtFlag NT_RELU2)
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.w1 = Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
@@ -47,6 +49,8 @@ class ReluSquaredMLP(nn.Module):
 
 
 class NemotronBlock(nn.Module):
+    native_form = "block"  # model/fused.py: the native step's block (norm, mixer, residual; norm, MLP, residual)
+
     def __init__(self, cfg: ModelConfig, layer: int, mlp: bool) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
