@@ -53,11 +53,11 @@ def _counting(monkeypatch, *names: str) -> list[bool]:
 
 
 @torch.inference_mode()
-def _forced(model, ids: torch.Tensor) -> tuple[torch.Tensor, dict]:  # noqa: ANN001
-    """(STEPS, B, V) log-probs of STEPS decode steps after a 6-token prefill, each fed the given next token, and the
+def _forced(model, ids: torch.Tensor, steps: int = STEPS) -> tuple[torch.Tensor, dict]:  # noqa: ANN001
+    """(steps, B, V) log-probs of `steps` decode steps after a 6-token prefill, each fed the given next token, and the
     recurrent states left behind (layer -> its tensors)."""
     B, P = ids.shape[0], 6
-    S = P + STEPS
+    S = P + steps
     valid = torch.ones(B, S, dtype=torch.bool)
     cache = model.new_cache(B, S)
     cols = torch.arange(P).expand(B, P)
@@ -115,6 +115,7 @@ def test_step_logits_within_float32_rounding_of_the_modules(variant, monkeypatch
     torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("variant", sorted(NATIVE_NETWORKS), indirect=True)
 def test_seeded_sampling_equals_the_modules(variant, monkeypatch) -> None:
     """Three rows sampled (temperature, top-k, one seed) for 24 tokens, every step native: the modules' tokens."""
     _, _, model = variant
@@ -126,17 +127,21 @@ def test_seeded_sampling_equals_the_modules(variant, monkeypatch) -> None:
         assert torch.equal(fast, generate(model, PROMPTS, **kwargs))
 
 
-def test_native_step_is_as_close_to_float64_as_the_modules(variant, tmp_path) -> None:
-    """24 teacher-forced steps of two rows: the native log-probs no further from the modules' computed in float64
-    (the same weights, loaded again and widened) than the float32 modules are, with a margin for the different
-    sum orders."""
-    _, hf, model = variant
-    ids = torch.randint(5, model.config.vocab_size, (2, 6 + STEPS), generator=torch.Generator().manual_seed(5))
-    native, _ = _forced(model, ids)
+@pytest.mark.parametrize("variant", sorted(NATIVE_NETWORKS), indirect=True)
+def test_native_step_is_as_close_to_float64_as_the_modules(variant, tmp_path, monkeypatch) -> None:
+    """16 teacher-forced steps of two rows, every one native: the log-probs no further from the modules' computed
+    in float64 (the variant's weights loaded again, then widened) than the float32 modules are, with a margin for
+    the different sum orders (as tests/model/test_fused_families.py holds the attention families)."""
+    _, hf, _ = variant
+    hf.save_pretrained(tmp_path)
+    model = load_model(tmp_path)
+    ids = torch.randint(5, model.config.vocab_size, (2, 22), generator=torch.Generator().manual_seed(5))
+    calls = _counting(monkeypatch, "decode_step")
+    native, _ = _forced(model, ids, 16)
+    assert len(calls) == 16 and all(calls)
     with fused.disabled():
-        modules, _ = _forced(model, ids)
-        hf.save_pretrained(tmp_path)
-        exact, _ = _forced(load_model(tmp_path).double(), ids)
+        modules, _ = _forced(model, ids, 16)
+        exact, _ = _forced(model.double(), ids, 16)
     native_error, modules_error = (native - exact).abs().max().item(), (modules - exact).abs().max().item()
     assert native_error <= 3 * modules_error + 1e-6, (native_error, modules_error)
 
@@ -153,7 +158,7 @@ def test_falcon_h1_without_its_mamba_norm_gates_alone(tmp_path, monkeypatch) -> 
         reference = step_logits(model)
     calls = _counting(monkeypatch, "decode_step", "greedy_chain")
     torch.testing.assert_close(step_logits(model), reference, rtol=1e-5, atol=1e-5)
-    kwargs = dict(max_new_tokens=12, do_sample=False, eos_token_id=None)
+    kwargs = dict(max_new_tokens=8, do_sample=False, eos_token_id=None)
     fast = generate(model, PROMPTS[:2], **kwargs)
     assert calls and all(calls)
     assert torch.equal(fast, hf.generate(PROMPTS[:2], pad_token_id=0, **kwargs))
