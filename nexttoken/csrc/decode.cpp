@@ -278,10 +278,10 @@ int gated_qkv(const NtModel* m, const NtLayer& L, const float* in, int64_t B, fl
   return 0;
 }
 
-// A layer's attention half without the residual add: out (B, C) = o(attention(rope(qkv(norm(x))))) (OLMo 2, or
-// `normed` (Falcon-H1's parallel_half): of x itself), writing the new K/V of row b at column kv_lens[b] - 1 of its blocks
+// A layer's attention half without the residual add: out (B, C) = o(attention(rope(qkv(norm(x))))) (OLMo 2: of
+// x itself, its norm comes after), writing the new K/V of row b at column kv_lens[b] - 1 of its blocks
 // (tables[b * table_stride ...], column s in block s / bs). On a tensor-parallel rank these are this rank's heads
-// and out is its partial sum of the o-projection.
+// and out is its partial sum of the o-projection. `normed`: x is the normed input already (parallel_half's).
 int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B, const int64_t* tables,
                    int64_t table_stride, const int64_t* kv_lens, bool parallel_attention, float* out,
                    bool normed = false) {
@@ -291,7 +291,7 @@ int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B
   float *h = s.h.data(), *qkv = s.qkv.data(), *att = s.att.data();
   const bool local = L.sliding && m->local_inv_freq;
   const float *cos_t = local ? s.cos_l.data() : s.cos.data(), *sin_t = local ? s.sin_l.data() : s.sin.data();
-  const bool norm_first = !(m->flags & NT_NORM_AFTER) && !normed;  // normed: x is the normed input already
+  const bool norm_first = !(m->flags & NT_NORM_AFTER) && !normed;
   if (norm_first) rms_norm(x, L.attn_norm, B, C, m->eps, h, m->flags & NT_PLUS_ONE);
   if (L.gated) {  // Qwen3.5: q_proj's rows are [query; gate] per head; the gates aside, the rest as usual
     if (gated_qkv(m, L, norm_first ? h : x, B, qkv)) return 1;
@@ -643,7 +643,8 @@ int nt_decode_part(const NtModel* m, int64_t layer, int64_t part, const float* x
   Scratch& s = scratch;
   s.fit(*m, B);
   const NtLayer& L = m->layers[layer];
-  if (L.mixer != MIX_ATTENTION || L.gated || L.parallel) return 1;  // tensor parallelism refuses the hybrids (families' declarations)
+  // tensor parallelism refuses the hybrids (families' declarations)
+  if (L.mixer != MIX_ATTENTION || L.gated || L.parallel) return 1;
   if (part == 0) {
     all_rope_tables(m, B, positions, false, s);
     const bool parallel_attention = total_kv * m->n_heads * m->head_dim >= (1 << 16);
