@@ -3,10 +3,10 @@ Qwen3.5's gated delta rule (with its gated, partially rotated attention), Granit
 hybrid families' own networks: Falcon-H1 (a Mamba2 mixer beside the attention in each layer, µP multipliers) and
 Nemotron-H (Mamba2 / NoPE attention layers, squared-ReLU MLPs). Each row's state slot is read and updated in place
 by the native code. Against the modules path (fused.disabled), the reference: 24 teacher-forced decode steps at
-batch 1 and 3 (log-probs and the states left behind within float32 rounding, every step native, and no further from
-a float64 run of the modules than the modules are), one step's logits within 1e-5, greedy tokens equal to the
-modules' and transformers', seeded samples equal to the modules', and the engine's native rows of a mixed batch
-equal to the modules', each row's numbers independent of its batch-mates."""
+batch 1 and 3 (log-probs and the states left behind within float32 rounding, every step native), one step's logits
+within 1e-5, greedy tokens equal to the modules' and transformers', and the engine's native rows of a mixed batch
+equal to the modules', each row's numbers independent of its batch-mates; for the two networks also seeded samples
+equal to the modules' and log-probs no further from a float64 run of the modules than the modules are."""
 
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ def _counting(monkeypatch, *names: str) -> list[bool]:
 
 @torch.inference_mode()
 def _forced(model, ids: torch.Tensor, steps: int = STEPS) -> tuple[torch.Tensor, dict]:  # noqa: ANN001
-    """(steps, B, V) log-probs of `steps` decode steps after a 6-token prefill, each fed the given next token, and the
-    recurrent states left behind (layer -> its tensors)."""
+    """(steps, B, V) log-probs of `steps` decode steps after a 6-token prefill, each fed the given next token, and
+    the recurrent states left behind (layer -> its tensors)."""
     B, P = ids.shape[0], 6
     S = P + steps
     valid = torch.ones(B, S, dtype=torch.bool)
