@@ -40,14 +40,16 @@ constexpr Field kFields[] = {
     NT_FIELD(NtLayer, shared_gate), NT_FIELD(NtLayer, lora_qkv), NT_FIELD(NtLayer, lora_o),
     NT_FIELD(NtLayer, lora_w13), NT_FIELD(NtLayer, lora_w2), NT_FIELD(NtLayer, mixer),
     NT_FIELD(NtLayer, recurrent), NT_FIELD(NtLayer, gated), NT_FIELD(NtLayer, correction),
-    NT_FIELD(NtLayer, sinks),
+    NT_FIELD(NtLayer, sinks), NT_FIELD(NtLayer, parallel), NT_FIELD(NtLayer, parallel_mixer),
+    NT_FIELD(NtLayer, parallel_in), NT_FIELD(NtLayer, parallel_out), NT_FIELD(NtLayer, attn_in),
+    NT_FIELD(NtLayer, attn_out),
 
     NT_FIELD(NtRecurrent, wi), NT_FIELD(NtRecurrent, wo), NT_FIELD(NtRecurrent, conv),
     NT_FIELD(NtRecurrent, conv_bias), NT_FIELD(NtRecurrent, dt_bias), NT_FIELD(NtRecurrent, A_log),
     NT_FIELD(NtRecurrent, D), NT_FIELD(NtRecurrent, norm), NT_FIELD(NtRecurrent, window),
     NT_FIELD(NtRecurrent, state), NT_FIELD(NtRecurrent, channels), NT_FIELD(NtRecurrent, kernel),
     NT_FIELD(NtRecurrent, heads), NT_FIELD(NtRecurrent, groups), NT_FIELD(NtRecurrent, head_k),
-    NT_FIELD(NtRecurrent, head_v), NT_FIELD(NtRecurrent, norm_groups),
+    NT_FIELD(NtRecurrent, head_v), NT_FIELD(NtRecurrent, norm_groups), NT_FIELD(NtRecurrent, norm_first),
 
     NT_FIELD(NtModel, n_layers), NT_FIELD(NtModel, hidden), NT_FIELD(NtModel, n_heads),
     NT_FIELD(NtModel, n_kv_heads), NT_FIELD(NtModel, head_dim), NT_FIELD(NtModel, intermediate),
@@ -86,7 +88,7 @@ constexpr Code kCodes[] = {
     NT_CODE(W_F32),       NT_CODE(W_BF16),      NT_CODE(W_I8),          NT_CODE(W_I4),       NT_CODE(W_I8_F32),   NT_CODE(W_I4_F32),  NT_CODE(W_GGML),
     NT_CODE(GGML_MIXED),  NT_CODE(GGML_Q16),    NT_CODE(GGML_F32),    NT_CODE(OUT_F32),       NT_CODE(OUT_BF16),   NT_CODE(KV_F32),
     NT_CODE(KV_I8),       NT_CODE(NT_PLUS_ONE), NT_CODE(NT_SANDWICH),   NT_CODE(NT_NORM_AFTER),
-    NT_CODE(NT_GELU),     NT_CODE(QK_NONE),     NT_CODE(QK_HEAD),       NT_CODE(QK_PROJECTION),
+    NT_CODE(NT_GELU),     NT_CODE(NT_RELU2),    NT_CODE(QK_NONE),     NT_CODE(QK_HEAD),       NT_CODE(QK_PROJECTION),
     NT_CODE(MIX_ATTENTION), NT_CODE(MIX_SHORT_CONV), NT_CODE(MIX_DELTA_RULE), NT_CODE(MIX_SSD),
     NT_CODE(ROUTE_SOFTMAX), NT_CODE(ROUTE_TOPK_SOFTMAX), NT_CODE(ROUTE_SIGMOID),
 };

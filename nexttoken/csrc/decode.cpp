@@ -288,16 +288,17 @@ int gated_qkv(const NtModel* m, const NtLayer& L, const float* in, int64_t B, fl
 // A layer's attention half without the residual add: out (B, C) = o(attention(rope(qkv(norm(x))))) (OLMo 2: of
 // x itself, its norm comes after), writing the new K/V of row b at column kv_lens[b] - 1 of its blocks
 // (tables[b * table_stride ...], column s in block s / bs). On a tensor-parallel rank these are this rank's heads
-// and out is its partial sum of the o-projection.
+// and out is its partial sum of the o-projection. `normed`: x is the normed input already (parallel_half's).
 int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B, const int64_t* tables,
-                   int64_t table_stride, const int64_t* kv_lens, bool parallel_attention, float* out) {
+                   int64_t table_stride, const int64_t* kv_lens, bool parallel_attention, float* out,
+                   bool normed = false) {
   const int64_t C = m->hidden, H = m->n_heads, Hkv = m->n_kv_heads, D = m->head_dim;
   const int64_t HD = H * D, KVD = Hkv * D, NQKV = HD + 2 * KVD, group = H / Hkv;
   Scratch& s = scratch;
   float *h = s.h.data(), *qkv = s.qkv.data(), *att = s.att.data();
   const bool local = L.sliding && m->local_inv_freq;
   const float *cos_t = local ? s.cos_l.data() : s.cos.data(), *sin_t = local ? s.sin_l.data() : s.sin.data();
-  const bool norm_first = !(m->flags & NT_NORM_AFTER);
+  const bool norm_first = !(m->flags & NT_NORM_AFTER) && !normed;
   if (norm_first) rms_norm(x, L.attn_norm, B, C, m->eps, h, m->flags & NT_PLUS_ONE);
   if (L.gated) {  // Qwen3.5: q_proj's rows are [query; gate] per head; the gates aside, the rest as usual
     if (gated_qkv(m, L, norm_first ? h : x, B, qkv)) return 1;
@@ -487,6 +488,19 @@ int moe_half(const NtModel* m, const NtLayer& L, const float* h, int64_t B, floa
   return 0;
 }
 
+// Nemotron-H's ungated MLP (NemotronHMLP): out (B, C) = w2(relu(w13(x))^2), w13 the (I, C) up projection, the
+// square as torch.square's r * r.
+int relu2_mlp(const NtModel* m, const NtLayer& L, const float* x, int64_t B, float* out) {
+  const int64_t C = m->hidden, I = m->intermediate;
+  float* act = scratch.act.data();
+  if (linear(L.w13, x, B, I, C, act)) return 1;
+  for (int64_t i = 0; i < B * I; ++i) {
+    const float r = act[i] > 0.f ? act[i] : 0.f;
+    act[i] = r * r;
+  }
+  return linear(L.w2, act, B, C, I, out);
+}
+
 // A layer's MLP half without the residual add: out (B, C) = mlp(norm(x)) (OLMo 2: mlp(x)), the dense gated MLP
 // or the layer's experts. On a rank: its columns of gate/up, its partial sum of down.
 int mlp_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B, float* out) {
@@ -496,6 +510,7 @@ int mlp_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B, floa
     in = scratch.h.data();
   }
   if (L.router.weight) return moe_half(m, L, in, B, out);
+  if (m->flags & NT_RELU2) return relu2_mlp(m, L, in, B, out);
   return gated_mlp(m, L.w13, L.w2, m->intermediate, in, B, out, &L);  // the dense MLP's rows are the step's rows
 }
 
@@ -507,6 +522,27 @@ int recurrent_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B
     in = scratch.h.data();
   }
   return nt_recurrent_half(m, &L, in, B, out);
+}
+
+// Falcon-H1's first branch without the residual add (FalconBlock): h = norm(x); out (B, C) = mixer(h *
+// parallel_in) * parallel_out + attention(h * attn_in) * attn_out, each product rounded to float32 as the
+// modules' tensor-times-scalar operations are.
+int parallel_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B, const int64_t* tables,
+                  int64_t table_stride, const int64_t* kv_lens, bool parallel_attention, float* out) {
+  const int64_t n = B * m->hidden;
+  thread_local std::vector<float> normed, in, mixed;  // (B, C) each
+  Scratch::grow(normed, n), Scratch::grow(in, n), Scratch::grow(mixed, n);
+  rms_norm(x, L.attn_norm, B, m->hidden, m->eps, normed.data(), m->flags & NT_PLUS_ONE);
+  const float p_in = (float)L.parallel_in, p_out = (float)L.parallel_out;
+  const float a_in = (float)L.attn_in, a_out = (float)L.attn_out;
+  for (int64_t i = 0; i < n; ++i) in[i] = normed[i] * p_in;
+  NtLayer mixer = L;  // the recurrent mixer as a layer of its own (nt_recurrent_half reads mixer and recurrent)
+  mixer.mixer = L.parallel_mixer, mixer.recurrent = L.parallel;
+  if (nt_recurrent_half(m, &mixer, in.data(), B, mixed.data())) return 1;
+  for (int64_t i = 0; i < n; ++i) in[i] = normed[i] * a_in;
+  if (attention_half(m, L, in.data(), B, tables, table_stride, kv_lens, parallel_attention, out, true)) return 1;
+  for (int64_t i = 0; i < n; ++i) out[i] = mixed[i] * p_out + out[i] * a_out;
+  return 0;
 }
 
 // x += branch, the way Block joins a branch's output (B, C) to the residual: Gemma's post-norm of the branch,
@@ -552,7 +588,9 @@ int decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positions,
 
   for (int64_t l = 0; l < m->n_layers; ++l) {
     const NtLayer& L = m->layers[l];
-    if (L.mixer != MIX_ATTENTION) {  // issue 41's recurrent kinds (csrc/recurrent.cpp): each row's state slot
+    if (L.parallel) {  // Falcon-H1: a recurrent mixer and the attention side by side
+      if (parallel_half(m, L, x, B, tables, table_stride, kv_lens, parallel_attention, tmp)) return 1;
+    } else if (L.mixer != MIX_ATTENTION) {  // issue 41's recurrent kinds (csrc/recurrent.cpp): each row's state slot
       if (recurrent_half(m, L, x, B, tmp)) return 1;
     } else if (attention_half(m, L, x, B, tables, table_stride, kv_lens, parallel_attention, tmp)) {
       return 1;
@@ -666,7 +704,8 @@ int nt_decode_part(const NtModel* m, int64_t layer, int64_t part, const float* x
   Scratch& s = scratch;
   s.fit(*m, B);
   const NtLayer& L = m->layers[layer];
-  if (L.mixer != MIX_ATTENTION || L.gated) return 1;  // tensor parallelism refuses the hybrids (families' declarations)
+  // tensor parallelism refuses the hybrids (families' declarations)
+  if (L.mixer != MIX_ATTENTION || L.gated || L.parallel) return 1;
   if (part == 0) {
     all_rope_tables(m, B, positions, false, s);
     const bool parallel_attention = total_kv * m->n_heads * m->head_dim >= (1 << 16);

@@ -33,8 +33,9 @@ enum NtOut { OUT_F32 = 0, OUT_BF16 = 1 };  // an output's dtype: float32 or bflo
 
 enum NtKv : int64_t { KV_F32 = 0, KV_I8 = 2 };  // NtModel.kv_kind: the cache's elements
 
-// NtModel.flags: the families' switches on the one block.
-enum NtFlag : int64_t { NT_PLUS_ONE = 1, NT_SANDWICH = 2, NT_NORM_AFTER = 4, NT_GELU = 8 };
+// NtModel.flags: the families' switches on the one block. NT_RELU2: the MLP is ungated, w2(relu(w13(x))^2) with
+// w13 (I, C) the up projection alone (Nemotron-H).
+enum NtFlag : int64_t { NT_PLUS_ONE = 1, NT_SANDWICH = 2, NT_NORM_AFTER = 4, NT_GELU = 8, NT_RELU2 = 16 };
 
 // NtModel.qk_norm: where q and k are normalised before RoPE.
 enum NtQkNorm : int64_t { QK_NONE = 0, QK_HEAD = 1, QK_PROJECTION = 2 };
@@ -84,6 +85,8 @@ struct NtRecurrent {      // one recurrent layer's weights and its state slots (
   int64_t heads, groups;     // value heads (SSD: heads); key heads (SSD: B / C groups)
   int64_t head_k, head_v;    // delta rule: Dk, Dv; SSD: head_dim P, state_size N
   int64_t norm_groups;       // SSD: the gated norm's groups
+  int64_t norm_first;        // SSD: 0 the gate then the norm (Granite, Mamba2); 1 the norm then the gate (Falcon-H1's
+                             // norm_before_gate); norm NULL: the gate alone (Falcon-H1 without mamba_rms_norm)
 };
 
 struct NtLayer {
@@ -116,6 +119,11 @@ struct NtLayer {
   int64_t gated;                 // 1: q_proj's rows are [query; gate] per head, the output times sigmoid(gate)
   const float* correction;       // (E,) float32 added to the scores for the choice only (NtModel.router); NULL: none
   const float* sinks;            // (H,) a learned logit per head joining each softmax (gpt-oss); NULL: none
+  // Falcon-H1: a recurrent mixer beside the attention on the same normed input h (NULL: none), the layer's first
+  // branch mixer(h * parallel_in) * parallel_out + attention(h * attn_in) * attn_out (FalconBlock's order).
+  const NtRecurrent* parallel;   // its weights and state slots
+  int64_t parallel_mixer;        // its NtMixer
+  double parallel_in, parallel_out, attn_in, attn_out;  // the branches' multipliers (read only with `parallel`)
 };
 
 struct NtModel {

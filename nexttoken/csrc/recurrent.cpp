@@ -175,9 +175,31 @@ TARGET void ssd_head(float* S, const float* x, const float* Bg, const float* Cg,
   }
 }
 
+// The SSD's gated norm of one row's y (inner,) with its gate z, over norm_groups parts: Granite's / Mamba2's
+// (GraniteMoeHybridRMSNormGated) the gate first, then the norm; Falcon-H1's (conv.py's gated_rms_norm,
+// norm_before_gate) the norm, then the gate; without a norm weight the gate alone (FalconMixer._norm).
+void ssd_norm(const NtModel* m, const NtRecurrent& R, float* y, const float* z, int64_t inner) {
+  if (!R.norm || !R.norm_first)
+    for (int64_t i = 0; i < inner; ++i) y[i] = y[i] * silu(z[i]);
+  if (!R.norm) return;
+  const int64_t part = inner / R.norm_groups;
+  for (int64_t grp = 0; grp < R.norm_groups; ++grp) {
+    float* yg = y + grp * part;
+    const float* w = R.norm + grp * part;
+    float ss = 0.f;
+    for (int64_t i = 0; i < part; ++i) ss += yg[i] * yg[i];
+    const float r = 1.f / sqrtf(ss / (float)part + (float)m->eps);
+    if (R.norm_first) {
+      for (int64_t i = 0; i < part; ++i) yg[i] = (w[i] * (yg[i] * r)) * silu(z[grp * part + i]);
+    } else {
+      for (int64_t i = 0; i < part; ++i) yg[i] = w[i] * (yg[i] * r);
+    }
+  }
+}
+
 // Mamba2's selective state space layer (ssd.py's Mamba2Mixer, T = 1): [z; xBC; dt] = in_proj(h); the SiLU
 // convolution (with its bias) of xBC; per head dt = softplus(dt + dt_bias), the state step with its group's B and
-// C; then y * silu(z) RMS-normed over each of norm_groups parts, times the norm weight; out_proj.
+// C; then the gated norm (ssd_norm); out_proj.
 int ssd(const NtModel* m, const NtRecurrent& R, const float* h, int64_t B, float* out) {
   const int64_t C = m->hidden, H = R.heads, G = R.groups, P = R.head_k, N = R.head_v;
   const int64_t inner = H * P, n = R.channels, width = inner + n + H, per = H / G;
@@ -196,19 +218,7 @@ int ssd(const NtModel* m, const NtRecurrent& R, const float* h, int64_t B, float
     ssd_head(R.state + slot_of(m, b) * state_size + head * P * N, row + head * P, row + inner + g * N,
              row + inner + G * N + g * N, dt, dA, R.D[head], P, N, mixed + b * inner + head * P);
   }
-  const int64_t part = inner / R.norm_groups;
-  for (int64_t b = 0; b < B; ++b) {  // GraniteMoeHybridRMSNormGated: the gate first, then the norm per group
-    float* y = mixed + b * inner;
-    const float* z = proj + b * width;
-    for (int64_t i = 0; i < inner; ++i) y[i] = y[i] * silu(z[i]);
-    for (int64_t grp = 0; grp < R.norm_groups; ++grp) {
-      float* yg = y + grp * part;
-      float ss = 0.f;
-      for (int64_t i = 0; i < part; ++i) ss += yg[i] * yg[i];
-      const float r = 1.f / sqrtf(ss / (float)part + (float)m->eps);
-      for (int64_t i = 0; i < part; ++i) yg[i] = R.norm[grp * part + i] * (yg[i] * r);
-    }
-  }
+  for (int64_t b = 0; b < B; ++b) ssd_norm(m, R, mixed + b * inner, proj + b * width, inner);
   return linear(R.wo, mixed, B, C, inner, out);
 }
 

@@ -80,7 +80,7 @@ NEMOTRON_H = Family(
     "each layer one of a Mamba2 mixer (a convolution window and a head_dim x state_size matrix per head per "
     "sequence), NoPE attention, a squared-ReLU MLP or (Nemotron 3) a MoE of squared-ReLU experts, by "
     "`hybrid_override_pattern`",
-    read=_nemotron_h, network="nemotron_h", tensor_parallel=False, lora=False, native_step=False,
+    read=_nemotron_h, network="nemotron_h", tensor_parallel=False, lora=False,
     config_defaults=(("num_hidden_layers", 0),),
     state="a convolution window and a Mamba2 state matrix per head",
 )

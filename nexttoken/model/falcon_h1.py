@@ -40,6 +40,8 @@ class FalconMixer(Mamba2Mixer):
     """Mamba2's mixer with Falcon-H1's output: RMSNorm over groups then the silu(z) gate (norm_before_gate), or the
     gate alone (mamba_rms_norm false: no norm weight)."""
 
+    native_form = "ssd_norm_first"  # model/fused.py: the native SSD with its norm first (or the gate alone)
+
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__(cfg, layer)
         assert cfg.mup is not None
@@ -54,6 +56,8 @@ class FalconMixer(Mamba2Mixer):
 
 
 class FalconBlock(nn.Module):
+    native_form = "parallel"  # model/fused.py: one native layer, the attention with the mixer beside it
+
     def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
         assert cfg.mup is not None

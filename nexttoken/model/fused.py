@@ -35,14 +35,15 @@ from .cache import KVCache
 from .layers import MLP, Attention, Block, RMSNorm
 from .moe import MoE
 from .native_abi import describe, describe_table
-from .native_abi import (KV_F32, KV_I8, NT_GELU, NT_NORM_AFTER, NT_PLUS_ONE, NT_SANDWICH, QK_HEAD,
+from .native_abi import (KV_F32, KV_I8, NT_GELU, NT_NORM_AFTER, NT_PLUS_ONE, NT_RELU2, NT_SANDWICH, QK_HEAD,
                          QK_NONE, QK_PROJECTION)
 from .native_abi import NtExpert as _Expert
 from .native_abi import NtLayer as _Layer
 from .native_abi import NtLinear as _Linear
 from .native_abi import NtLora as _Lora
 from .native_abi import NtModel as _Model
-from .native_abi import MIX_DELTA_RULE, MIX_SHORT_CONV, MIX_SSD, ROUTE_SIGMOID, ROUTE_SOFTMAX, ROUTE_TOPK_SOFTMAX
+from .native_abi import (MIX_ATTENTION, MIX_DELTA_RULE, MIX_SHORT_CONV, MIX_SSD, ROUTE_SIGMOID, ROUTE_SOFTMAX,
+                         ROUTE_TOPK_SOFTMAX)
 from .native_abi import NtRecurrent as _Recurrent
 from .recurrent import GatedDeltaNet, Mamba2Mixer, ShortConvolution, StateSlots
 
@@ -109,21 +110,30 @@ def _key(model: torch.nn.Module, cache: KVCache, states: StateSlots | None = Non
         key += (id(m), _weight(m).data_ptr())
     for block in model._modules["layers"]._modules.values():
         parts = block._modules
-        att = parts["attention"]._modules
         mlp = {} if parts.get("mlp") is None else parts["mlp"]._modules  # None: Mamba2's block, the mixer alone
         for m in (parts["attention_norm"], parts.get("ffn_norm"), parts.get("attention_post_norm"),
-                  parts.get("ffn_post_norm"), att.get("wqkv"), att.get("wi"), att["wo"], att.get("q_norm"),
-                  att.get("k_norm"), mlp.get("w13"), mlp.get("w2")):
+                  parts.get("ffn_post_norm"), mlp.get("w13"), mlp.get("w1"), mlp.get("w2")):
             if m is not None:
                 key += (id(m), _weight(m).data_ptr())
+        for mixer in (parts["attention"], parts.get("mamba")):  # mamba: Falcon-H1's mixer beside the attention
+            if mixer is not None:
+                _key_mixer(mixer, key)
         sinks = parts["attention"]._parameters.get("sinks")  # gpt-oss's per-head logits (NtLayer.sinks)
         if sinks is not None:
             key.append(sinks.data_ptr())
-        if "wi" in att:  # a recurrent mixer: its own tensors (taps, decays, norm)
-            key += [None if t is None else t.data_ptr() for t in parts["attention"]._parameters.values()]
         if "experts" in mlp:  # a MoE block: its router, experts and shared expert
             _key_modules(parts["mlp"], key)
     return tuple(key)
+
+
+def _key_mixer(mixer: torch.nn.Module, key: list) -> None:
+    """An attention's or a recurrent mixer's matrices, norms and own tensors (taps, decays, norm) into key."""
+    att = mixer._modules
+    for m in (att.get("wqkv"), att.get("wi"), att["wo"], att.get("q_norm"), att.get("k_norm")):
+        if m is not None:
+            key += (id(m), _weight(m).data_ptr())
+    if "wi" in att:  # a recurrent mixer
+        key += [None if t is None else t.data_ptr() for t in mixer._parameters.values()]
 
 
 def _key_modules(module: torch.nn.Module, key: list) -> None:
@@ -174,10 +184,16 @@ class _Plan:
             return
         sharded = _sharded(model)
         self.local_rope = model.__dict__.get("local_inv_freq") is not None
+        self.mup = cfg.mup  # Falcon-H1's multipliers (its parallel blocks')
+        # Nemotron-H's ungated squared-ReLU MLPs (NtFlag NT_RELU2: every dense MLP of the model is one)
+        self.relu2 = any(_form(block.mlp) == "relu2" for block in model.layers)
         layers, self.experts = [], []  # experts: each MoE layer's (E,) _Expert array, kept alive with the plan
         for i, block in enumerate(model.layers):
-            build = _NATIVE_KINDS.get(cfg.layer(i).mixer)  # the declared kind's native layer, if it has one
-            layer = None if build is None else build(self, block, cache, i, sharded)
+            if _form(block) == "parallel":  # Falcon-H1: its attention and mixer layers in one NtLayer
+                layer = self._parallel_layer(block, cache, sharded)
+            else:
+                build = _NATIVE_KINDS.get(cfg.layer(i).mixer)  # the declared kind's native layer, if it has one
+                layer = None if build is None else build(self, block, cache, i, sharded)
             if layer is None:
                 return
             layers.append(layer)
@@ -195,12 +211,13 @@ class _Plan:
         self.embeds = embed is not None  # the native step then reads the token table itself
         moe = cfg.moe
         flags = ((_PLUS_ONE if cfg.norm_plus_one else 0) | (_SANDWICH if cfg.sandwich_norm else 0)
-                 | (_NORM_AFTER if cfg.norm_after else 0) | (_GELU if cfg.hidden_act == "gelu_pytorch_tanh" else 0))
+                 | (_NORM_AFTER if cfg.norm_after else 0) | (_GELU if cfg.hidden_act == "gelu_pytorch_tanh" else 0)
+                 | (NT_RELU2 if self.relu2 else 0))
         # Gemma's sqrt(hidden) rounded to float32, as _trunk's torch.tensor(embed_scale, dtype=x.dtype) does
         embed_scale = 1.0 if cfg.embed_scale is None else float(torch.tensor(cfg.embed_scale, dtype=torch.float32))
         local, long = model.__dict__.get("local_inv_freq"), model.__dict__.get("long_inv_freq")
         self.model = _Model(
-            cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+            len(layers), cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
             cfg.intermediate_size, vocab, embed or _Linear(None, 0, None, None), Hkv * S * D, S * D,
             cfg.rms_norm_eps, model.inv_freq.data_ptr(), model.norm.weight.data_ptr(), head, self.layers,
             _KV_KIND[cache.k.dtype], flags, _QK_NORM[cfg.qk_norm], cfg.embedding_multiplier, embed_scale,
@@ -235,8 +252,8 @@ class _Plan:
             return None
         if att.gated and "lora_A" in att.wqkv._buffers:  # adapters on gated q rows (Qwen3.5): the modules apply them
             return None
-        if (type(block), type(att), type(block.attention_norm), type(block.ffn_norm)) != (Block, Attention, RMSNorm,
-                                                                                             RMSNorm):
+        if (_form(block) not in ("block", "parallel") or (type(att), type(block.attention_norm)) != (Attention, RMSNorm)
+                or type(block.ffn_norm) is not (RMSNorm if mlp is not None else type(None))):
             return None
         norms = [getattr(att, "q_norm", None), getattr(att, "k_norm", None),
                  getattr(block, "attention_post_norm", None), getattr(block, "ffn_post_norm", None)]
@@ -247,8 +264,9 @@ class _Plan:
             return None
         linears = [_linear(_local(m)) for m in (att.wqkv, att.wo)]
         moe = _no_moe()
-        if type(mlp) is MLP:
-            linears += [_linear(_local(mlp.w13)), _linear(_local(mlp.w2))]
+        dense = self._dense_mlp(mlp)
+        if dense is not None:
+            linears += dense
         elif type(mlp) is MoE and (mlp.reduce is None) != sharded:  # a rank: _rank_step all-reduces its sum
             linears += [_Linear(), _Linear()]  # no dense MLP: the experts'
             moe = self._moe(mlp)
@@ -259,7 +277,8 @@ class _Plan:
         if any(lin is None for lin in linears):
             return None
         loras = [_lora(m) for m in (att.wqkv, att.wo, getattr(mlp, "w13", None), getattr(mlp, "w2", None))]
-        return _Layer(block.attention_norm.weight.data_ptr(), block.ffn_norm.weight.data_ptr(), *linears,
+        return _Layer(block.attention_norm.weight.data_ptr(),
+                      None if block.ffn_norm is None else block.ffn_norm.weight.data_ptr(), *linears,
                       cache.k[i].data_ptr(), cache.v[i].data_ptr(), *_scales(cache, i),
                       *[None if n is None else n.weight.data_ptr() for n in norms], int(att.sliding),
                       no_rope=int(kind.rope is None), **moe,
@@ -271,27 +290,18 @@ class _Plan:
         whose mixer reads `recurrent` (csrc/recurrent.cpp): its weights and layer i's state slots, which the native
         step updates in place. None where a part is not one the native step computes, or no slots are held."""
         mixer, mlp = block.attention, block.mlp
-        if sharded or self.states is None or i not in self.states.tensors or type(block) is not Block:
+        if sharded or _form(block) != "block" or type(block.attention_norm) is not RMSNorm:
             return None
-        if type(block.attention_norm) is not RMSNorm or (mlp is not None and type(mlp) not in (MLP, MoE)):
+        if type(block.ffn_norm) not in (RMSNorm, type(None)) or getattr(block, "sandwich", False):
             return None
-        if type(block.ffn_norm) not in (RMSNorm, type(None)) or block.sandwich:
-            return None
-        kind = _RECURRENT.get(type(mixer))
-        tensors = self.states.tensors[i]
-        if kind is None or any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
-            return None
-        recurrent = _recurrent(kind, mixer, tensors)
-        if recurrent is None:
-            return None
+        kind, recurrent = self._mixer(mixer, i)
         moe = _no_moe()
         if type(mlp) is MoE:  # a sparse MLP after the mixer (LFM2-MoE, Qwen3.5-MoE, Qwen3-Next, Granite 4.0-H)
-            moe = self._moe(mlp)
-        linears = [_Linear(), _Linear()] if mlp is None or type(mlp) is MoE else [
-            _linear(_local(mlp.w13)), _linear(_local(mlp.w2))]
-        if moe is None or any(lin is None for lin in linears):
+            moe, linears = self._moe(mlp), [_Linear(), _Linear()]
+        else:
+            linears = self._dense_mlp(mlp)
+        if recurrent is None or moe is None or linears is None or any(lin is None for lin in linears):
             return None
-        self.recurrent.append(recurrent)
         # the MLP's adapters (LoRA on hybrids adapts attention and MLP matrices, never the mixer's own)
         loras = [_lora(getattr(mlp, "w13", None)), _lora(getattr(mlp, "w2", None))]
         return _Layer(block.attention_norm.weight.data_ptr(),
@@ -302,6 +312,8 @@ class _Plan:
     def _moe(self, mlp: MoE) -> dict | None:
         """A sparse MLP's NtLayer fields (router, experts, shared expert and its gate, correction bias), or None
         where a part is not one the native step computes. The experts' array is kept alive with the plan."""
+        if any("lora_A" in m._buffers for m in mlp.modules()):  # adapters on a shared expert: the modules apply them
+            return None
         experts = [_expert(e) for e in mlp.experts]
         shared = None if mlp.shared is None else _expert(mlp.shared)
         router = _kept(mlp.gate)
@@ -315,6 +327,45 @@ class _Plan:
         self.experts.append((_Expert * len(experts))(*experts))
         return dict(router=router, experts=self.experts[-1], shared=shared or _Expert(),
                     shared_gate=gate or _Linear(), correction=None if correction is None else correction.data_ptr())
+
+    def _mixer(self, mixer: torch.nn.Module, i: int) -> tuple[int, _Recurrent | None]:
+        """Recurrent mixer `mixer` of layer i as (its NtMixer, its NtRecurrent, kept with the plan), or (0, None)
+        where it is not a kind the native step computes or no float32 slots of layer i are held."""
+        if self.states is None or i not in self.states.tensors:
+            return MIX_ATTENTION, None
+        kind, norm_first = _RECURRENT.get(type(mixer)) or _RECURRENT_FORMS.get(_form(mixer), (None, 0))
+        tensors = self.states.tensors[i]
+        if kind is None or any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
+            return MIX_ATTENTION, None
+        recurrent = _recurrent(kind, mixer, tensors, norm_first)
+        if recurrent is not None:
+            self.recurrent.append(recurrent)
+        return kind, recurrent
+
+    def _dense_mlp(self, mlp: torch.nn.Module | None) -> list[_Linear | None] | None:
+        """A block's dense MLP as NtLayer's w13 and w2: layers.MLP's gate and up then down, Nemotron-H's
+        squared-ReLU up then down (the model's NT_RELU2), no MLP (two empty NtLinears); None for another MLP (a
+        MoE's experts: _attention_layer's), or one whose kind is not the model's."""
+        if mlp is None:
+            return [_Linear(), _Linear()]
+        form = "gated" if type(mlp) is MLP else _form(mlp)
+        if form != ("relu2" if self.relu2 else "gated"):
+            return None
+        return [_linear(_local(mlp.w1 if self.relu2 else mlp.w13)), _linear(_local(mlp.w2))]
+
+    def _parallel_layer(self, block: torch.nn.Module, cache: KVCache, sharded: bool) -> _Layer | None:
+        """Falcon-H1's block (FalconBlock: its class's native_form "parallel") as one NtLayer: its attention
+        (layer block.attention.layer, K/V) with its recurrent mixer (layer block.mamba.layer, a state slot) beside
+        it as NtLayer.parallel, and the branches' µP multipliers (config.py's MupConfig); then its gated MLP."""
+        layer = self._attention_layer(block, cache, block.attention.layer, sharded)
+        kind, recurrent = self._mixer(block.mamba, block.mamba.layer)
+        if layer is None or recurrent is None or self.mup is None:
+            return None
+        mup = self.mup
+        layer.parallel, layer.parallel_mixer = ctypes.pointer(recurrent), kind
+        layer.parallel_in, layer.parallel_out = mup.ssm_in, mup.ssm_out
+        layer.attn_in, layer.attn_out = mup.attention_in, mup.attention_out
+        return layer
 
 
 def _routing(moe) -> dict:  # noqa: ANN001
@@ -331,11 +382,25 @@ def _no_moe() -> dict:
     """A layer with a dense MLP (or none): no router, experts or shared expert."""
     return dict(router=_Linear(None, 0, None, None), experts=None, shared=_Expert(), shared_gate=_Linear())
 
-# The recurrent mixers' native kinds (csrc/nt_abi.h's NtMixer)
-_RECURRENT = {ShortConvolution: MIX_SHORT_CONV, GatedDeltaNet: MIX_DELTA_RULE, Mamba2Mixer: MIX_SSD}
+
+# The recurrent mixers' native kinds (csrc/nt_abi.h's NtMixer) and their NtRecurrent.norm_first
+_RECURRENT = {ShortConvolution: (MIX_SHORT_CONV, 0), GatedDeltaNet: (MIX_DELTA_RULE, 0), Mamba2Mixer: (MIX_SSD, 0)}
+# ... and those of the families' own mixers, by the form their class declares (_form): Falcon-H1's FalconMixer, the
+# SSD whose gated norm normalises first (or, without a norm weight, gates alone)
+_RECURRENT_FORMS = {"ssd_norm_first": (MIX_SSD, 1)}
 
 
-def _recurrent(kind: int, mixer: torch.nn.Module, slots: list[torch.Tensor]) -> _Recurrent | None:
+def _form(module: torch.nn.Module | None) -> str | None:
+    """How the native step reads a module of a family's own network: layers.Block as "block", or what the module's
+    class declares itself in its own dict (`native_form`; a subclass that changes the forward declares its own):
+    Nemotron-H's NemotronBlock "block" (norm, mixer, residual; then norm, MLP, residual where it has one) and
+    ReluSquaredMLP "relu2", Falcon-H1's FalconBlock "parallel" and FalconMixer "ssd_norm_first". None: neither."""
+    if module is None:
+        return None
+    return "block" if type(module) is Block else type(module).__dict__.get("native_form")
+
+
+def _recurrent(kind: int, mixer: torch.nn.Module, slots: list[torch.Tensor], norm_first: int = 0) -> _Recurrent | None:
     """A recurrent mixer's weights and its layer's state slots (window (N, channels, K - 1), and the delta rule's
     (N, Hv, Dk, Dv) or the SSD's (N, H, P, N) matrices) as an NtRecurrent, or None."""
     wi, wo = _linear(_local(mixer.wi)), _linear(_local(mixer.wo))
@@ -353,7 +418,7 @@ def _recurrent(kind: int, mixer: torch.nn.Module, slots: list[torch.Tensor]) -> 
                      norm_groups=mixer.norm_groups)
     ptrs = [None if p is None else p.data_ptr() for p in params]
     return _Recurrent(wi, wo, *ptrs, slots[0].data_ptr(), slots[1].data_ptr() if len(slots) > 1 else None,
-                      channels, K, **sizes)
+                      channels, K, **sizes, norm_first=norm_first)
 
 
 # The declared layer kinds (families/base.py's LayerKind.mixer) the native step computes, and how each becomes an

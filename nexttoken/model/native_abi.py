@@ -45,7 +45,7 @@ GGML_Q16 = 256  # flag on a ggml type: int16 activations per block of 32 instead
 GGML_F32 = 512  # flag on a ggml type: float32 activations on the dequantized weights (exact; the default)
 OUT_F32, OUT_BF16 = 0, 1  # an output's dtype
 KV_F32, KV_I8 = 0, 2  # NtModel.kv_kind
-NT_PLUS_ONE, NT_SANDWICH, NT_NORM_AFTER, NT_GELU = 1, 2, 4, 8  # NtModel.flags
+NT_PLUS_ONE, NT_SANDWICH, NT_NORM_AFTER, NT_GELU, NT_RELU2 = 1, 2, 4, 8, 16  # NtModel.flags
 QK_NONE, QK_HEAD, QK_PROJECTION = 0, 1, 2  # NtModel.qk_norm
 MIX_ATTENTION, MIX_SHORT_CONV, MIX_DELTA_RULE, MIX_SSD = 0, 1, 2, 3  # NtLayer.mixer (issue 41's recurrent kinds)
 ROUTE_SOFTMAX, ROUTE_TOPK_SOFTMAX, ROUTE_SIGMOID = 0, 1, 2  # NtModel.router: a MoE layer's routing rule
@@ -54,7 +54,7 @@ ROUTE_SOFTMAX, ROUTE_TOPK_SOFTMAX, ROUTE_SIGMOID = 0, 1, 2  # NtModel.router: a 
 CODES: Mapping[str, int] = types.MappingProxyType({
     **{k.name: int(k) for k in Kind}, "GGML_MIXED": GGML_MIXED, "GGML_Q16": GGML_Q16, "GGML_F32": GGML_F32, "OUT_F32": OUT_F32,
     "OUT_BF16": OUT_BF16, "KV_F32": KV_F32, "KV_I8": KV_I8, "NT_PLUS_ONE": NT_PLUS_ONE, "NT_SANDWICH": NT_SANDWICH,
-    "NT_NORM_AFTER": NT_NORM_AFTER, "NT_GELU": NT_GELU, "QK_NONE": QK_NONE, "QK_HEAD": QK_HEAD,
+    "NT_NORM_AFTER": NT_NORM_AFTER, "NT_GELU": NT_GELU, "NT_RELU2": NT_RELU2, "QK_NONE": QK_NONE, "QK_HEAD": QK_HEAD,
     "QK_PROJECTION": QK_PROJECTION, "MIX_ATTENTION": MIX_ATTENTION, "MIX_SHORT_CONV": MIX_SHORT_CONV,
     "MIX_DELTA_RULE": MIX_DELTA_RULE, "MIX_SSD": MIX_SSD, "ROUTE_SOFTMAX": ROUTE_SOFTMAX,
     "ROUTE_TOPK_SOFTMAX": ROUTE_TOPK_SOFTMAX, "ROUTE_SIGMOID": ROUTE_SIGMOID,
@@ -83,7 +83,7 @@ class NtExpert(ctypes.Structure):
 class NtRecurrent(ctypes.Structure):
     _fields_ = [("wi", NtLinear), ("wo", NtLinear)] + [(name, _p) for name in (
         "conv", "conv_bias", "dt_bias", "A_log", "D", "norm", "window", "state")] + [(name, _i64) for name in (
-        "channels", "kernel", "heads", "groups", "head_k", "head_v", "norm_groups")]
+        "channels", "kernel", "heads", "groups", "head_k", "head_v", "norm_groups", "norm_first")]
 
 
 class NtLayer(ctypes.Structure):
@@ -94,7 +94,9 @@ class NtLayer(ctypes.Structure):
                 ("router", NtLinear), ("experts", ctypes.POINTER(NtExpert)), ("shared", NtExpert),
                 ("shared_gate", NtLinear), ("lora_qkv", NtLora), ("lora_o", NtLora), ("lora_w13", NtLora),
                 ("lora_w2", NtLora), ("mixer", _i64), ("recurrent", ctypes.POINTER(NtRecurrent)), ("gated", _i64),
-                ("correction", _p), ("sinks", _p)]
+                ("correction", _p), ("sinks", _p), ("parallel", ctypes.POINTER(NtRecurrent)),
+                ("parallel_mixer", _i64)] + [(name, _f64) for name in (
+                "parallel_in", "parallel_out", "attn_in", "attn_out")]
 
 
 class NtModel(ctypes.Structure):

@@ -44,6 +44,8 @@ def pairs(cfg: ModelConfig) -> list[tuple[int, int | None]]:
 class ReluSquaredMLP(nn.Module):
     """NemotronHMLP: down(relu(up(x))^2), `width` wide (the dense MLP's intermediate_size by default)."""
 
+    native_form = "relu2"  # model/fused.py: the native step's ungated MLP (NtFlag NT_RELU2)
+
     def __init__(self, cfg: ModelConfig, width: int | None = None, bias: bool | None = None) -> None:
         super().__init__()
         width, bias = width or cfg.intermediate_size, cfg.mlp_bias if bias is None else bias
@@ -62,6 +64,8 @@ def _moe(cfg: ModelConfig) -> MoE:
 
 
 class NemotronBlock(nn.Module):
+    native_form = "block"  # model/fused.py: the native step's block (norm, mixer, residual; norm, MLP, residual)
+
     def __init__(self, cfg: ModelConfig, layer: int, mlp: bool) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
