@@ -97,6 +97,9 @@ class Family:
     summary: str  # docs/models.md: what the config switches on
     read: ConfigReader = no_switches
     gguf: str | None = None  # llama.cpp's `general.architecture`; None: no GGUF file of its own
+    # other architectures llama.cpp's converter writes this family's files under (Nemotron-H: nemotron_h_moe, which
+    # it picks whenever transformers' config carries MoE fields, as transformers 5's always does)
+    gguf_also: tuple[str, ...] = ()
     read_gguf: GGUFReader = no_gguf_keys
     gguf_permuted: bool = False  # llama.cpp's converter permuted q / k rows for its interleaved RoPE (LlamaModel)
     gguf_norm_shift: bool = False  # llama.cpp stores RMSNorm weights as 1 + w (Gemma)

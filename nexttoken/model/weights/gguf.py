@@ -243,7 +243,8 @@ def gguf_names(g: GGUFFile, cfg: ModelConfig, names: list[str]) -> dict[str, str
     import gguf
 
     arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == g.arch)
-    name_map = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
+    # the file's blocks: more than our layers where a family pairs them (Nemotron-H's MLP blocks)
+    name_map = gguf.get_tensor_name_map(arch, max(cfg.num_hidden_layers, int(g.get("block_count") or 0)))
     out = {}
     for hf in names:
         if re.search(r"\.experts\.\d+\.", hf):  # one expert's slice of a stacked tensor (checkpoint_tensors)
