@@ -139,6 +139,10 @@ class Family:
     # A tensor as llama.cpp's converter rearranged it -> the checkpoint's layout: (config, checkpoint name, tensor)
     # -> tensor (Qwen3.5's value heads, which the converter tiles for ggml's broadcast). None: as stored.
     gguf_tensor: Callable[[Any, str, Any], Any] | None = None
+    # Checkpoint tensors the converter wrote as several GGUF tensors, read back as their rows stacked (then through
+    # gguf_tensor): (the checkpoint name's ending under model.layers.{i}., the GGUF tensors' names under blk.{i}.).
+    # Granite 4.0-H's [gate; up] (ffn_gate, ffn_up); Qwen3-Next's in_proj_qkvz (attn_qkv, attn_gate).
+    gguf_joined: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # config.json fields a family's configs leave out, filled before the shared fields are read (Mamba2: no
     # attention heads, no MLP)
     config_defaults: tuple[tuple[str, Any], ...] = ()
