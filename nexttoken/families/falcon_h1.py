@@ -69,7 +69,7 @@ FALCON_H1 = Family(
     "FalconH1ForCausalLM", ("falcon_h1",), "Falcon-H1 (0.5B-34B)",
     "attention and a Mamba2 mixer side by side in every layer (a convolution window and a head_dim x state_size "
     "matrix per head per sequence, beside the layer's K/V), then a gated MLP; µP multipliers",
-    read=_falcon_h1, network="falcon_h1", tensor_parallel=False, lora=False, native_step=False,
+    read=_falcon_h1, network="falcon_h1", tensor_parallel=False, native_step=False,
     gguf="falcon-h1", read_gguf=_gguf, gguf_aliases=((r"\.mamba\.dt_bias$", ".mamba.dt_proj.bias"),),
     state="a convolution window and a Mamba2 state matrix per head, beside each layer's K/V",
 )

@@ -78,9 +78,11 @@ NEMOTRON_H = Family(
     "NemotronHForCausalLM", ("nemotron_h",), "Nemotron-H (4B-56B), Nemotron Nano 2",
     "each layer one of a Mamba2 mixer (a convolution window and a head_dim x state_size matrix per head per "
     "sequence), NoPE attention or a squared-ReLU MLP, by `hybrid_override_pattern`; MoE layers refused",
-    read=_nemotron_h, network="nemotron_h", tensor_parallel=False, lora=False, native_step=False,
+    read=_nemotron_h, network="nemotron_h", tensor_parallel=False, native_step=False,
     gguf="nemotron_h", gguf_also=("nemotron_h_moe",), read_gguf=_gguf,
     gguf_aliases=((r"\.mixer\.dt_bias$", ".mixer.dt_proj.bias"),),
     config_defaults=(("num_hidden_layers", 0),),
+    # transformers 5's modules (and so PEFT's adapter keys) are model.layers.*; the checkpoints' backbone.layers.*
+    renames=((r"^model\.layers\.", "backbone.layers."),),
     state="a convolution window and a Mamba2 state matrix per head",
 )

@@ -32,7 +32,7 @@ QWEN3_5_MOE = Family(
     "Qwen3_5MoeForCausalLM", ("qwen3_5_moe_text", "qwen3_5_moe"), "Qwen3.5-MoE (35B-A3B-397B-A17B), text (images in)",
     "Qwen3.5's gated-DeltaNet and gated attention layers; every MLP sparse: softmax top k renormalised, a shared "
     "expert gated by sigmoid(`shared_expert_gate`)",
-    read=_qwen35_moe, tensor_parallel=False, lora=False, gguf="qwen35moe", read_gguf=_gguf,
+    read=_qwen35_moe, tensor_parallel=False, gguf="qwen35moe", read_gguf=_gguf,
     gguf_norm_shift=True, gguf_aliases=QWEN3_5.gguf_aliases, gguf_tensor=QWEN3_5.gguf_tensor,
     native_step=False,  # a sparse MLP after a recurrent mixer: the native step has no such layer yet
     text_of=("Qwen3_5MoeForConditionalGeneration",), renames=QWEN3_5.renames, state=QWEN3_5.state,

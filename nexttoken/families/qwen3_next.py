@@ -51,7 +51,7 @@ QWEN3_NEXT = Family(
     "Qwen3NextForCausalLM", ("qwen3_next",), "Qwen3-Next (80B-A3B)",
     "gated-DeltaNet layers (in_proj_qkvz / in_proj_ba grouped per key head) before every "
     "`full_attention_interval`-th gated attention layer; (1 + w) norms; sparse MLP with a gated shared expert",
-    read=_qwen3_next, tensor_parallel=False, lora=False, gguf="qwen3next", read_gguf=_gguf, gguf_norm_shift=True,
+    read=_qwen3_next, tensor_parallel=False, gguf="qwen3next", read_gguf=_gguf, gguf_norm_shift=True,
     gguf_aliases=QWEN3_5.gguf_aliases, gguf_tensor=_gguf_tensor,
     gguf_joined=(("linear_attn.in_proj_qkvz.weight", ("attn_qkv.weight", "attn_gate.weight")),),
     native_step=False,  # a sparse MLP after a recurrent mixer: the native step has no such layer yet

@@ -28,7 +28,7 @@ from torch import nn
 from ...errors import LoraError
 from .adapter import TARGETS, LoraAdapter
 
-_PARTS = {"wqkv": 3, "w13": 2, "wo": 1, "w2": 1}  # parts of each fused matrix: its A stacks one r per part
+_PARTS = {"wqkv": 3, "w13": 2, "wo": 1, "w1": 1, "w2": 1}  # parts of each fused matrix: its A stacks one r per part
 
 
 class LoraLinear(nn.Module):
@@ -161,8 +161,8 @@ def wrap(model: nn.Module, max_loras: int, max_rank: int) -> AdapterSet:
                         "tensor_parallel_size=1, or merge the adapter (merge=True)")
     adapters = AdapterSet(max_loras, max_rank)
     for i, block in enumerate(model.layers):
-        owners = {"wqkv": block.attention, "wo": block.attention, "w13": block.mlp, "w2": block.mlp}
-        if not model.config.layer(i).keeps_kv:  # a recurrent layer (issue 41): its mixer's matrices take none
+        owners = {"wqkv": block.attention, "wo": block.attention, "w13": block.mlp, "w1": block.mlp, "w2": block.mlp}
+        if hasattr(block.attention, "state_shapes"):  # a recurrent mixer (issue 41): its matrices take none
             owners["wqkv"] = owners["wo"] = None
         for target in TARGETS:
             owner = owners[target]

@@ -24,7 +24,7 @@ from ...errors import LoraError
 def merge_adapter(model: nn.Module, adapter: LoraAdapter) -> None:
     """Add the adapter's update to every matrix it changes, in place."""
     for layer, block in enumerate(model.layers):
-        owners = {"wqkv": block.attention, "wo": block.attention, "w13": block.mlp, "w2": block.mlp}
+        owners = {"wqkv": block.attention, "wo": block.attention, "w13": block.mlp, "w1": block.mlp, "w2": block.mlp}
         for target in TARGETS:
             delta = adapter.delta(layer, target)  # (out, in) float32
             if delta is None:
