@@ -55,7 +55,7 @@ RECURRENT_FEATURES = ("continuous batching (mixed lengths)", "chunked prefill (s
                       "structured output", "traces")
 RECURRENT_REFUSED = ("tensor parallelism",)
 # LoRA, by the family's `lora`: on its attention and MLP matrices, never a recurrent layer's own
-RECURRENT_LORA = ("LoRA on the attention and dense MLP matrices (a sparse MLP's experts refused)",
+RECURRENT_LORA = ("LoRA on the attention and dense MLP matrices (a sparse MLP's experts and router refused)",
                   "LoRA (Mamba2: no attention or MLP matrices to adapt; LFM2-VL: not yet checked against PEFT)")
 # The fused native step, by the family's `native_step` (model/fused.py; csrc/recurrent.cpp computes the mixers)
 RECURRENT_NATIVE = ("the fused native decode step (csrc/recurrent.cpp; a layer with experts runs the modules)",
