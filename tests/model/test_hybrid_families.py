@@ -18,6 +18,7 @@ from nexttoken.errors import ModelLoadError
 from nexttoken.families import CONVOLUTION, FULL, LINEAR_ATTENTION, NOPE, STATE_SPACE
 from nexttoken.generation.config import GenerationConfig
 from nexttoken.model import ForwardBatch, load_model
+from nexttoken.model.quant.ggml import native_blocks
 from support.tiny_models import HYBRID_FAMILIES, save_variant
 
 LONG = [1] + [(7 * i + 3) % 95 + 1 for i in range(69)]  # > 64 tokens: two chunks of the delta rule's parallel form
@@ -189,7 +190,16 @@ def test_gguf_from_llama_cpps_converter(variant: str, outtype: str, tmp_path, sh
     got = exact.generate(ids, max_new_tokens=NEW, ignore_eos=True).token_ids
     if outtype == "f32":
         assert got == hf.generate(torch.tensor([ids]), **GREEDY)[0, len(ids):].tolist()
-    assert nexttoken.load(path).generate(ids, max_new_tokens=NEW, ignore_eos=True).token_ids == got
+    default = nexttoken.load(path)
+    assert default.generate(ids, max_new_tokens=NEW, ignore_eos=True).token_ids == got
+    if outtype == "q8_0" and native_blocks():  # the attention and the experts kept in their Q8_0 blocks
+        from nexttoken.model.layers import Attention
+        from nexttoken.model.quant.ggml import GGUFLinear
+
+        assert all(isinstance(b.attention.wqkv, GGUFLinear) and isinstance(b.attention.wo, GGUFLinear)
+                   for b in default.model.layers if isinstance(b.attention, Attention))
+        assert any(isinstance(e.w13, GGUFLinear) for b in default.model.layers if hasattr(b.mlp, "experts")
+                   for e in b.mlp.experts)
 
 
 def test_a_vision_language_qwen3_5_moe_checkpoint_loads_its_text_model(tmp_path) -> None:
