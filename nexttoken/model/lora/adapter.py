@@ -196,8 +196,8 @@ def _fused(tensors: dict[str, torch.Tensor], config: dict, cfg: ModelConfig,
     for key, t in tensors.items():
         m = _KEY.match(_renamed(key, renames) if own is None else _own_key(key, own, renames))
         module = None if m is None else m.group(2)
-        if m is not None and cfg.moe and cfg.moe.sparse_layers[int(m.group(1)) % cfg.num_hidden_layers] \
-                and module.startswith("mlp."):
+        if m is not None and cfg.moe and int(m.group(1)) < cfg.num_hidden_layers \
+                and cfg.moe.sparse_layers[int(m.group(1))] and module.startswith("mlp."):
             module = _shared(cfg, module)
             if module is None:
                 raise LoraError(f"{path}: tensor {key} adapts layer {m.group(1)}'s MLP, a mixture of experts (its "
@@ -251,7 +251,7 @@ def _fused(tensors: dict[str, torch.Tensor], config: dict, cfg: ModelConfig,
     return {key: _stack(key[1], ps, parts) for key, ps in pieces.items()}, rank
 
 
-# an own network's fused matrix and the PEFT module of each of its parts (None: the whole matrix, one module)
+# an own network's matrix -> the decoder's PEFT module of each of its parts, in row order
 _OWN = {"attention.wqkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
         "attention.wo": ("self_attn.o_proj",), "mlp.w13": ("mlp.gate_proj", "mlp.up_proj"),
         "mlp.w2": ("mlp.down_proj",), "mlp.w1": ("mlp.w1",)}
