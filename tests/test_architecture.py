@@ -101,7 +101,8 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "linear": {"kernels", "native_abi"},
         "moe": {"linear"},
         "quant": {"arithmetic", "kernels", "linear", "memory", "native_abi"},
-        "lora": {"quant", "rope"},  # PEFT adapters: read onto the fused matrices, applied per row, merged
+        # PEFT adapters: read onto the fused matrices, applied per row, merged; an own network's checkpoint names
+        "lora": {"network", "quant", "rope"},
         "recurrent": {"batch", "linear", "state"},  # issue 41's layer kinds that keep a state per sequence
         "layers": {"batch", "cache", "linear", "moe", "recurrent", "rope", "state"},
         "fused": {"arithmetic", "batch", "cache", "kernels", "layers", "linear", "moe", "native_abi", "quant",

@@ -28,7 +28,7 @@ FAMILIES: tuple[Family, ...] = (
 )
 BY_ARCHITECTURE = MappingProxyType({f.architecture: f for f in FAMILIES})
 BY_MODEL_TYPE = MappingProxyType({t: f for f in FAMILIES for t in f.model_types})
-BY_GGUF = MappingProxyType({f.gguf: f for f in FAMILIES if f.gguf})
+BY_GGUF = MappingProxyType({a: f for f in FAMILIES if f.gguf for a in (f.gguf, *f.gguf_also)})
 
 __all__ = ["BY_ARCHITECTURE", "BY_GGUF", "BY_MODEL_TYPE", "CONVOLUTION", "FAMILIES", "FULL", "LINEAR_ATTENTION",
            "LOCAL_SLIDING", "MIXERS", "NOPE", "SLIDING", "STATE_SPACE", "Family", "GGUFMeta", "LayerKind", "docs_table",

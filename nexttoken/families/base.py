@@ -55,8 +55,8 @@ RECURRENT_FEATURES = ("continuous batching (mixed lengths)", "chunked prefill (s
                       "structured output", "traces")
 RECURRENT_REFUSED = ("tensor parallelism",)
 # LoRA, by the family's `lora`: on its attention and MLP matrices, never a recurrent layer's own
-RECURRENT_LORA = ("LoRA on the attention and MLP matrices",
-                  "LoRA (Mamba2: no attention or MLP matrices to adapt; the others: not yet checked against PEFT)")
+RECURRENT_LORA = ("LoRA on the attention and dense MLP matrices (a sparse MLP's experts and router refused)",
+                  "LoRA (Mamba2: no attention or MLP matrices to adapt; LFM2-VL: not yet checked against PEFT)")
 # The fused native step, by the family's `native_step` (model/fused.py; csrc/recurrent.cpp computes the mixers)
 RECURRENT_NATIVE = ("the fused native decode step (csrc/recurrent.cpp; experts after a mixer included)",
                     "the fused native decode step (the modules path runs every step)")
@@ -97,6 +97,9 @@ class Family:
     summary: str  # docs/models.md: what the config switches on
     read: ConfigReader = no_switches
     gguf: str | None = None  # llama.cpp's `general.architecture`; None: no GGUF file of its own
+    # other architectures llama.cpp's converter writes this family's files under (Nemotron-H: nemotron_h_moe, which
+    # it picks whenever transformers' config carries MoE fields, as transformers 5's always does)
+    gguf_also: tuple[str, ...] = ()
     read_gguf: GGUFReader = no_gguf_keys
     gguf_permuted: bool = False  # llama.cpp's converter permuted q / k rows for its interleaved RoPE (LlamaModel)
     gguf_norm_shift: bool = False  # llama.cpp stores RMSNorm weights as 1 + w (Gemma)
@@ -136,6 +139,10 @@ class Family:
     # A tensor as llama.cpp's converter rearranged it -> the checkpoint's layout: (config, checkpoint name, tensor)
     # -> tensor (Qwen3.5's value heads, which the converter tiles for ggml's broadcast). None: as stored.
     gguf_tensor: Callable[[Any, str, Any], Any] | None = None
+    # Checkpoint tensors the converter wrote as several GGUF tensors, read back as their rows stacked (then through
+    # gguf_tensor): (the checkpoint name's ending under model.layers.{i}., the GGUF tensors' names under blk.{i}.).
+    # Granite 4.0-H's [gate; up] (ffn_gate, ffn_up); Qwen3-Next's in_proj_qkvz (attn_qkv, attn_gate).
+    gguf_joined: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # config.json fields a family's configs leave out, filled before the shared fields are read (Mamba2: no
     # attention heads, no MLP)
     config_defaults: tuple[tuple[str, Any], ...] = ()

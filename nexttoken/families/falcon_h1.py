@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ModelLoadError
-from .base import FULL, STATE_SPACE, Family
+from .base import FULL, STATE_SPACE, Family, GGUFMeta
 
 
 def _number(value: Any) -> float:
@@ -51,10 +51,25 @@ def _falcon_h1(raw: dict[str, Any], source: str, layers: int) -> dict[str, Any]:
             "logits_scaling": 1.0 / float(raw.get("lm_head_multiplier", 1.0))}
 
 
+def _gguf(g: GGUFMeta, cfg: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's falcon-h1 keys: the Mamba2 sizes under ssm.* (time_step_rank: the head count). The converter
+    writes none of the µP multipliers: it multiplies them into the weights (q/k/v by attention_in, k by key too,
+    o by attention_out, the in_proj's five parts by ssm_in and ssm_multipliers, out_proj by ssm_out, gate and down
+    by mlp_multipliers, the embeddings and LM head by theirs), so the file reads as a checkpoint whose multipliers
+    are all 1. The Mamba2 norm, the biases: where the file has their tensors."""
+    heads, inner = int(g.get("ssm.time_step_rank")), int(g.get("ssm.inner_size"))
+    bias = "blk.0.ssm_in.bias" in g.tensors
+    return {"mamba_n_heads": heads, "mamba_d_ssm": inner, "mamba_d_head": inner // heads,
+            "mamba_d_state": int(g.get("ssm.state_size")), "mamba_n_groups": int(g.get("ssm.group_count", 1)),
+            "mamba_d_conv": int(g.get("ssm.conv_kernel", 4)), "mamba_conv_bias": "blk.0.ssm_conv1d.bias" in g.tensors,
+            "mamba_proj_bias": bias, "projectors_bias": bias, "mamba_rms_norm": "blk.0.ssm_norm.weight" in g.tensors}
+
+
 FALCON_H1 = Family(
     "FalconH1ForCausalLM", ("falcon_h1",), "Falcon-H1 (0.5B-34B)",
     "attention and a Mamba2 mixer side by side in every layer (a convolution window and a head_dim x state_size "
     "matrix per head per sequence, beside the layer's K/V), then a gated MLP; µP multipliers",
-    read=_falcon_h1, network="falcon_h1", tensor_parallel=False, lora=False,
+    read=_falcon_h1, network="falcon_h1", tensor_parallel=False,
+    gguf="falcon-h1", read_gguf=_gguf, gguf_aliases=((r"\.mamba\.dt_bias$", ".mamba.dt_proj.bias"),),
     state="a convolution window and a Mamba2 state matrix per head, beside each layer's K/V",
 )

@@ -87,6 +87,7 @@ GRANITE_HYBRID = Family(
     read=_granite_hybrid, tensor_parallel=False, gguf="granitehybrid", read_gguf=_gguf,
     gguf_permuted=True, stacked_experts=True,
     gguf_aliases=((r"\.mamba\.dt_bias$", ".mamba.dt_proj.bias"),),
+    gguf_joined=(("mlp.gate_up_proj.weight", ("ffn_gate.weight", "ffn_up.weight")),),  # [gate; up] written as two
     renames=((r"\.shared_mlp\.input_linear\.", ".mlp.gate_up_proj."),
              (r"\.shared_mlp\.output_linear\.", ".mlp.down_proj."), (r"\.block_sparse_moe\.", ".mlp.")),
     state="a convolution window and a Mamba2 state matrix per head",

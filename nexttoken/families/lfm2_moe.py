@@ -44,7 +44,7 @@ LFM2_MOE = Family(
     "Lfm2MoeForCausalLM", ("lfm2_moe",), "LFM2-8B-A1B",
     "LFM2's short-convolution and attention layers; after the first `num_dense_layers`, a sparse MLP: sigmoid "
     "router, top k by score + `expert_bias`, weights renormalised",
-    read=_lfm2_moe, tensor_parallel=False, lora=False, gguf="lfm2moe", read_gguf=_gguf,
+    read=_lfm2_moe, tensor_parallel=False, gguf="lfm2moe", read_gguf=_gguf,
     gguf_aliases=LFM2.gguf_aliases,
     moe_prefix="feed_forward.", expert_names=("w1", "w3", "w2"),
     renames=LFM2.renames + ((r"\.feed_forward\.expert_bias$", ".feed_forward.gate.e_score_correction_bias"),),

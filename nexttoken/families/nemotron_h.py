@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ModelLoadError
-from .base import NOPE, STATE_SPACE, Family
+from .base import NOPE, STATE_SPACE, Family, GGUFMeta
 
 _CHARS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-", "moe": "E"}
 
@@ -75,12 +75,39 @@ def _moe(raw: dict[str, Any], source: str, pattern: str) -> dict[str, Any]:
                 shared_gate=False)
 
 
+def _gguf_kind(g: GGUFMeta, i: int) -> str:
+    """Block i's kind in a GGUF file, by the tensors it has: 'M' (ssm_in), '*' (attn_q), 'E' (experts), '-'."""
+    has = lambda name: f"blk.{i}.{name}.weight" in g.tensors  # noqa: E731
+    return "M" if has("ssm_in") else "*" if has("attn_q") else "E" if has("ffn_gate_inp") else "-"
+
+
+def _gguf(g: GGUFMeta, cfg: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's nemotron_h (and nemotron_h_moe) keys: the layer pattern from each block's tensors (the per-layer
+    KV heads and MLP widths are 0 for the other kinds; the _moe architecture, which the converter writes when
+    transformers fills in MoE defaults, leaves the MLP widths 0 too), the Mamba2 sizes under ssm.* (time_step_rank:
+    the heads), the MLP width from the first MLP block's ffn_up."""
+    pattern = "".join(_gguf_kind(g, i) for i in range(int(g.get("block_count"))))
+    heads, inner = int(g.get("ssm.time_step_rank")), int(g.get("ssm.inner_size"))
+    first = pattern.find("M")
+    mlp = pattern.find("-")
+    width = int(g.tensors[f"blk.{mlp}.ffn_up.weight"].shape[-1]) if mlp >= 0 else cfg["intermediate_size"]
+    return {"hybrid_override_pattern": pattern, "mamba_num_heads": heads, "mamba_head_dim": inner // heads,
+            "n_groups": int(g.get("ssm.group_count", 1)), "ssm_state_size": int(g.get("ssm.state_size")),
+            "conv_kernel": int(g.get("ssm.conv_kernel", 4)), "use_conv_bias": f"blk.{first}.ssm_conv1d.bias" in g.tensors,
+            "use_bias": f"blk.{first}.ssm_in.bias" in g.tensors, "intermediate_size": width,
+            "layer_norm_epsilon": float(g.get("attention.layer_norm_epsilon", 1e-5))}
+
+
 NEMOTRON_H = Family(
     "NemotronHForCausalLM", ("nemotron_h",), "Nemotron-H (4B-56B), Nemotron Nano 2, Nemotron 3 Nano",
     "each layer one of a Mamba2 mixer (a convolution window and a head_dim x state_size matrix per head per "
     "sequence), NoPE attention, a squared-ReLU MLP or (Nemotron 3) a MoE of squared-ReLU experts, by "
     "`hybrid_override_pattern`",
-    read=_nemotron_h, network="nemotron_h", tensor_parallel=False, lora=False,
+    read=_nemotron_h, network="nemotron_h", tensor_parallel=False,
+    gguf="nemotron_h", gguf_also=("nemotron_h_moe",), read_gguf=_gguf,
+    gguf_aliases=((r"\.mixer\.dt_bias$", ".mixer.dt_proj.bias"),),
     config_defaults=(("num_hidden_layers", 0),),
+    # transformers 5's modules (and so PEFT's adapter keys) are model.layers.*; the checkpoints' backbone.layers.*
+    renames=((r"^model\.layers\.", "backbone.layers."),),
     state="a convolution window and a Mamba2 state matrix per head",
 )

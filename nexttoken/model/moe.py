@@ -87,10 +87,12 @@ class MoE(nn.Module):
             rows, slot = torch.where(chosen == e)  # the tokens that chose expert e, and where in their top k
             y = self.experts[e](x[rows]) * weights[rows, slot, None]  # (n_e, C)
             out.index_add_(0, rows, y.to(out.dtype))
+        # the shared expert sees the batch's (B, T, C) rows (a LoRA wrapper applies each row's adapter: lora/layers.py)
+        shared = None if self.shared is None else self.shared(x.view(shape)).reshape(x.shape)
         if self.shared_gate is not None:  # Qwen2-MoE: an expert every token runs, scaled by its own sigmoid gate
-            out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)
-        elif self.shared is not None:  # GLM-4 MoE: the shared experts as one ungated MLP
-            out = out + self.shared(x)
+            out = out + torch.sigmoid(self.shared_gate(x)) * shared
+        elif shared is not None:  # GLM-4 MoE: the shared experts as one ungated MLP
+            out = out + shared
         if self.reduce is not None:
             out = self.reduce(out)
         return out.view(shape)

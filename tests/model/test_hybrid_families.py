@@ -18,6 +18,7 @@ from nexttoken.errors import ModelLoadError
 from nexttoken.families import CONVOLUTION, FULL, LINEAR_ATTENTION, NOPE, STATE_SPACE
 from nexttoken.generation.config import GenerationConfig
 from nexttoken.model import ForwardBatch, load_model
+from nexttoken.model.quant.ggml import native_blocks
 from support.tiny_models import HYBRID_FAMILIES, save_variant
 
 LONG = [1] + [(7 * i + 3) % 95 + 1 for i in range(69)]  # > 64 tokens: two chunks of the delta rule's parallel form
@@ -145,16 +146,33 @@ GGUF_VARIANTS = {
                           mamba_d_head=16, position_embedding_type=None),
     "lfm2-moe": dict(vocab_size=151680, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
                      routed_scaling_factor=1.0),
+    # issue 41's GGUF files of the other four: Qwen3-Next with every layer sparse (the converter cannot write its
+    # dense MLP layers: "Can not map tensor 'model.layers.0.mlp.down_proj.weight'"), as the released 80B-A3B
+    "qwen3_5-moe": dict(vocab_size=151680, hidden_size=32, num_attention_heads=2, num_key_value_heads=1),
+    "qwen3_next": dict(vocab_size=151680, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                       mlp_only_layers=[]),
+    "falcon_h1": dict(vocab_size=151680, hidden_size=32, num_attention_heads=2, num_key_value_heads=1),
+    "nemotron_h": dict(vocab_size=151680, hidden_size=32, num_attention_heads=2, num_key_value_heads=1),
 }
+# the converter's own flags per variant: the Qwen3.5 / Qwen3-Next converters refuse a model without MTP layers
+# unless told to leave them out
+GGUF_FLAGS = {"qwen3_5-moe": ("--no-mtp",), "qwen3_next": ("--no-mtp",)}
 
 
 # f32 files of both (the folder's tokens); a Q8_0 file of one (its own dequantized run's): each converter run costs
-@pytest.mark.parametrize(("variant", "outtype"), [("granite4h-moe", "f32"), ("lfm2-moe", "f32"), ("lfm2-moe", "q8_0")])
+@pytest.mark.parametrize(("variant", "outtype"), [
+    ("granite4h-moe", "f32"), ("lfm2-moe", "f32"), ("lfm2-moe", "q8_0"), ("qwen3_5-moe", "f32"), ("qwen3_5-moe", "q8_0"),
+    ("qwen3_next", "f32"), ("falcon_h1", "f32"), ("nemotron_h", "f32"), ("nemotron_h", "q8_0")])
 def test_gguf_from_llama_cpps_converter(variant: str, outtype: str, tmp_path, shared_dir) -> None:
     """A tiny Granite 4.0-H with experts / LFM2-MoE over Qwen2.5's real tokenizer, converted by llama.cpp's
     convert_hf_to_gguf.py: the stacked experts (ffn_*_exps), the shared expert (ffn_*_shexp), the router, LFM2-MoE's
     expert bias (exp_probs_b) and dense first layers read back to the folder's model. An f32 file gives the folder's
-    tokens; a Q8_0 file, loaded by default, gives its own dequantized run's."""
+    tokens; a Q8_0 file, loaded by default, gives its own dequantized run's.
+    The other four (issue 41's GGUF files): Qwen3.5-MoE (`qwen35moe`: Qwen3.5's tiled value heads and shifted norms
+    with the experts), Qwen3-Next (`qwen3next`: in_proj_qkvz written as attn_qkv + attn_gate in Qwen3.5's order, read
+    back grouped per key head), Falcon-H1 (`falcon-h1`: every µP multiplier multiplied into the weights, none
+    written) and Nemotron-H (written as `nemotron_h_moe`, since transformers 5's config carries MoE defaults: the
+    pattern read from each block's tensors)."""
     import json
 
     from support.llama_cpp import convert, with_tokenizer
@@ -168,14 +186,28 @@ def test_gguf_from_llama_cpps_converter(variant: str, outtype: str, tmp_path, sh
         raw["layer_types"] = ["mamba" if t == "linear_attention" else "attention" for t in raw["layer_types"]]
         (tmp_path / "config.json").write_text(json.dumps(raw))
     with_tokenizer(tmp_path, shared_dir / "tokenizers" / "qwen2.5-instruct")
-    path = convert(tmp_path, tmp_path / f"{variant}.gguf", outtype)
+    path = convert(tmp_path, tmp_path / f"{variant}.gguf", outtype, GGUF_FLAGS.get(variant, ()))
     ids = [5, 17, 33, 8, 61, 2, 40, 12]
     exact = nexttoken.load(path, dequantize=True)
-    assert exact.model.config.moe == load_model(tmp_path).config.moe
+    folder = load_model(tmp_path).config
+    assert exact.model.config.moe == folder.moe and exact.model.config.layers == folder.layers
+    assert exact.model.config.layer_pattern == folder.layer_pattern
     got = exact.generate(ids, max_new_tokens=NEW, ignore_eos=True).token_ids
     if outtype == "f32":
         assert got == hf.generate(torch.tensor([ids]), **GREEDY)[0, len(ids):].tolist()
-    assert nexttoken.load(path).generate(ids, max_new_tokens=NEW, ignore_eos=True).token_ids == got
+    default = nexttoken.load(path)
+    assert default.generate(ids, max_new_tokens=NEW, ignore_eos=True).token_ids == got
+    if outtype == "q8_0" and native_blocks():  # the attention and the experts kept in their Q8_0 blocks
+        from nexttoken.model.layers import Attention
+        from nexttoken.model.quant.ggml import GGUFLinear
+
+        assert all(isinstance(b.attention.wqkv, GGUFLinear) and isinstance(b.attention.wo, GGUFLinear)
+                   for b in default.model.layers if isinstance(b.attention, Attention))
+        if variant == "nemotron_h":  # a network of its own (GGUF_PACKED): its relu^2 MLPs' blocks kept too
+            assert all(isinstance(b.mlp.w1, GGUFLinear) for b in default.model.layers if b.mlp is not None)
+        else:
+            assert any(isinstance(e.w13, GGUFLinear) for b in default.model.layers if hasattr(b.mlp, "experts")
+                       for e in b.mlp.experts)
 
 
 def test_a_vision_language_qwen3_5_moe_checkpoint_loads_its_text_model(tmp_path) -> None:

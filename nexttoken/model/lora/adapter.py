@@ -27,16 +27,20 @@ from safetensors import SafetensorError, safe_open
 from ...config import ModelConfig
 from ...families import family
 from ...errors import LoraError, MissingFileError
+from ..network import checkpoint_of, own_checkpoint
 from ..rope import pairs_to_halves
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
-TARGETS = ("wqkv", "wo", "w13", "w2")  # the matrices of a stock block an adapter may change
+# the matrices of a block an adapter may change (w1: Nemotron-H's ungated MLP's up projection; sw13 / sw2: a sparse
+# MLP's shared expert, where the modules path runs the sparse layers: Qwen3.5-MoE, Qwen3-Next)
+TARGETS = ("wqkv", "wo", "w13", "w1", "w2", "sw13", "sw2")
 # PEFT's module name -> (our matrix, which part of its rows: an index into _parts)
 _MODULES = {
     "self_attn.q_proj": ("wqkv", 0), "self_attn.k_proj": ("wqkv", 1), "self_attn.v_proj": ("wqkv", 2),
     "self_attn.qkv_proj": ("wqkv", None), "self_attn.o_proj": ("wo", None),
     "mlp.gate_proj": ("w13", 0), "mlp.up_proj": ("w13", 1), "mlp.gate_up_proj": ("w13", None),
-    "mlp.down_proj": ("w2", None),
+    "mlp.down_proj": ("w2", None), "mlp.w1": ("w1", None),
+    "shared.gate_proj": ("sw13", 0), "shared.up_proj": ("sw13", 1), "shared.down_proj": ("sw2", None),
 }
 _KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$")
 # Options of PEFT's LoraConfig that change the arithmetic and that nexttoken does not apply: refused by name.
@@ -188,9 +192,18 @@ def _fused(tensors: dict[str, torch.Tensor], config: dict, cfg: ModelConfig,
     """The adapter's (A, B) pairs fused onto wqkv / wo / w13 / w2, checked against the model's shapes."""
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     renames = [(re.compile(a), b) for a, b in family(cfg.architecture).renames]
+    own = _own_modules(cfg) if own_checkpoint(cfg) else None
     for key, t in tensors.items():
-        m = _KEY.match(_renamed(key, renames))
-        if m is None or m.group(2) not in _MODULES:
+        m = _KEY.match(_renamed(key, renames) if own is None else _own_key(key, own, renames))
+        module = None if m is None else m.group(2)
+        if m is not None and cfg.moe and int(m.group(1)) < cfg.num_hidden_layers \
+                and cfg.moe.sparse_layers[int(m.group(1))] and module.startswith("mlp."):
+            module = _shared(cfg, module)
+            if module is None:
+                raise LoraError(f"{path}: tensor {key} adapts layer {m.group(1)}'s MLP, a mixture of experts (its "
+                                "experts or router); nexttoken applies LoRA to the attention, the dense MLPs and, "
+                                "where the modules run the sparse layers, the shared expert")
+        if m is None or module not in _MODULES:
             what = "an embedding or the LM head" if any(s in key for s in ("embed", "lm_head")) else "a module"
             raise LoraError(f"{path}: tensor {key} adapts {what} nexttoken does not apply LoRA to; adapters may "
                             f"target {', '.join(sorted({k.split('.')[-1] for k in _MODULES}))} of each layer")
@@ -198,10 +211,10 @@ def _fused(tensors: dict[str, torch.Tensor], config: dict, cfg: ModelConfig,
         if layer >= cfg.num_hidden_layers:
             raise LoraError(f"{path}: tensor {key} is for layer {layer}, but the base model has "
                             f"{cfg.num_hidden_layers} layers: the adapter belongs to another model")
-        if not cfg.layer(layer).keeps_kv and m.group(2).startswith("self_attn."):
+        if own is None and not cfg.layer(layer).keeps_kv and module.startswith("self_attn."):
             raise LoraError(f"{path}: tensor {key} adapts layer {layer}'s attention, but that layer of "
                             f"{cfg.architecture} is a {cfg.layer(layer).mixer} layer")
-        pairs.setdefault((layer, m.group(2)), {})[m.group(3)] = t
+        pairs.setdefault((layer, module), {})[m.group(3)] = t
     if not pairs:
         raise LoraError(f"{path}/{WEIGHTS_FILE} holds no lora_A / lora_B weights")
     parts = _parts(cfg)
@@ -214,11 +227,12 @@ def _fused(tensors: dict[str, torch.Tensor], config: dict, cfg: ModelConfig,
             raise LoraError(f"{path}: layer {layer}'s MLP is a mixture of experts; nexttoken applies LoRA to its "
                             "attention only")
         target, part = _MODULES[module]
-        if module not in _checkpoint_modules(cfg):
+        if module not in (_checkpoint_modules(cfg) if own is None else {m for _, m in own.values()}):
             raise LoraError(f"{path}: {module} is not a module of {cfg.architecture}")
         A, B = ab["A"].float(), ab["B"].float()
         rows = parts[target][part] if part is not None else sum(parts[target])
-        cols = cfg.hidden_size if target != "w2" else cfg.intermediate_size
+        cols = {"w2": cfg.intermediate_size, "sw2": cfg.moe.shared_intermediate_size if cfg.moe else 0}.get(
+            target, cfg.hidden_size)
         if target == "wo":
             cols = cfg.num_attention_heads * cfg.head_dim
         r = A.shape[0]
@@ -227,11 +241,70 @@ def _fused(tensors: dict[str, torch.Tensor], config: dict, cfg: ModelConfig,
                             f"{tuple(B.shape)}; the base model needs ({r}, {cols}) and ({rows}, {r}): the adapter "
                             "belongs to another model")
         rank = max(rank, r)
-        scaling = _module_scaling(f"model.layers.{layer}.{module}", r, config)
+        name = next((k for k, v in (own or {}).items() if v == (layer, module)), f"model.layers.{layer}.{module}")
+        name = name.replace(".shared.", f".mlp.{family(cfg.architecture).shared_expert}.")
+        scaling = _module_scaling(name, r, config)
         if target == "wqkv" and part in (0, 1) and family(cfg.architecture).rope_pairs:
             B = pairs_to_halves(B, cfg.head_dim)  # ERNIE 4.5: q / k rows as the loader reordered the base's
+        scaling *= _mup_scale(cfg, target, part)
         pieces.setdefault((layer, target), []).append((part, A, B * scaling))
     return {key: _stack(key[1], ps, parts) for key, ps in pieces.items()}, rank
+
+
+# an own network's matrix -> the decoder's PEFT module of each of its parts, in row order
+_OWN = {"attention.wqkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+        "attention.wo": ("self_attn.o_proj",), "mlp.w13": ("mlp.gate_proj", "mlp.up_proj"),
+        "mlp.w2": ("mlp.down_proj",), "mlp.w1": ("mlp.w1",)}
+_OURS = re.compile(r"^layers\.(\d+)\.(attention\.wqkv|attention\.wo|mlp\.w13|mlp\.w1|mlp\.w2)\.weight$")
+
+
+def _own_modules(cfg: ModelConfig) -> dict[str, tuple[int, str]]:
+    """A network of its own (Falcon-H1, Nemotron-H): the checkpoint's module paths whose matrices take adapters ->
+    (our layer, the decoder's module name), from the network's checkpoint_parts: Falcon-H1's layer i attention and
+    MLP are our block i's; Nemotron-H's backbone.layers.{i}.mixer.* are the block its mixer or MLP sits in. A
+    module must end as the decoder's does (q_proj, ..., down_proj; Nemotron-H's up_proj is its MLP's w1): a
+    Mamba2 mixer's out_proj, which its block holds where attention sits, is none of them."""
+    out = {}
+    for ours, names in checkpoint_of(cfg).checkpoint_parts(cfg).items():
+        m = _OURS.match(ours)
+        if m is None or len(names) != len(_OWN[m.group(2)]):
+            continue
+        for name, module in zip(names, _OWN[m.group(2)]):
+            leaf = name[: -len(".weight")].rsplit(".", 1)[-1]
+            if leaf == module.rsplit(".", 1)[-1] or (module == "mlp.w1" and leaf == "up_proj"):
+                out[name[: -len(".weight")]] = (int(m.group(1)), module)
+    return out
+
+
+def _own_key(key: str, own: dict[str, tuple[int, str]], renames: list[tuple[re.Pattern, str]]) -> str:
+    """A PEFT key of an own network's checkpoint (its module path renamed as the family declares: Nemotron-H's
+    model.layers -> backbone.layers) in the decoder's form (base_model.model.model.layers.{ours}...)."""
+    m = re.match(r"^base_model\.model\.(.+)\.(lora_[AB](?:\.[^.]+)?\.weight)$", key)
+    path = None if m is None else _renamed("base_model.model." + m.group(1), renames)[len("base_model.model."):]
+    if path not in own:
+        return key
+    layer, module = own[path]
+    return f"base_model.model.model.layers.{layer}.{module}.{m.group(2)}"
+
+
+def _mup_scale(cfg: ModelConfig, target: str, part: int | None) -> float:
+    """Falcon-H1's µP multipliers of projections' outputs, which its blocks fold into the base rows (the key's,
+    the MLP gate's, the MLP down's): the adapter's rows take them too, as PEFT's product passes through them."""
+    mup = cfg.mup
+    if mup is None:
+        return 1.0
+    return {("wqkv", 1): mup.key, ("w13", 0): mup.mlp[0], ("w2", None): mup.mlp[1]}.get((target, part), 1.0)
+
+
+def _shared(cfg: ModelConfig, module: str) -> str | None:
+    """A sparse layer's module (mlp.*) as its shared expert's ("shared.gate_proj", ...), or None: an expert, the
+    router, or a shared expert the fused native step runs (it adds no adapter there: the families whose native step
+    computes sparse layers keep it refused)."""
+    fam = family(cfg.architecture)
+    if cfg.moe is None or not cfg.moe.shared_intermediate_size or fam.native_step:
+        return None
+    leaf = module.removeprefix(f"mlp.{fam.shared_expert}.")
+    return "shared." + leaf if leaf != module and leaf in ("gate_proj", "up_proj", "down_proj") else None
 
 
 def _renamed(key: str, renames: list[tuple[re.Pattern, str]]) -> str:
@@ -255,6 +328,8 @@ def _checkpoint_modules(cfg: ModelConfig) -> set[str]:
     names |= {"self_attn.qkv_proj"} if fam.fused_checkpoint else {"self_attn.q_proj", "self_attn.k_proj",
                                                                   "self_attn.v_proj"}
     names |= {"mlp.gate_up_proj"} if fused_mlp else {"mlp.gate_proj", "mlp.up_proj"}
+    if cfg.moe is not None and cfg.moe.shared_intermediate_size:
+        names |= {"shared.gate_proj", "shared.up_proj", "shared.down_proj"}
     return names
 
 
@@ -264,7 +339,8 @@ def _parts(cfg: ModelConfig) -> dict[str, list[int]]:
     q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
     q *= 2 if cfg.attention_output_gate else 1
     return {"wqkv": [q, kv, kv], "w13": [cfg.intermediate_size] * 2, "wo": [cfg.hidden_size],
-            "w2": [cfg.hidden_size]}
+            "w1": [cfg.intermediate_size], "w2": [cfg.hidden_size],
+            "sw13": [cfg.moe.shared_intermediate_size if cfg.moe else 0] * 2, "sw2": [cfg.hidden_size]}
 
 
 def _stack(target: str, pieces: list[tuple[int | None, torch.Tensor, torch.Tensor]],

@@ -26,9 +26,10 @@ import torch
 from torch import nn
 
 from ...errors import LoraError
+from ...families import family
 from .adapter import TARGETS, LoraAdapter
 
-_PARTS = {"wqkv": 3, "w13": 2, "wo": 1, "w2": 1}  # parts of each fused matrix: its A stacks one r per part
+_PARTS = {"wqkv": 3, "w13": 2, "wo": 1, "w1": 1, "w2": 1, "sw13": 2, "sw2": 1}  # parts of each fused matrix: its A stacks one r per part
 
 
 class LoraLinear(nn.Module):
@@ -153,6 +154,17 @@ def _groups(slots: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
     return [(slot, (slots == slot).nonzero().flatten()) for slot in distinct]
 
 
+def owners_of(model: nn.Module, block: nn.Module) -> dict[str, tuple[nn.Module | None, str]]:
+    """Each target's (module, attribute) in a block: a sparse MLP's shared expert only where the modules run the
+    sparse layers (adapter._shared; the family's native step off)."""
+    mlp = block.mlp
+    shared = getattr(mlp, "shared", None) if mlp.__class__.__name__ == "MoE" else None
+    if shared is not None and family(model.config.architecture).native_step:
+        shared = None
+    return {"wqkv": (block.attention, "wqkv"), "wo": (block.attention, "wo"), "w13": (mlp, "w13"),
+            "w1": (mlp, "w1"), "w2": (mlp, "w2"), "sw13": (shared, "w13"), "sw2": (shared, "w2")}
+
+
 def wrap(model: nn.Module, max_loras: int, max_rank: int) -> AdapterSet:
     """Wrap the model's block matrices for adapters and return their slots (registry.attach calls this once per
     model). Mixture-of-experts MLPs keep their experts unwrapped (their attention takes adapters)."""
@@ -161,15 +173,15 @@ def wrap(model: nn.Module, max_loras: int, max_rank: int) -> AdapterSet:
                         "tensor_parallel_size=1, or merge the adapter (merge=True)")
     adapters = AdapterSet(max_loras, max_rank)
     for i, block in enumerate(model.layers):
-        owners = {"wqkv": block.attention, "wo": block.attention, "w13": block.mlp, "w2": block.mlp}
-        if not model.config.layer(i).keeps_kv:  # a recurrent layer (issue 41): its mixer's matrices take none
-            owners["wqkv"] = owners["wo"] = None
+        owners = owners_of(model, block)
+        if hasattr(block.attention, "state_shapes"):  # a recurrent mixer (issue 41): its matrices take none
+            owners["wqkv"] = owners["wo"] = (None, "")
         for target in TARGETS:
-            owner = owners[target]
-            inner = getattr(owner, target, None)
+            owner, attr = owners[target]
+            inner = getattr(owner, attr, None)
             if inner is None or not isinstance(inner, nn.Module) or owner.__class__.__name__ == "MoE":
                 continue
             wrapped = LoraLinear(inner, adapters, _PARTS[target] * max_rank).to(device=model.device)
-            setattr(owner, target, wrapped)
+            setattr(owner, attr, wrapped)
             adapters.layers[(i, target)] = wrapped
     return adapters

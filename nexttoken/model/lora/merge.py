@@ -16,7 +16,7 @@ from ..quant.bf16 import BF16Linear
 from ..quant.int4 import Int4Linear
 from ..quant.int8 import Int8Linear
 from .adapter import TARGETS, LoraAdapter
-from .layers import LoraLinear
+from .layers import LoraLinear, owners_of
 from ...errors import LoraError
 
 
@@ -24,20 +24,20 @@ from ...errors import LoraError
 def merge_adapter(model: nn.Module, adapter: LoraAdapter) -> None:
     """Add the adapter's update to every matrix it changes, in place."""
     for layer, block in enumerate(model.layers):
-        owners = {"wqkv": block.attention, "wo": block.attention, "w13": block.mlp, "w2": block.mlp}
+        owners = owners_of(model, block)
         for target in TARGETS:
             delta = adapter.delta(layer, target)  # (out, in) float32
             if delta is None:
                 continue
-            owner = owners[target]
-            module = getattr(owner, target, None)
+            owner, attr = owners[target]
+            module = getattr(owner, attr, None)
             if module is None:
                 raise LoraError(f"adapter {adapter.name!r} changes layer {layer}'s {target}, which this model "
                                 "does not have (a mixture-of-experts MLP)")
             if isinstance(module, LoraLinear):  # merging under served adapters: the base layer takes it
                 module.inner = _merged(module.inner, delta)
             else:
-                setattr(owner, target, _merged(module, delta))
+                setattr(owner, attr, _merged(module, delta))
     plan = model.__dict__.get("_fused_plan")
     if plan is not None:  # the native step's description points at the old weights' memory
         del model._fused_plan

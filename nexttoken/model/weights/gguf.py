@@ -242,7 +242,8 @@ def gguf_names(g: GGUFFile, cfg: ModelConfig, names: list[str]) -> dict[str, str
     import gguf
 
     arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == g.arch)
-    name_map = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
+    # the file's blocks: more than our layers where a family pairs them (Nemotron-H's MLP blocks)
+    name_map = gguf.get_tensor_name_map(arch, max(cfg.num_hidden_layers, int(g.get("block_count") or 0)))
     out = {}
     for hf in names:
         if re.search(r"\.experts\.\d+\.", hf):  # one expert's slice of a stacked tensor (checkpoint_tensors)
@@ -276,6 +277,16 @@ def _as_checkpoint(g: GGUFFile, cfg: ModelConfig, gname: str, t: torch.Tensor) -
     return t
 
 
+def _joined(g: GGUFFile, hf: str) -> list[str] | None:
+    """The GGUF tensors whose rows stacked are checkpoint tensor `hf` (Family.gguf_joined), where the file has them."""
+    for ending, parts in writer_family(g).gguf_joined:
+        if hf.startswith("model.layers.") and hf.endswith("." + ending):
+            names = [f"blk.{hf.split('.')[2]}.{p}" for p in parts]
+            if all(n in g.tensors for n in names):
+                return names
+    return None
+
+
 def checkpoint_tensors(g: GGUFFile, cfg: ModelConfig, names: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The GGUF's tensors under the Hugging Face checkpoint names `names` (what loader.py expects for `cfg`),
     dequantized into `dtype`. A checkpoint name with no GGUF tensor is left out (the shape check then names it)."""
@@ -296,11 +307,13 @@ def checkpoint_tensors(g: GGUFFile, cfg: ModelConfig, names: list[str], dtype: t
                 stacked[key] = _tensor(g, key, dtype)  # (experts, out, in)
             out[hf] = stacked[key][expert]
             continue
-        if hf.endswith("mlp.gate_up_proj.weight"):  # Granite 4.0-H's [gate; up], written as two tensors
-            parts = [f"blk.{hf.split('.')[2]}.ffn_gate.weight", f"blk.{hf.split('.')[2]}.ffn_up.weight"]
-            if all(p in g.tensors for p in parts):
-                out[hf] = torch.cat([_tensor(g, p, torch.float32) for p in parts]).to(dtype)
-                continue
+        joined = _joined(g, hf)
+        if joined is not None:  # one checkpoint tensor written as several (Family.gguf_joined)
+            t = torch.cat([_tensor(g, p, torch.float32) for p in joined])
+            if writer_family(g).gguf_tensor is not None:
+                t = writer_family(g).gguf_tensor(cfg, hf, t)
+            out[hf] = t.to(dtype)
+            continue
         if hf not in dense:
             continue
         gname = dense[hf]

@@ -1,6 +1,8 @@
 """LoRA adapters on the hybrid families (issue 41): PEFT adapters on the attention and MLP matrices of tiny random
 LFM2, Qwen3.5 and Granite 4.0-H models (their checkpoint names: LFM2's feed_forward.w1 / self_attn.out_proj,
-Qwen3.5's gated q_proj, Granite's fused shared_mlp.input_linear), read by nexttoken: greedy tokens equal to PEFT's
+Qwen3.5's gated q_proj, Granite's fused shared_mlp.input_linear), of the MoE hybrids (LFM2-MoE, Qwen3.5-MoE,
+Qwen3-Next, Granite 4.0-H with experts: attention, and the dense layers' MLP) and of Falcon-H1 and Nemotron-H (their
+own networks' names and layers; Falcon-H1's µP multipliers), read by nexttoken: greedy tokens equal to PEFT's
 PeftModel.generate and first-step logits within float32 rounding; the engine gives an adapter's request and the
 base's their solo tokens in one batch; an adapter on a recurrent layer's own matrices is refused by name."""
 
@@ -32,7 +34,30 @@ HYBRIDS = {
                                                                 r"|mlp\.(gate_proj|down_proj))"),
     "granite4h-mamba": dict(r=2, lora_alpha=5, target_modules=r".*\.(self_attn\.(k_proj|o_proj)"
                                                                   r"|shared_mlp\.(input_linear|output_linear))"),
+    # the MoE hybrids: the attention everywhere, the MLP of the dense layers (LFM2-MoE's first), the shared expert
+    # where the modules run the sparse layers (Qwen3.5-MoE's); Granite's with experts: attention only (its shared_mlp
+    # sits in sparse blocks its family's native step runs)
+    "lfm2-moe": dict(r=4, lora_alpha=8, target_modules=r".*\.self_attn\.(q_proj|k_proj|v_proj|out_proj)"
+                                                       r"|model\.layers\.0\.feed_forward\.(w1|w2|w3)"),
+    "qwen3_5-moe": dict(r=3, lora_alpha=6, target_modules=r".*\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)"
+                                                          r"|mlp\.shared_expert\.(gate_proj|up_proj|down_proj))"),
+    # (Qwen3-Next: PEFT under transformers 5 turns gate_proj / up_proj / down_proj targets into the stacked experts'
+    # parameters, and leaves the dense first layer's MLP alone: an adapter on it cannot be made with PEFT)
+    # (and its shared_expert.down_proj alone: PEFT adapts the experts' down_proj parameters with it)
+    "qwen3_next": dict(r=3, lora_alpha=6, target_modules=r".*\.self_attn\.(q_proj|v_proj|o_proj)"),
+    "granite4h-moe": dict(r=2, lora_alpha=5, target_modules=r".*\.self_attn\.(q_proj|k_proj|v_proj|o_proj)"),
+    # the networks of their own: Falcon-H1's attention and MLP beside its Mamba2 mixer (µP multipliers on k, the
+    # MLP's gate and down), Nemotron-H's attention layer and squared-ReLU MLP layers (PEFT's model.layers.{i}.mixer.*,
+    # the checkpoint's backbone.layers.{i}.mixer.*)
+    "falcon_h1": dict(r=2, lora_alpha=6, target_modules=r".*\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)"
+                                                        r"|feed_forward\.(gate_proj|up_proj|down_proj))"),
+    "nemotron_h": dict(r=2, lora_alpha=6, target_modules=r"model\.layers\.2\.mixer\.(q_proj|k_proj|v_proj|o_proj)"
+                                                         r"|model\.layers\.[13]\.mixer\.(up_proj|down_proj)"),
 }
+
+
+# PEFT refuses out_proj and conv1d on Mamba-based models (all-linear would target them): the mixer's in_proj
+MAMBA_MIXER = {"falcon_h1": r".*\.mamba\.in_proj", "nemotron_h": r".*\.mixer\.in_proj"}
 
 
 @pytest.fixture(scope="module", params=list(HYBRIDS))
@@ -74,9 +99,19 @@ def test_greedy_tokens_and_logits_match_peft(hybrid) -> None:
                                             peft_greedy(ref, PROMPTS[1], 8)]
 
 
+def test_an_adapter_on_experts_is_refused(tmp_path: Path) -> None:
+    """PEFT's adapter on a sparse MLP (here Qwen3-Next's: PEFT adapts its stacked experts' parameters) is refused by
+    name: LoRA applies to the attention and the dense MLPs."""
+    hf = save_variant("qwen3_next", tmp_path / "base")
+    folder = make_adapter(hf, tmp_path / "experts", seed=3, r=2, lora_alpha=4, target_modules=r".*\.mlp\.down_proj")
+    with pytest.raises(LoraError, match="mixture of experts"):
+        read_adapter("experts", folder, nexttoken.load(tmp_path / "base").model.config)
+
+
 def test_an_adapter_on_a_recurrent_layer_is_refused(hybrid, tmp_path: Path) -> None:
     variant, base, _, hf = hybrid
-    folder = make_adapter(hf, tmp_path / "all", seed=2, r=2, lora_alpha=4, target_modules="all-linear")
+    targets = MAMBA_MIXER.get(variant, "all-linear")
+    folder = make_adapter(hf, tmp_path / "all", seed=2, r=2, lora_alpha=4, target_modules=targets)
     cfg = nexttoken.load(base).model.config
     with pytest.raises(LoraError, match="does not apply LoRA to|is a .* layer"):
         read_adapter("all", folder, cfg)
