@@ -494,11 +494,14 @@ int relu2_mlp(const NtModel* m, const NtLayer& L, const float* x, int64_t B, flo
   const int64_t C = m->hidden, I = m->intermediate;
   float* act = scratch.act.data();
   if (linear(L.w13, x, B, I, C, act)) return 1;
+  add_lora(L.lora_w13, m->lora_slots, x, B, C, I, act);  // adapters on up (and down below): LoRA's rows
   for (int64_t i = 0; i < B * I; ++i) {
     const float r = act[i] > 0.f ? act[i] : 0.f;
     act[i] = r * r;
   }
-  return linear(L.w2, act, B, C, I, out);
+  if (linear(L.w2, act, B, C, I, out)) return 1;
+  add_lora(L.lora_w2, m->lora_slots, act, B, I, C, out);
+  return 0;
 }
 
 // A layer's MLP half without the residual add: out (B, C) = mlp(norm(x)) (OLMo 2: mlp(x)), the dense gated MLP

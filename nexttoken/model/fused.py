@@ -276,7 +276,8 @@ class _Plan:
             return None
         if any(lin is None for lin in linears):
             return None
-        loras = [_lora(m) for m in (att.wqkv, att.wo, getattr(mlp, "w13", None), getattr(mlp, "w2", None))]
+        up = getattr(mlp, "w1" if self.relu2 else "w13", None)  # Nemotron-H's ungated up, else gate and up
+        loras = [_lora(m) for m in (att.wqkv, att.wo, up, getattr(mlp, "w2", None))]
         return _Layer(block.attention_norm.weight.data_ptr(),
                       None if block.ffn_norm is None else block.ffn_norm.weight.data_ptr(), *linears,
                       cache.k[i].data_ptr(), cache.v[i].data_ptr(), *_scales(cache, i),
@@ -303,7 +304,7 @@ class _Plan:
         if recurrent is None or moe is None or linears is None or any(lin is None for lin in linears):
             return None
         # the MLP's adapters (LoRA on hybrids adapts attention and MLP matrices, never the mixer's own)
-        loras = [_lora(getattr(mlp, "w13", None)), _lora(getattr(mlp, "w2", None))]
+        loras = [_lora(getattr(mlp, "w1" if self.relu2 else "w13", None)), _lora(getattr(mlp, "w2", None))]
         return _Layer(block.attention_norm.weight.data_ptr(),
                       None if block.ffn_norm is None else block.ffn_norm.weight.data_ptr(), _Linear(), _Linear(),
                       *linears, mixer=kind, recurrent=ctypes.pointer(recurrent), lora_w13=loras[0], lora_w2=loras[1],

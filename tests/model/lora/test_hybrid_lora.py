@@ -34,13 +34,11 @@ HYBRIDS = {
                                                                 r"|mlp\.(gate_proj|down_proj))"),
     "granite4h-mamba": dict(r=2, lora_alpha=5, target_modules=r".*\.(self_attn\.(k_proj|o_proj)"
                                                                   r"|shared_mlp\.(input_linear|output_linear))"),
-    # the MoE hybrids: the attention everywhere, the MLP of the dense layers (LFM2-MoE's first), the shared expert
-    # where the modules run the sparse layers (Qwen3.5-MoE's); Granite's with experts: attention only (its shared_mlp
-    # sits in sparse blocks its family's native step runs)
+    # the MoE hybrids: the attention everywhere, the MLP of the dense layers (LFM2-MoE's first); Qwen3.5-MoE's and
+    # Granite's with experts: attention only (a shared expert sits in sparse blocks their families' native step runs)
     "lfm2-moe": dict(r=4, lora_alpha=8, target_modules=r".*\.self_attn\.(q_proj|k_proj|v_proj|out_proj)"
                                                        r"|model\.layers\.0\.feed_forward\.(w1|w2|w3)"),
-    "qwen3_5-moe": dict(r=3, lora_alpha=6, target_modules=r".*\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)"
-                                                          r"|mlp\.shared_expert\.(gate_proj|up_proj|down_proj))"),
+    "qwen3_5-moe": dict(r=3, lora_alpha=6, target_modules=r".*\.self_attn\.(q_proj|k_proj|v_proj|o_proj)"),
     # (Qwen3-Next: PEFT under transformers 5 turns gate_proj / up_proj / down_proj targets into the stacked experts'
     # parameters, and leaves the dense first layer's MLP alone: an adapter on it cannot be made with PEFT)
     # (and its shared_expert.down_proj alone: PEFT adapts the experts' down_proj parameters with it)
