@@ -41,7 +41,8 @@
 
 namespace {
 
-enum Type { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum Type { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14,
+            MXFP4 = 39 };
 
 // Per type: elements and bytes per block, the integer offset o, whether b (a float offset) is used, and whether
 // the chunk order is the split one (bytes 0-15: block 0 elements 0-15, 16-31: block 1's 0-15, 32-47: block 0's
@@ -765,6 +766,9 @@ int nt_ggml_supported(void) {
 // a description of row ranges of different types (linear_mixed). type | 256: int16 activations per block of 32
 // (vpdpwssd) instead of int8: within ~2^-16 of the float product. type | 512: float32 activations, the chunks
 // dequantized in registers (tilef): the float32 product of the file's own weights, the default.
+extern "C" int nt_linear_mxfp4(const uint8_t* W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K,
+                               float* y);  // csrc/mxfp4.cpp
+
 int nt_linear_ggml(int type, const uint8_t* W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K,
                    void* y, int out_kind) {
   const int flags = type & FLAGS;
@@ -781,6 +785,8 @@ int nt_linear_ggml(int type, const uint8_t* W, const float* x, const float* bias
     case Q4_K: return linear_any<Q4_K>(W, x, bias, M, N, K, y, out_kind, acts);
     case Q5_K: return linear_any<Q5_K>(W, x, bias, M, N, K, y, out_kind, acts);
     case Q6_K: return linear_any<Q6_K>(W, x, bias, M, N, K, y, out_kind, acts);
+    // gpt-oss's experts (quant/mxfp4.py's Mxfp4Linear): csrc/mxfp4.cpp's exact float32 product, whatever the flags
+    case MXFP4: return out_kind == OUT_F32 ? nt_linear_mxfp4(W, x, bias, M, N, K, (float*)y) : 1;
     default: return 1;
   }
 }

@@ -153,6 +153,15 @@ def test_mxfp4_checkpoint_equals_transformers_on_its_values(tmp_path: Path) -> N
     assert isinstance(packed.layers[1].mlp.experts[2].w13, Mxfp4Linear) and packed.quantization == "mxfp4"
     with tiles.precision("float32"):  # prefill through exactly dequantized tiles in float32
         assert torch.equal(nexttoken.generate(packed, ids, attention_mask=mask, **GREEDY), want)
+    # the fused native step reads the packed experts as stored (ggml's MXFP4 type through csrc/mxfp4.cpp), and a
+    # plain batch's decode steps give the modules' tokens
+    with torch.inference_mode():
+        assert fused._plan(packed, packed.new_cache(1, 8)).ok is True
+    rows = torch.tensor([[5, 17, 33, 8], [61, 2, 40, 12]])
+    with tiles.precision("float32"):
+        native = nexttoken.generate(packed, rows, **GREEDY)
+        with fused.disabled():
+            assert torch.equal(native, nexttoken.generate(packed, rows, **GREEDY))
     int8 = load_model(tmp_path, quantize="int8")
     assert not isinstance(int8.layers[1].mlp.experts[2].w13, Mxfp4Linear)
     bf16_weights = load_model(tmp_path, quantize="bf16")  # what a bf16 checkpoint (the released ones) loads as

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
+from ..native_abi import Kind, NtLinear, weight_rows
 from . import tiles
 
 BLOCK, BYTES = 32, 17
@@ -73,6 +74,12 @@ class Mxfp4Linear(nn.Module):
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.view(*lead, self.out_features)
+
+    def native(self) -> NtLinear | None:
+        """The kernels' description (native_abi.describe): W_GGML + ggml's MXFP4 type (39), which csrc/ggml.cpp
+        hands to csrc/mxfp4.cpp's product, so the fused decode step reads the experts as stored."""
+        return weight_rows(self.weight, self.bias, kind=int(Kind.W_GGML) + GGML_TYPE) if kernels.mxfp4_available() \
+            else None
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, blocks=MXFP4"
