@@ -1,6 +1,7 @@
 """Shared fixtures: where the `shared/` data folder is (and how tests skip without it), the real SmolLM2 as a
 folder, and the stories260K server every server test drives. Helpers that are not fixtures live in `support/`."""
 
+import gc
 import json
 from pathlib import Path
 
@@ -16,6 +17,13 @@ SHARED_DIR = (Path(__file__).resolve().parents[1] / ".." / "shared").resolve()
 requires_shared = pytest.mark.skipif(
     not SHARED_DIR.is_dir(), reason=f"needs the shared data folder at {SHARED_DIR} (beside the repository root)"
 )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Freeze the heap for the exit: the interpreter's last collection would walk every object of the session
+    (torch, transformers, the models: ~10^6 objects, seconds on a busy machine) only to free memory the OS takes
+    back anyway (as nexttoken's own command does: cli.exit_without_collecting)."""
+    gc.freeze()
 
 
 @pytest.fixture(scope="session")
