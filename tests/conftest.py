@@ -64,11 +64,22 @@ def smollm2_dir(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return out
 
 
+@pytest.fixture(scope="session")
+def smollm2_hermes_server(shared_dir: Path):
+    """The URL of the real SmolLM2 GGUF served with `--tool-call-parser hermes` (its template shows no tool-call
+    format: hermes' is the one the clients ask for), one per session for the modules that only send it requests
+    (test_schema_defaults.py, test_anthropic_fields.py): a SmolLM2 server costs seconds to start."""
+    proc, url = start_server(SMOLLM2_GGUF, "--tool-call-parser", "hermes")
+    yield url
+    stop_server(proc)
+
+
 # ---- the stories260K server (a chat template added) and the same model in this process ----------------------
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model_dir(shared_dir, tmp_path_factory) -> Path:
-    """stories260k with a chat template: the weights are symlinked, tokenizer_config.json gets the template."""
+    """stories260k with a chat template: the weights are symlinked, tokenizer_config.json gets the template (read
+    only: one folder per session)."""
     src = shared_dir / "models" / "stories260k"
     folder = tmp_path_factory.mktemp("stories-chat")
     for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json"):
@@ -79,14 +90,16 @@ def model_dir(shared_dir, tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(model_dir):
+    """One plain stories260K server for the session: the modules that use it only send it requests (each starts a
+    server of its own where it needs other flags or stops it)."""
     proc, url = start_server(model_dir)
     yield url
     stop_server(proc)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def client(server):
     openai = pytest.importorskip("openai")
     return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
