@@ -1,6 +1,7 @@
 """Shared fixtures: where the `shared/` data folder is (and how tests skip without it), the real SmolLM2 as a
 folder, and the stories260K server every server test drives. Helpers that are not fixtures live in `support/`."""
 
+import gc
 import json
 from pathlib import Path
 
@@ -16,6 +17,13 @@ SHARED_DIR = (Path(__file__).resolve().parents[1] / ".." / "shared").resolve()
 requires_shared = pytest.mark.skipif(
     not SHARED_DIR.is_dir(), reason=f"needs the shared data folder at {SHARED_DIR} (beside the repository root)"
 )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Freeze the heap for the exit: the interpreter's last collection would walk every object of the session
+    (torch, transformers, the models: ~10^6 objects, seconds on a busy machine) only to free memory the OS takes
+    back anyway (as nexttoken's own command does: cli.exit_without_collecting)."""
+    gc.freeze()
 
 
 @pytest.fixture(scope="session")
@@ -56,11 +64,22 @@ def smollm2_dir(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return out
 
 
+@pytest.fixture(scope="session")
+def smollm2_hermes_server(shared_dir: Path):
+    """The URL of the real SmolLM2 GGUF served with `--tool-call-parser hermes` (its template shows no tool-call
+    format: hermes' is the one the clients ask for), one per session for the modules that only send it requests
+    (test_schema_defaults.py, test_anthropic_fields.py): a SmolLM2 server costs seconds to start."""
+    proc, url = start_server(SMOLLM2_GGUF, "--tool-call-parser", "hermes")
+    yield url
+    stop_server(proc)
+
+
 # ---- the stories260K server (a chat template added) and the same model in this process ----------------------
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model_dir(shared_dir, tmp_path_factory) -> Path:
-    """stories260k with a chat template: the weights are symlinked, tokenizer_config.json gets the template."""
+    """stories260k with a chat template: the weights are symlinked, tokenizer_config.json gets the template (read
+    only: one folder per session)."""
     src = shared_dir / "models" / "stories260k"
     folder = tmp_path_factory.mktemp("stories-chat")
     for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json"):
@@ -71,14 +90,16 @@ def model_dir(shared_dir, tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(model_dir):
+    """One plain stories260K server for the session: the modules that use it only send it requests (each starts a
+    server of its own where it needs other flags or stops it)."""
     proc, url = start_server(model_dir)
     yield url
     stop_server(proc)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def client(server):
     openai = pytest.importorskip("openai")
     return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)

@@ -86,7 +86,7 @@ class ChatRenderer:
         self.tokenizer, self.tool_call_parser, self.reasoning_parser = tokenizer, tool_call_parser, reasoning_parser
         self.limits = limits
         self.special_in_content = special_in_content
-        self.support: TemplateSupport = support or template_support(tokenizer)  # given: probed already
+        self.support: TemplateSupport = support or template_support(tokenizer, limits)  # given: probed already
         template = tokenizer.chat_template_for()
         if reasoning_parser is not None:
             self.reasoning: ReasoningFormat | None = reasoning_format_named(reasoning_parser)

@@ -15,8 +15,7 @@ import anthropic.types.message_create_params as stable_params
 import httpx
 import jsonschema
 import pytest
-from conftest import SMOLLM2_GGUF, requires_shared
-from support.server import start_server, stop_server
+from conftest import requires_shared
 
 from nexttoken.server.anthropic.protocol import BLOCK_FIELDS, IGNORED_KEYS, MessagesRequest, OutputConfig, \
     ThinkingConfig
@@ -82,12 +81,11 @@ def test_every_sdk_tool_and_config_field_is_known() -> None:
 
 
 @pytest.fixture(scope="module")
-def served():
+def served(smollm2_hermes_server):
     # SmolLM2's template shows no tool-call format: hermes' <tool_call> is the one asked for
-    proc, url = start_server(SMOLLM2_GGUF, "--tool-call-parser", "hermes")
+    url = smollm2_hermes_server
     client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120)
-    yield url, client, client.models.list().data[0].id
-    stop_server(proc)
+    return url, client, client.models.list().data[0].id
 
 
 def test_tool_use_turn_round_trips_as_model_dump(served) -> None:

@@ -13,7 +13,6 @@ import torch
 from nexttoken.errors import GenerationConfigError
 from nexttoken.generation.config import GenerationConfig
 from nexttoken.generation.processors.llamacpp import DRY
-from support.server import start_server, stop_server
 
 openai = pytest.importorskip("openai")
 
@@ -33,12 +32,9 @@ MISTAKES = [
 
 
 @pytest.fixture(scope="module")
-def client(model_dir):  # noqa: F811
-    proc, url = start_server(model_dir)
-    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60,
-                           http_client=httpx.Client(transport=_InfinityTransport()))
-    yield client
-    stop_server(proc)
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=60,
+                         http_client=httpx.Client(transport=_InfinityTransport()))
 
 
 class _InfinityTransport(httpx.HTTPTransport):

@@ -13,9 +13,8 @@ import anthropic
 import jsonschema
 import openai
 import pytest
-from conftest import SMOLLM2_GGUF, requires_shared
+from conftest import requires_shared
 from pydantic import BaseModel
-from support.server import start_server, stop_server
 
 from nexttoken.generation.processors.structured import Constraint
 from nexttoken.generation.values import bounded_schema
@@ -87,12 +86,11 @@ def test_bounded_schema_leaves_what_the_client_said() -> None:
 
 
 @pytest.fixture(scope="module")
-def served():
+def served(smollm2_hermes_server):
     # SmolLM2's template shows no tool-call format: hermes' is named for the function-calling clients
-    proc, url = start_server(SMOLLM2_GGUF, "--tool-call-parser", "hermes")
+    url = smollm2_hermes_server
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
-    yield url, client.models.list().data[0].id
-    stop_server(proc)
+    return url, client.models.list().data[0].id
 
 
 ASK = "Tell me about France: its name, its capital and its population in millions."

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from .formats import ToolFormat
 from ..messages import arguments_text
+from ...text.chat_template import RenderLimits
 
 _PROBE = "nexttoken_probe_7f3a"  # a name no template writes by itself
 _PROBE_TOOL = {"type": "function", "function": {"name": _PROBE, "description": "probe",
@@ -35,13 +36,15 @@ class TemplateSupport:
     results: bool  # a `role: "tool"` message's content
 
 
-def template_support(tokenizer: Any) -> TemplateSupport:
+def template_support(tokenizer: Any, limits: RenderLimits = RenderLimits()) -> TemplateSupport:
     """Render probes through `tokenizer`'s chat template (the one it picks for tools) and see what shows. A
-    template that fails on a probe does not render that part."""
+    template that fails on a probe does not render that part. `limits` bound each probe as they bound a request's
+    rendering (a server's: 2 s), so a runaway template does not hold the server's start for 3 x 10 s."""
 
     def shows(messages: list[dict], text: str, tools: list | None = None) -> bool:
         try:
-            return text in tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
+            return text in tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools,
+                                                         limits=limits)
         except Exception:  # noqa: BLE001 - a template is untrusted code; failing on a probe is "does not render"
             return False
 

@@ -40,10 +40,12 @@ def llm():
 
 
 @pytest.fixture(scope="module")
-def hf():
+def hf(smollm2_dir):
+    """transformers' `from_pretrained(dir, gguf_file=...)` in float32, as the session's smollm2_dir holds it (that
+    folder is this very model, saved by the shared make_folder.py): read back from its float32 safetensors instead
+    of dequantizing the file a second time (~15 s on 2 cores)."""
     transformers = pytest.importorskip("transformers")
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        SMOLLM2_GGUF.parent, gguf_file=SMOLLM2_GGUF.name, dtype=torch.float32).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
