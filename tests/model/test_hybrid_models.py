@@ -226,8 +226,9 @@ def test_gguf_from_llama_cpps_converter(variant: str, outtype: str, tmp_path: Pa
         attention = next(b.attention for b in default.model.layers if isinstance(b.attention, Attention))
         assert isinstance(attention.wqkv, GGUFLinear) and isinstance(attention.wo, GGUFLinear)
         assert any(isinstance(m, GGUFLinear) for b in default.model.layers for m in (b.mlp.w13, b.mlp.w2))
-        assert not any(isinstance(b.attention.wi, GGUFLinear) for b in default.model.layers
-                       if not isinstance(b.attention, Attention))
+        # the recurrent mixers' in_proj / out_proj stay in their blocks too (the native step reads them as stored)
+        assert all(isinstance(b.attention.wi, GGUFLinear) and isinstance(b.attention.wo, GGUFLinear)
+                   for b in default.model.layers if not isinstance(b.attention, Attention))
 
 
 def test_qwen3_5_gguf_from_llama_cpps_converter(tmp_path: Path, shared_dir: Path) -> None:
@@ -245,10 +246,17 @@ def test_qwen3_5_gguf_from_llama_cpps_converter(tmp_path: Path, shared_dir: Path
     folder = nexttoken.load(tmp_path)
     ids = [5, 17, 33, 8, 61, 2, 40, 12]
     want = folder.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids
-    for llm in (nexttoken.load(path), nexttoken.load(path, dequantize=True)):
+    packed = nexttoken.load(path)
+    for llm in (packed, nexttoken.load(path, dequantize=True)):
         assert llm.model.config.layers == folder.model.config.layers
         assert llm.model.config.recurrent == folder.model.config.recurrent
         assert llm.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == want
+    # the delta rule's in_proj rows stay as stored, taken in the checkpoint's order (the untiling moves whole rows);
+    # out_proj's untiling moves columns, so it is read as floats
+    from nexttoken.model.quant.bf16 import BF16Linear
+
+    mixers = [b.attention for b in packed.model.layers if not isinstance(b.attention, Attention)]
+    assert mixers and all(isinstance(m.wi, BF16Linear) and not isinstance(m.wo, BF16Linear) for m in mixers)
 
 
 def test_qwen3_5_chat_with_its_real_template_and_the_server(shared_dir: Path, tmp_path: Path) -> None:

@@ -364,17 +364,20 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
     cfg = ModelConfig.from_dict(config_dict(g), source=str(g.path))
     names = list(expected_shapes(cfg))
     # a model with recurrent layers (issue 41) keeps its attention and MLP matrices packed as the other families
-    # do; its recurrent layers' own matrices (and their small vectors) are read as floats (gguf_packed._dense).
+    # do, and so do its recurrent mixers' in_proj / out_proj (gguf_packed.mixer_groups; their small vectors and
+    # convolution taps are read as floats).
     # A network of its own keeps them too where its matrices hold the file's values as they are (gguf_packed's
     # packable: Gemma 4, Nemotron-H); Falcon-H1, which folds its multipliers into rows at load, loads dequantized.
     from .gguf_packed import packable
 
     if not dequantize and packable(cfg) and device.type == "cpu" and torch_dtype == torch.float32:
-        from .gguf_packed import build_packed_model, file_rows, keepable, keepable_experts, release_pages
+        from .gguf_packed import (build_packed_model, file_rows, keepable, keepable_experts, mixer_groups,
+                                  release_pages, row_order)
 
         dense = gguf_names(g, cfg, names)
         kept = keepable(g, cfg, dense) if native_blocks() else {}
         experts = keepable_experts(g, cfg)  # (stacked tensor, expert, type) by checkpoint name
+        mixers = {n for group in mixer_groups(cfg).values() for n in group}  # recurrent in_proj / out_proj
         if kept or experts:
             floats = checkpoint_tensors(g, cfg, [n for n in names if n not in kept and n not in experts],
                                         torch.float32)
@@ -385,7 +388,9 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
                     t = g.tensors[key]
                     return file_rows(g, key).reshape(int(t.shape[2]), int(t.shape[1]), -1)[expert], kind
                 gname = dense[hf]
-                return _as_checkpoint(g, cfg, gname, file_rows(g, gname)), g.tensors[gname].tensor_type.name
+                rows = _as_checkpoint(g, cfg, gname, file_rows(g, gname))
+                order = row_order(g, cfg, hf, shape(gname)) if hf in mixers else None
+                return (rows if order is None else rows[order]), g.tensors[gname].tensor_type.name
 
             def shape(gname: str) -> tuple[int, ...]:
                 return tuple(int(d) for d in reversed(g.tensors[gname].shape))

@@ -50,8 +50,11 @@ def keepable(g, cfg: ModelConfig, gguf_names: dict[str, str]) -> dict[str, str]:
     embedding's 2-D weights whose GGUF type the kernels read, with every part of a fused matrix of one kind."""
     kinds = {}
     table_names = set(tables(cfg).values())
+    mixers = {n for group in mixer_groups(cfg).values() for n in group}
     for hf, gname in gguf_names.items():
-        if not hf.endswith(".weight") or "expert" in hf or not (_dense(hf) or hf in table_names):
+        if not hf.endswith(".weight") or "expert" in hf or not (_dense(hf) or hf in table_names or hf in mixers):
+            continue
+        if hf in mixers and row_order(g, cfg, hf, tuple(int(d) for d in reversed(g.tensors[gname].shape))) is False:
             continue
         t = g.tensors[gname]
         name = t.tensor_type.name
@@ -110,7 +113,8 @@ def matrix_groups(cfg: ModelConfig) -> dict[str, list[str]]:
     four per block (_groups), or, for a network of its own, every weight of its state whose parts are all dense
     matrices (attention, MLP, per-layer inputs; not experts, routers or recurrent mixers)."""
     if not own_checkpoint(cfg):
-        return {f"layers.{i}.{m}": group for i in range(cfg.num_hidden_layers) for m, group in _groups(cfg, i).items()}
+        groups = {f"layers.{i}.{m}": group for i in range(cfg.num_hidden_layers) for m, group in _groups(cfg, i).items()}
+        return groups | mixer_groups(cfg)
     skip = set(tables(cfg))
     return {ours[: -len(".weight")]: parts for ours, parts in state_parts(cfg, {}).items()
             if ours.endswith(".weight") and ours not in skip and parts
@@ -126,6 +130,44 @@ def _groups(cfg: ModelConfig, i: int) -> dict[str, list[str]]:
     return {"attention.wqkv": [p + f"self_attn.{x}_proj.weight" for x in "qkv"],
             "attention.wo": [p + "self_attn.o_proj.weight"],
             "mlp.w13": [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], "mlp.w2": [p + "mlp.down_proj.weight"]}
+
+
+def mixer_groups(cfg: ModelConfig) -> dict[str, list[str]]:
+    """The recurrent mixers' in_proj / out_proj (our attention.wi / .wo of a layer that keeps a state) -> their
+    checkpoint weights: LFM2's, Qwen3.5's, Granite 4.0-H's and Mamba2's. Not Qwen3-Next's (its rows are regrouped at
+    load, by the module)."""
+    from ..recurrent import MIXERS
+
+    if cfg.recurrent is None or cfg.recurrent.linear_grouped_by_key_head:
+        return {}
+    out = {}
+    for i in range(cfg.num_hidden_layers):
+        if cfg.layer(i).keeps_kv:
+            continue
+        parts = MIXERS[cfg.layer(i).mixer].checkpoint(cfg, i)
+        for ours in ("wi", "wo"):
+            out[f"layers.{i}.attention.{ours}"] = [name for name, _ in parts[ours + ".weight"]]
+    return out
+
+
+def row_order(g, cfg: ModelConfig, hf: str, shape: tuple[int, ...]) -> torch.Tensor | None | bool:  # noqa: ANN001
+    """How the family's GGUF hook (Family.gguf_tensor: Qwen3.5's untiled value heads) moves a matrix's rows: None
+    (it leaves them as they are), the (rows,) order it takes them in (a permutation of whole rows, which packed rows
+    follow exactly), or False (it moves columns or changes values: the matrix is read as floats). Found by handing
+    the hook the rows' and the columns' indices."""
+    from .gguf import writer_family
+
+    hook = writer_family(g).gguf_tensor
+    if hook is None:
+        return None
+    rows = hook(cfg, hf, torch.arange(shape[0], dtype=torch.int32)[:, None].expand(shape).contiguous())
+    cols = hook(cfg, hf, torch.arange(shape[1], dtype=torch.int32)[None, :].expand(shape).contiguous())
+    if tuple(rows.shape) != tuple(shape) or not bool((cols == torch.arange(shape[1], dtype=torch.int32)).all()):
+        return False
+    order = rows[:, 0]
+    if not bool((rows == order[:, None]).all()):
+        return False
+    return None if bool((order == torch.arange(shape[0], dtype=torch.int32)).all()) else order.long()
 
 
 def build_packed_model(g, cfg: ModelConfig, floats: dict[str, torch.Tensor], kept: dict[str, tuple[int, int]],  # noqa: ANN001
