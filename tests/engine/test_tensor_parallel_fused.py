@@ -16,14 +16,16 @@ import pytest
 import nexttoken
 from nexttoken.model import fused, kernels
 from support.fused import MODULES_ONLY
-from support.tiny_models import PROMPTS, RECURRENT, VARIANTS, save_variant
+from support.tiny_models import PROMPTS, RECURRENT, VARIANTS, declared, save_variant
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="native kernel unavailable (no g++ or no AVX-512)")
 
 # The tiny models the single-process fused step takes, but OLMo 2 and 3: their sharded whole-projection q/k norm
 # all-reduces inside the attention, so its ranks run the modules.
 RANK_MODULES_ONLY = {"olmo2-post-norm", "olmo3-sliding"}
-FUSED_VARIANTS = sorted(set(VARIANTS) - MODULES_ONLY - RANK_MODULES_ONLY - RECURRENT)
+# (gpt-oss's declaration refuses tensor parallelism by name: test_gpt_oss.py checks the refusal)
+FUSED_VARIANTS = sorted(n for n in set(VARIANTS) - MODULES_ONLY - RANK_MODULES_ONLY - RECURRENT
+                        if declared(n).tensor_parallel)
 GREEDY = dict(max_new_tokens=16, do_sample=False)
 
 WORKER_COUNTER = '''

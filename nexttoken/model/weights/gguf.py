@@ -375,7 +375,8 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
                                   release_pages, row_order)
 
         dense = gguf_names(g, cfg, names)
-        kept = keepable(g, cfg, dense) if native_blocks() else {}
+        hook = writer_family(g).gguf_tensor  # Qwen3.5's untiled value heads: followed on packed rows (row_order)
+        kept = keepable(g, cfg, dense, hook) if native_blocks() else {}
         experts = keepable_experts(g, cfg)  # (stacked tensor, expert, type) by checkpoint name
         mixers = {n for group in mixer_groups(cfg).values() for n in group}  # recurrent in_proj / out_proj
         if kept or experts:
@@ -389,7 +390,7 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
                     return file_rows(g, key).reshape(int(t.shape[2]), int(t.shape[1]), -1)[expert], kind
                 gname = dense[hf]
                 rows = _as_checkpoint(g, cfg, gname, file_rows(g, gname))
-                order = row_order(g, cfg, hf, shape(gname)) if hf in mixers else None
+                order = row_order(hook, cfg, hf, shape(gname)) if hf in mixers else None
                 return (rows if order is None else rows[order]), g.tensors[gname].tensor_type.name
 
             def shape(gname: str) -> tuple[int, ...]:

@@ -45,16 +45,17 @@ def tables(cfg: ModelConfig) -> dict[str, str]:
             if ours in parts}
 
 
-def keepable(g, cfg: ModelConfig, gguf_names: dict[str, str]) -> dict[str, str]:  # noqa: ANN001 - a GGUFFile
+def keepable(g, cfg: ModelConfig, gguf_names: dict[str, str], hook=None) -> dict[str, str]:  # noqa: ANN001
     """Checkpoint name -> "blocks" or "bf16" for the matrices kept as stored: the dense layers' and the
-    embedding's 2-D weights whose GGUF type the kernels read, with every part of a fused matrix of one kind."""
+    embedding's 2-D weights whose GGUF type the kernels read, with every part of a fused matrix of one kind. `hook`:
+    the writer family's gguf_tensor (row_order)."""
     kinds = {}
     table_names = set(tables(cfg).values())
     mixers = {n for group in mixer_groups(cfg).values() for n in group}
     for hf, gname in gguf_names.items():
         if not hf.endswith(".weight") or "expert" in hf or not (_dense(hf) or hf in table_names or hf in mixers):
             continue
-        if hf in mixers and row_order(g, cfg, hf, tuple(int(d) for d in reversed(g.tensors[gname].shape))) is False:
+        if hf in mixers and row_order(hook, cfg, hf, tuple(int(d) for d in reversed(g.tensors[gname].shape))) is False:
             continue
         t = g.tensors[gname]
         name = t.tensor_type.name
@@ -150,14 +151,11 @@ def mixer_groups(cfg: ModelConfig) -> dict[str, list[str]]:
     return out
 
 
-def row_order(g, cfg: ModelConfig, hf: str, shape: tuple[int, ...]) -> torch.Tensor | None | bool:  # noqa: ANN001
+def row_order(hook, cfg: ModelConfig, hf: str, shape: tuple[int, ...]) -> torch.Tensor | None | bool:  # noqa: ANN001
     """How the family's GGUF hook (Family.gguf_tensor: Qwen3.5's untiled value heads) moves a matrix's rows: None
     (it leaves them as they are), the (rows,) order it takes them in (a permutation of whole rows, which packed rows
     follow exactly), or False (it moves columns or changes values: the matrix is read as floats). Found by handing
     the hook the rows' and the columns' indices."""
-    from .gguf import writer_family
-
-    hook = writer_family(g).gguf_tensor
     if hook is None:
         return None
     rows = hook(cfg, hf, torch.arange(shape[0], dtype=torch.int32)[:, None].expand(shape).contiguous())
