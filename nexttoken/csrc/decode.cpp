@@ -142,33 +142,169 @@ struct Scoring {
   float scale, softcap;
 };
 
+// 16 vectors' horizontal sums as one vector, lane j = the sum of v[j]'s 16 lanes: a transpose-and-add tree, about
+// 3 instructions per vector where a reduction of each would take 8 (the lanes summed pairwise in a fixed order).
+TARGET inline __m512 sums16(const __m512* v) {
+  __m512 r1[8], r2[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [a0 + a2, b0 + b2, a1 + a3, b1 + b3] of v[2i] = a, v[2i + 1] = b
+    r1[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)  // per 128-bit lane: the four vectors 4i .. 4i + 3's partial sums
+    r2[i] = _mm512_add_ps(_mm512_shuffle_ps(r1[2 * i], r1[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_ps(r1[2 * i], r1[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  __m512 r3[2];
+  for (int i = 0; i < 2; ++i)  // [lanes 0 + 1, lanes 2 + 3] of r2[2i], then of r2[2i + 1]
+    r3[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r2[2 * i], r2[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_f32x4(r2[2 * i], r2[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(r3[0], r3[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(r3[0], r3[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Scores of q against columns [first, kv_len) into scores[0 ..), 16 columns at a time: each column's products
+// summed over D in 16-lane vectors (in d order), the 16 columns' vectors reduced together (sums16); returns the
+// largest score. D a multiple of 16.
+TARGET float scores16(const float* q, const void* keys, const float* k_scale, const Pages& pages, int64_t first,
+                      int64_t kv_len, int64_t D, const Scoring& how, float* scores) {
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  for (int64_t s0 = first; s0 < kv_len; s0 += 16) {
+    const int n = kv_len - s0 < 16 ? (int)(kv_len - s0) : 16;
+    int64_t at[16];
+    const float* ks[16];
+    for (int j = 0; j < 16; ++j) {
+      at[j] = pages.at(s0 + (j < n ? j : 0), D);
+      ks[j] = k_scale ? k_scale + at[j] / D : nullptr;
+    }
+    __m512 acc[16];
+    for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) {
+      const __m512 qd = _mm512_loadu_ps(q + d);
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j)
+        if (j < n) acc[j] = _mm512_fmadd_ps(qd, load_kv(keys, at[j], ks[j], d, (__mmask16)0xffff), acc[j]);
+    }
+    __m512 sc = _mm512_mul_ps(sums16(acc), _mm512_set1_ps(how.scale));
+    const __mmask16 valid = n == 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
+    _mm512_mask_storeu_ps(scores + (s0 - first), valid, sc);
+    if (how.softcap > 0.f) {
+      for (int j = 0; j < n; ++j) scores[s0 - first + j] = tanhf(scores[s0 - first + j] / how.softcap) * how.softcap;
+      sc = _mm512_maskz_loadu_ps(valid, scores + (s0 - first));
+    }
+    mx = _mm512_mask_max_ps(mx, valid, mx, sc);
+  }
+  return _mm512_reduce_max_ps(mx);
+}
+
+// exp of 16 floats (Cephes' expf: n = round(x log2 e), r = x - n ln 2 in two parts, a degree-6 polynomial, times
+// 2^n by scalef), within 2 ulp of expf; below -87.3 it underflows to zero as expf does.
+TARGET inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-103.f));
+  x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// scores[0, n) = exp(scores - mx) in place, 16 at a time; returns their sum (16 lanes of partial sums, added at the
+// end: a fixed order for a given n).
+TARGET float exp_sum16(float* scores, int64_t n, float mx) {
+  __m512 sum = _mm512_setzero_ps();
+  const __m512 m = _mm512_set1_ps(mx);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 valid = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(valid, scores + i), m));
+    _mm512_mask_storeu_ps(scores + i, valid, e);
+    sum = _mm512_mask_add_ps(sum, valid, sum, e);
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+
+// out (D,) = sum over columns [first, kv_len) of p[s - first] * v_s, column by column in order, NC = D / 16
+// accumulators held in registers.
+template <int NC>
+TARGET void weighted_values(const void* values, const float* v_scale, const Pages& pages, int64_t first,
+                            int64_t kv_len, const float* p, float* out) {
+  constexpr int64_t D = 16 * NC;
+  __m512 acc[NC];
+  for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t s = first; s < kv_len; ++s) {
+    const int64_t at = pages.at(s, D);
+    const float* vs = v_scale ? v_scale + at / D : nullptr;
+    const __m512 w = _mm512_set1_ps(p[s - first]);
+    for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(w, load_kv(values, at, vs, 16 * c, (__mmask16)0xffff), acc[c]);
+  }
+  for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
+}
+
 // One query head against cache columns [first, kv_len): softmax(score(q.k)) @ v (a sliding layer's window starts
 // at first > 0; the modules' window mask hides the columns before it). Dot products in 16-lane vectors (a head
 // is 48-256 wide), the weighted sum of values likewise; columns in order, block by block, so the sums are the same
 // whatever the block size. `sink` (gpt-oss; NULL: none): the head's learned logit joins the softmax's max and
-// denominator, its share then dropped (model/layers.py's sink_attention).
+// denominator, its share then dropped (model/layers.py's sink_attention). Heads of 48..256 (a multiple of 16) take
+// the blocked path (scores16, weighted_values); others the column-at-a-time loops below.
 TARGET void attend(const float* q, const void* keys, const void* values, const float* k_scale,
                    const float* v_scale, const Pages& pages, int64_t first, int64_t kv_len, int64_t D,
                    const Scoring& how, const float* sink, float* scores, float* out) {
+  const bool blocked = D % 16 == 0 && D >= 48 && D <= 256;
   float mx = -INFINITY;
-  for (int64_t s = first; s < kv_len; ++s) {
-    const int64_t at = pages.at(s, D);
-    const float* ks = k_scale ? k_scale + at / D : nullptr;  // this column's scale (int8)
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t d = 0; d < D; d += 16) {
-      const __mmask16 m = D - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - d)) - 1u);
-      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), load_kv(keys, at, ks, d, m), acc);
+  if (blocked) {
+    mx = scores16(q, keys, k_scale, pages, first, kv_len, D, how, scores);
+  } else {
+    for (int64_t s = first; s < kv_len; ++s) {
+      const int64_t at = pages.at(s, D);
+      const float* ks = k_scale ? k_scale + at / D : nullptr;  // this column's scale (int8)
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t d = 0; d < D; d += 16) {
+        const __mmask16 m = D - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - d)) - 1u);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), load_kv(keys, at, ks, d, m), acc);
+      }
+      float sc = _mm512_reduce_add_ps(acc) * how.scale;
+      if (how.softcap > 0.f) sc = tanhf(sc / how.softcap) * how.softcap;
+      scores[s - first] = sc;
+      mx = sc > mx ? sc : mx;
     }
-    float sc = _mm512_reduce_add_ps(acc) * how.scale;
-    if (how.softcap > 0.f) sc = tanhf(sc / how.softcap) * how.softcap;
-    scores[s - first] = sc;
-    mx = sc > mx ? sc : mx;
   }
   if (sink) mx = *sink > mx ? *sink : mx;
   float sum = 0.f;
-  for (int64_t s = first; s < kv_len; ++s) sum += (scores[s - first] = expf(scores[s - first] - mx));
+  if (blocked) {
+    sum = exp_sum16(scores, kv_len - first, mx);
+  } else {
+    for (int64_t s = first; s < kv_len; ++s) sum += (scores[s - first] = expf(scores[s - first] - mx));
+  }
   if (sink) sum += expf(*sink - mx);  // the sink's share of the denominator, last as in the modules' row
   const float inv = 1.f / sum;
+  if (blocked) {
+    for (int64_t s = first; s < kv_len; ++s) scores[s - first] *= inv;  // the probabilities
+    switch (D / 16) {
+      case 3: weighted_values<3>(values, v_scale, pages, first, kv_len, scores, out); return;
+      case 4: weighted_values<4>(values, v_scale, pages, first, kv_len, scores, out); return;
+      case 5: weighted_values<5>(values, v_scale, pages, first, kv_len, scores, out); return;
+      case 6: weighted_values<6>(values, v_scale, pages, first, kv_len, scores, out); return;
+      case 7: weighted_values<7>(values, v_scale, pages, first, kv_len, scores, out); return;
+      case 8: weighted_values<8>(values, v_scale, pages, first, kv_len, scores, out); return;
+      case 10: weighted_values<10>(values, v_scale, pages, first, kv_len, scores, out); return;
+      case 12: weighted_values<12>(values, v_scale, pages, first, kv_len, scores, out); return;
+      case 16: weighted_values<16>(values, v_scale, pages, first, kv_len, scores, out); return;
+      default: break;
+    }
+    for (int64_t d = 0; d < D; d += 16) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t s = first; s < kv_len; ++s) {
+        const int64_t at = pages.at(s, D);
+        const float* vs = v_scale ? v_scale + at / D : nullptr;
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[s - first]), load_kv(values, at, vs, d, (__mmask16)0xffff), acc);
+      }
+      _mm512_storeu_ps(out + d, acc);
+    }
+    return;
+  }
   for (int64_t d = 0; d < D; d += 16) {
     const __mmask16 m = D - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - d)) - 1u);
     __m512 acc = _mm512_setzero_ps();
