@@ -137,7 +137,7 @@ GEMMA4 = Family(
     "full layers; KV shared by the last `num_kv_shared_layers` layers (no cache of their own; double-wide MLP "
     "with `use_double_wide_mlp`); per-layer input embeddings (`hidden_size_per_layer_input`); `layer_scalar`; the "
     "optional MoE block beside the MLP (`enable_moe_block`); modules path",
-    read=_gemma4, native_step=False, tensor_parallel=False, lora=False, network="gemma4", gguf="gemma4",
+    read=_gemma4, native_step=True, tensor_parallel=False, lora=False, network="gemma4", gguf="gemma4",
     read_gguf=_gguf, gguf_per_layer=True,
     # llama.cpp's converter names layer_scalar with a `.weight`, and writes the MoE block's tensors under its own
     # names (Gemma4Model.modify_tensors): stacked experts as they are, the router's scales beside its matrix
@@ -154,7 +154,7 @@ GEMMA4_VISION = Family(
     "k x k average pooling, an RMS-normed projection (`embed_vision`); image tokens attend causally, or with "
     "`use_bidirectional_attention: \"vision\"` each other both ways on the sliding layers during the prefill; the "
     "audio tower is not read; modules path",
-    read=_gemma4, native_step=False, tensor_parallel=False, lora=False, network="gemma4", vision="gemma4",
+    read=_gemma4, native_step=True, tensor_parallel=False, lora=False, network="gemma4", vision="gemma4",
     renames=((r"^model\.language_model\.", "model."),
              (r"^(model\.)?(vision_tower|embed_vision|audio_tower|embed_audio)\..*$", "")),
 )

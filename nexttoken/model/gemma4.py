@@ -35,6 +35,8 @@ GGUF_PACKED = True
 class Norm(nn.Module):
     """transformers' Gemma4RMSNorm (with or without a weight), in float32, cast back to the input's dtype."""
 
+    native_form = "rms_norm"  # the fused native step's plain RMSNorm (x normed, times w): model/fused.py
+
     def __init__(self, dim: int, eps: float, scaled: bool = True) -> None:
         super().__init__()
         self.eps = eps
@@ -179,6 +181,8 @@ def _product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 class Gemma4Block(nn.Module):
+    native_form = "gemma4"  # the fused native step computes this block (model/fused.py's _gemma4_layer)
+
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         C, eps = cfg.hidden_size, cfg.rms_norm_eps

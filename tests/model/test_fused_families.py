@@ -87,7 +87,7 @@ def test_native_step_is_as_close_to_float64_as_the_modules(name, folders, monkey
 
 
 @pytest.mark.parametrize("name", ["qwen3-qk-norm", "gemma3-local-global-rope", "gemma2-softcap-sliding",
-                                  "qwen3-moe-norm-topk", "gpt-oss"])
+                                  "qwen3-moe-norm-topk", "gpt-oss", "gemma4-kv-shared-ple", "gemma4-moe"])
 @pytest.mark.parametrize("quantize", [quantize_int8, quantize_bf16], ids=["int8", "bf16"])
 def test_quantized_weights_take_the_native_step(name, quantize, folders, monkeypatch) -> None:
     """int8 and bf16 weights (float32 activations) of the q/k-norm, Gemma and MoE blocks (gpt-oss's experts with
@@ -133,10 +133,12 @@ def test_longrope_rows_choose_their_frequencies_one_by_one_in_the_engine(tmp_pat
         assert a.out.logprobs == pytest.approx(b.out.logprobs, abs=1e-4)
 
 
-@pytest.mark.parametrize("name", ["gemma2-softcap-sliding", "mixtral-moe", "gpt-oss"])
+@pytest.mark.parametrize("name", ["gemma2-softcap-sliding", "mixtral-moe", "gpt-oss", "gemma4-kv-shared-ple",
+                                  "gemma4-moe"])
 def test_engine_int8_kv_pool_with_a_window_takes_the_native_step(name, folders, monkeypatch) -> None:
     """The engine's native rows on an int8 KV pool (per token and head scales), past the sliding window (5 / 6
-    columns), with Gemma 2's soft-caps, Mixtral's experts or gpt-oss's sinks: every decode row native, and the
+    columns), with Gemma 2's soft-caps, Mixtral's experts, gpt-oss's sinks or Gemma 4's per-layer shapes in slots
+    as wide as its widest layer (KV-shared layers reading their source's blocks): every decode row native, and the
     modules' tokens."""
     from nexttoken.engine import EngineConfig, LLMEngine
     from nexttoken.generation.config import GenerationConfig

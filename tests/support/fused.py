@@ -8,7 +8,7 @@ from nexttoken.model import ForwardBatch
 
 # Variants the native step does not cover (their declarations keep the modules: Family.native_step): Gemma 4 (its
 # own decoder). Every other family's block, windows, sinks, routers and experts included, fuses.
-MODULES_ONLY: set[str] = {"gemma4-kv-shared-ple", "gemma4-moe"}
+MODULES_ONLY: set[str] = set()
 
 
 @torch.inference_mode()
