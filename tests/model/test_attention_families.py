@@ -197,8 +197,8 @@ def test_engine_rows_equal_transformers_and_are_batch_invariant(pair) -> None:
 
 def test_the_native_step_runs_where_the_declaration_allows(pair) -> None:
     """OLMo 3 and EXAONE 4 are switches the fused native step already has, GLM-4 MoE's sigmoid group router and
-    partial RoPE parts it computes; Gemma 4's declaration keeps the modules (its own decoder): the step refuses it,
-    and its tokens above are the modules'."""
+    partial RoPE parts it computes, and Gemma 4's own block (per-layer shapes, KV sharing, per-layer inputs, the
+    experts beside the MLP) is a layer form of its own there (fused._gemma4_layer): every one takes the step."""
     name, _, model, _ = pair
     with torch.inference_mode():
         assert (fused.rows_plan(model, model.new_cache(1, 16)) is None) == (name in MODULES_ONLY)
@@ -308,7 +308,7 @@ def test_a_quantized_gemma4_gguf_keeps_its_blocks_and_gives_its_dequantized_toke
     """Gemma 4 with per-layer inputs through the converter at q8_0: the attention, MLP and per-layer input matrices,
     the token table and the (vocab, layers x P) per-layer table stay in their blocks (GGUFLinear / GGUFEmbedding:
     a quantized E2B / E4B file would not fit in memory as floats), and the tokens are those of the file's own
-    values dequantized to float32."""
+    values dequantized to float32, with the fused native step (which reads the blocks) and with the modules."""
     pytest.importorskip("gguf")
     from nexttoken.model.quant.ggml import GGUFEmbedding, GGUFLinear, native_blocks
     from support.llama_cpp import convert, with_tokenizer
@@ -332,4 +332,8 @@ def test_a_quantized_gemma4_gguf_keeps_its_blocks_and_gives_its_dequantized_toke
         assert isinstance(block.attention.wqkv, GGUFLinear) and isinstance(block.attention.wo, GGUFLinear)
         assert isinstance(block.mlp.w13, GGUFLinear) and isinstance(block.mlp.w2, GGUFLinear)
         assert isinstance(block.input_gate, GGUFLinear) and isinstance(block.input_projection, GGUFLinear)
+    with torch.inference_mode():  # the fused native step reads the kept blocks as they are
+        assert fused.rows_plan(model, model.new_cache(1, 16)) is not None
     assert llm.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == exact
+    with fused.disabled(model):
+        assert llm.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == exact
