@@ -6,8 +6,8 @@ import torch
 
 from nexttoken.model import ForwardBatch
 
-# Variants the native step does not cover (their declarations keep the modules: Family.native_step): Gemma 4 (its
-# own decoder). Every other family's block, windows, sinks, routers and experts included, fuses.
+# Variants the native step does not cover (their declarations keep the modules: Family.native_step): none since
+# Gemma 4's own block fuses. Every family's block, windows, sinks, routers and experts included, fuses.
 MODULES_ONLY: set[str] = set()
 
 
