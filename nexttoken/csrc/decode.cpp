@@ -12,7 +12,8 @@
 // The families are switches on the one block (NtModel.flags and the fields after it): q/k norms before RoPE,
 // Gemma's (1 + w) norms around each branch, OLMo 2's norms after each branch, Granite's multipliers, GeGLU,
 // soft-caps, sliding-window layers with their own RoPE, LongRoPE, gpt-oss's attention sinks and clamped SwiGLU,
-// and mixture-of-experts MLPs that run only the chosen experts' products.
+// mixture-of-experts MLPs that run only the chosen experts' products, and Gemma 4's block (each layer's own head
+// dims and KV heads in the cache's widest columns, KV-shared layers, per-layer inputs, the experts beside the MLP).
 //
 // The arithmetic follows the PyTorch modules operation by operation (normalise then scale, rotate as
 // x*cos + roll(x)*signed_sin, softmax over scaled scores); it is built with -ffp-contract=off so the compiler

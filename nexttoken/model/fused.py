@@ -9,7 +9,8 @@ last cache column with every column visible (no padding) but for the sliding lay
 attention computes itself, weights that are `Linear`, `BF16Linear`, `Int8Linear`, `Int4Linear` or GGUF's packed `GGUFLinear` layers
 of the stock blocks. Every family's block is a set of switches there (q/k norms, Gemma's (1 + w) sandwich norms, OLMo 2's
 norms after each branch, Granite's multipliers, GeGLU, soft-caps, local RoPE, LongRoPE, MoE experts, gpt-oss's
-attention sinks and clamped SwiGLU), and LoRA
+attention sinks and clamped SwiGLU; Gemma 4's own block: per-layer shapes, KV sharing, per-layer inputs, the experts
+beside the MLP), and LoRA
 rows add their adapter's products. Everything else returns None and runs the modules, which are the reference the
 tests hold this path to (same tokens; logits within float32 rounding).
 
@@ -395,7 +396,7 @@ class _Plan:
         if (kind.rope == "local") != bool(kind.window and self.local_rope) or kind.rope is None:
             return None
         slot = att.slot if att.source is None else model.layers[att.source].attention.slot
-        if slot is None or type(att.wqkv) is not type(att.wo):
+        if slot is None:
             return None
         norms = [block.attention_norm, block.ffn_norm, att.q_norm, getattr(att, "k_norm", None),
                  block.attention_post_norm, block.ffn_post_norm]
@@ -484,7 +485,8 @@ def _form(module: torch.nn.Module | None) -> str | None:
     """How the native step reads a module of a family's own network: layers.Block as "block", or what the module's
     class declares itself in its own dict (`native_form`; a subclass that changes the forward declares its own):
     Nemotron-H's NemotronBlock "block" (norm, mixer, residual; then norm, MLP, residual where it has one) and
-    ReluSquaredMLP "relu2", Falcon-H1's FalconBlock "parallel" and FalconMixer "ssd_norm_first". None: neither."""
+    ReluSquaredMLP "relu2", Falcon-H1's FalconBlock "parallel" and FalconMixer "ssd_norm_first", Gemma 4's
+    Gemma4Block "gemma4" and Norm "rms_norm". None: neither."""
     if module is None:
         return None
     return "block" if type(module) is Block else type(module).__dict__.get("native_form")
