@@ -129,7 +129,7 @@ def _key(model: torch.nn.Module, cache: KVCache, states: StateSlots | None = Non
             _key_modules(block, key)
             key += [p.data_ptr() for p in block._parameters.values()]
             if parts.get("experts") is not None:
-                key += [p.data_ptr() for p in parts["experts"]._parameters.values()]
+                key += [None if p is None else p.data_ptr() for p in parts["experts"]._parameters.values()]
     return tuple(key)
 
 
@@ -432,10 +432,10 @@ class _Plan:
         tensors, each expert's rows a view) into `layer`; False where the native step cannot read them."""
         experts = block.experts
         router = _kept(experts.gate)
-        E = experts.gate_up.shape[0]
+        E = experts.expert_scale.numel()
         if router is None or not (_float32(experts.router_scale, None) and _float32(experts.expert_scale, E)):
             return False
-        parts = [(weight_rows(experts.gate_up[e]), weight_rows(experts.down[e])) for e in range(E)]
+        parts = [(_expert_rows(experts, "gate_up", e), _expert_rows(experts, "down", e)) for e in range(E)]
         if any(a is None or b is None for a, b in parts):
             return False
         self.experts.append((_Expert * E)(*[_Expert(a, b) for a, b in parts]))
@@ -454,6 +454,13 @@ def _routing(moe) -> dict:  # noqa: ANN001
                                                               ROUTE_SOFTMAX)
     return dict(router=rule, n_group=moe.n_group, topk_group=moe.topk_group,
                 routed_scaling=moe.routed_scaling_factor, topk_norm_eps=moe.topk_norm_eps)
+
+
+def _expert_rows(experts: torch.nn.Module, part: str, e: int) -> _Linear | None:
+    """Expert e's `part` ("gate_up" / "down") of Gemma 4's experts as an NtLinear: its rows of the stacked tensor,
+    or the layer a GGUF file's blocks keep for it (Gemma4Experts.keep)."""
+    stacked = getattr(experts, part)
+    return weight_rows(stacked[e]) if stacked is not None else _linear(getattr(experts, part + "_layers")[e])
 
 
 def _rms(norm: torch.nn.Module | None) -> bool:
