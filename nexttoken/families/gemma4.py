@@ -20,7 +20,8 @@ this declaration. llama.cpp's `gemma4` GGUF files are read back into the same co
 per-layer KV heads and MLP widths, both head dims, the sliding pattern, the KV-shared count, the per-layer inputs,
 keys-as-values by the full layers' missing attn_v, the full layers' proportional RoPE from `rope_freqs` (1 for a
 rotated frequency, 1e30 for the others), the MoE block's stacked experts and router scales under llama.cpp's names
-(gguf_aliases). They load dequantized (weights/gguf.py: the packed builder makes the shared decoder).
+(gguf_aliases). A quantized file keeps its matrices, token tables and stacked experts in their blocks
+(weights/gguf_packed.py: GGUF_PACKED in model/gemma4.py; the experts one GGUFLinear each, Gemma4Experts.keep).
 """
 
 from __future__ import annotations
