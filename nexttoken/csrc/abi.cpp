@@ -42,7 +42,12 @@ constexpr Field kFields[] = {
     NT_FIELD(NtLayer, recurrent), NT_FIELD(NtLayer, gated), NT_FIELD(NtLayer, correction),
     NT_FIELD(NtLayer, sinks), NT_FIELD(NtLayer, parallel), NT_FIELD(NtLayer, parallel_mixer),
     NT_FIELD(NtLayer, parallel_in), NT_FIELD(NtLayer, parallel_out), NT_FIELD(NtLayer, attn_in),
-    NT_FIELD(NtLayer, attn_out),
+    NT_FIELD(NtLayer, attn_out), NT_FIELD(NtLayer, head_dim), NT_FIELD(NtLayer, n_kv_heads),
+    NT_FIELD(NtLayer, intermediate), NT_FIELD(NtLayer, kv_shared), NT_FIELD(NtLayer, values_from_keys),
+    NT_FIELD(NtLayer, v_norm), NT_FIELD(NtLayer, layer_scalar), NT_FIELD(NtLayer, input_gate),
+    NT_FIELD(NtLayer, input_projection), NT_FIELD(NtLayer, input_norm), NT_FIELD(NtLayer, router_scale),
+    NT_FIELD(NtLayer, expert_scale), NT_FIELD(NtLayer, mlp_post_norm), NT_FIELD(NtLayer, experts_norm),
+    NT_FIELD(NtLayer, experts_post_norm),
 
     NT_FIELD(NtRecurrent, wi), NT_FIELD(NtRecurrent, wo), NT_FIELD(NtRecurrent, conv),
     NT_FIELD(NtRecurrent, conv_bias), NT_FIELD(NtRecurrent, dt_bias), NT_FIELD(NtRecurrent, A_log),
@@ -66,6 +71,7 @@ constexpr Field kFields[] = {
     NT_FIELD(NtModel, rotary_dim), NT_FIELD(NtModel, lora_slots), NT_FIELD(NtModel, router),
     NT_FIELD(NtModel, n_group), NT_FIELD(NtModel, topk_group), NT_FIELD(NtModel, routed_scaling),
     NT_FIELD(NtModel, topk_norm_eps), NT_FIELD(NtModel, swiglu_limit), NT_FIELD(NtModel, swiglu_alpha),
+    NT_FIELD(NtModel, kv_dim), NT_FIELD(NtModel, per_layer), NT_FIELD(NtModel, per_layer_dim),
 };
 
 struct Struct {

@@ -12,7 +12,8 @@
 // The families are switches on the one block (NtModel.flags and the fields after it): q/k norms before RoPE,
 // Gemma's (1 + w) norms around each branch, OLMo 2's norms after each branch, Granite's multipliers, GeGLU,
 // soft-caps, sliding-window layers with their own RoPE, LongRoPE, gpt-oss's attention sinks and clamped SwiGLU,
-// and mixture-of-experts MLPs that run only the chosen experts' products.
+// mixture-of-experts MLPs that run only the chosen experts' products, and Gemma 4's block (each layer's own head
+// dims and KV heads in the cache's widest columns, KV-shared layers, per-layer inputs, the experts beside the MLP).
 //
 // The arithmetic follows the PyTorch modules operation by operation (normalise then scale, rotate as
 // x*cos + roll(x)*signed_sin, softmax over scaled scores); it is built with -ffp-contract=off so the compiler
@@ -37,21 +38,35 @@ namespace {
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 
-int64_t widest_mlp(const NtModel& m) {  // the widest gated MLP of any layer: dense, expert or shared expert
-  int64_t I = m.intermediate;
-  I = m.moe_intermediate > I ? m.moe_intermediate : I;
-  return m.shared_intermediate > I ? m.shared_intermediate : I;
-}
+// A layer's own shapes (Gemma 4's NtLayer.head_dim / n_kv_heads / intermediate), else the model's.
+int64_t head_dim(const NtModel& m, const NtLayer& L) { return L.head_dim ? L.head_dim : m.head_dim; }
+int64_t kv_heads(const NtModel& m, const NtLayer& L) { return L.n_kv_heads ? L.n_kv_heads : m.n_kv_heads; }
+int64_t mlp_width(const NtModel& m, const NtLayer& L) { return L.intermediate ? L.intermediate : m.intermediate; }
+int64_t kv_dim(const NtModel& m) { return m.kv_dim ? m.kv_dim : m.head_dim; }  // a cache column's width
+
+struct Widest {  // the widest of any layer: head dim, K/V width, gated MLP (dense, expert or shared expert)
+  int64_t D, KVD, I;
+  explicit Widest(const NtModel& m) : D(m.head_dim), KVD(m.n_kv_heads * m.head_dim), I(m.intermediate) {
+    I = m.moe_intermediate > I ? m.moe_intermediate : I;
+    I = m.shared_intermediate > I ? m.shared_intermediate : I;
+    for (int64_t l = 0; l < m.n_layers; ++l) {
+      const NtLayer& L = m.layers[l];
+      const int64_t d = head_dim(m, L), kvd = kv_heads(m, L) * d, i = mlp_width(m, L);
+      D = d > D ? d : D, KVD = kvd > KVD ? kvd : KVD, I = i > I ? i : I;
+    }
+  }
+};
 
 struct Scratch {  // per calling thread, grown on demand and reused across steps
   std::vector<float> h, qkv, att, tmp, gu, act, cos, sin, cos_l, sin_l, moe_in, moe_out, route, gated, gate;
   void fit(const NtModel& m, int64_t B) {
-    const int64_t C = m.hidden, HD = m.n_heads * m.head_dim, I = widest_mlp(m);
+    const Widest w(m);
+    const int64_t C = m.hidden, HD = m.n_heads * w.D, I = w.I;
     grow(h, B * C), grow(tmp, B * C), grow(att, B * HD), grow(act, B * I), grow(gu, B * 2 * I);
-    grow(qkv, B * (HD + 2 * m.n_kv_heads * m.head_dim)), grow(cos, B * m.head_dim), grow(sin, B * m.head_dim);
+    grow(qkv, B * (HD + 2 * w.KVD)), grow(cos, B * w.D), grow(sin, B * w.D);
     grow(cos_l, B * m.head_dim), grow(sin_l, B * m.head_dim);
     if (m.n_experts) grow(moe_in, B * C), grow(moe_out, B * C), grow(route, B * m.n_experts);
-    grow(gated, B * (2 * HD + 2 * m.n_kv_heads * m.head_dim)), grow(gate, B * HD);  // Qwen3.5's gated attention
+    grow(gated, B * (2 * HD + 2 * w.KVD)), grow(gate, B * HD);  // Qwen3.5's gated attention; Gemma 4's q [; k]
   }
   static void grow(std::vector<float>& v, int64_t n) {
     if ((int64_t)v.size() < n) v.resize(n);
@@ -96,7 +111,8 @@ TARGET void add_lora(const NtLora& lora, const int64_t* slots, const float* x, i
 }
 
 // out = weight * (x * rsqrt(mean(x^2) + eps)), row by row (RMSNorm's order: normalise, then scale); plus_one:
-// (x * rsqrt(...)) * (1 + weight), Gemma's order. out may be x (each element is read before it is written).
+// (x * rsqrt(...)) * (1 + weight), Gemma's order; weight NULL: the normalised x alone (Gemma 4's unscaled norms).
+// out may be x (each element is read before it is written).
 TARGET void rms_norm(const float* x, const float* weight, int64_t B, int64_t C, double eps, float* out,
                      bool plus_one = false) {
   for (int64_t b = 0; b < B; ++b) {
@@ -104,7 +120,9 @@ TARGET void rms_norm(const float* x, const float* weight, int64_t B, int64_t C, 
     float ss = 0.f;
     for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
     const float r = 1.f / sqrtf(ss / (float)C + (float)eps);
-    if (plus_one) {
+    if (!weight) {
+      for (int64_t c = 0; c < C; ++c) out[b * C + c] = xr[c] * r;
+    } else if (plus_one) {
       for (int64_t c = 0; c < C; ++c) out[b * C + c] = (xr[c] * r) * (1.f + weight[c]);
     } else {
       for (int64_t c = 0; c < C; ++c) out[b * C + c] = weight[c] * (xr[c] * r);
@@ -120,8 +138,9 @@ TARGET void rope(float* x, const float* cos, const float* ssin, int64_t D) {
   for (int64_t i = 0; i < D; ++i) x[i] = tmp[i] * cos[i] + tmp[(i + half) % D] * ssin[i];
 }
 
-// Where a row's cache columns live: column s is at offset s % bs of block table[s / bs]; `head` is one kv head's
-// offset inside a block. A slot cache is the case of one block per row (table = {slot}, bs = S).
+// Where a row's cache columns live: column s is at offset s % bs of block table[s / bs], columns `D` wide (the
+// cache's, NtModel.kv_dim: a narrower layer uses the first dims of each); `head` is one kv head's offset inside a
+// block. A slot cache is the case of one block per row (table = {slot}, bs = S).
 struct Pages {
   const int64_t* table;
   int64_t bs, block_stride, head;
@@ -161,17 +180,17 @@ TARGET inline __m512 sums16(const __m512* v) {
 
 // Scores of q against columns [first, kv_len) into scores[0 ..), 16 columns at a time: each column's products
 // summed over D in 16-lane vectors (in d order), the 16 columns' vectors reduced together (sums16); returns the
-// largest score. D a multiple of 16.
+// largest score. D (the head's) a multiple of 16; a column is KD wide (the cache's, D or more).
 TARGET float scores16(const float* q, const void* keys, const float* k_scale, const Pages& pages, int64_t first,
-                      int64_t kv_len, int64_t D, const Scoring& how, float* scores) {
+                      int64_t kv_len, int64_t D, int64_t KD, const Scoring& how, float* scores) {
   __m512 mx = _mm512_set1_ps(-INFINITY);
   for (int64_t s0 = first; s0 < kv_len; s0 += 16) {
     const int n = kv_len - s0 < 16 ? (int)(kv_len - s0) : 16;
     int64_t at[16];
     const float* ks[16];
     for (int j = 0; j < 16; ++j) {
-      at[j] = pages.at(s0 + (j < n ? j : 0), D);
-      ks[j] = k_scale ? k_scale + at[j] / D : nullptr;
+      at[j] = pages.at(s0 + (j < n ? j : 0), KD);
+      ks[j] = k_scale ? k_scale + at[j] / KD : nullptr;
     }
     __m512 acc[16];
     for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
@@ -227,16 +246,15 @@ TARGET float exp_sum16(float* scores, int64_t n, float mx) {
 }
 
 // out (D,) = sum over columns [first, kv_len) of p[s - first] * v_s, column by column in order, NC = D / 16
-// accumulators held in registers.
+// accumulators held in registers; columns KD wide (the cache's, D or more).
 template <int NC>
 TARGET void weighted_values(const void* values, const float* v_scale, const Pages& pages, int64_t first,
-                            int64_t kv_len, const float* p, float* out) {
-  constexpr int64_t D = 16 * NC;
+                            int64_t kv_len, int64_t KD, const float* p, float* out) {
   __m512 acc[NC];
   for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t s = first; s < kv_len; ++s) {
-    const int64_t at = pages.at(s, D);
-    const float* vs = v_scale ? v_scale + at / D : nullptr;
+    const int64_t at = pages.at(s, KD);
+    const float* vs = v_scale ? v_scale + at / KD : nullptr;
     const __m512 w = _mm512_set1_ps(p[s - first]);
     for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(w, load_kv(values, at, vs, 16 * c, (__mmask16)0xffff), acc[c]);
   }
@@ -250,16 +268,16 @@ TARGET void weighted_values(const void* values, const float* v_scale, const Page
 // denominator, its share then dropped (model/layers.py's sink_attention). Heads of 48..256 (a multiple of 16) take
 // the blocked path (scores16, weighted_values); others the column-at-a-time loops below.
 TARGET void attend(const float* q, const void* keys, const void* values, const float* k_scale,
-                   const float* v_scale, const Pages& pages, int64_t first, int64_t kv_len, int64_t D,
+                   const float* v_scale, const Pages& pages, int64_t first, int64_t kv_len, int64_t D, int64_t KD,
                    const Scoring& how, const float* sink, float* scores, float* out) {
   const bool blocked = D % 16 == 0 && D >= 48 && D <= 256;
   float mx = -INFINITY;
   if (blocked) {
-    mx = scores16(q, keys, k_scale, pages, first, kv_len, D, how, scores);
+    mx = scores16(q, keys, k_scale, pages, first, kv_len, D, KD, how, scores);
   } else {
-    for (int64_t s = first; s < kv_len; ++s) {
-      const int64_t at = pages.at(s, D);
-      const float* ks = k_scale ? k_scale + at / D : nullptr;  // this column's scale (int8)
+    for (int64_t s = first; s < kv_len; ++s) {  // a column is KD wide (the cache's), its first D this head's
+      const int64_t at = pages.at(s, KD);
+      const float* ks = k_scale ? k_scale + at / KD : nullptr;  // this column's scale (int8)
       __m512 acc = _mm512_setzero_ps();
       for (int64_t d = 0; d < D; d += 16) {
         const __mmask16 m = D - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - d)) - 1u);
@@ -283,22 +301,22 @@ TARGET void attend(const float* q, const void* keys, const void* values, const f
   if (blocked) {
     for (int64_t s = first; s < kv_len; ++s) scores[s - first] *= inv;  // the probabilities
     switch (D / 16) {
-      case 3: weighted_values<3>(values, v_scale, pages, first, kv_len, scores, out); return;
-      case 4: weighted_values<4>(values, v_scale, pages, first, kv_len, scores, out); return;
-      case 5: weighted_values<5>(values, v_scale, pages, first, kv_len, scores, out); return;
-      case 6: weighted_values<6>(values, v_scale, pages, first, kv_len, scores, out); return;
-      case 7: weighted_values<7>(values, v_scale, pages, first, kv_len, scores, out); return;
-      case 8: weighted_values<8>(values, v_scale, pages, first, kv_len, scores, out); return;
-      case 10: weighted_values<10>(values, v_scale, pages, first, kv_len, scores, out); return;
-      case 12: weighted_values<12>(values, v_scale, pages, first, kv_len, scores, out); return;
-      case 16: weighted_values<16>(values, v_scale, pages, first, kv_len, scores, out); return;
+      case 3: weighted_values<3>(values, v_scale, pages, first, kv_len, KD, scores, out); return;
+      case 4: weighted_values<4>(values, v_scale, pages, first, kv_len, KD, scores, out); return;
+      case 5: weighted_values<5>(values, v_scale, pages, first, kv_len, KD, scores, out); return;
+      case 6: weighted_values<6>(values, v_scale, pages, first, kv_len, KD, scores, out); return;
+      case 7: weighted_values<7>(values, v_scale, pages, first, kv_len, KD, scores, out); return;
+      case 8: weighted_values<8>(values, v_scale, pages, first, kv_len, KD, scores, out); return;
+      case 10: weighted_values<10>(values, v_scale, pages, first, kv_len, KD, scores, out); return;
+      case 12: weighted_values<12>(values, v_scale, pages, first, kv_len, KD, scores, out); return;
+      case 16: weighted_values<16>(values, v_scale, pages, first, kv_len, KD, scores, out); return;
       default: break;
     }
     for (int64_t d = 0; d < D; d += 16) {
       __m512 acc = _mm512_setzero_ps();
       for (int64_t s = first; s < kv_len; ++s) {
-        const int64_t at = pages.at(s, D);
-        const float* vs = v_scale ? v_scale + at / D : nullptr;
+        const int64_t at = pages.at(s, KD);
+        const float* vs = v_scale ? v_scale + at / KD : nullptr;
         acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[s - first]), load_kv(values, at, vs, d, (__mmask16)0xffff), acc);
       }
       _mm512_storeu_ps(out + d, acc);
@@ -309,8 +327,8 @@ TARGET void attend(const float* q, const void* keys, const void* values, const f
     const __mmask16 m = D - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - d)) - 1u);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t s = first; s < kv_len; ++s) {
-      const int64_t at = pages.at(s, D);
-      const float* vs = v_scale ? v_scale + at / D : nullptr;
+      const int64_t at = pages.at(s, KD);
+      const float* vs = v_scale ? v_scale + at / KD : nullptr;
       acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[s - first] * inv), load_kv(values, at, vs, d, m), acc);
     }
     _mm512_mask_storeu_ps(out + d, m, acc);
@@ -334,8 +352,15 @@ void quantize_row(const float* x, int64_t D, int8_t* q, float* scale) {
 // Rows are valid when each has 1..(its table's blocks * bs) cache columns; their total sizes the decision to fan
 // attention out.
 int check_rows(const NtModel* m, int64_t B, const int64_t* kv_lens, int64_t table_stride, int64_t* total_kv) {
-  const int64_t D = m->head_dim;
-  if (D > 512 || D % 2 || m->n_heads % m->n_kv_heads || table_stride < 1) return 1;
+  const int64_t D = kv_dim(*m);
+  if (D > 512 || m->head_dim % 2 || m->n_heads % m->n_kv_heads || table_stride < 1) return 1;
+  for (int64_t l = 0; l < m->n_layers; ++l) {  // Gemma 4's per-layer shapes: within the cache's columns and heads
+    const NtLayer& L = m->layers[l];
+    const int64_t d = head_dim(*m, L), hkv = kv_heads(*m, L);
+    if (d % 2 || d > D || m->n_heads % hkv || hkv * m->cache_head_stride > m->cache_row_stride) return 1;
+    const bool local = L.sliding && m->local_inv_freq;  // the RoPE tables' width fits the layer's heads
+    if (!L.no_rope && (local ? m->head_dim > d : (m->rotary_dim ? m->rotary_dim > d : d != m->head_dim))) return 1;
+  }
   if (m->kv_kind != KV_F32 && m->kv_kind != KV_I8) return 1;
   if (m->n_experts && (m->top_k < 1 || m->top_k > m->n_experts || m->n_experts > 1024)) return 1;
   if (m->router < ROUTE_SOFTMAX || m->router > ROUTE_SIGMOID) return 1;
@@ -391,7 +416,7 @@ void all_rope_tables(const NtModel* m, int64_t B, const int64_t* positions, bool
 // The q and k norms before RoPE of one row's qkv (H + Hkv heads of D, then the values): each head over D with a
 // (D,) weight (Qwen3, Gemma 3), or q's and k's whole projections (OLMo 2).
 void qk_norms(const NtModel* m, const NtLayer& L, float* row) {
-  const int64_t H = m->n_heads, Hkv = m->n_kv_heads, D = m->head_dim;
+  const int64_t H = m->n_heads, Hkv = L.kv_shared ? 0 : kv_heads(*m, L), D = head_dim(*m, L);
   const bool plus_one = m->flags & NT_PLUS_ONE;
   if (m->qk_norm == QK_HEAD) {
     for (int64_t head = 0; head < H; ++head) rms_norm(row + head * D, L.q_norm, 1, D, m->eps, row + head * D, plus_one);
@@ -421,15 +446,31 @@ int gated_qkv(const NtModel* m, const NtLayer& L, const float* in, int64_t B, fl
   return 0;
 }
 
+// Gemma 4's q [; k [; v]] rows (a KV-shared layer's q alone; keys as values: q and k) as a plain layer's qkv rows
+// (B, H*D + 2*Hkv*D): the values the keys' copy before their norm and RoPE (v_norm then norms them). `raw` holds
+// the product (B, H*D + own).
+void own_qkv(const float* raw, int64_t B, int64_t HD, int64_t KVD, int64_t own, float* qkv) {
+  const int64_t NQKV = HD + 2 * KVD;
+  for (int64_t b = 0; b < B; ++b) {
+    const float* r = raw + b * (HD + own);
+    float* row = qkv + b * NQKV;
+    memcpy(row, r, (HD + own) * sizeof(float));
+    if (own == KVD) memcpy(row + HD + KVD, r + HD, KVD * sizeof(float));  // values from keys
+  }
+}
+
 // A layer's attention half without the residual add: out (B, C) = o(attention(rope(qkv(norm(x))))) (OLMo 2: of
 // x itself, its norm comes after), writing the new K/V of row b at column kv_lens[b] - 1 of its blocks
 // (tables[b * table_stride ...], column s in block s / bs). On a tensor-parallel rank these are this rank's heads
 // and out is its partial sum of the o-projection. `normed`: x is the normed input already (parallel_half's).
+// Gemma 4's layers have their own D and Hkv (the first dims and heads of the cache's columns, the rest of a written
+// column zero, as its modules pad it); a KV-shared layer computes q alone and attends its source layer's columns.
 int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B, const int64_t* tables,
                    int64_t table_stride, const int64_t* kv_lens, bool parallel_attention, float* out,
                    bool normed = false) {
-  const int64_t C = m->hidden, H = m->n_heads, Hkv = m->n_kv_heads, D = m->head_dim;
+  const int64_t C = m->hidden, H = m->n_heads, Hkv = kv_heads(*m, L), D = head_dim(*m, L), KD = kv_dim(*m);
   const int64_t HD = H * D, KVD = Hkv * D, NQKV = HD + 2 * KVD, group = H / Hkv;
+  const int64_t own = L.kv_shared ? 0 : (L.values_from_keys ? KVD : 2 * KVD);  // the product's k / v rows
   Scratch& s = scratch;
   float *h = s.h.data(), *qkv = s.qkv.data(), *att = s.att.data();
   const bool local = L.sliding && m->local_inv_freq;
@@ -438,26 +479,38 @@ int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B
   if (norm_first) rms_norm(x, L.attn_norm, B, C, m->eps, h, m->flags & NT_PLUS_ONE);
   if (L.gated) {  // Qwen3.5: q_proj's rows are [query; gate] per head; the gates aside, the rest as usual
     if (gated_qkv(m, L, norm_first ? h : x, B, qkv)) return 1;
+  } else if (own != 2 * KVD) {  // Gemma 4's q alone, or q and k
+    if (linear(L.qkv, norm_first ? h : x, B, HD + own, C, s.gated.data())) return 1;
+    own_qkv(s.gated.data(), B, HD, KVD, own, qkv);
   } else {
     if (linear(L.qkv, norm_first ? h : x, B, NQKV, C, qkv)) return 1;
     add_lora(L.lora_qkv, m->lora_slots, norm_first ? h : x, B, C, NQKV, qkv);
   }
-  const int64_t rot = m->rotary_dim ? m->rotary_dim : D;  // the rotated first part of each head
+  // the rotated first part of each head: the local RoPE's tables are head_dim wide, the global ones rotary_dim
+  const int64_t rot = local ? m->head_dim : (m->rotary_dim ? m->rotary_dim : D);
+  const int64_t rotated_heads = L.kv_shared ? H : H + Hkv;
   for (int64_t b = 0; b < B; ++b) {
     float* row = qkv + b * NQKV;
     qk_norms(m, L, row);
+    if (L.v_norm && !L.kv_shared)
+      for (int64_t head = 0; head < Hkv; ++head) rms_norm(row + HD + KVD + head * D, nullptr, 1, D, m->eps,
+                                                          row + HD + KVD + head * D);
     if (!L.no_rope)
-      for (int64_t head = 0; head < H + Hkv; ++head)
-        rope(row + head * D, cos_t + b * (local ? D : rot), sin_t + b * (local ? D : rot), local ? D : rot);
-    const Pages pages{tables + b * table_stride, m->cache_head_stride / D, m->cache_row_stride, 0};
+      for (int64_t head = 0; head < rotated_heads; ++head) rope(row + head * D, cos_t + b * rot, sin_t + b * rot, rot);
+    if (L.kv_shared) continue;  // the source layer wrote this column
+    const Pages pages{tables + b * table_stride, m->cache_head_stride / KD, m->cache_row_stride, 0};
     for (int64_t kh = 0; kh < Hkv; ++kh) {
-      const int64_t at = pages.at(kv_lens[b] - 1, D) + kh * m->cache_head_stride;
-      if (m->kv_kind == KV_I8) {
-        quantize_row(row + HD + kh * D, D, (int8_t*)L.k_cache + at, L.k_scale + at / D);
-        quantize_row(row + HD + KVD + kh * D, D, (int8_t*)L.v_cache + at, L.v_scale + at / D);
+      const int64_t at = pages.at(kv_lens[b] - 1, KD) + kh * m->cache_head_stride;
+      if (m->kv_kind == KV_I8) {  // the padding's zeros change no scale
+        quantize_row(row + HD + kh * D, D, (int8_t*)L.k_cache + at, L.k_scale + at / KD);
+        quantize_row(row + HD + KVD + kh * D, D, (int8_t*)L.v_cache + at, L.v_scale + at / KD);
+        if (KD > D) memset((int8_t*)L.k_cache + at + D, 0, KD - D), memset((int8_t*)L.v_cache + at + D, 0, KD - D);
       } else {
         memcpy((float*)L.k_cache + at, row + HD + kh * D, D * sizeof(float));
         memcpy((float*)L.v_cache + at, row + HD + KVD + kh * D, D * sizeof(float));
+        if (KD > D)
+          memset((float*)L.k_cache + at + D, 0, (KD - D) * sizeof(float)),
+              memset((float*)L.v_cache + at + D, 0, (KD - D) * sizeof(float));
       }
     }
   }
@@ -467,13 +520,13 @@ int attention_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B
 #pragma omp parallel for schedule(static) if (parallel_attention)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, head = bh % H;
-    const Pages pages{tables + b * table_stride, m->cache_head_stride / D, m->cache_row_stride,
+    const Pages pages{tables + b * table_stride, m->cache_head_stride / KD, m->cache_row_stride,
                       (head / group) * m->cache_head_stride};
     // the window mask's columns: s > query column - window, query column kv_len - 1 (model/batch.py)
     const int64_t first = window > 0 && kv_lens[b] > window ? kv_lens[b] - window : 0;
     Scratch::grow(scores, kv_lens[b] - first);  // this thread's own buffer
     attend(qkv + b * NQKV + head * D, L.k_cache, L.v_cache, m->kv_kind == KV_I8 ? L.k_scale : nullptr,
-           m->kv_kind == KV_I8 ? L.v_scale : nullptr, pages, first, kv_lens[b], D, how,
+           m->kv_kind == KV_I8 ? L.v_scale : nullptr, pages, first, kv_lens[b], D, KD, how,
            L.sinks ? L.sinks + head : nullptr, scores.data(), att + b * HD + head * D);
   }
   if (L.gated) {  // y * sigmoid(gate), as Attention.forward
@@ -578,17 +631,21 @@ void route(const NtModel* m, const NtLayer& L, float* p, float* choice, int64_t*
     for (int64_t j = 0; j < k; ++j) weight[j] = weight[j] / (sigmoid ? total + (float)m->topk_norm_eps : total);
   if (sigmoid)
     for (int64_t j = 0; j < k; ++j) weight[j] = weight[j] * (float)m->routed_scaling;
+  if (L.expert_scale)  // Gemma 4: times each chosen expert's own scale
+    for (int64_t j = 0; j < k; ++j) weight[j] = weight[j] * L.expert_scale[chosen[j]];
 }
 
 // A mixture-of-experts MLP on h (B, C), as model/moe.py computes it: router logits, each row's experts and weights
 // (route), then each chosen expert, in ascending order, on the rows that chose it (only those experts' weights are
 // read), its output times the row's weight added into the row's sum; then the shared expert: Qwen2-MoE's scaled
-// by sigmoid(shared_gate(h)), GLM-4 MoE's and ERNIE 4.5's ungated (shared_gate NULL). out (B, C).
-int moe_half(const NtModel* m, const NtLayer& L, const float* h, int64_t B, float* out) {
+// by sigmoid(shared_gate(h)), GLM-4 MoE's and ERNIE 4.5's ungated (shared_gate NULL). out (B, C). `routed`: the
+// router's input where it is not h (Gemma 4's; NULL: h).
+int moe_half(const NtModel* m, const NtLayer& L, const float* h, int64_t B, float* out,
+             const float* routed = nullptr) {
   const int64_t C = m->hidden, E = m->n_experts, k = m->top_k;
   Scratch& s = scratch;
   float *route_logits = s.route.data(), *in = s.moe_in.data(), *y = s.moe_out.data();
-  if (linear(L.router, h, B, E, C, route_logits)) return 1;
+  if (linear(L.router, routed ? routed : h, B, E, C, route_logits)) return 1;
   std::vector<int64_t> chosen(B * k);
   std::vector<float> weight(B * k), choice(E);
   for (int64_t b = 0; b < B; ++b)
@@ -640,17 +697,61 @@ int relu2_mlp(const NtModel* m, const NtLayer& L, const float* x, int64_t B, flo
   return 0;
 }
 
+// Gemma 4's MoE block beside the dense MLP (Gemma4Block.forward), without ffn_post_norm and the residual add:
+// out (B, C) = mlp_post_norm(mlp(ffn_norm(x))) + experts_post_norm(experts(experts_norm(x))), the experts routed by
+// router(rms(x) * router_scale * C^-0.5) (Gemma4Experts: softmax, top k, renormalised, times expert_scale).
+int beside_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B, float* out) {
+  const int64_t C = m->hidden, n = B * C;
+  thread_local std::vector<float> dense, routed, normed;  // (B, C) each
+  Scratch::grow(dense, n), Scratch::grow(routed, n), Scratch::grow(normed, n);
+  if (gated_mlp(m, L.w13, L.w2, mlp_width(*m, L), scratch.h.data(), B, dense.data())) return 1;  // ffn_norm'd x
+  rms_norm(dense.data(), L.mlp_post_norm, B, C, m->eps, dense.data());
+  const float root = (float)pow((double)C, -0.5);  // the modules' Python float, times a float32 tensor
+  rms_norm(x, nullptr, B, C, m->eps, routed.data());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t c = 0; c < C; ++c) routed[b * C + c] = routed[b * C + c] * L.router_scale[c] * root;
+  rms_norm(x, L.experts_norm, B, C, m->eps, normed.data());
+  if (moe_half(m, L, normed.data(), B, out, routed.data())) return 1;
+  rms_norm(out, L.experts_post_norm, B, C, m->eps, out);
+  for (int64_t i = 0; i < n; ++i) out[i] = dense[i] + out[i];
+  return 0;
+}
+
 // A layer's MLP half without the residual add: out (B, C) = mlp(norm(x)) (OLMo 2: mlp(x)), the dense gated MLP
-// or the layer's experts. On a rank: its columns of gate/up, its partial sum of down.
+// or the layer's experts (Gemma 4: both, beside_half). On a rank: its columns of gate/up, its partial sum of down.
 int mlp_half(const NtModel* m, const NtLayer& L, const float* x, int64_t B, float* out) {
   const float* in = x;
   if (!(m->flags & NT_NORM_AFTER)) {
     rms_norm(x, L.ffn_norm, B, m->hidden, m->eps, scratch.h.data(), m->flags & NT_PLUS_ONE);
     in = scratch.h.data();
   }
+  if (L.router_scale) return beside_half(m, L, x, B, out);
   if (L.router.weight) return moe_half(m, L, in, B, out);
   if (m->flags & NT_RELU2) return relu2_mlp(m, L, in, B, out);
-  return gated_mlp(m, L.w13, L.w2, m->intermediate, in, B, out, &L);  // the dense MLP's rows are the step's rows
+  return gated_mlp(m, L.w13, L.w2, mlp_width(*m, L), in, B, out, &L);  // the dense MLP's rows are the step's rows
+}
+
+// Gemma 4's per-layer input (Gemma4Block.forward's last part), added into x (B, C) in place: x +=
+// input_norm(input_projection(act(input_gate(x)) * per_layer[b, l])), per_layer (B, n_layers, P).
+TARGET int per_layer_half(const NtModel* m, const NtLayer& L, int64_t l, float* x, int64_t B) {
+  const int64_t C = m->hidden, P = m->per_layer_dim, n = m->n_layers;
+  thread_local std::vector<float> g, y;  // (B, P), (B, C)
+  Scratch::grow(g, B * P), Scratch::grow(y, B * C);
+  if (linear(L.input_gate, x, B, P, C, g.data())) return 1;
+  const bool gelu = m->flags & NT_GELU;
+  const float beta = (float)(M_SQRT2 * M_2_SQRTPI * 0.5), kappa = 0.044715f;
+  for (int64_t b = 0; b < B; ++b) {
+    const float* p = m->per_layer + (b * n + l) * P;
+    for (int64_t i = 0; i < P; ++i) {
+      const float v = g[b * P + i];
+      const float a = gelu ? 0.5f * v * (1.f + tanhf(beta * (v + kappa * (v * v * v)))) : v / (1.f + expf(-v));
+      g[b * P + i] = a * p[i];
+    }
+  }
+  if (linear(L.input_projection, g.data(), B, C, P, y.data())) return 1;
+  rms_norm(y.data(), L.input_norm, B, C, m->eps, y.data());
+  for (int64_t i = 0; i < B * C; ++i) x[i] = x[i] + y[i];
+  return 0;
 }
 
 // A recurrent layer's mixer without the residual add: out (B, C) = mixer(norm(x)) (csrc/recurrent.cpp).
@@ -738,6 +839,11 @@ int decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positions,
     if (!L.w13.weight && !L.router.weight) continue;  // a block without an MLP (Mamba2)
     if (mlp_half(m, L, x, B, tmp)) return 1;
     join(m, x, tmp, L.ffn_post_norm, L.ffn_norm, B);
+    if (L.input_gate.weight && (!m->per_layer || per_layer_half(m, L, l, x, B))) return 1;  // Gemma 4's
+    if (L.layer_scalar) {
+      const float f = *L.layer_scalar;
+      for (int64_t i = 0; i < B * C; ++i) x[i] = x[i] * f;
+    }
   }
   rms_norm(x, m->final_norm, B, C, m->eps, s.h.data(), m->flags & NT_PLUS_ONE);
   if (linear(m->lm_head, s.h.data(), B, V, C, logits)) return 1;
@@ -844,7 +950,7 @@ int nt_decode_part(const NtModel* m, int64_t layer, int64_t part, const float* x
   s.fit(*m, B);
   const NtLayer& L = m->layers[layer];
   // tensor parallelism refuses the hybrids (families' declarations)
-  if (L.mixer != MIX_ATTENTION || L.gated || L.parallel) return 1;
+  if (L.mixer != MIX_ATTENTION || L.gated || L.parallel || L.input_gate.weight || L.layer_scalar) return 1;
   if (part == 0) {
     all_rope_tables(m, B, positions, false, s);
     const bool parallel_attention = total_kv * m->n_heads * m->head_dim >= (1 << 16);

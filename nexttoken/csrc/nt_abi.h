@@ -124,6 +124,23 @@ struct NtLayer {
   const NtRecurrent* parallel;   // its weights and state slots
   int64_t parallel_mixer;        // its NtMixer
   double parallel_in, parallel_out, attn_in, attn_out;  // the branches' multipliers (read only with `parallel`)
+  // Gemma 4 (model/gemma4.py's Gemma4Block): the layer's own shapes (0: the model's), its attention's parts, its
+  // per-layer input and scalar, and the MoE block beside its dense MLP.
+  int64_t head_dim, n_kv_heads, intermediate;  // D, Hkv (its cache columns' first heads and dims), the MLP's I
+  int64_t kv_shared;           // 1: q alone; k_cache / v_cache (and scales) are the source layer's, written earlier
+                               // in the same step
+  int64_t values_from_keys;    // 1: qkv holds q and k only; the values are the keys before their norm and RoPE
+  int64_t v_norm;              // 1: the values RMS-normed without a weight
+  const float* layer_scalar;   // (1,) the layer's output times it; NULL: none
+  NtLinear input_gate;         // (P, C): x += input_norm(input_projection(act(input_gate(x)) * per_layer[l]));
+  NtLinear input_projection;   // (C, P)    weight NULL: no per-layer input
+  const float* input_norm;     // (C,)
+  const float* router_scale;   // (C,) the experts beside the dense MLP, routed by router(rms(x) * router_scale *
+                               // C^-0.5); NULL: no such block (router / experts above are then a plain MoE's)
+  const float* expert_scale;   // (E,) a chosen expert's weight times its scale (after the renormalisation)
+  const float* mlp_post_norm;  // (C,) the dense MLP's output norm,
+  const float* experts_norm;   // the experts' input norm
+  const float* experts_post_norm;  // and their output norm; the sum of both branches then takes ffn_post_norm
 };
 
 struct NtModel {
@@ -156,7 +173,8 @@ struct NtModel {
   int64_t n_experts, top_k, norm_topk;        // MoE layers: route each row to top_k of n_experts (renormalised)
   int64_t moe_intermediate, shared_intermediate;  // an expert's width, the shared expert's (0: none)
   const int64_t* state_slots;  // (B,) this call's recurrent state slot per row; NULL: row b uses slot b
-  int64_t rotary_dim;          // the rotated first part of each head (Qwen3.5's partial RoPE); 0: all of head_dim
+  int64_t rotary_dim;          // the rotated first part of each head (Qwen3.5's partial RoPE); 0: all of head_dim.
+                               // Gemma 4: its full layers' whole head (NtLayer.head_dim) on inv_freq
   const int64_t* lora_slots;  // (B,) this call's adapter slot per row (-1: the base alone); NULL: no adapters
   int64_t router;             // NtRouter: the MoE layers' routing rule
   int64_t n_group, topk_group;  // ROUTE_SIGMOID's expert groups (n_group <= 1: no group limit)
@@ -164,4 +182,7 @@ struct NtModel {
   double topk_norm_eps;       // ROUTE_SIGMOID: added to the chosen scores' sum before renormalising (0: none)
   double swiglu_limit;        // gpt-oss's clamped SwiGLU: gate <= limit, |up| <= limit, (up + 1) * gate *
   double swiglu_alpha;        // sigmoid(alpha * gate); limit 0: the plain silu(gate) * up
+  int64_t kv_dim;             // a cache column's width: the widest layer's head_dim (Gemma 4); 0: head_dim
+  const float* per_layer;     // (B, n_layers, per_layer_dim) this call's per-layer inputs (Gemma 4); NULL: none
+  int64_t per_layer_dim;      // P
 };

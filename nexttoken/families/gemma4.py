@@ -14,12 +14,14 @@ layers, plus (transformers' configuration_gemma4.py / modeling_gemma4.py, 5.24):
 - the optional MoE block (`enable_moe_block`) beside the dense MLP: a softmax router on the normed, scaled residual
   with per-expert scales, experts stored as (E, 2I, C) / (E, C, I) tensors, both branches post-normed and summed.
 
-nexttoken runs it through its own modules (model/gemma4.py): the fused native step, tensor parallelism and LoRA are
-refused for it by this declaration. llama.cpp's `gemma4` GGUF files are read back into the same config (_gguf):
+nexttoken runs it through its own modules (model/gemma4.py), whose decode steps take the fused native step (its block
+is a layer form of its own there: model/fused.py's _gemma4_layer); tensor parallelism and LoRA are refused for it by
+this declaration. llama.cpp's `gemma4` GGUF files are read back into the same config (_gguf):
 per-layer KV heads and MLP widths, both head dims, the sliding pattern, the KV-shared count, the per-layer inputs,
 keys-as-values by the full layers' missing attn_v, the full layers' proportional RoPE from `rope_freqs` (1 for a
 rotated frequency, 1e30 for the others), the MoE block's stacked experts and router scales under llama.cpp's names
-(gguf_aliases). They load dequantized (weights/gguf.py: the packed builder makes the shared decoder).
+(gguf_aliases). A quantized file keeps its matrices, token tables and stacked experts in their blocks
+(weights/gguf_packed.py: GGUF_PACKED in model/gemma4.py; the experts one GGUFLinear each, Gemma4Experts.keep).
 """
 
 from __future__ import annotations
@@ -136,8 +138,8 @@ GEMMA4 = Family(
     "`global_head_dim` / KV heads and keys reused as values (`attention_k_eq_v`); proportional partial RoPE on the "
     "full layers; KV shared by the last `num_kv_shared_layers` layers (no cache of their own; double-wide MLP "
     "with `use_double_wide_mlp`); per-layer input embeddings (`hidden_size_per_layer_input`); `layer_scalar`; the "
-    "optional MoE block beside the MLP (`enable_moe_block`); modules path",
-    read=_gemma4, native_step=False, tensor_parallel=False, lora=False, network="gemma4", gguf="gemma4",
+    "optional MoE block beside the MLP (`enable_moe_block`); decode steps take the fused native step",
+    read=_gemma4, native_step=True, tensor_parallel=False, lora=False, network="gemma4", gguf="gemma4",
     read_gguf=_gguf, gguf_per_layer=True,
     # llama.cpp's converter names layer_scalar with a `.weight`, and writes the MoE block's tensors under its own
     # names (Gemma4Model.modify_tensors): stacked experts as they are, the router's scales beside its matrix
@@ -153,8 +155,9 @@ GEMMA4_VISION = Family(
     "`max_soft_tokens` x pooling_kernel_size^2), learned x / y embeddings, 2-D axial RoPE, q / k / v RMS-normed, "
     "k x k average pooling, an RMS-normed projection (`embed_vision`); image tokens attend causally, or with "
     "`use_bidirectional_attention: \"vision\"` each other both ways on the sliding layers during the prefill; the "
-    "audio tower is not read; modules path",
-    read=_gemma4, native_step=False, tensor_parallel=False, lora=False, network="gemma4", vision="gemma4",
+    "audio tower is not read; decode steps take the fused native step (the images come in during the "
+    "prefill)",
+    read=_gemma4, native_step=True, tensor_parallel=False, lora=False, network="gemma4", vision="gemma4",
     renames=((r"^model\.language_model\.", "model."),
              (r"^(model\.)?(vision_tower|embed_vision|audio_tower|embed_audio)\..*$", "")),
 )

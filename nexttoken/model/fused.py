@@ -9,7 +9,8 @@ last cache column with every column visible (no padding) but for the sliding lay
 attention computes itself, weights that are `Linear`, `BF16Linear`, `Int8Linear`, `Int4Linear` or GGUF's packed `GGUFLinear` layers
 of the stock blocks. Every family's block is a set of switches there (q/k norms, Gemma's (1 + w) sandwich norms, OLMo 2's
 norms after each branch, Granite's multipliers, GeGLU, soft-caps, local RoPE, LongRoPE, MoE experts, gpt-oss's
-attention sinks and clamped SwiGLU), and LoRA
+attention sinks and clamped SwiGLU; Gemma 4's own block: per-layer shapes, KV sharing, per-layer inputs, the experts
+beside the MLP), and LoRA
 rows add their adapter's products. Everything else returns None and runs the modules, which are the reference the
 tests hold this path to (same tokens; logits within float32 rounding).
 
@@ -34,7 +35,7 @@ from .batch import ForwardBatch
 from .cache import KVCache
 from .layers import MLP, Attention, Block, RMSNorm
 from .moe import MoE
-from .native_abi import describe, describe_table
+from .native_abi import describe, describe_table, weight_rows
 from .native_abi import (KV_F32, KV_I8, NT_GELU, NT_NORM_AFTER, NT_PLUS_ONE, NT_RELU2, NT_SANDWICH, QK_HEAD,
                          QK_NONE, QK_PROJECTION)
 from .native_abi import NtExpert as _Expert
@@ -103,7 +104,8 @@ def _key(model: torch.nn.Module, cache: KVCache, states: StateSlots | None = Non
     key = [cache.k.shape, cache.k.dtype, cache.k.data_ptr(), cache.v.data_ptr(), model.inv_freq.data_ptr()]
     if states is not None:  # issue 41: the slots the recurrent layers read and update in place
         key += [t.data_ptr() for ts in states.tensors.values() for t in ts]
-    key += [None if d.get(f) is None else d[f].data_ptr() for f in ("local_inv_freq", "long_inv_freq")]
+    key += [None if d.get(f) is None else d[f].data_ptr() for f in ("local_inv_freq", "long_inv_freq",
+                                                                     "global_inv_freq")]
     embed = model._modules["embed"]
     key += (id(embed), _table(embed).data_ptr())
     for m in (model._modules["norm"], model._modules["lm_head"]):
@@ -123,6 +125,11 @@ def _key(model: torch.nn.Module, cache: KVCache, states: StateSlots | None = Non
             key.append(sinks.data_ptr())
         if "experts" in mlp:  # a MoE block: its router, experts and shared expert
             _key_modules(parts["mlp"], key)
+        if _form(block) == "gemma4":  # its per-layer input, layer scalar, and experts beside the MLP
+            _key_modules(block, key)
+            key += [p.data_ptr() for p in block._parameters.values()]
+            if parts.get("experts") is not None:
+                key += [None if p is None else p.data_ptr() for p in parts["experts"]._parameters.values()]
     return tuple(key)
 
 
@@ -178,7 +185,7 @@ class _Plan:
         self.ok = False
         self.states, self.recurrent = states, []  # the recurrent layers' slots and NtRecurrents, kept with the plan
         self.biases: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []  # a rank's o / down biases per layer
-        if type(model.norm) is not RMSNorm or cfg.head_dim > 512 or cfg.hidden_act not in _ACTIVATIONS:
+        if not _rms(model.norm) or cfg.head_dim > 512 or cfg.hidden_act not in _ACTIVATIONS:
             return
         if not _native_parts(cfg):  # a family whose declaration keeps the modules (parts the native step lacks)
             return
@@ -191,6 +198,8 @@ class _Plan:
         for i, block in enumerate(model.layers):
             if _form(block) == "parallel":  # Falcon-H1: its attention and mixer layers in one NtLayer
                 layer = self._parallel_layer(block, cache, sharded)
+            elif _form(block) == "gemma4":  # Gemma 4's block: its own shapes, KV sharing, per-layer input, experts
+                layer = None if sharded else self._gemma4_layer(model, block, cache)
             else:
                 build = _NATIVE_KINDS.get(cfg.layer(i).mixer)  # the declared kind's native layer, if it has one
                 layer = None if build is None else build(self, block, cache, i, sharded)
@@ -207,7 +216,8 @@ class _Plan:
         _, _, Hkv, S, D = cache.k.shape
         vocab = model.parallel.shards.vocab_rows if sharded else cfg.vocab_size  # a rank: its rows of the head
         self.layers = (_Layer * len(layers))(*layers)  # kept alive with the plan
-        embed = None if sharded else _embedding(model.embed, vocab)
+        # Gemma 4's per-layer inputs are computed from the embeddings in Python (_per_layer): no native lookup then
+        embed = None if sharded or cfg.per_layer_input else _embedding(model.embed, vocab)
         self.embeds = embed is not None  # the native step then reads the token table itself
         moe = cfg.moe
         flags = ((_PLUS_ONE if cfg.norm_plus_one else 0) | (_SANDWICH if cfg.sandwich_norm else 0)
@@ -216,10 +226,13 @@ class _Plan:
         # Gemma's sqrt(hidden) rounded to float32, as _trunk's torch.tensor(embed_scale, dtype=x.dtype) does
         embed_scale = 1.0 if cfg.embed_scale is None else float(torch.tensor(cfg.embed_scale, dtype=torch.float32))
         local, long = model.__dict__.get("local_inv_freq"), model.__dict__.get("long_inv_freq")
+        # Gemma 4's full layers rotate their whole (global_head_dim) heads by their own frequencies (proportional:
+        # zeros past the rotated share), its sliding layers by local_inv_freq
+        inv_freq = model.__dict__.get("global_inv_freq", model.inv_freq)
         self.model = _Model(
             len(layers), cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
             cfg.intermediate_size, vocab, embed or _Linear(None, 0, None, None), Hkv * S * D, S * D,
-            cfg.rms_norm_eps, model.inv_freq.data_ptr(), model.norm.weight.data_ptr(), head, self.layers,
+            cfg.rms_norm_eps, inv_freq.data_ptr(), model.norm.weight.data_ptr(), head, self.layers,
             _KV_KIND[cache.k.dtype], flags, _QK_NORM[cfg.qk_norm], cfg.embedding_multiplier, embed_scale,
             cfg.attention_multiplier or 0.0, cfg.attn_logit_softcapping or 0.0, cfg.residual_multiplier,
             cfg.final_logit_softcapping or 0.0, cfg.logits_scaling, cfg.sliding_window or 0,
@@ -229,11 +242,15 @@ class _Plan:
             moe.intermediate_size if moe else 0, moe.shared_intermediate_size if moe else 0,
             **_routing(moe),
             swiglu_limit=cfg.swiglu_limit or 0.0, swiglu_alpha=cfg.swiglu_alpha,  # gpt-oss's clamped SwiGLU
+            kv_dim=D, per_layer_dim=cfg.per_layer_input,  # Gemma 4's widest layer's columns, per-layer inputs' P
         )
         # The same model for a forward whose batch carries no window (mask None past the window: the modules then
         # attend over every column of the sliding layers too).
         if cfg.rotary_dim and cfg.rotary_dim < cfg.head_dim:  # Qwen3.5's partial RoPE: the first rotary_dim dims
             self.model.rotary_dim = cfg.rotary_dim
+        elif cfg.rope.type == "proportional":  # Gemma 4's: the whole head (zero frequencies past the share)
+            self.model.rotary_dim = 2 * inv_freq.numel()
+            self.model.rope_scaling = 1.0  # Gemma4Transformer's tables take no attention factor
         elif cfg.rope.partial_rotary_factor < 1.0:  # GLM-4 MoE's: the first share of each head (rope.py's tables)
             self.model.rotary_dim = int(cfg.head_dim * cfg.rope.partial_rotary_factor)
         self.no_window = _Model.from_buffer_copy(self.model)
@@ -368,6 +385,66 @@ class _Plan:
         layer.attn_in, layer.attn_out = mup.attention_in, mup.attention_out
         return layer
 
+    def _gemma4_layer(self, model: torch.nn.Module, block: torch.nn.Module, cache: KVCache) -> _Layer | None:
+        """Gemma 4's block (model/gemma4.py's Gemma4Block: its class's native_form "gemma4") as one NtLayer: its
+        attention's own head_dim and KV heads (the first of its cache slot's), a KV-shared layer reading its source
+        layer's slot, keys as values, the unscaled value norm; its dense MLP (double-wide on the shared layers), the
+        per-layer input and layer scalar, and the experts beside the MLP. None where a part is not one the native
+        step computes."""
+        att, cfg = block.attention, model.config
+        kind = att.kind
+        if (kind.rope == "local") != bool(kind.window and self.local_rope) or kind.rope is None:
+            return None
+        slot = att.slot if att.source is None else model.layers[att.source].attention.slot
+        if slot is None:
+            return None
+        norms = [block.attention_norm, block.ffn_norm, att.q_norm, getattr(att, "k_norm", None),
+                 block.attention_post_norm, block.ffn_post_norm]
+        extras = [getattr(block, n, None) for n in ("input_norm", "mlp_post_norm", "experts_norm",
+                                                    "experts_post_norm")]
+        if not all(_rms(n) for n in norms[:3] + norms[4:]) or any(n is not None and not _rms(n)
+                                                                   for n in [norms[3]] + extras):
+            return None
+        linears = [_linear(_local(m)) for m in (att.wqkv, att.wo)] + (self._dense_mlp(block.mlp) or [None])
+        scalar = block.layer_scalar
+        if any(lin is None for lin in linears) or not _float32(scalar, 1):
+            return None
+        layer = _Layer(block.attention_norm.weight.data_ptr(), block.ffn_norm.weight.data_ptr(), *linears,
+                       cache.k[slot].data_ptr(), cache.v[slot].data_ptr(), *_scales(cache, slot),
+                       *[None if n is None else n.weight.data_ptr() for n in norms[2:]], int(att.sliding),
+                       **_no_moe(), head_dim=att.head_dim, n_kv_heads=att.n_kv_heads,
+                       intermediate=cfg.intermediate_size * (2 if cfg.double_wide_mlp and att.source is not None
+                                                             else 1),
+                       kv_shared=int(att.source is not None), values_from_keys=int(att.values_from_keys),
+                       v_norm=int(att.source is None), layer_scalar=scalar.data_ptr())
+        if cfg.per_layer_input:
+            gate, projection = _linear(_local(block.input_gate)), _linear(_local(block.input_projection))
+            if gate is None or projection is None:
+                return None
+            layer.input_gate, layer.input_projection = gate, projection
+            layer.input_norm = block.input_norm.weight.data_ptr()
+        if block.experts is not None and not self._gemma4_experts(block, layer):
+            return None
+        return layer
+
+    def _gemma4_experts(self, block: torch.nn.Module, layer: _Layer) -> bool:
+        """Gemma 4's experts beside the dense MLP (Gemma4Experts: stacked (E, 2I, C) gate/up and (E, C, I) down
+        tensors, each expert's rows a view) into `layer`; False where the native step cannot read them."""
+        experts = block.experts
+        router = _kept(experts.gate)
+        E = experts.expert_scale.numel()
+        if router is None or not (_float32(experts.router_scale, None) and _float32(experts.expert_scale, E)):
+            return False
+        parts = [(_expert_rows(experts, "gate_up", e), _expert_rows(experts, "down", e)) for e in range(E)]
+        if any(a is None or b is None for a, b in parts):
+            return False
+        self.experts.append((_Expert * E)(*[_Expert(a, b) for a, b in parts]))
+        layer.router, layer.experts = router, self.experts[-1]
+        layer.router_scale, layer.expert_scale = experts.router_scale.data_ptr(), experts.expert_scale.data_ptr()
+        layer.mlp_post_norm, layer.experts_norm = block.mlp_post_norm.weight.data_ptr(), block.experts_norm.weight.data_ptr()
+        layer.experts_post_norm = block.experts_post_norm.weight.data_ptr()
+        return True
+
 
 def _routing(moe) -> dict:  # noqa: ANN001
     """The MoE layers' routing rule as NtModel's fields (csrc/nt_abi.h's NtRouter; model/moe.py's route)."""
@@ -377,6 +454,26 @@ def _routing(moe) -> dict:  # noqa: ANN001
                                                               ROUTE_SOFTMAX)
     return dict(router=rule, n_group=moe.n_group, topk_group=moe.topk_group,
                 routed_scaling=moe.routed_scaling_factor, topk_norm_eps=moe.topk_norm_eps)
+
+
+def _expert_rows(experts: torch.nn.Module, part: str, e: int) -> _Linear | None:
+    """Expert e's `part` ("gate_up" / "down") of Gemma 4's experts as an NtLinear: its rows of the stacked tensor,
+    or the layer a GGUF file's blocks keep for it (Gemma4Experts.keep)."""
+    stacked = getattr(experts, part)
+    return weight_rows(stacked[e]) if stacked is not None else _linear(getattr(experts, part + "_layers")[e])
+
+
+def _rms(norm: torch.nn.Module | None) -> bool:
+    """Whether a norm is one csrc/decode.cpp's rms_norm computes with its weight: layers.RMSNorm, or a family's
+    norm whose class declares native_form "rms_norm" (Gemma 4's Norm, scaling by w) with a float32 weight."""
+    if type(norm) is RMSNorm:
+        return True
+    return _form(norm) == "rms_norm" and norm.weight is not None and _float32(norm.weight, None)
+
+
+def _float32(t: torch.Tensor, numel: int | None) -> bool:
+    """A contiguous float32 tensor (of numel elements, where given), as the native step reads it."""
+    return t.dtype == torch.float32 and t.is_contiguous() and (numel is None or t.numel() == numel)
 
 
 def _no_moe() -> dict:
@@ -395,7 +492,8 @@ def _form(module: torch.nn.Module | None) -> str | None:
     """How the native step reads a module of a family's own network: layers.Block as "block", or what the module's
     class declares itself in its own dict (`native_form`; a subclass that changes the forward declares its own):
     Nemotron-H's NemotronBlock "block" (norm, mixer, residual; then norm, MLP, residual where it has one) and
-    ReluSquaredMLP "relu2", Falcon-H1's FalconBlock "parallel" and FalconMixer "ssd_norm_first". None: neither."""
+    ReluSquaredMLP "relu2", Falcon-H1's FalconBlock "parallel" and FalconMixer "ssd_norm_first", Gemma 4's
+    Gemma4Block "gemma4" and Norm "rms_norm". None: neither."""
     if module is None:
         return None
     return "block" if type(module) is Block else type(module).__dict__.get("native_form")
@@ -441,8 +539,8 @@ def _native_parts(cfg) -> bool:  # noqa: ANN001
     """Whether the declaration lets the native step run this model (families/base.py's Family.native_step), and
     its config holds no part the native step does not compute: partial RoPE, a sigmoid (GLM-4) router."""
     return (family(cfg.architecture).native_step
-            and (cfg.rope.partial_rotary_factor == 1.0 or cfg.rope.type != "proportional")
-            and (cfg.moe is None or cfg.moe.scoring in ("softmax", "sigmoid")))
+            and (cfg.rope_local is None or cfg.rope_local.partial_rotary_factor == 1.0)
+            and (cfg.moe is None or cfg.moe.scoring in ("softmax", "sigmoid", "scaled_softmax")))
 
 
 def _lora(module: torch.nn.Module | None) -> _Lora:
@@ -524,6 +622,7 @@ def applies(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardBatch
         and (batch.mask is None or batch.window_only)  # the native step computes a sliding window itself
         and batch.write_start == batch.kv_len - 1
         and batch.mrope_positions is None  # the native step rotates by batch.positions alone
+        and batch.embeds is None  # an encoder's rows in place of token embeddings (images): the modules' prefill
         and input_ids.device.type == "cpu"
         and cache.k.dtype == torch.float32
         and model.dtype == torch.float32
@@ -572,6 +671,9 @@ def decode_step(model: torch.nn.Module, input_ids: torch.Tensor, batch: ForwardB
         return logits if rc == 0 else None
     x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
     B = x.shape[0]
+    per_layer = _per_layer(model, input_ids, x)
+    if per_layer is not None:
+        description = _with_per_layer(description, per_layer)
     if _sharded(model):
         if _longrope_straddles(model, positions):
             return None  # a rank's parts choose LongRoPE's set row by row; this forward's rows choose by their max
@@ -647,12 +749,34 @@ def decode_rows(plan: RowsPlan, model: torch.nn.Module, input_ids: torch.Tensor,
     slots = None if lora is None else lora.reshape(-1).to(torch.int64).contiguous()  # (B,)
     if state_rows is not None:
         state_rows = state_rows.reshape(-1).to(torch.int64).contiguous()  # (B,)
+    description = _with_slots(plan.model, slots, state_rows)
+    per_layer = _per_layer(model, input_ids, x)
+    if per_layer is not None:
+        description = _with_per_layer(description, per_layer)
     logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
     rc = kernels.library().nt_decode_rows(
-        ctypes.byref(_with_slots(plan.model, slots, state_rows)), x.data_ptr(), B, positions.data_ptr(), tables.data_ptr(), stride,
+        ctypes.byref(description), x.data_ptr(), B, positions.data_ptr(), tables.data_ptr(), stride,
         kv_lens.data_ptr(), logits.data_ptr(),
     )
     return logits if rc == 0 else None
+
+
+def _per_layer(model: torch.nn.Module, input_ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+    """Gemma 4's (B, L, P) per-layer inputs of the new tokens (input_ids (B, 1), x (B, C) their embeddings before
+    the model's scale), by its own modules (Gemma4Transformer._per_layer_inputs, on the scaled embeddings as its
+    _trunk computes them), for NtModel.per_layer; None for a model without them."""
+    cfg = model.config
+    if not cfg.per_layer_input:
+        return None
+    scaled = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)  # (B, C), _trunk's float32 product
+    return model._per_layer_inputs(input_ids, scaled[:, None])[:, 0].contiguous()  # (B, L, P)
+
+
+def _with_per_layer(description: _Model, per_layer: torch.Tensor) -> _Model:
+    """The description for one call with these per-layer inputs ((B, L, P) float32, kept alive by the caller)."""
+    one = _Model.from_buffer_copy(description)
+    one.per_layer = per_layer.data_ptr()
+    return one
 
 
 def _rank_step(plan: _Plan, description: _Model, model: torch.nn.Module, x: torch.Tensor, positions: torch.Tensor,

@@ -35,6 +35,8 @@ GGUF_PACKED = True
 class Norm(nn.Module):
     """transformers' Gemma4RMSNorm (with or without a weight), in float32, cast back to the input's dtype."""
 
+    native_form = "rms_norm"  # the fused native step's plain RMSNorm (x normed, times w): model/fused.py
+
     def __init__(self, dim: int, eps: float, scaled: bool = True) -> None:
         super().__init__()
         self.eps = eps
@@ -154,8 +156,23 @@ class Gemma4Experts(nn.Module):
         self.expert_scale = nn.Parameter(torch.ones(E))
         self.gate_up = nn.Parameter(torch.empty(E, 2 * I, C))
         self.down = nn.Parameter(torch.empty(E, C, I))
+        # a GGUF file's experts kept in their blocks (weights/gguf_packed.py): one layer per expert in place of a
+        # stacked tensor (keep)
+        self.gate_up_layers: nn.ModuleList | None = None
+        self.down_layers: nn.ModuleList | None = None
         self.root = C**-0.5
         self.act = activation(cfg.hidden_act)
+
+    def keep(self, part: str, layers: list[nn.Module]) -> None:
+        """Replace the stacked `part` ("gate_up" or "down") by one weight layer per expert (GGUF's kept blocks)."""
+        assert part in ("gate_up", "down") and len(layers) == len(self.expert_scale)
+        setattr(self, part, None)
+        setattr(self, part + "_layers", nn.ModuleList(layers))
+
+    def _expert(self, part: str, e: int, x: torch.Tensor) -> torch.Tensor:
+        """x (n, in) through expert e's `part`: its rows of the stacked tensor, or its kept layer."""
+        stacked = getattr(self, part)
+        return _product(x, stacked[e]) if stacked is not None else getattr(self, part + "_layers")[e](x)
 
     def forward(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """residual (N, C) chooses the experts; x (N, C) (its pre-normed copy) runs through them -> (N, C)."""
@@ -166,8 +183,8 @@ class Gemma4Experts(nn.Module):
         out = torch.zeros_like(x)
         for e in torch.unique(chosen).tolist():  # ascending, each adding into its tokens' rows (transformers' order)
             rows, slot = torch.where(chosen == e)
-            gate, up = _product(x[rows], self.gate_up[e]).chunk(2, dim=-1)
-            y = _product(self.act(gate) * up, self.down[e]) * weights[rows, slot, None]
+            gate, up = self._expert("gate_up", e, x[rows]).chunk(2, dim=-1)
+            y = self._expert("down", e, self.act(gate) * up) * weights[rows, slot, None]
             out.index_add_(0, rows, y.to(out.dtype))
         return out
 
@@ -179,6 +196,8 @@ def _product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 class Gemma4Block(nn.Module):
+    native_form = "gemma4"  # the fused native step computes this block (model/fused.py's _gemma4_layer)
+
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         C, eps = cfg.hidden_size, cfg.rms_norm_eps

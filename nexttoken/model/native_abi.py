@@ -96,7 +96,11 @@ class NtLayer(ctypes.Structure):
                 ("lora_w2", NtLora), ("mixer", _i64), ("recurrent", ctypes.POINTER(NtRecurrent)), ("gated", _i64),
                 ("correction", _p), ("sinks", _p), ("parallel", ctypes.POINTER(NtRecurrent)),
                 ("parallel_mixer", _i64)] + [(name, _f64) for name in (
-                "parallel_in", "parallel_out", "attn_in", "attn_out")]
+                "parallel_in", "parallel_out", "attn_in", "attn_out")] + [(name, _i64) for name in (
+                "head_dim", "n_kv_heads", "intermediate", "kv_shared", "values_from_keys", "v_norm")] + [
+                ("layer_scalar", _p), ("input_gate", NtLinear), ("input_projection", NtLinear)] + [
+                (name, _p) for name in ("input_norm", "router_scale", "expert_scale", "mlp_post_norm",
+                                        "experts_norm", "experts_post_norm")]
 
 
 class NtModel(ctypes.Structure):
@@ -111,7 +115,8 @@ class NtModel(ctypes.Structure):
         "n_experts", "top_k", "norm_topk", "moe_intermediate", "shared_intermediate")] + [
         ("state_slots", _p), ("rotary_dim", _i64), ("lora_slots", _p), ("router", _i64), ("n_group", _i64),
         ("topk_group", _i64)] + [(name, _f64) for name in (
-        "routed_scaling", "topk_norm_eps", "swiglu_limit", "swiglu_alpha")]
+        "routed_scaling", "topk_norm_eps", "swiglu_limit", "swiglu_alpha")] + [
+        ("kv_dim", _i64), ("per_layer", _p), ("per_layer_dim", _i64)]
 
 
 STRUCTS: tuple[type[ctypes.Structure], ...] = (NtLinear, NtLora, NtExpert, NtLayer, NtModel, NtRecurrent)

@@ -79,3 +79,29 @@ def test_two_way_blocks_change_the_numbers(vlm) -> None:
     two_way = hf.config.text_config.use_bidirectional_attention == "vision"
     assert model.vision.bidirectional == ("sliding" if two_way else False)
     assert ((blocks - causal).abs().max() > 1e-3) == two_way
+
+
+def test_decode_rows_after_an_image_take_the_native_step(vlm, monkeypatch) -> None:
+    """The images come in during the prefill; the decode rows after them are text-only steps, which the fused native
+    step computes (Gemma 4's per-layer inputs included): every row native, the modules' tokens."""
+    from nexttoken.model import fused
+
+    model, tok, _, folder = vlm
+    inputs = read_images(processor_for("gemma4", folder), [_photo(0)])
+    ids = tok.encode(inputs.expand("hi <|image|> what is it?"))
+
+    def run() -> list[int]:
+        engine = LLMEngine(model, tok, EngineConfig(max_num_seqs=2, max_model_len=512, chunk_size=16))
+        seq = engine.add_request(ids, GenerationConfig(max_new_tokens=8), images=inputs.placed(
+            ids, model.vision.image_token_id))
+        while engine.has_unfinished():
+            engine.step()
+        return seq.output_ids
+
+    rows: list[bool] = []
+    real = fused.decode_rows
+    monkeypatch.setattr(fused, "decode_rows", lambda *args: rows.append(real(*args)) or rows[-1])
+    native = run()
+    assert rows and all(r is not None for r in rows)
+    with fused.disabled():
+        assert run() == native

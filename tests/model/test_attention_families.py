@@ -197,8 +197,8 @@ def test_engine_rows_equal_transformers_and_are_batch_invariant(pair) -> None:
 
 def test_the_native_step_runs_where_the_declaration_allows(pair) -> None:
     """OLMo 3 and EXAONE 4 are switches the fused native step already has, GLM-4 MoE's sigmoid group router and
-    partial RoPE parts it computes; Gemma 4's declaration keeps the modules (its own decoder): the step refuses it,
-    and its tokens above are the modules'."""
+    partial RoPE parts it computes, and Gemma 4's own block (per-layer shapes, KV sharing, per-layer inputs, the
+    experts beside the MLP) is a layer form of its own there (fused._gemma4_layer): every one takes the step."""
     name, _, model, _ = pair
     with torch.inference_mode():
         assert (fused.rows_plan(model, model.new_cache(1, 16)) is None) == (name in MODULES_ONLY)
@@ -308,7 +308,7 @@ def test_a_quantized_gemma4_gguf_keeps_its_blocks_and_gives_its_dequantized_toke
     """Gemma 4 with per-layer inputs through the converter at q8_0: the attention, MLP and per-layer input matrices,
     the token table and the (vocab, layers x P) per-layer table stay in their blocks (GGUFLinear / GGUFEmbedding:
     a quantized E2B / E4B file would not fit in memory as floats), and the tokens are those of the file's own
-    values dequantized to float32."""
+    values dequantized to float32, with the fused native step (which reads the blocks) and with the modules."""
     pytest.importorskip("gguf")
     from nexttoken.model.quant.ggml import GGUFEmbedding, GGUFLinear, native_blocks
     from support.llama_cpp import convert, with_tokenizer
@@ -332,4 +332,44 @@ def test_a_quantized_gemma4_gguf_keeps_its_blocks_and_gives_its_dequantized_toke
         assert isinstance(block.attention.wqkv, GGUFLinear) and isinstance(block.attention.wo, GGUFLinear)
         assert isinstance(block.mlp.w13, GGUFLinear) and isinstance(block.mlp.w2, GGUFLinear)
         assert isinstance(block.input_gate, GGUFLinear) and isinstance(block.input_projection, GGUFLinear)
+    with torch.inference_mode():  # the fused native step reads the kept blocks as they are
+        assert fused.rows_plan(model, model.new_cache(1, 16)) is not None
     assert llm.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == exact
+    with fused.disabled(model):
+        assert llm.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids == exact
+
+
+def test_a_quantized_gemma4_moe_gguf_keeps_its_experts_in_blocks(tmp_path: Path, shared_dir) -> None:
+    """Gemma 4's MoE block through the converter at q8_0: the stacked experts (`ffn_gate_up_exps` (E, 2I, C),
+    `ffn_down_exps` (E, C, I)) stay in their blocks, one GGUFLinear per expert (a quantized 26B-A4B file would not
+    fit in memory as floats), and one decode step's logits, fused native step or modules, are within float32
+    rounding of the file's own values dequantized to float32; the greedy tokens are theirs."""
+    pytest.importorskip("gguf")
+    from nexttoken.model.quant.ggml import GGUFLinear, native_blocks
+    from support.fused import step_logits
+    from support.llama_cpp import convert, with_tokenizer
+
+    if not native_blocks():
+        pytest.skip("the GGUF block kernels need AVX-512 VNNI (the file then loads dequantized)")
+    _, overrides = VARIANTS["gemma4-moe"]
+    hf = build_hf_model("gemma4", **{**overrides, "vocab_size": 32000, "global_head_dim": 32, "intermediate_size": 64})
+    hf.save_pretrained(tmp_path / "model")
+    with_tokenizer(tmp_path / "model", shared_dir / "tokenizers" / "llama-2-chat")
+    path = convert(tmp_path / "model", tmp_path / "model.gguf", "q8_0")
+    exact = nexttoken.load(path, dequantize=True)
+    llm = nexttoken.load(path)
+    model = llm.model
+    for block in model.layers:
+        experts = block.experts
+        assert experts.gate_up is None and experts.down is None
+        assert len(experts.gate_up_layers) == len(experts.down_layers) == 4
+        assert all(isinstance(m, GGUFLinear) for m in [*experts.gate_up_layers, *experts.down_layers])
+    with torch.inference_mode():
+        assert fused.rows_plan(model, model.new_cache(1, 16)) is not None
+    with fused.disabled():
+        want, modules = step_logits(exact.model), step_logits(model)
+    torch.testing.assert_close(step_logits(model), want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(modules, want, rtol=1e-5, atol=1e-4)
+    ids = [5, 17, 33, 8, 61, 2, 40, 12]
+    assert (llm.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids
+            == exact.generate(ids, max_new_tokens=10, ignore_eos=True).token_ids)

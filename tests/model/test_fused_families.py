@@ -87,7 +87,7 @@ def test_native_step_is_as_close_to_float64_as_the_modules(name, folders, monkey
 
 
 @pytest.mark.parametrize("name", ["qwen3-qk-norm", "gemma3-local-global-rope", "gemma2-softcap-sliding",
-                                  "qwen3-moe-norm-topk", "gpt-oss"])
+                                  "qwen3-moe-norm-topk", "gpt-oss", "gemma4-kv-shared-ple", "gemma4-moe"])
 @pytest.mark.parametrize("quantize", [quantize_int8, quantize_bf16], ids=["int8", "bf16"])
 def test_quantized_weights_take_the_native_step(name, quantize, folders, monkeypatch) -> None:
     """int8 and bf16 weights (float32 activations) of the q/k-norm, Gemma and MoE blocks (gpt-oss's experts with
@@ -133,10 +133,12 @@ def test_longrope_rows_choose_their_frequencies_one_by_one_in_the_engine(tmp_pat
         assert a.out.logprobs == pytest.approx(b.out.logprobs, abs=1e-4)
 
 
-@pytest.mark.parametrize("name", ["gemma2-softcap-sliding", "mixtral-moe", "gpt-oss"])
+@pytest.mark.parametrize("name", ["gemma2-softcap-sliding", "mixtral-moe", "gpt-oss", "gemma4-kv-shared-ple",
+                                  "gemma4-moe"])
 def test_engine_int8_kv_pool_with_a_window_takes_the_native_step(name, folders, monkeypatch) -> None:
     """The engine's native rows on an int8 KV pool (per token and head scales), past the sliding window (5 / 6
-    columns), with Gemma 2's soft-caps, Mixtral's experts or gpt-oss's sinks: every decode row native, and the
+    columns), with Gemma 2's soft-caps, Mixtral's experts, gpt-oss's sinks or Gemma 4's per-layer shapes in slots
+    as wide as its widest layer (KV-shared layers reading their source's blocks): every decode row native, and the
     modules' tokens."""
     from nexttoken.engine import EngineConfig, LLMEngine
     from nexttoken.generation.config import GenerationConfig
@@ -169,3 +171,35 @@ def test_engine_int8_kv_pool_with_a_window_takes_the_native_step(name, folders, 
     for a, b in zip(native, modules):
         assert a.output_ids == b.output_ids
         assert a.out.logprobs == pytest.approx(b.out.logprobs, abs=1e-4)
+
+
+@pytest.mark.parametrize("name, part", [("gemma4-kv-shared-ple", "input_gate.weight"),
+                                        ("gemma4-kv-shared-ple", "layer_scalar"), ("gemma4-moe", "experts.gate_up"),
+                                        ("gemma4-moe", "experts.expert_scale")])
+@torch.inference_mode()
+def test_a_replaced_gemma4_tensor_rebuilds_the_description(name, part, folders, monkeypatch) -> None:
+    """The native description holds the addresses of Gemma 4's own tensors too (the per-layer input's gate, the
+    layer scalar, the stacked experts, their scales): one replaced between two native steps on the same cache is
+    read at its new place, the modules' logits on the new weights within 1e-5."""
+    model = load_model(folders(name))
+    ids, P = PROMPTS[:1], 6
+    valid = torch.ones(1, P + 2, dtype=torch.bool)
+    cache = model.new_cache(1, P + 2)
+    cols = torch.arange(P)[None]
+    window = model.config.sliding_window
+    model(ids[:, :P], ForwardBatch.build(cols, cols, valid, P, window, write_start=0), cache)
+
+    def step(t: int) -> torch.Tensor:
+        pos = torch.full((1, 1), t)
+        return model(ids[:, t - P : t - P + 1], ForwardBatch.build(pos, pos, valid, t + 1, window, write_start=t),
+                     cache)
+
+    calls = native_calls(monkeypatch)
+    step(P)  # a description of the old tensors
+    owner, attr = model.layers[0].get_submodule(part.rpartition(".")[0]), part.rpartition(".")[2]
+    old = getattr(owner, attr)
+    setattr(owner, attr, torch.nn.Parameter(old.detach() * torch.linspace(-2.0, 2.0, old.numel()).view(old.shape)))
+    fast = step(P + 1)
+    assert calls == [True, True]
+    with fused.disabled():
+        torch.testing.assert_close(fast, step(P + 1), rtol=1e-5, atol=1e-5)

@@ -6,9 +6,9 @@ import torch
 
 from nexttoken.model import ForwardBatch
 
-# Variants the native step does not cover (their declarations keep the modules: Family.native_step): Gemma 4 (its
-# own decoder). Every other family's block, windows, sinks, routers and experts included, fuses.
-MODULES_ONLY: set[str] = {"gemma4-kv-shared-ple", "gemma4-moe"}
+# Variants the native step does not cover (their declarations keep the modules: Family.native_step): none since
+# Gemma 4's own block fuses. Every family's block, windows, sinks, routers and experts included, fuses.
+MODULES_ONLY: set[str] = set()
 
 
 @torch.inference_mode()

@@ -381,12 +381,13 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
     from .gguf_packed import packable
 
     if not dequantize and packable(cfg) and device.type == "cpu" and torch_dtype == torch.float32:
-        from .gguf_packed import (build_packed_model, file_rows, keepable, keepable_experts, mixer_groups,
-                                  release_pages, row_order)
+        from .gguf_packed import (build_packed_model, file_rows, keepable, keepable_experts, keepable_stacked,
+                                  mixer_groups, release_pages, row_order)
 
         dense = gguf_names(g, cfg, names)
         hook = writer_family(g).gguf_tensor  # Qwen3.5's untiled value heads: followed on packed rows (row_order)
         kept = keepable(g, cfg, dense, hook) if native_blocks() else {}
+        kept |= keepable_stacked(g, cfg, dense)  # Gemma 4's stacked experts, one GGUFLinear per expert
         experts = keepable_experts(g, cfg)  # (stacked tensor, expert, type) by checkpoint name
         mixers = {n for group in mixer_groups(cfg).values() for n in group}  # recurrent in_proj / out_proj
         if kept or experts:
@@ -399,6 +400,9 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
                     t = g.tensors[key]
                     return file_rows(g, key).reshape(int(t.shape[2]), int(t.shape[1]), -1)[expert], kind
                 gname = dense[hf]
+                if len(g.tensors[gname].shape) == 3:  # stacked experts: (experts, rows, row bytes)
+                    t = g.tensors[gname]
+                    return file_rows(g, gname).reshape(int(t.shape[2]), int(t.shape[1]), -1), t.tensor_type.name
                 rows = _as_checkpoint(g, cfg, gname, file_rows(g, gname))
                 order = row_order(hook, cfg, hf, shape(gname)) if hf in mixers else None
                 return (rows if order is None else rows[order]), g.tensors[gname].tensor_type.name

@@ -76,6 +76,25 @@ def keepable(g, cfg: ModelConfig, gguf_names: dict[str, str], hook=None) -> dict
 _EXPERT_PARTS = {"gate": 0, "up": 1, "down": 2}  # ffn_{part}_exps -> Family.expert_names' index
 
 
+def keepable_stacked(g, cfg: ModelConfig, gguf_names: dict[str, str]) -> dict[str, str]:  # noqa: ANN001
+    """Checkpoint name -> its GGUF tensor, for a network of its own whose checkpoint stacks each layer's experts
+    (Gemma 4's `experts.gate_up_proj` (E, 2I, C) and `experts.down_proj` (E, C, I)): kept in their blocks as one
+    GGUFLinear per expert (the experts module's `keep`), a layer's stacked tensors all kept or none."""
+    if cfg.moe is None or not own_checkpoint(cfg) or not native_blocks():
+        return {}
+    stacked = {hf: gname for hf, gname in gguf_names.items()
+               if ".experts." in hf and len(g.tensors[gname].shape) == 3}
+    layers: dict[str, list[str]] = {}
+    for hf in stacked:
+        layers.setdefault(hf.split(".experts.")[0], []).append(hf)
+
+    def readable(gname: str) -> bool:  # a block type the kernels read, its rows a whole number of blocks
+        t = g.tensors[gname]
+        return t.tensor_type.name in GGML_TYPES and int(t.shape[0]) % block_shape(t.tensor_type.name)[0] == 0
+
+    return {hf: stacked[hf] for group in layers.values() if all(readable(stacked[n]) for n in group) for hf in group}
+
+
 def keepable_experts(g, cfg: ModelConfig) -> dict[str, tuple[str, int, str]]:  # noqa: ANN001 - a GGUFFile
     """Checkpoint name of an expert's weight -> (its stacked GGUF tensor, its expert, the GGUF type name) for the
     sparse layers whose three stacked projections the kept layers multiply: all MXFP4 (any CPU: Mxfp4Linear has a
@@ -193,6 +212,11 @@ def build_packed_model(g, cfg: ModelConfig, floats: dict[str, torch.Tensor], kep
             setattr(parent, attr, _kept_linear([rows_of(n) for n in group], getattr(parent, attr),
                                                activations=activations))
     keep_experts(model, cfg, experts, rows_of, lambda parts, old: _kept_expert(parts, old, activations))
+    for ours, parts in state_parts(cfg, {}).items():  # stacked experts kept: one layer per expert (Gemma 4's keep)
+        if len(parts) == 1 and parts[0] in kept and len(kept[parts[0]]) == 3:
+            rows, kind = rows_of(parts[0])  # (E, rows, row bytes)
+            owner, attr = _parent(model, ours)
+            owner.keep(attr, [_kept_linear([(r, kind)], None, kept[parts[0]][2], activations) for r in rows])
     tied, names = cfg.tie_word_embeddings, tables(cfg)
     embed = names["embed.weight"]
     if embed in kept:
