@@ -382,7 +382,7 @@ TARGET void tile16(const uint8_t* W, size_t row_bytes, const Acts<int16_t>& a, i
 // + b, a single-rounded FMA where gguf-py rounds the product and the sum), then multiplied by the activations (in the
 // type's chunk order, float32) with FMAs: the file's own weights in float32 arithmetic, the exact default. The
 // dequantizing is done once per weight for all M rows, so it costs most at M = 1.
-// The common types are widened straight from their stored bytes in natural element order (direct<T>: a 16-byte
+// The common types are widened straight from their stored bytes in natural element order (direct<T>, and direct_k<T> for the K-quants with their block's scales unpacked once: a 16-byte
 // load widened to 16 int32 lanes, nibbles split by a mask and a shift, one FMA applying scale and offset), about
 // half the instructions of going through the chunk decoder; the others use decode<T>'s chunk (tilef below).
 template <int T> struct Direct { enum { ON = 0 }; };
@@ -391,9 +391,6 @@ template <> struct Direct<Q4_1> { enum { ON = 1 }; };
 template <> struct Direct<Q8_0> { enum { ON = 1 }; };
 template <> struct Direct<Q5_0> { enum { ON = 1 }; };
 template <> struct Direct<Q5_1> { enum { ON = 1 }; };
-template <> struct Direct<Q4_K> { enum { ON = 1 }; };
-template <> struct Direct<Q5_K> { enum { ON = 1 }; };
-template <> struct Direct<Q6_K> { enum { ON = 1 }; };
 
 // 16 bytes -> 16 int32 lanes (zero- or sign-extended) as floats.
 TARGET inline __m512i widen_u8(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)); }
@@ -468,13 +465,53 @@ template <> TARGET void direct<Q5_1>(const uint8_t* row, int64_t c, bool two, __
   }
 }
 
+// The K-quants' scales, unpacked once per 256-element block into vectors (not per chunk, scalar): `a` the weight
+// scales and `b` the offsets, one lane per sub-block, picked for a chunk by a permute.
+template <int T> struct KScales { enum { ON = 0 }; };
+template <> struct KScales<Q4_K> { enum { ON = 1 }; };
+template <> struct KScales<Q5_K> { enum { ON = 1 }; };
+template <> struct KScales<Q6_K> { enum { ON = 1 }; };
+
+// Q4_K / Q5_K: the 12 bytes at blk + 4 hold 8 six-bit scales and 8 six-bit mins (get_scale_min_k4's layout),
+// rearranged in four 32-bit words (ggml's kmask trick) into bytes 0-7 = the scales, 8-15 = the mins; then lanes 0-7
+// of a = d * sc, lanes 8-15 of b = -dmin * m (the products k4_scales forms one at a time).
+TARGET inline void k4_block_scales(const uint8_t* blk, __m512* a, __m512* b) {
+  uint32_t u[4];
+  memcpy(u, blk + 4, 12);
+  u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);  // mins 4-7
+  const uint32_t mins = u[1] & 0x3f3f3f3fu;                                  // mins 0-3
+  u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);         // scales 4-7
+  u[2] = mins;
+  u[0] &= 0x3f3f3f3fu;                                                        // scales 0-3
+  const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)u)));
+  *a = _mm512_mul_ps(_mm512_set1_ps(half(blk)), v);
+  *b = _mm512_mul_ps(_mm512_set1_ps(-half(blk + 2)), v);
+}
+
+// Q6_K: 16 int8 scales at blk + 192, one per 16 elements: a = d * sc, b = -32 a.
+TARGET inline void q6k_block_scales(const uint8_t* blk, __m512* a, __m512* b) {
+  const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(blk + 192))));
+  *a = _mm512_mul_ps(_mm512_set1_ps(half(blk + 208)), v);
+  *b = _mm512_mul_ps(_mm512_set1_ps(-32.f), *a);
+}
+
+template <int T> TARGET void block_scales(const uint8_t* blk, __m512* a, __m512* b);
+template <> TARGET void block_scales<Q4_K>(const uint8_t* blk, __m512* a, __m512* b) { k4_block_scales(blk, a, b); }
+template <> TARGET void block_scales<Q5_K>(const uint8_t* blk, __m512* a, __m512* b) { k4_block_scales(blk, a, b); }
+template <> TARGET void block_scales<Q6_K>(const uint8_t* blk, __m512* a, __m512* b) { q6k_block_scales(blk, a, b); }
+
+// Lane i of v in every lane.
+TARGET inline __m512 lane(__m512 v, int i) { return _mm512_permutexvar_ps(_mm512_set1_epi32(i), v); }
+
+// Chunk c's 64 weights of a K-quant as direct<T>'s four vectors, its block's scales (block_scales) given.
+template <int T> TARGET void direct_k(const uint8_t* row, int64_t c, __m512 sa, __m512 sb, __m512* w);
+
 // Q4_K: chunk c is sub-blocks 2j (the low nibbles of qs[32j .. 32j + 32)) and 2j + 1 (their high nibbles) of block
 // c / 4, j = c % 4; w = d * sc * q - dmin * m.
-template <> TARGET void direct<Q4_K>(const uint8_t* row, int64_t c, bool, __m512* w) {
+template <> TARGET void direct_k<Q4_K>(const uint8_t* row, int64_t c, __m512 sa, __m512 sb, __m512* w) {
   const uint8_t* blk = row + (c / 4) * 144;
   const int j = (int)(c % 4);
-  __m512 a0, b0, a1, b1;
-  k4_scales(blk, j, &a0, &b0, &a1, &b1);
+  const __m512 a0 = lane(sa, 2 * j), b0 = lane(sb, 8 + 2 * j), a1 = lane(sa, 2 * j + 1), b1 = lane(sb, 9 + 2 * j);
   const __m512i nib = _mm512_set1_epi32(0x0f);
   for (int h = 0; h < 2; ++h) {
     const __m512i v = widen_u8(blk + 16 + 32 * j + 16 * h);
@@ -483,47 +520,52 @@ template <> TARGET void direct<Q4_K>(const uint8_t* row, int64_t c, bool, __m512
   }
 }
 
+// 32 bytes (values < 256) -> the four vectors of 16 floats times a (lanes 0-15 and 16-31 by a0, the rest by a1) plus
+// b: the bit fiddling done on bytes (one 256-bit operation per 32 weights), the widening last.
+TARGET inline void widen_scaled(__m256i u0, __m256i u1, __m512 a0, __m512 b0, __m512 a1, __m512 b1, __m512* w) {
+  w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(u0))), a0, b0);
+  w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(u0, 1))), a0, b0);
+  w[2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(u1))), a1, b1);
+  w[3] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(u1, 1))), a1, b1);
+}
+
 // Q5_K: Q4_K's layout plus qh[32] at blk + 16: element l of sub-block 2j has its fifth bit at bit 2j of qh[l], of
-// sub-block 2j + 1 at bit 2j + 1 (worth 16); the nibbles sit at blk + 48.
-template <> TARGET void direct<Q5_K>(const uint8_t* row, int64_t c, bool, __m512* w) {
+// sub-block 2j + 1 at bit 2j + 1 (worth 16); the nibbles sit at blk + 48. (16-bit lane shifts are safe here: the
+// masks keep only bits that came from the same byte.)
+template <> TARGET void direct_k<Q5_K>(const uint8_t* row, int64_t c, __m512 sa, __m512 sb, __m512* w) {
   const uint8_t* blk = row + (c / 4) * 176;
   const int j = (int)(c % 4);
-  __m512 a0, b0, a1, b1;
-  k4_scales(blk, j, &a0, &b0, &a1, &b1);
-  const __m512i nib = _mm512_set1_epi32(0x0f), sixteen = _mm512_set1_epi32(16);
-  const __m512i bit0 = _mm512_set1_epi32(1 << (2 * j)), bit1 = _mm512_set1_epi32(2 << (2 * j));
-  for (int h = 0; h < 2; ++h) {
-    const __m512i v = widen_u8(blk + 48 + 32 * j + 16 * h), hv = widen_u8(blk + 16 + 16 * h);
-    const __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_srli_epi32(v, 4);
-    const __m512i q0 = _mm512_mask_add_epi32(lo, _mm512_test_epi32_mask(hv, bit0), lo, sixteen);
-    const __m512i q1 = _mm512_mask_add_epi32(hi, _mm512_test_epi32_mask(hv, bit1), hi, sixteen);
-    w[h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q0), a0, b0);
-    w[2 + h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q1), a1, b1);
-  }
+  const __m256i nib = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+  const __m256i v = _mm256_loadu_si256((const __m256i*)(blk + 48 + 32 * j));
+  const __m256i qh = _mm256_loadu_si256((const __m256i*)(blk + 16));
+  const __m256i f0 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one);
+  const __m256i f1 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one);
+  const __m256i q0 = _mm256_or_si256(_mm256_and_si256(v, nib), _mm256_slli_epi16(f0, 4));
+  const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), nib), _mm256_slli_epi16(f1, 4));
+  widen_scaled(q0, q1, lane(sa, 2 * j), lane(sb, 8 + 2 * j), lane(sa, 2 * j + 1), lane(sb, 9 + 2 * j), w);
 }
 
 // Q6_K: chunk c is elements [64 odd, 64 odd + 64) of half h = j / 2 of block c / 4 (j = c % 4, odd = j % 2):
 // element l (0..31) from ql[l] and element 32 + l from ql[32 + l], their nibble `odd` and the 2-bit field 2 odd
-// (resp. 2 odd + 1) of qh[l]; w = d * sc * (q - 32), 16 elements per int8 scale.
-template <> TARGET void direct<Q6_K>(const uint8_t* row, int64_t c, bool, __m512* w) {
+// (resp. 2 odd + 1) of qh[l]; w = d * sc * (q - 32), 16 elements per int8 scale. The 6-bit values are assembled
+// on bytes, 32 at a time (16-bit lane shifts: the masks keep only bits of the same byte).
+template <> TARGET void direct_k<Q6_K>(const uint8_t* row, int64_t c, __m512 sa, __m512 sb, __m512* w) {
   const uint8_t* blk = row + (c / 4) * 210;
   const int j = (int)(c % 4), h = j / 2, odd = j % 2;
-  const float d = half(blk + 208);
   const uint8_t* ql = blk + 64 * h;
-  const uint8_t* qh = blk + 128 + 32 * h;
-  const int8_t* sc = (const int8_t*)(blk + 192 + 8 * h);
-  const __m512i three = _mm512_set1_epi32(3), nib = _mm512_set1_epi32(0x0f);
-  for (int half16 = 0; half16 < 2; ++half16) {  // l = 16 half16 .. + 15: chunk elements l and 32 + l
-    const int l0 = 16 * half16;
-    const __m512i hv = _mm512_srli_epi32(widen_u8(qh + l0), 4 * odd);  // qh[l]'s fields 2 odd and 2 odd + 1 low
-    for (int second = 0; second < 2; ++second) {  // second: element 32 + l, from ql[32 + l], qh field 2 odd + 1
-      const __m512i v = widen_u8(ql + 32 * second + l0);
-      const __m512i lo = odd ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, nib);
-      const __m512i hb = _mm512_and_si512(second ? _mm512_srli_epi32(hv, 2) : hv, three);
-      const __m512i u = _mm512_or_si512(lo, _mm512_slli_epi32(hb, 4));  // q + 32
-      // the scale of sub-block (16 elements) half16 + 2 second + 4 odd of the half; (q + 32) * a - 32 a
-      const float a = d * (float)sc[half16 + 2 * second + 4 * odd];
-      w[half16 + 2 * second] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), _mm512_set1_ps(a), _mm512_set1_ps(-32.f * a));
+  const __m256i qh = _mm256_loadu_si256((const __m256i*)(blk + 128 + 32 * h));
+  const __m256i nib = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
+  for (int second = 0; second < 2; ++second) {  // elements 32 second + l, l = 0..31: ql[32 second + l], qh[l]
+    const __m256i v = _mm256_loadu_si256((const __m256i*)(ql + 32 * second));
+    const __m256i lo = _mm256_and_si256(odd ? _mm256_srli_epi16(v, 4) : v, nib);
+    const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 4 * odd + 2 * second), three);
+    const __m256i u = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));  // q + 32
+    // sub-blocks (16 elements) 2 second + 4 odd and the next of half h; (q + 32) * a - 32 a
+    const int i = 8 * h + 2 * second + 4 * odd;
+    for (int half16 = 0; half16 < 2; ++half16) {
+      const __m128i part = half16 ? _mm256_extracti128_si256(u, 1) : _mm256_castsi256_si128(u);
+      w[half16 + 2 * second] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(part)), lane(sa, i + half16),
+                                               lane(sb, i + half16));
     }
   }
 }
@@ -561,10 +603,14 @@ TARGET void tilef(const uint8_t* W, size_t row_bytes, const float* x, int64_t Kp
   for (int m = 0; m < M; ++m)
     for (int a = 0; a < A; ++a) acc[m][a] = _mm512_setzero_ps();
   const int64_t chunks = Kp / 64;
+  __m512 sa = _mm512_setzero_ps(), sb = _mm512_setzero_ps();  // a K-quant block's scales (KScales)
   for (int64_t c = 0; c < chunks; ++c) {
     const bool two = Traits<T>::BLOCK == 256 || 2 * c + 1 < blocks;
     __m512 wf[4];
-    if constexpr (Direct<T>::ON) {
+    if constexpr (KScales<T>::ON) {
+      if (c % 4 == 0) block_scales<T>(row + (c / 4) * Traits<T>::BYTES, &sa, &sb);  // once per 256 weights
+      direct_k<T>(row, c, sa, sb, wf);
+    } else if constexpr (Direct<T>::ON) {
       direct<T>(row, c, two, wf);
     } else {
     const Chunk w = decode<T>(row, c, two);
