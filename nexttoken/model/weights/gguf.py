@@ -386,7 +386,14 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
 
         dense = gguf_names(g, cfg, names)
         hook = writer_family(g).gguf_tensor  # Qwen3.5's untiled value heads: followed on packed rows (row_order)
-        kept = keepable(g, cfg, dense, hook) if native_blocks() else {}
+        orders: dict[str, torch.Tensor | None | bool] = {}
+
+        def order_of(hf: str, shape: tuple[int, ...]) -> torch.Tensor | None | bool:  # each mixer matrix's, once
+            if hf not in orders:  # the probe builds two (rows, columns) index matrices: ~3 ms per matrix
+                orders[hf] = row_order(hook, cfg, hf, shape)
+            return orders[hf]
+
+        kept = keepable(g, cfg, dense, order_of) if native_blocks() else {}
         kept |= keepable_stacked(g, cfg, dense)  # Gemma 4's stacked experts, one GGUFLinear per expert
         experts = keepable_experts(g, cfg)  # (stacked tensor, expert, type) by checkpoint name
         mixers = {n for group in mixer_groups(cfg).values() for n in group}  # recurrent in_proj / out_proj
@@ -404,7 +411,7 @@ def load_gguf_model(path: str | Path, dtype: str | torch.dtype | None = None,
                     t = g.tensors[gname]
                     return file_rows(g, gname).reshape(int(t.shape[2]), int(t.shape[1]), -1), t.tensor_type.name
                 rows = _as_checkpoint(g, cfg, gname, file_rows(g, gname))
-                order = row_order(hook, cfg, hf, shape(gname)) if hf in mixers else None
+                order = order_of(hf, shape(gname)) if hf in mixers else None
                 return (rows if order is None else rows[order]), g.tensors[gname].tensor_type.name
 
             def shape(gname: str) -> tuple[int, ...]:
