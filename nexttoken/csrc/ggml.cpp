@@ -36,6 +36,9 @@
 #include <vector>
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+// Forced inline: the per-chunk helpers of the kernels pass vectors by value and write through pointers, which a
+// call would spill to the stack.
+#define INLINE inline __attribute__((always_inline))
 
 #include "rows.h"
 
@@ -128,9 +131,9 @@ inline int scale_q3k(int j, const uint8_t* s) {
 }
 
 // Chunk c (elements [64c, 64c + 64)) of a row. `two`: for the 32-blocks, whether block 2c + 1 exists.
-template <int T> TARGET Chunk decode(const uint8_t* row, int64_t c, bool two);
+template <int T> TARGET INLINE Chunk decode(const uint8_t* row, int64_t c, bool two);
 
-template <> TARGET Chunk decode<Q4_0>(const uint8_t* row, int64_t c, bool two) {
+template <> TARGET INLINE Chunk decode<Q4_0>(const uint8_t* row, int64_t c, bool two) {
   const uint8_t* b0 = row + 2 * c * 18;
   const uint8_t* b1 = b0 + 18;
   const float d0 = half(b0), d1 = two ? half(b1) : 0.f;
@@ -138,7 +141,7 @@ template <> TARGET Chunk decode<Q4_0>(const uint8_t* row, int64_t c, bool two) {
           _mm512_setzero_ps()};
 }
 
-template <> TARGET Chunk decode<Q4_1>(const uint8_t* row, int64_t c, bool two) {
+template <> TARGET INLINE Chunk decode<Q4_1>(const uint8_t* row, int64_t c, bool two) {
   const uint8_t* b0 = row + 2 * c * 20;
   const uint8_t* b1 = b0 + 20;
   const float d0 = half(b0), d1 = two ? half(b1) : 0.f, m0 = half(b0 + 2), m1 = two ? half(b1 + 2) : 0.f;
@@ -152,7 +155,7 @@ inline __mmask64 fifth_bits(uint32_t h0, uint32_t h1) {
                      ((uint64_t)(h1 >> 16) << 48));
 }
 
-template <> TARGET Chunk decode<Q5_0>(const uint8_t* row, int64_t c, bool two) {
+template <> TARGET INLINE Chunk decode<Q5_0>(const uint8_t* row, int64_t c, bool two) {
   const uint8_t* b0 = row + 2 * c * 22;
   const uint8_t* b1 = b0 + 22;
   const float d0 = half(b0), d1 = two ? half(b1) : 0.f;
@@ -161,7 +164,7 @@ template <> TARGET Chunk decode<Q5_0>(const uint8_t* row, int64_t c, bool two) {
   return {u, _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(d0), _mm512_set1_ps(d1)), _mm512_setzero_ps()};
 }
 
-template <> TARGET Chunk decode<Q5_1>(const uint8_t* row, int64_t c, bool two) {
+template <> TARGET INLINE Chunk decode<Q5_1>(const uint8_t* row, int64_t c, bool two) {
   const uint8_t* b0 = row + 2 * c * 24;
   const uint8_t* b1 = b0 + 24;
   const float d0 = half(b0), d1 = two ? half(b1) : 0.f, m0 = half(b0 + 2), m1 = two ? half(b1 + 2) : 0.f;
@@ -171,7 +174,7 @@ template <> TARGET Chunk decode<Q5_1>(const uint8_t* row, int64_t c, bool two) {
           _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(m0), _mm512_set1_ps(m1))};
 }
 
-template <> TARGET Chunk decode<Q8_0>(const uint8_t* row, int64_t c, bool two) {
+template <> TARGET INLINE Chunk decode<Q8_0>(const uint8_t* row, int64_t c, bool two) {
   const uint8_t* b0 = row + 2 * c * 34;
   const uint8_t* b1 = b0 + 34;
   const float d0 = half(b0), d1 = two ? half(b1) : 0.f;
@@ -182,7 +185,7 @@ template <> TARGET Chunk decode<Q8_0>(const uint8_t* row, int64_t c, bool two) {
   return {u, _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d0), _mm512_set1_ps(d1)), _mm512_setzero_ps()};
 }
 
-template <> TARGET Chunk decode<Q2_K>(const uint8_t* row, int64_t c, bool) {
+template <> TARGET INLINE Chunk decode<Q2_K>(const uint8_t* row, int64_t c, bool) {
   const uint8_t* blk = row + (c / 4) * 84;
   const int j = (int)(c % 4), h = j / 2, s = 4 * (j % 2);  // half h of the block; bit pairs s, s + 2
   const float d = half(blk + 80), dmin = half(blk + 82);
@@ -196,7 +199,7 @@ template <> TARGET Chunk decode<Q2_K>(const uint8_t* row, int64_t c, bool) {
   return {fields(q, s, s + 2, 2), by_quarter(_mm_loadu_ps(a)), by_quarter(_mm_loadu_ps(b))};
 }
 
-template <> TARGET Chunk decode<Q3_K>(const uint8_t* row, int64_t c, bool) {
+template <> TARGET INLINE Chunk decode<Q3_K>(const uint8_t* row, int64_t c, bool) {
   const uint8_t* blk = row + (c / 4) * 110;
   const int j = (int)(c % 4), h = j / 2, s = 4 * (j % 2);
   const float d = half(blk + 108);
@@ -228,14 +231,14 @@ TARGET inline Chunk k4_chunk(__m512i u, const uint8_t* blk, int j) {
   return {u, _mm512_mask_blend_ps(0xFF00, a0, a1), _mm512_mask_blend_ps(0xFF00, b0, b1)};
 }
 
-template <> TARGET Chunk decode<Q4_K>(const uint8_t* row, int64_t c, bool) {
+template <> TARGET INLINE Chunk decode<Q4_K>(const uint8_t* row, int64_t c, bool) {
   const uint8_t* blk = row + (c / 4) * 144;
   const int j = (int)(c % 4);
   const __m256i q = _mm256_loadu_si256((const __m256i*)(blk + 16 + 32 * j));
   return k4_chunk(fields(q, 0, 4, 4), blk, j);
 }
 
-template <> TARGET Chunk decode<Q5_K>(const uint8_t* row, int64_t c, bool) {
+template <> TARGET INLINE Chunk decode<Q5_K>(const uint8_t* row, int64_t c, bool) {
   const uint8_t* blk = row + (c / 4) * 176;
   const int j = (int)(c % 4);
   const __m256i q = _mm256_loadu_si256((const __m256i*)(blk + 48 + 32 * j));
@@ -245,7 +248,7 @@ template <> TARGET Chunk decode<Q5_K>(const uint8_t* row, int64_t c, bool) {
   return k4_chunk(u, blk, j);
 }
 
-template <> TARGET Chunk decode<Q6_K>(const uint8_t* row, int64_t c, bool) {
+template <> TARGET INLINE Chunk decode<Q6_K>(const uint8_t* row, int64_t c, bool) {
   const uint8_t* blk = row + (c / 4) * 210;
   const int j = (int)(c % 4), h = j / 2, odd = j % 2;
   const float d = half(blk + 208);
@@ -398,9 +401,9 @@ TARGET inline __m512i widen_u8(const uint8_t* p) { return _mm512_cvtepu8_epi32(_
 // Chunk c's 64 weights (elements 64c .. 64c + 63, natural order) as four vectors of 16 floats: w = a * q + b as
 // gguf-py computes it, the product and sum fused (one rounding instead of two). `two`: for the 32-blocks, whether
 // block 2c + 1 exists (its vectors are zero otherwise).
-template <int T> TARGET void direct(const uint8_t* row, int64_t c, bool two, __m512* w);
+template <int T> TARGET INLINE void direct(const uint8_t* row, int64_t c, bool two, __m512* w);
 
-template <> TARGET void direct<Q4_0>(const uint8_t* row, int64_t c, bool two, __m512* w) {
+template <> TARGET INLINE void direct<Q4_0>(const uint8_t* row, int64_t c, bool two, __m512* w) {
   const __m512i nib = _mm512_set1_epi32(0x0f);
   for (int i = 0; i < 2; ++i) {
     if (i == 1 && !two) { w[2] = w[3] = _mm512_setzero_ps(); break; }
@@ -412,7 +415,7 @@ template <> TARGET void direct<Q4_0>(const uint8_t* row, int64_t c, bool two, __
   }
 }
 
-template <> TARGET void direct<Q4_1>(const uint8_t* row, int64_t c, bool two, __m512* w) {
+template <> TARGET INLINE void direct<Q4_1>(const uint8_t* row, int64_t c, bool two, __m512* w) {
   const __m512i nib = _mm512_set1_epi32(0x0f);
   for (int i = 0; i < 2; ++i) {
     if (i == 1 && !two) { w[2] = w[3] = _mm512_setzero_ps(); break; }
@@ -424,7 +427,7 @@ template <> TARGET void direct<Q4_1>(const uint8_t* row, int64_t c, bool two, __
   }
 }
 
-template <> TARGET void direct<Q8_0>(const uint8_t* row, int64_t c, bool two, __m512* w) {
+template <> TARGET INLINE void direct<Q8_0>(const uint8_t* row, int64_t c, bool two, __m512* w) {
   for (int i = 0; i < 2; ++i) {
     if (i == 1 && !two) { w[2] = w[3] = _mm512_setzero_ps(); break; }
     const uint8_t* b = row + (2 * c + i) * 34;
@@ -437,7 +440,7 @@ template <> TARGET void direct<Q8_0>(const uint8_t* row, int64_t c, bool two, __
 
 // Q5_0 / Q5_1: as Q4_0 / Q4_1 with a fifth bit per element, bit j of qh (elements 0-15: bits 0-15 of qh, the low
 // nibbles; 16-31: bits 16-31, the high nibbles), worth 16: a masked add.
-TARGET inline void q5_block(__m512 d, __m512 off, const uint8_t* qh, const uint8_t* qs, __m512* w) {
+TARGET INLINE void q5_block(__m512 d, __m512 off, const uint8_t* qh, const uint8_t* qs, __m512* w) {
   const __m512i nib = _mm512_set1_epi32(0x0f), sixteen = _mm512_set1_epi32(16);
   const uint32_t h = u32(qh);
   const __m512i v = widen_u8(qs);
@@ -449,7 +452,7 @@ TARGET inline void q5_block(__m512 d, __m512 off, const uint8_t* qh, const uint8
   w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), d, off);
 }
 
-template <> TARGET void direct<Q5_0>(const uint8_t* row, int64_t c, bool two, __m512* w) {
+template <> TARGET INLINE void direct<Q5_0>(const uint8_t* row, int64_t c, bool two, __m512* w) {
   for (int i = 0; i < 2; ++i) {
     if (i == 1 && !two) { w[2] = w[3] = _mm512_setzero_ps(); break; }
     const uint8_t* b = row + (2 * c + i) * 22;
@@ -457,7 +460,7 @@ template <> TARGET void direct<Q5_0>(const uint8_t* row, int64_t c, bool two, __
   }
 }
 
-template <> TARGET void direct<Q5_1>(const uint8_t* row, int64_t c, bool two, __m512* w) {
+template <> TARGET INLINE void direct<Q5_1>(const uint8_t* row, int64_t c, bool two, __m512* w) {
   for (int i = 0; i < 2; ++i) {
     if (i == 1 && !two) { w[2] = w[3] = _mm512_setzero_ps(); break; }
     const uint8_t* b = row + (2 * c + i) * 24;
@@ -495,20 +498,20 @@ TARGET inline void q6k_block_scales(const uint8_t* blk, __m512* a, __m512* b) {
   *b = _mm512_mul_ps(_mm512_set1_ps(-32.f), *a);
 }
 
-template <int T> TARGET void block_scales(const uint8_t* blk, __m512* a, __m512* b);
-template <> TARGET void block_scales<Q4_K>(const uint8_t* blk, __m512* a, __m512* b) { k4_block_scales(blk, a, b); }
-template <> TARGET void block_scales<Q5_K>(const uint8_t* blk, __m512* a, __m512* b) { k4_block_scales(blk, a, b); }
-template <> TARGET void block_scales<Q6_K>(const uint8_t* blk, __m512* a, __m512* b) { q6k_block_scales(blk, a, b); }
+template <int T> TARGET INLINE void block_scales(const uint8_t* blk, __m512* a, __m512* b);
+template <> TARGET INLINE void block_scales<Q4_K>(const uint8_t* blk, __m512* a, __m512* b) { k4_block_scales(blk, a, b); }
+template <> TARGET INLINE void block_scales<Q5_K>(const uint8_t* blk, __m512* a, __m512* b) { k4_block_scales(blk, a, b); }
+template <> TARGET INLINE void block_scales<Q6_K>(const uint8_t* blk, __m512* a, __m512* b) { q6k_block_scales(blk, a, b); }
 
 // Lane i of v in every lane.
-TARGET inline __m512 lane(__m512 v, int i) { return _mm512_permutexvar_ps(_mm512_set1_epi32(i), v); }
+TARGET INLINE __m512 lane(__m512 v, int i) { return _mm512_permutexvar_ps(_mm512_set1_epi32(i), v); }
 
 // Chunk c's 64 weights of a K-quant as direct<T>'s four vectors, its block's scales (block_scales) given.
-template <int T> TARGET void direct_k(const uint8_t* row, int64_t c, __m512 sa, __m512 sb, __m512* w);
+template <int T> TARGET INLINE void direct_k(const uint8_t* row, int64_t c, __m512 sa, __m512 sb, __m512* w);
 
 // Q4_K: chunk c is sub-blocks 2j (the low nibbles of qs[32j .. 32j + 32)) and 2j + 1 (their high nibbles) of block
 // c / 4, j = c % 4; w = d * sc * q - dmin * m.
-template <> TARGET void direct_k<Q4_K>(const uint8_t* row, int64_t c, __m512 sa, __m512 sb, __m512* w) {
+template <> TARGET INLINE void direct_k<Q4_K>(const uint8_t* row, int64_t c, __m512 sa, __m512 sb, __m512* w) {
   const uint8_t* blk = row + (c / 4) * 144;
   const int j = (int)(c % 4);
   const __m512 a0 = lane(sa, 2 * j), b0 = lane(sb, 8 + 2 * j), a1 = lane(sa, 2 * j + 1), b1 = lane(sb, 9 + 2 * j);
@@ -522,7 +525,7 @@ template <> TARGET void direct_k<Q4_K>(const uint8_t* row, int64_t c, __m512 sa,
 
 // 32 bytes (values < 256) -> the four vectors of 16 floats times a (lanes 0-15 and 16-31 by a0, the rest by a1) plus
 // b: the bit fiddling done on bytes (one 256-bit operation per 32 weights), the widening last.
-TARGET inline void widen_scaled(__m256i u0, __m256i u1, __m512 a0, __m512 b0, __m512 a1, __m512 b1, __m512* w) {
+TARGET INLINE void widen_scaled(__m256i u0, __m256i u1, __m512 a0, __m512 b0, __m512 a1, __m512 b1, __m512* w) {
   w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(u0))), a0, b0);
   w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(u0, 1))), a0, b0);
   w[2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(u1))), a1, b1);
@@ -532,7 +535,7 @@ TARGET inline void widen_scaled(__m256i u0, __m256i u1, __m512 a0, __m512 b0, __
 // Q5_K: Q4_K's layout plus qh[32] at blk + 16: element l of sub-block 2j has its fifth bit at bit 2j of qh[l], of
 // sub-block 2j + 1 at bit 2j + 1 (worth 16); the nibbles sit at blk + 48. (16-bit lane shifts are safe here: the
 // masks keep only bits that came from the same byte.)
-template <> TARGET void direct_k<Q5_K>(const uint8_t* row, int64_t c, __m512 sa, __m512 sb, __m512* w) {
+template <> TARGET INLINE void direct_k<Q5_K>(const uint8_t* row, int64_t c, __m512 sa, __m512 sb, __m512* w) {
   const uint8_t* blk = row + (c / 4) * 176;
   const int j = (int)(c % 4);
   const __m256i nib = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
@@ -549,7 +552,7 @@ template <> TARGET void direct_k<Q5_K>(const uint8_t* row, int64_t c, __m512 sa,
 // element l (0..31) from ql[l] and element 32 + l from ql[32 + l], their nibble `odd` and the 2-bit field 2 odd
 // (resp. 2 odd + 1) of qh[l]; w = d * sc * (q - 32), 16 elements per int8 scale. The 6-bit values are assembled
 // on bytes, 32 at a time (16-bit lane shifts: the masks keep only bits of the same byte).
-template <> TARGET void direct_k<Q6_K>(const uint8_t* row, int64_t c, __m512 sa, __m512 sb, __m512* w) {
+template <> TARGET INLINE void direct_k<Q6_K>(const uint8_t* row, int64_t c, __m512 sa, __m512 sb, __m512* w) {
   const uint8_t* blk = row + (c / 4) * 210;
   const int j = (int)(c % 4), h = j / 2, odd = j % 2;
   const uint8_t* ql = blk + 64 * h;
