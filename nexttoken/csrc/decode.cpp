@@ -265,8 +265,9 @@ TARGET void weighted_values(const void* values, const float* v_scale, const Page
 // at first > 0; the modules' window mask hides the columns before it). Dot products in 16-lane vectors (a head
 // is 48-256 wide), the weighted sum of values likewise; columns in order, block by block, so the sums are the same
 // whatever the block size. `sink` (gpt-oss; NULL: none): the head's learned logit joins the softmax's max and
-// denominator, its share then dropped (model/layers.py's sink_attention). Heads of 48..256 (a multiple of 16) take
-// the blocked path (scores16, weighted_values); others the column-at-a-time loops below.
+// denominator, its share then dropped (model/layers.py's sink_attention). Heads of 48..256 (a multiple of 16) score
+// 16 columns at a time (scores16, exp_sum16), others a column at a time; the weighted values take D/16 registers
+// (weighted_values) for the common widths, else 16 dims at a time.
 TARGET void attend(const float* q, const void* keys, const void* values, const float* k_scale,
                    const float* v_scale, const Pages& pages, int64_t first, int64_t kv_len, int64_t D, int64_t KD,
                    const Scoring& how, const float* sink, float* scores, float* out) {
@@ -298,8 +299,8 @@ TARGET void attend(const float* q, const void* keys, const void* values, const f
   }
   if (sink) sum += expf(*sink - mx);  // the sink's share of the denominator, last as in the modules' row
   const float inv = 1.f / sum;
-  if (blocked) {
-    for (int64_t s = first; s < kv_len; ++s) scores[s - first] *= inv;  // the probabilities
+  for (int64_t s = first; s < kv_len; ++s) scores[s - first] *= inv;  // the probabilities
+  if (D % 16 == 0) {
     switch (D / 16) {
       case 3: weighted_values<3>(values, v_scale, pages, first, kv_len, KD, scores, out); return;
       case 4: weighted_values<4>(values, v_scale, pages, first, kv_len, KD, scores, out); return;
@@ -310,18 +311,8 @@ TARGET void attend(const float* q, const void* keys, const void* values, const f
       case 10: weighted_values<10>(values, v_scale, pages, first, kv_len, KD, scores, out); return;
       case 12: weighted_values<12>(values, v_scale, pages, first, kv_len, KD, scores, out); return;
       case 16: weighted_values<16>(values, v_scale, pages, first, kv_len, KD, scores, out); return;
-      default: break;
+      default: break;  // other widths: 16 dims at a time below
     }
-    for (int64_t d = 0; d < D; d += 16) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t s = first; s < kv_len; ++s) {
-        const int64_t at = pages.at(s, KD);
-        const float* vs = v_scale ? v_scale + at / KD : nullptr;
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[s - first]), load_kv(values, at, vs, d, (__mmask16)0xffff), acc);
-      }
-      _mm512_storeu_ps(out + d, acc);
-    }
-    return;
   }
   for (int64_t d = 0; d < D; d += 16) {
     const __mmask16 m = D - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - d)) - 1u);
@@ -329,7 +320,7 @@ TARGET void attend(const float* q, const void* keys, const void* values, const f
     for (int64_t s = first; s < kv_len; ++s) {
       const int64_t at = pages.at(s, KD);
       const float* vs = v_scale ? v_scale + at / KD : nullptr;
-      acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[s - first] * inv), load_kv(values, at, vs, d, m), acc);
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[s - first]), load_kv(values, at, vs, d, m), acc);
     }
     _mm512_mask_storeu_ps(out + d, m, acc);
   }

@@ -112,17 +112,6 @@ TARGET inline __m512 by_quarter(__m128 v) {
   return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
 }
 
-// Q4_K / Q5_K's 6-bit scale and min of sub-block j (ggml's get_scale_min_k4).
-inline void scale_min_k4(int j, const uint8_t* q, int* sc, int* m) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
 // Q3_K's signed scale of sub-block j (16 of them, 6 bits each, stored + 32).
 inline int scale_q3k(int j, const uint8_t* s) {
   const int lo = j < 8 ? s[j] & 0xF : s[j - 8] >> 4;
@@ -212,23 +201,30 @@ template <> TARGET INLINE Chunk decode<Q3_K>(const uint8_t* row, int64_t c, bool
   return {u, by_quarter(_mm_loadu_ps(a)), _mm512_setzero_ps()};
 }
 
-// Q4_K / Q5_K chunk j (0..3) of a super-block: sub-block 2j's scale a0 = d * sc and offset b0 = -dmin * m, and
-// sub-block 2j + 1's (a1, b1), each broadcast.
-TARGET inline void k4_scales(const uint8_t* blk, int j, __m512* a0, __m512* b0, __m512* a1, __m512* b1) {
-  const float d = half(blk), dmin = half(blk + 2);
-  int sc0, m0, sc1, m1;
-  scale_min_k4(2 * j, blk + 4, &sc0, &m0);
-  scale_min_k4(2 * j + 1, blk + 4, &sc1, &m1);
-  *a0 = _mm512_set1_ps(d * (float)sc0), *b0 = _mm512_set1_ps(-dmin * (float)m0);
-  *a1 = _mm512_set1_ps(d * (float)sc1), *b1 = _mm512_set1_ps(-dmin * (float)m1);
+// Q4_K / Q5_K: the 12 bytes at blk + 4 hold 8 six-bit scales and 8 six-bit mins (get_scale_min_k4's layout),
+// rearranged in four 32-bit words (ggml's kmask trick) into bytes 0-7 = the scales, 8-15 = the mins; then lanes 0-7
+// of a = d * sc, lanes 8-15 of b = -dmin * m (once per chunk for the int8 path's k4_chunk, once per block for direct_k).
+TARGET inline void k4_block_scales(const uint8_t* blk, __m512* a, __m512* b) {
+  uint32_t u[4];
+  memcpy(u, blk + 4, 12);
+  u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);  // mins 4-7
+  const uint32_t mins = u[1] & 0x3f3f3f3fu;                                  // mins 0-3
+  u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);         // scales 4-7
+  u[2] = mins;
+  u[0] &= 0x3f3f3f3fu;                                                        // scales 0-3
+  const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)u)));
+  *a = _mm512_mul_ps(_mm512_set1_ps(half(blk)), v);
+  *b = _mm512_mul_ps(_mm512_set1_ps(-half(blk + 2)), v);
 }
 
 // Chunk j (0..3) of a Q4_K / Q5_K super-block: its two 32-element sub-blocks' scales d * sc and offsets
-// -dmin * m (the 6-bit pairs at blk + 4), lanes 0-7 the first sub-block's, 8-15 the second's.
+// -dmin * m (k4_block_scales), lanes 0-7 the first sub-block's, 8-15 the second's.
 TARGET inline Chunk k4_chunk(__m512i u, const uint8_t* blk, int j) {
-  __m512 a0, b0, a1, b1;
-  k4_scales(blk, j, &a0, &b0, &a1, &b1);
-  return {u, _mm512_mask_blend_ps(0xFF00, a0, a1), _mm512_mask_blend_ps(0xFF00, b0, b1)};
+  __m512 a, b;
+  k4_block_scales(blk, &a, &b);
+  const __m512i first = _mm512_set1_epi32(2 * j), second = _mm512_set1_epi32(2 * j + 1);
+  const __m512i sub = _mm512_mask_blend_epi32(0xFF00, first, second);  // lane i: sub-block 2j + (i >= 8)
+  return {u, _mm512_permutexvar_ps(sub, a), _mm512_permutexvar_ps(_mm512_add_epi32(sub, _mm512_set1_epi32(8)), b)};
 }
 
 template <> TARGET INLINE Chunk decode<Q4_K>(const uint8_t* row, int64_t c, bool) {
@@ -474,22 +470,6 @@ template <int T> struct KScales { enum { ON = 0 }; };
 template <> struct KScales<Q4_K> { enum { ON = 1 }; };
 template <> struct KScales<Q5_K> { enum { ON = 1 }; };
 template <> struct KScales<Q6_K> { enum { ON = 1 }; };
-
-// Q4_K / Q5_K: the 12 bytes at blk + 4 hold 8 six-bit scales and 8 six-bit mins (get_scale_min_k4's layout),
-// rearranged in four 32-bit words (ggml's kmask trick) into bytes 0-7 = the scales, 8-15 = the mins; then lanes 0-7
-// of a = d * sc, lanes 8-15 of b = -dmin * m (the products k4_scales forms one at a time).
-TARGET inline void k4_block_scales(const uint8_t* blk, __m512* a, __m512* b) {
-  uint32_t u[4];
-  memcpy(u, blk + 4, 12);
-  u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);  // mins 4-7
-  const uint32_t mins = u[1] & 0x3f3f3f3fu;                                  // mins 0-3
-  u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);         // scales 4-7
-  u[2] = mins;
-  u[0] &= 0x3f3f3f3fu;                                                        // scales 0-3
-  const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)u)));
-  *a = _mm512_mul_ps(_mm512_set1_ps(half(blk)), v);
-  *b = _mm512_mul_ps(_mm512_set1_ps(-half(blk + 2)), v);
-}
 
 // Q6_K: 16 int8 scales at blk + 192, one per 16 elements: a = d * sc, b = -32 a.
 TARGET inline void q6k_block_scales(const uint8_t* blk, __m512* a, __m512* b) {

@@ -12,7 +12,6 @@ experts stacked in one tensor per projection.
 from __future__ import annotations
 
 import functools
-
 import math
 import re
 import struct
