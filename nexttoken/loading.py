@@ -8,14 +8,12 @@ the network with its tokenizer and defaults (pretrained.load_pretrained), the ad
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
+from .collector import paused
 from .errors import ModelLoadError
 from .loadspec import LoadSpec
 from .model import load_model
@@ -43,19 +41,8 @@ def load(spec: LoadSpec, on_failure=None) -> Loaded:  # noqa: ANN001 - on_failur
     The cyclic garbage collector is paused meanwhile: a load makes hundreds of thousands of long-lived objects (the
     vocabulary, the modules) and no garbage cycles, and each full collection it would trigger walks every object of
     the process (~60 ms with torch imported). What it defers is collected after, as usual."""
-    with _collector_paused():
+    with paused():
         return _load(spec, on_failure)
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _load(spec: LoadSpec, on_failure=None) -> Loaded:  # noqa: ANN001

@@ -14,6 +14,7 @@ BASE = {"errors", "families", "config"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "extras": {"errors"},
+    "collector": set(),  # the garbage collector paused around loads, frozen once the server has started
     "families": {"errors"},  # each model family declared once (below config, which reads configs through them)
     "config": {"errors", "families"},
     "model": BASE,
@@ -24,9 +25,10 @@ ALLOWED: dict[str, set[str]] = {
     "pretrained": BASE | {"model", "generation", "text", "images"},
     "chat": BASE | {"generation", "text", "images"},  # messages, reasoning, tool calls, the answer split
     "loadspec": BASE | {"model"},  # the load specification and its flags (no torch at import: --help reads it)
-    "loading": BASE | {"model", "generation", "text", "images", "engine", "pretrained", "loadspec"},  # the one loading path
+    "loading": BASE | {"model", "generation", "text", "images", "engine", "pretrained", "loadspec", "collector"},  # the one loading path
     "llm": BASE | {"model", "generation", "text", "images", "engine", "pretrained", "chat", "loadspec", "loading"},
-    "server": BASE | {"model", "generation", "text", "images", "engine", "pretrained", "chat", "loadspec", "loading"},
+    "server": BASE | {"model", "generation", "text", "images", "engine", "pretrained", "chat", "loadspec", "loading",
+               "collector"},
 }
 # The shells on top may use everything: the CLI, benchmarks, the load generator, the training recipe.
 TOP = {"cli", "__main__", "__init__", "bench", "loadtest", "training"}

@@ -7,6 +7,8 @@ from typing import Callable
 
 import torch
 
+from ..collector import paused
+
 
 class StepClock:
     """Timestamps every generated token: as a pass-through logits processor (called once per forward pass, right
@@ -34,8 +36,9 @@ class NextTokenEngine:
     """nexttoken's padded decode loop on a model folder or a .gguf file (dtype None: the loader's default)."""
 
     def __init__(self, path: Path, dtype: str | None, quantize: str | None = None) -> None:
-        from ..loading import load
-        from ..loadspec import LoadSpec
+        with paused():  # as `nexttoken.load` imports them (nexttoken/__init__.py)
+            from ..loading import load
+            from ..loadspec import LoadSpec
 
         self.name = "nexttoken" + (f"+{quantize}" if quantize not in (None, "none") else "")
         self.model = load(LoadSpec(model=path, dtype=dtype, quantize=quantize)).main.model  # as nexttoken.load does
@@ -55,8 +58,9 @@ class NextTokenServingEngine:
     name = "nexttoken-engine"
 
     def __init__(self, path: Path, dtype: str) -> None:
-        from ..loading import load
-        from ..loadspec import LoadSpec
+        with paused():
+            from ..loading import load
+            from ..loadspec import LoadSpec
 
         self.model = load(LoadSpec(model=path, dtype=dtype)).main.model
 

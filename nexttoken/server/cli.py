@@ -396,6 +396,11 @@ def run(args: argparse.Namespace) -> int:
                             http=protocol(args.header_timeout, args.max_connections),
                             limit_concurrency=args.max_connections + 1)
     _raise_open_files_limit(args.max_connections)
+    from ..collector import freeze_heap
+
+    # the startup heap (torch, the loaded models) out of every later full collection, as vLLM does once started
+    print(f"gc: {freeze_heap()} startup objects frozen (collections during serving skip them)", file=sys.stderr,
+          flush=True)
     server = Server(server_config)
     server.run()
     return 0 if server.started else 1

@@ -9,6 +9,7 @@ import gc
 import logging
 from typing import Any, Callable
 
+from ..collector import thaw_heap
 from ..engine import EngineConfig, EngineStats, LLMEngine, SpeculativeConfig
 from ..engine.async_engine import AsyncEngine
 from ..engine.embedding import model_pooling
@@ -69,6 +70,7 @@ class ModelService:
         self.engine.shutdown()
         self.grammars.close()
         self.core = None  # type: ignore[assignment]
+        thaw_heap()  # the server froze its startup heap (cli.py): a model loaded then is collectable again
         gc.collect()
         release_freed_memory()
 
