@@ -465,7 +465,7 @@ template <> TARGET INLINE void direct<Q5_1>(const uint8_t* row, int64_t c, bool 
 }
 
 // The K-quants' scales, unpacked once per 256-element block into vectors (not per chunk, scalar): `a` the weight
-// scales and `b` the offsets, one lane per sub-block, picked for a chunk by a permute.
+// scales and `b` the offsets, one lane per sub-block; tilef stores them as floats for direct_k to broadcast.
 template <int T> struct KScales { enum { ON = 0 }; };
 template <> struct KScales<Q4_K> { enum { ON = 1 }; };
 template <> struct KScales<Q5_K> { enum { ON = 1 }; };
@@ -483,18 +483,18 @@ template <> TARGET INLINE void block_scales<Q4_K>(const uint8_t* blk, __m512* a,
 template <> TARGET INLINE void block_scales<Q5_K>(const uint8_t* blk, __m512* a, __m512* b) { k4_block_scales(blk, a, b); }
 template <> TARGET INLINE void block_scales<Q6_K>(const uint8_t* blk, __m512* a, __m512* b) { q6k_block_scales(blk, a, b); }
 
-// Lane i of v in every lane.
-TARGET INLINE __m512 lane(__m512 v, int i) { return _mm512_permutexvar_ps(_mm512_set1_epi32(i), v); }
-
-// Chunk c's 64 weights of a K-quant as direct<T>'s four vectors, its block's scales (block_scales) given.
-template <int T> TARGET INLINE void direct_k(const uint8_t* row, int64_t c, __m512 sa, __m512 sb, __m512* w);
+// Chunk c's 64 weights of a K-quant as direct<T>'s four vectors, its block's scales given as floats (block_scales,
+// stored: s[i] the weight scale of sub-block i, s[16 + i] its offset). Each vector takes one scale, broadcast from
+// memory (a load, not a permute on the vector units that the FMAs need).
+template <int T> TARGET INLINE void direct_k(const uint8_t* row, int64_t c, const float* s, __m512* w);
 
 // Q4_K: chunk c is sub-blocks 2j (the low nibbles of qs[32j .. 32j + 32)) and 2j + 1 (their high nibbles) of block
 // c / 4, j = c % 4; w = d * sc * q - dmin * m.
-template <> TARGET INLINE void direct_k<Q4_K>(const uint8_t* row, int64_t c, __m512 sa, __m512 sb, __m512* w) {
+template <> TARGET INLINE void direct_k<Q4_K>(const uint8_t* row, int64_t c, const float* s, __m512* w) {
   const uint8_t* blk = row + (c / 4) * 144;
   const int j = (int)(c % 4);
-  const __m512 a0 = lane(sa, 2 * j), b0 = lane(sb, 8 + 2 * j), a1 = lane(sa, 2 * j + 1), b1 = lane(sb, 9 + 2 * j);
+  const __m512 a0 = _mm512_set1_ps(s[2 * j]), b0 = _mm512_set1_ps(s[24 + 2 * j]);
+  const __m512 a1 = _mm512_set1_ps(s[2 * j + 1]), b1 = _mm512_set1_ps(s[25 + 2 * j]);
   const __m512i nib = _mm512_set1_epi32(0x0f);
   for (int h = 0; h < 2; ++h) {
     const __m512i v = widen_u8(blk + 16 + 32 * j + 16 * h);
@@ -515,7 +515,7 @@ TARGET INLINE void widen_scaled(__m256i u0, __m256i u1, __m512 a0, __m512 b0, __
 // Q5_K: Q4_K's layout plus qh[32] at blk + 16: element l of sub-block 2j has its fifth bit at bit 2j of qh[l], of
 // sub-block 2j + 1 at bit 2j + 1 (worth 16); the nibbles sit at blk + 48. (16-bit lane shifts are safe here: the
 // masks keep only bits that came from the same byte.)
-template <> TARGET INLINE void direct_k<Q5_K>(const uint8_t* row, int64_t c, __m512 sa, __m512 sb, __m512* w) {
+template <> TARGET INLINE void direct_k<Q5_K>(const uint8_t* row, int64_t c, const float* s, __m512* w) {
   const uint8_t* blk = row + (c / 4) * 176;
   const int j = (int)(c % 4);
   const __m256i nib = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
@@ -525,14 +525,15 @@ template <> TARGET INLINE void direct_k<Q5_K>(const uint8_t* row, int64_t c, __m
   const __m256i f1 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one);
   const __m256i q0 = _mm256_or_si256(_mm256_and_si256(v, nib), _mm256_slli_epi16(f0, 4));
   const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), nib), _mm256_slli_epi16(f1, 4));
-  widen_scaled(q0, q1, lane(sa, 2 * j), lane(sb, 8 + 2 * j), lane(sa, 2 * j + 1), lane(sb, 9 + 2 * j), w);
+  widen_scaled(q0, q1, _mm512_set1_ps(s[2 * j]), _mm512_set1_ps(s[24 + 2 * j]), _mm512_set1_ps(s[2 * j + 1]),
+               _mm512_set1_ps(s[25 + 2 * j]), w);
 }
 
 // Q6_K: chunk c is elements [64 odd, 64 odd + 64) of half h = j / 2 of block c / 4 (j = c % 4, odd = j % 2):
 // element l (0..31) from ql[l] and element 32 + l from ql[32 + l], their nibble `odd` and the 2-bit field 2 odd
 // (resp. 2 odd + 1) of qh[l]; w = d * sc * (q - 32), 16 elements per int8 scale. The 6-bit values are assembled
 // on bytes, 32 at a time (16-bit lane shifts: the masks keep only bits of the same byte).
-template <> TARGET INLINE void direct_k<Q6_K>(const uint8_t* row, int64_t c, __m512 sa, __m512 sb, __m512* w) {
+template <> TARGET INLINE void direct_k<Q6_K>(const uint8_t* row, int64_t c, const float* s, __m512* w) {
   const uint8_t* blk = row + (c / 4) * 210;
   const int j = (int)(c % 4), h = j / 2, odd = j % 2;
   const uint8_t* ql = blk + 64 * h;
@@ -547,8 +548,8 @@ template <> TARGET INLINE void direct_k<Q6_K>(const uint8_t* row, int64_t c, __m
     const int i = 8 * h + 2 * second + 4 * odd;
     for (int half16 = 0; half16 < 2; ++half16) {
       const __m128i part = half16 ? _mm256_extracti128_si256(u, 1) : _mm256_castsi256_si128(u);
-      w[half16 + 2 * second] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(part)), lane(sa, i + half16),
-                                               lane(sb, i + half16));
+      w[half16 + 2 * second] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(part)),
+                                               _mm512_set1_ps(s[i + half16]), _mm512_set1_ps(s[16 + i + half16]));
     }
   }
 }
@@ -587,13 +588,18 @@ TARGET void tilef(const uint8_t* W, size_t row_bytes, const float* x, int64_t Kp
   for (int m = 0; m < M; ++m)
     for (int a = 0; a < A; ++a) acc[m][a] = _mm512_setzero_ps();
   const int64_t chunks = Kp / 64;
-  __m512 sa = _mm512_setzero_ps(), sb = _mm512_setzero_ps();  // a K-quant block's scales (KScales)
+  alignas(64) float scales[32];  // a K-quant block's scales (KScales): weight scales, then offsets
   for (int64_t c = 0; c < chunks; ++c) {
     const bool two = Traits<T>::BLOCK == 256 || 2 * c + 1 < blocks;
     __m512 wf[4];
     if constexpr (KScales<T>::ON) {
-      if (c % 4 == 0) block_scales<T>(row + (c / 4) * Traits<T>::BYTES, &sa, &sb);  // once per 256 weights
-      direct_k<T>(row, c, sa, sb, wf);
+      if (c % 4 == 0) {  // once per 256 weights
+        __m512 sa, sb;
+        block_scales<T>(row + (c / 4) * Traits<T>::BYTES, &sa, &sb);
+        _mm512_store_ps(scales, sa);
+        _mm512_store_ps(scales + 16, sb);
+      }
+      direct_k<T>(row, c, scales, wf);
     } else if constexpr (Direct<T>::ON) {
       direct<T>(row, c, two, wf);
     } else {
