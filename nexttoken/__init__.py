@@ -62,11 +62,10 @@ def __getattr__(name: str) -> Any:
     """A public name, or a subpackage (`nexttoken.engine`), imported on first use."""
     # The imports run with the garbage collector paused (collector.py): torch's objects make each full collection
     # ~60-90 ms, and importing nexttoken's loading modules would trigger one or two that find no garbage.
-    if name in _LAZY:
-        with paused():
+    with paused():
+        if name in _LAZY:
             return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        with paused():
+        if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
             return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -32,16 +32,22 @@ class StepClock:
         pass
 
 
+def _load_model(path: Path, dtype: str | None, quantize: str | None = None) -> torch.nn.Module:
+    """The model as `nexttoken.load` loads it: the loading modules imported with the collector paused
+    (nexttoken/__init__.py), then loading.load (which pauses it too)."""
+    with paused():
+        from ..loading import load
+        from ..loadspec import LoadSpec
+
+    return load(LoadSpec(model=path, dtype=dtype, quantize=quantize)).main.model
+
+
 class NextTokenEngine:
     """nexttoken's padded decode loop on a model folder or a .gguf file (dtype None: the loader's default)."""
 
     def __init__(self, path: Path, dtype: str | None, quantize: str | None = None) -> None:
-        with paused():  # as `nexttoken.load` imports them (nexttoken/__init__.py)
-            from ..loading import load
-            from ..loadspec import LoadSpec
-
         self.name = "nexttoken" + (f"+{quantize}" if quantize not in (None, "none") else "")
-        self.model = load(LoadSpec(model=path, dtype=dtype, quantize=quantize)).main.model  # as nexttoken.load does
+        self.model = _load_model(path, dtype, quantize)
 
     def generate(self, ids: torch.Tensor, new_tokens: int, recorder: "StepClock | None" = None) -> torch.Tensor:
         from ..generation import generate
@@ -58,11 +64,7 @@ class NextTokenServingEngine:
     name = "nexttoken-engine"
 
     def __init__(self, path: Path, dtype: str) -> None:
-        with paused():
-            from ..loading import load
-            from ..loadspec import LoadSpec
-
-        self.model = load(LoadSpec(model=path, dtype=dtype)).main.model
+        self.model = _load_model(path, dtype)
 
     def generate(self, ids: torch.Tensor, new_tokens: int, recorder: "StepClock | None" = None) -> list:
         from ..engine import EngineConfig, LLMEngine

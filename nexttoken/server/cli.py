@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from ..collector import freeze_heap
 from ..loadspec import PRECISION, SOURCE, LoadSpec, add_load_args
 from ..chat.tools.formats import FORMATS
 from ..chat.reasoning import FORMATS as REASONING_FORMATS
@@ -396,8 +397,6 @@ def run(args: argparse.Namespace) -> int:
                             http=protocol(args.header_timeout, args.max_connections),
                             limit_concurrency=args.max_connections + 1)
     _raise_open_files_limit(args.max_connections)
-    from ..collector import freeze_heap
-
     # the startup heap (torch, the loaded models) out of every later full collection, as vLLM does once started
     print(f"gc: {freeze_heap()} startup objects frozen (collections during serving skip them)", file=sys.stderr,
           flush=True)

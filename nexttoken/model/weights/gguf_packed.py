@@ -45,18 +45,17 @@ def tables(cfg: ModelConfig) -> dict[str, str]:
             if ours in parts}
 
 
-def keepable(g, cfg: ModelConfig, gguf_names: dict[str, str], order_of=None) -> dict[str, str]:  # noqa: ANN001
+def keepable(g, cfg: ModelConfig, gguf_names: dict[str, str], order_of) -> dict[str, str]:  # noqa: ANN001
     """Checkpoint name -> "blocks" or "bf16" for the matrices kept as stored: the dense layers' and the
     embedding's 2-D weights whose GGUF type the kernels read, with every part of a fused matrix of one kind.
-    `order_of(hf, shape)`: a recurrent mixer matrix's row_order under the writer family's hook (None: no hook)."""
+    `order_of(hf, shape)`: a recurrent mixer matrix's row_order under the writer family's hook."""
     kinds = {}
     table_names = set(tables(cfg).values())
     mixers = {n for group in mixer_groups(cfg).values() for n in group}
     for hf, gname in gguf_names.items():
         if not hf.endswith(".weight") or "expert" in hf or not (_dense(hf) or hf in table_names or hf in mixers):
             continue
-        if hf in mixers and order_of is not None and order_of(
-                hf, tuple(int(d) for d in reversed(g.tensors[gname].shape))) is False:
+        if hf in mixers and order_of(hf, tuple(int(d) for d in reversed(g.tensors[gname].shape))) is False:
             continue
         t = g.tensors[gname]
         name = t.tensor_type.name
