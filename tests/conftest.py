@@ -65,11 +65,11 @@ def smollm2_dir(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 @pytest.fixture(scope="session")
-def smollm2_hermes_server(shared_dir: Path):
-    """The URL of the real SmolLM2 GGUF served with `--tool-call-parser hermes` (its template shows no tool-call
-    format: hermes' is the one the clients ask for), one per session for the modules that only send it requests
+def smollm2_server(shared_dir: Path):
+    """The URL of the real SmolLM2 GGUF served with the default flags (its template renders no tools: requests with
+    tools get Hermes' tools preamble), one per session for the modules that only send it requests
     (test_schema_defaults.py, test_anthropic_fields.py): a SmolLM2 server costs seconds to start."""
-    proc, url = start_server(SMOLLM2_GGUF, "--tool-call-parser", "hermes")
+    proc, url = start_server(SMOLLM2_GGUF)
     yield url
     stop_server(proc)
 

@@ -26,8 +26,14 @@ from .messages import template_messages
 from .reasoning import ReasoningFormat, detect_format
 from .reasoning import format_named as reasoning_format_named
 from .tools.parser import ToolCall
+from .tools.formats import detect_format as detect_tool_format
 from .tools.preamble import TemplateSupport, template_support, with_preamble
 from .tools.request import ToolUse
+
+# The call format of the tools preamble a template that renders no tools gets when none is set: Hermes' (Qwen2.5's,
+# the one ChatML models are trained and served with). llama.cpp's server also writes tools into such a template's
+# prompt rather than refusing them; vLLM refuses without --tool-call-parser.
+PREAMBLE_FORMAT = "hermes"
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,12 @@ class ChatRenderer:
             self.reasoning = detect_format(template)
         self.harmony = ((self.reasoning is not None and self.reasoning.harmony) or tool_call_parser == "openai"
                         or (tool_call_parser is None and harmony.detect(template)))
+        # The call format's name: the one set, else the one the template shows, else, for a template that renders no
+        # tools, the preamble's default. None: the template renders tools in no format this reads (tools are refused
+        # unless tool_choice is "none", naming --tool-call-parser).
+        shown = detect_tool_format(tokenizer.chat_template_for([]))
+        self.call_format: str | None = (tool_call_parser or (shown.name if shown is not None else None)
+                                        or (None if self.support.tools else PREAMBLE_FORMAT))
         self.markers = None if self.harmony else self._markers()  # harmony's effort is a level, not a budget
         self._splitting: list[Any] | None = None  # the backend copies that read special tokens' text as text
         self._lock = threading.Lock()  # requests render on several threads at once
@@ -109,8 +121,14 @@ class ChatRenderer:
     def tool_use(self, tools: Sequence[Any] | None, tool_choice: Any = None,
                  parallel_tool_calls: bool | None = None) -> ToolUse | None:
         """A request's tools, validated against the call format (None without tools); bad ones raise ToolsError."""
-        template = self.tokenizer.chat_template_for(tools)
-        return ToolUse.of(tools, tool_choice, parallel_tool_calls, self.tool_call_parser, template)
+        return ToolUse.of(tools, tool_choice, parallel_tool_calls, self.call_format,
+                          self.tokenizer.chat_template_for(tools))
+
+    @property
+    def preamble_format(self) -> str | None:
+        """The call format whose tools preamble requests with tools get (None: the template renders tools itself);
+        the server says it once in its log."""
+        return None if self.support.tools else self.call_format
 
     def render(self, messages: Sequence[Mapping[str, Any]], use: ToolUse | None = None,
                variables: Mapping[str, Any] | None = None, add_generation_prompt: bool = True,

@@ -141,7 +141,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "and the process exits")
     p.add_argument("--tool-call-parser", choices=sorted(FORMATS),
                    help="the format the model writes tool calls in (vLLM's names; default: read off the chat "
-                        "template)")
+                        "template, or hermes' tools preamble for a template that renders no tools)")
     p.add_argument("--reasoning-parser", choices=sorted(REASONING_FORMATS),
                    help="where the model writes its thinking (vLLM's names; default: read off the chat template): "
                         "sent as reasoning_content / reasoning, not content")

@@ -104,7 +104,7 @@ def test_the_library_chat_uses_the_preamble_and_drops_a_cut_call(smollm2_dir) ->
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        llm = nexttoken.load(smollm2_dir, tool_call_parser="hermes")
+        llm = nexttoken.load(smollm2_dir)  # no tool_call_parser: hermes' preamble is the default here
         use = llm.tool_use([WEATHER], "required")
         prompt = llm.tokenizer.decode(llm.tools_prompt(SECOND_TURN, use), skip_special_tokens=False)
         assert "<tools>" in prompt and '{"name": "get_weather", "arguments": {"city": "Paris"}}' in prompt

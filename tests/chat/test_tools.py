@@ -94,6 +94,34 @@ def test_formats_are_read_off_the_templates(toks, shared_dir):
     assert ToolUse.of(TOOLS, format="mistral", template=phi).format.name == "mistral"
 
 
+def test_the_renderer_gives_a_template_without_tools_hermes_preamble(toks, shared_dir):
+    """Without --tool-call-parser: a template that renders no tools (Phi-3's) gets Hermes' preamble by default, as
+    llama.cpp's server writes tools into such a prompt; one that shows its format keeps it; one that renders tools
+    in no known format is refused by name; a format set wins over all three."""
+    from nexttoken.chat.render import ChatRenderer
+
+    phi_tok = Tokenizer.from_dir(shared_dir / "tokenizers" / "phi-3-mini-instruct")
+    phi = ChatRenderer(phi_tok)
+    use = phi.tool_use(TOOLS)
+    assert (phi.call_format, phi.preamble_format, use.format.name, use.choice) == ("hermes", "hermes", "hermes", "auto")
+    prompt = phi.render(QUESTION, use)
+    assert prompt.preamble == "hermes" and FORMATS["hermes"].preamble(TOOLS) in prompt.text
+    assert prompt.text.startswith("<|system|>")  # the preamble went in as a system message Phi-3's template renders
+    qwen = ChatRenderer(toks["qwen2.5-instruct"])
+    assert (qwen.call_format, qwen.preamble_format, qwen.tool_use(TOOLS).format.name) == ("hermes", None, "hermes")
+    assert qwen.render(QUESTION, qwen.tool_use(TOOLS)).preamble is None  # the template's own tools section
+    assert ChatRenderer(phi_tok, tool_call_parser="mistral").tool_use(TOOLS).format.name == "mistral"
+    # tools rendered, but as bare JSON: the model was told of no call syntax this server reads
+    json_only = Tokenizer.from_dir(shared_dir / "tokenizers" / "phi-3-mini-instruct")
+    json_only.use_chat_template("{% if tools %}Tools: {{ tools | tojson }}\n{% endif %}"
+                               "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    refused = ChatRenderer(json_only)
+    assert refused.call_format is None and refused.preamble_format is None
+    with pytest.raises(ToolsError, match="--tool-call-parser"):
+        refused.tool_use(TOOLS)
+    assert refused.tool_use(TOOLS, "none").format is None
+
+
 # ---- parsers ---------------------------------------------------------------------------------------------------
 
 W = '{"city": "Zürich", "unit": "celsius"}'

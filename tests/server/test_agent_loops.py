@@ -1,9 +1,10 @@
-"""Agent loops run to the end on a real model: SmolLM2-135M-Instruct behind `nexttoken serve --tool-call-parser
-hermes`, driven by the frameworks people use (the openai SDK's manual loop, the OpenAI Agents SDK, LangChain,
+"""Agent loops run to the end on a real model: SmolLM2-135M-Instruct behind `nexttoken serve` with its default
+flags, driven by the frameworks people use (the openai SDK's manual loop, the OpenAI Agents SDK, LangChain,
 pydantic-ai, instructor). SmolLM2's chat template renders no tools, so its requests go through the hermes tools
-preamble (docs/tool_calls.md). What is asserted is the loop's shape, not the model's wisdom: a call with arguments
-valid under the tool's schema, the tool's result in the next prompt, and a final answer. Greedy decoding keeps
-each run deterministic; where a 135M model's free choice would decide the first turn, tool_choice forces it.
+preamble, the default for such a template (docs/tool_calls.md). What is asserted is the loop's shape, not the
+model's wisdom: a call with arguments valid under the tool's schema, the tool's result in the next prompt, and a
+final answer. Greedy decoding keeps each run deterministic; where a 135M model's free choice would decide the first
+turn, tool_choice forces it.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ HISTORY = [*QUESTION,
 @pytest.fixture(scope="module")
 def served(smollm2_dir):
     # A 135M model loads in seconds; the long start-up allowance is for a machine shared with other test runs.
-    proc, url = start_server(smollm2_dir, "--tool-call-parser", "hermes", "--max-body-bytes", "200000",
+    proc, url = start_server(smollm2_dir, "--max-body-bytes", "200000",
                              startup_s=600)
     os.set_blocking(proc.stdout.fileno(), False)
     startup_log = (proc.stdout.read() or b"").decode()  # what it printed before it answered /health

@@ -81,9 +81,9 @@ def test_every_sdk_tool_and_config_field_is_known() -> None:
 
 
 @pytest.fixture(scope="module")
-def served(smollm2_hermes_server):
-    # SmolLM2's template shows no tool-call format: hermes' <tool_call> is the one asked for
-    url = smollm2_hermes_server
+def served(smollm2_server):
+    # SmolLM2's template renders no tools: the default flags give hermes' preamble and <tool_call>
+    url = smollm2_server
     client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120)
     return url, client, client.models.list().data[0].id
 

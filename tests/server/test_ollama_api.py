@@ -125,7 +125,8 @@ def test_list_show_ps_version(apis, model_dir) -> None:
     assert listed[0].details.family == "llama" and listed[0].details.quantization_level == "F32"
     shown = client.show(f"{model}:latest")
     assert shown.template == CHAT_TEMPLATE and "completion" in shown.capabilities
-    assert "thinking" not in shown.capabilities and "tools" not in shown.capabilities
+    # no thinking format; tools through Hermes' preamble (the template renders none: docs/tool_calls.md)
+    assert "thinking" not in shown.capabilities and "tools" in shown.capabilities
     assert shown.modelinfo["general.architecture"] == "llama"
     assert shown.modelinfo["llama.context_length"] == card.max_model_len
     assert shown.modelinfo["general.parameter_count"] == parameters

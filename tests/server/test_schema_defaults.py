@@ -86,9 +86,9 @@ def test_bounded_schema_leaves_what_the_client_said() -> None:
 
 
 @pytest.fixture(scope="module")
-def served(smollm2_hermes_server):
-    # SmolLM2's template shows no tool-call format: hermes' is named for the function-calling clients
-    url = smollm2_hermes_server
+def served(smollm2_server):
+    # SmolLM2's template renders no tools: the default flags give the function-calling clients hermes' preamble
+    url = smollm2_server
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
     return url, client.models.list().data[0].id
 

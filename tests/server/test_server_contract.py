@@ -350,9 +350,6 @@ def test_openai_fields_langchain_and_litellm_send_are_accepted(server, client) -
     for extra, param, said in [
         ({"response_format": {"type": "json_schema"}}, None, "json_schema"),  # offered, with its schema
         ({"response_format": {"type": "xml"}}, "response_format.type", "'xml'"),
-        # This model's template shows no tool-call format: tools need --tool-call-parser (tests/chat/test_tools.py and
-        # tests/server/test_server_tools.py cover models that have one).
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "--tool-call-parser"),
         ({"tool_choice": "required"}, "tool_choice", "needs tools"), ({"audio": {"voice": "x"}}, None, "audio"),
         ({"functions": [{"name": "f"}]}, None, "send tools"),
         ({"reasoning_effort": "extreme"}, "reasoning_effort", "'extreme'"),
@@ -362,6 +359,14 @@ def test_openai_fields_langchain_and_litellm_send_are_accepted(server, client) -
         r = httpx.post(server + "/v1/chat/completions", json={"messages": messages, "max_tokens": 3, **extra})
         error = expect_error(r, 400, param)
         assert said in error["message"], error
+    # This model's template renders no tools and no --tool-call-parser is set: with the default flags a request's
+    # tools reach the model in Hermes' tools preamble, said in a header (tests/chat/test_tools.py: a template that
+    # renders tools in no known format is refused, naming --tool-call-parser).
+    r = httpx.post(server + "/v1/chat/completions", json={
+        "messages": messages, "max_tokens": 3, "tools": [{"type": "function", "function": {"name": "f"}}]})
+    assert r.status_code == 200 and r.headers["x-nexttoken-tools-preamble"] == "hermes", r.text
+    assert r.json()["usage"]["prompt_tokens"] > httpx.post(server + "/v1/chat/completions", json={
+        "messages": messages, "max_tokens": 3}).json()["usage"]["prompt_tokens"] + 50  # the preamble is in
     expect_error(httpx.post(server + "/v1/completions", json=_body(suffix="end")), 400)
     expect_error(httpx.post(server + "/v1/completions", json=_body(best_of=3)), 400)
 

@@ -63,8 +63,8 @@ class Ollama(Chat):
         return datetime.fromtimestamp(self.created, timezone.utc)
 
     def _tools_offered(self) -> bool:
-        support = self.template_support
-        return bool(self.settings.tool_call_parser or (support is not None and support.tools))
+        renderer = self.renderer  # a template that renders no tools gets the call format's tools preamble
+        return (renderer.call_format if renderer is not None else self.settings.tool_call_parser) is not None
 
     def _served(self, name: str) -> str:
         """The served name a request's `model` means (Ollama's `name:latest` too); else Ollama's 404."""

@@ -120,9 +120,10 @@ class Serving:
 
     def preamble_notice(self) -> None:
         """The log line that says requests with tools get the tools preamble (app.py calls it once per server)."""
-        if self.settings.tool_call_parser and self.template_support is not None and not self.template_support.tools:
+        format = self.renderer.preamble_format if self.renderer is not None else None
+        if format is not None:
             log.warning("the chat template renders no tools: requests with tools get the %s tools preamble in the "
-                        "system message (docs/tool_calls.md)", format_named(self.settings.tool_call_parser).name)
+                        "system message (docs/tool_calls.md; another format: --tool-call-parser)", format)
 
     def _thinking(self, req: Any) -> Thinking | None:
         """The request's thinking block for the engine (its markers and budget), None without a reasoning format.

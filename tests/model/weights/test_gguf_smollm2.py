@@ -167,24 +167,21 @@ def test_serve_a_gguf_file_to_the_openai_client(served, llm, expected) -> None:
 
 
 def test_a_tool_loop_on_the_real_model(llm) -> None:
-    """SmolLM2's ChatML template has no tool syntax, so the calls are read in Hermes' format (the one ChatML models
-    are served with): the call is decoded under its schema, its result goes back as a `tool` turn, and the model
-    answers in text."""
+    """SmolLM2's ChatML template has no tool syntax, so by default the calls are read in Hermes' format (the one
+    ChatML models are served with), its preamble in the prompt: the call is decoded under its schema, its result
+    goes back as a `tool` turn, and the model answers in text."""
     from support.tools import QUESTION, SCHEMAS, TOOLS
 
-    llm.tool_call_parser = "hermes"
-    try:
-        c = llm.chat(QUESTION, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_new_tokens=60)
-        assert c.finish_reason == "tool_calls" and len(c.tool_calls) == 1
-        call = c.tool_calls[0]
-        jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
-        # the template renders neither tool_calls nor a None content: the turn carries the call as Hermes text
-        said = f'<tool_call>\n{{"name": "{call.name}", "arguments": {call.arguments}}}\n</tool_call>'
-        history = QUESTION + [{"role": "assistant", "content": said, "tool_calls": [call.to_openai()]},
-                              {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"result": 21})}]
-        prompt = llm.tokenizer.decode(llm.chat_prompt(history))
-        assert said in prompt and '<|im_start|>tool\n{"result": 21}<|im_end|>' in prompt
-        answer = llm.chat(history, tools=TOOLS, tool_choice="none", max_new_tokens=12)
-        assert answer.tool_calls is None and answer.text
-    finally:
-        llm.tool_call_parser = None
+    assert llm.tool_call_parser is None and llm.chat_renderer.preamble_format == "hermes"
+    c = llm.chat(QUESTION, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_new_tokens=60)
+    assert c.finish_reason == "tool_calls" and len(c.tool_calls) == 1
+    call = c.tool_calls[0]
+    jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+    # the template renders neither tool_calls nor a None content: the turn carries the call as Hermes text
+    said = f'<tool_call>\n{{"name": "{call.name}", "arguments": {call.arguments}}}\n</tool_call>'
+    history = QUESTION + [{"role": "assistant", "content": said, "tool_calls": [call.to_openai()]},
+                          {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"result": 21})}]
+    prompt = llm.tokenizer.decode(llm.chat_prompt(history))
+    assert said in prompt and '<|im_start|>tool\n{"result": 21}<|im_end|>' in prompt
+    answer = llm.chat(history, tools=TOOLS, tool_choice="none", max_new_tokens=12)
+    assert answer.tool_calls is None and answer.text
