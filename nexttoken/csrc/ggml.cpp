@@ -383,7 +383,11 @@ TARGET void tile16(const uint8_t* W, size_t row_bytes, const Acts<int16_t>& a, i
 // dequantizing is done once per weight for all M rows, so it costs most at M = 1.
 // The common types are widened straight from their stored bytes in natural element order (direct<T>, and direct_k<T> for the K-quants with their block's scales unpacked once: a 16-byte
 // load widened to 16 int32 lanes, nibbles split by a mask and a shift, one FMA applying scale and offset), about
-// half the instructions of going through the chunk decoder; the others use decode<T>'s chunk (tilef below).
+// half the instructions of going through the chunk decoder; the others use decode<T>'s chunk (tilef below). The
+// 4-bit types (Q4_0, Q4_1, Q4_K) look their 16 possible values up instead of converting and scaling each nibble
+// (nibble_values): one permute for a conversion and an FMA, the same bits. One thread, 2048 x 2048, one row: Q4_0
+// 290 -> 251 us, Q4_1 283 -> 249, Q4_K 302 -> 268. Not Q5_0 (32 values: two permutes and a blend per 16, 349 ->
+// 374 us) nor the 6- and 8-bit types.
 template <int T> struct Direct { enum { ON = 0 }; };
 template <> struct Direct<Q4_0> { enum { ON = 1 }; };
 template <> struct Direct<Q4_1> { enum { ON = 1 }; };
@@ -399,27 +403,34 @@ TARGET inline __m512i widen_u8(const uint8_t* p) { return _mm512_cvtepu8_epi32(_
 // block 2c + 1 exists (its vectors are zero otherwise).
 template <int T> TARGET INLINE void direct(const uint8_t* row, int64_t c, bool two, __m512* w);
 
+// The 4-bit types look their values up: a block's 16 possible weights a * q + b (q = 0..15, the same fused
+// multiply-add gguf-py's value is, so the same bits) in one vector, and each element's nibble picks its lane
+// (vpermps reads an index's low 4 bits only, so the low nibbles need no mask). One permute replaces a conversion
+// and a multiply-add per 16 weights.
+TARGET INLINE __m512 nibble_values(float a, float b) {
+  const __m512 q = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  return _mm512_fmadd_ps(q, _mm512_set1_ps(a), _mm512_set1_ps(b));
+}
+
 template <> TARGET INLINE void direct<Q4_0>(const uint8_t* row, int64_t c, bool two, __m512* w) {
-  const __m512i nib = _mm512_set1_epi32(0x0f);
   for (int i = 0; i < 2; ++i) {
     if (i == 1 && !two) { w[2] = w[3] = _mm512_setzero_ps(); break; }
     const uint8_t* b = row + (2 * c + i) * 18;
-    const __m512 d = _mm512_set1_ps(half(b)), off = _mm512_set1_ps(-8.f * half(b));
+    const __m512 table = nibble_values(half(b), -8.f * half(b));
     const __m512i v = widen_u8(b + 2);
-    w[2 * i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, nib)), d, off);  // elements 0-15: low nibbles
-    w[2 * i + 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), d, off);  // 16-31: high nibbles
+    w[2 * i] = _mm512_permutexvar_ps(v, table);                           // elements 0-15: low nibbles
+    w[2 * i + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);  // 16-31: high nibbles
   }
 }
 
 template <> TARGET INLINE void direct<Q4_1>(const uint8_t* row, int64_t c, bool two, __m512* w) {
-  const __m512i nib = _mm512_set1_epi32(0x0f);
   for (int i = 0; i < 2; ++i) {
     if (i == 1 && !two) { w[2] = w[3] = _mm512_setzero_ps(); break; }
     const uint8_t* b = row + (2 * c + i) * 20;
-    const __m512 d = _mm512_set1_ps(half(b)), m = _mm512_set1_ps(half(b + 2));
+    const __m512 table = nibble_values(half(b), half(b + 2));
     const __m512i v = widen_u8(b + 4);
-    w[2 * i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, nib)), d, m);
-    w[2 * i + 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), d, m);
+    w[2 * i] = _mm512_permutexvar_ps(v, table);
+    w[2 * i + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
   }
 }
 
@@ -493,13 +504,11 @@ template <int T> TARGET INLINE void direct_k(const uint8_t* row, int64_t c, cons
 template <> TARGET INLINE void direct_k<Q4_K>(const uint8_t* row, int64_t c, const float* s, __m512* w) {
   const uint8_t* blk = row + (c / 4) * 144;
   const int j = (int)(c % 4);
-  const __m512 a0 = _mm512_set1_ps(s[2 * j]), b0 = _mm512_set1_ps(s[24 + 2 * j]);
-  const __m512 a1 = _mm512_set1_ps(s[2 * j + 1]), b1 = _mm512_set1_ps(s[25 + 2 * j]);
-  const __m512i nib = _mm512_set1_epi32(0x0f);
+  const __m512 t0 = nibble_values(s[2 * j], s[24 + 2 * j]), t1 = nibble_values(s[2 * j + 1], s[25 + 2 * j]);
   for (int h = 0; h < 2; ++h) {
     const __m512i v = widen_u8(blk + 16 + 32 * j + 16 * h);
-    w[h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, nib)), a0, b0);
-    w[2 + h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), a1, b1);
+    w[h] = _mm512_permutexvar_ps(v, t0);
+    w[2 + h] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), t1);
   }
 }
 
