@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
+import operator
 from typing import Iterator
 
 import torch
@@ -95,85 +97,161 @@ def _embedding(module: torch.nn.Module, vocab: int) -> _Linear | None:
     return describe_table(module)
 
 
-def _key(model: torch.nn.Module, cache: KVCache, states: StateSlots | None = None) -> tuple:
-    """What the native description depends on: the cache (shape too: a new cache of another length can be
-    allocated where a freed one was), the recurrent layers' state slots, and every module and weight the step
-    reads. Checked every step, so it reads the modules' own dicts (nn.Module attribute lookups and
-    model.parameters() would cost ~0.1 ms a step)."""
-    d = model.__dict__
-    key = [cache.k.shape, cache.k.dtype, cache.k.data_ptr(), cache.v.data_ptr(), model.inv_freq.data_ptr()]
-    if states is not None:  # issue 41: the slots the recurrent layers read and update in place
+class _Reads:
+    """What one `_key` walk read: each dict lookup with the object it gave, each dict iterated with its values, each
+    tensor's data pointer. While all of them still hold, the walk would give the same key, so `holds` checks them
+    instead of walking the model again: a few passes in C over flat lists (~30 us on a 30-layer model, where the
+    walk in Python cost ~0.5 ms a step, 5% of SmolLM2's decode step)."""
+
+    def __init__(self) -> None:
+        self._gets: dict[tuple[int, object], tuple[dict, object, object]] = {}  # (id(dict), key) -> its read
+        self._views: dict[int, tuple[dict, tuple]] = {}  # id(dict) -> (dict, its values when iterated)
+        self._ptrs: dict[int, tuple[torch.Tensor, int]] = {}  # id(tensor) -> (tensor, its data pointer)
+
+    def of(self, d: dict) -> "_Recorded":
+        return _Recorded(d, self)
+
+    def ptr(self, t: torch.Tensor) -> int:
+        p = t.data_ptr()
+        self._ptrs.setdefault(id(t), (t, p))
+        return p
+
+    def freeze(self) -> "_Reads":
+        """The reads as flat lists for `holds`."""
+        gets = list(self._gets.values())
+        self.dicts, self.keys, self.objects = [g[0] for g in gets], [g[1] for g in gets], [g[2] for g in gets]
+        self.viewed = [d for d, _ in self._views.values()]
+        self.sizes = [len(v) for _, v in self._views.values()]
+        self.values = [x for _, v in self._views.values() for x in v]
+        self.tensors = [t for t, _ in self._ptrs.values()]
+        self.pointers = [p for _, p in self._ptrs.values()]
+        return self
+
+    def holds(self) -> bool:
+        return (all(map(operator.is_, map(dict.get, self.dicts, self.keys, itertools.repeat(_MISSING)), self.objects))
+                and list(map(len, self.viewed)) == self.sizes
+                and all(map(operator.is_, itertools.chain.from_iterable(map(dict.values, self.viewed)), self.values))
+                and list(map(torch.Tensor.data_ptr, self.tensors)) == self.pointers)
+
+
+_MISSING = object()
+
+
+class _Recorded:
+    """A dict whose reads are remembered by a `_Reads` (what `_key` walks through)."""
+
+    __slots__ = ("d", "reads")
+
+    def __init__(self, d: dict, reads: _Reads) -> None:
+        self.d, self.reads = d, reads
+
+    def get(self, k: object, default: object = None) -> object:
+        v = self.d.get(k, _MISSING)
+        self.reads._gets.setdefault((id(self.d), k), (self.d, k, v))
+        return default if v is _MISSING else v
+
+    def __getitem__(self, k: object) -> object:
+        v = self.d[k]
+        self.reads._gets.setdefault((id(self.d), k), (self.d, k, v))
+        return v
+
+    def values(self):  # noqa: ANN201
+        self.reads._views.setdefault(id(self.d), (self.d, tuple(self.d.values())))
+        return self.d.values()
+
+
+def _cache_key(cache: KVCache, states: StateSlots | None) -> tuple:
+    """What the native description depends on outside the model: the cache (shape too: a new cache of another
+    length can be allocated where a freed one was) and the recurrent layers' state slots (issue 41: read and
+    updated in place). Computed each step (a few attributes); never held, so a dropped cache is freed."""
+    key = [cache.k.shape, cache.k.dtype, cache.k.data_ptr(), cache.v.data_ptr()]
+    if states is not None:
         key += [t.data_ptr() for ts in states.tensors.values() for t in ts]
-    key += [None if d.get(f) is None else d[f].data_ptr() for f in ("local_inv_freq", "long_inv_freq",
-                                                                     "global_inv_freq")]
-    embed = model._modules["embed"]
-    key += (id(embed), _table(embed).data_ptr())
-    for m in (model._modules["norm"], model._modules["lm_head"]):
-        key += (id(m), _weight(m).data_ptr())
-    for block in model._modules["layers"]._modules.values():
-        parts = block._modules
-        mlp = {} if parts.get("mlp") is None else parts["mlp"]._modules  # None: Mamba2's block, the mixer alone
-        for m in (parts["attention_norm"], parts.get("ffn_norm"), parts.get("attention_post_norm"),
-                  parts.get("ffn_post_norm"), mlp.get("w13"), mlp.get("w1"), mlp.get("w2")):
-            if m is not None:
-                key += (id(m), _weight(m).data_ptr())
-        for mixer in (parts["attention"], parts.get("mamba")):  # mamba: Falcon-H1's mixer beside the attention
-            if mixer is not None:
-                _key_mixer(mixer, key)
-        sinks = parts["attention"]._parameters.get("sinks")  # gpt-oss's per-head logits (NtLayer.sinks)
-        if sinks is not None:
-            key.append(sinks.data_ptr())
-        if "experts" in mlp:  # a MoE block: its router, experts and shared expert
-            _key_modules(parts["mlp"], key)
-        if _form(block) == "gemma4":  # its per-layer input, layer scalar, and experts beside the MLP
-            _key_modules(block, key)
-            key += [p.data_ptr() for p in block._parameters.values()]
-            if parts.get("experts") is not None:
-                key += [None if p is None else p.data_ptr() for p in parts["experts"]._parameters.values()]
     return tuple(key)
 
 
-def _key_mixer(mixer: torch.nn.Module, key: list) -> None:
+def _key(model: torch.nn.Module, r: _Reads) -> tuple:
+    """What the native description depends on inside the model: every module and weight the step reads, each
+    read remembered by `r` (`_Reads.holds` then checks them each step instead of walking again). It reads the
+    modules' own dicts (nn.Module attribute lookups and model.parameters() would cost more)."""
+    d = r.of(model.__dict__)
+    key = [r.ptr(d["inv_freq"])]
+    key += [None if d.get(f) is None else r.ptr(d[f]) for f in ("local_inv_freq", "long_inv_freq",
+                                                                "global_inv_freq")]
+    modules = r.of(model._modules)
+    embed = modules["embed"]
+    key += (id(embed), r.ptr(_table(embed, r)))
+    for m in (modules["norm"], modules["lm_head"]):
+        key += (id(m), r.ptr(_weight(m, r)))
+    for block in r.of(modules["layers"]._modules).values():
+        parts = r.of(block._modules)
+        mlp = r.of({} if parts.get("mlp") is None else parts["mlp"]._modules)  # None: Mamba2's block, the mixer alone
+        for m in (parts["attention_norm"], parts.get("ffn_norm"), parts.get("attention_post_norm"),
+                  parts.get("ffn_post_norm"), mlp.get("w13"), mlp.get("w1"), mlp.get("w2")):
+            if m is not None:
+                key += (id(m), r.ptr(_weight(m, r)))
+        for mixer in (parts["attention"], parts.get("mamba")):  # mamba: Falcon-H1's mixer beside the attention
+            if mixer is not None:
+                _key_mixer(mixer, key, r)
+        sinks = r.of(parts["attention"]._parameters).get("sinks")  # gpt-oss's per-head logits (NtLayer.sinks)
+        if sinks is not None:
+            key.append(r.ptr(sinks))
+        if mlp.get("experts") is not None:  # a MoE block: its router, experts and shared expert
+            _key_modules(parts["mlp"], key, r)
+        if _form(block) == "gemma4":  # its per-layer input, layer scalar, and experts beside the MLP
+            _key_modules(block, key, r)
+            key += [r.ptr(p) for p in r.of(block._parameters).values()]
+            if parts.get("experts") is not None:
+                key += [None if p is None else r.ptr(p) for p in r.of(parts["experts"]._parameters).values()]
+    return tuple(key)
+
+
+def _key_mixer(mixer: torch.nn.Module, key: list, r: _Reads) -> None:
     """An attention's or a recurrent mixer's matrices, norms and own tensors (taps, decays, norm) into key."""
-    att = mixer._modules
+    att = r.of(mixer._modules)
     for m in (att.get("wqkv"), att.get("wi"), att["wo"], att.get("q_norm"), att.get("k_norm")):
         if m is not None:
-            key += (id(m), _weight(m).data_ptr())
-    if "wi" in att:  # a recurrent mixer
-        key += [None if t is None else t.data_ptr() for t in mixer._parameters.values()]
+            key += (id(m), r.ptr(_weight(m, r)))
+    if att.get("wi") is not None:  # a recurrent mixer
+        key += [None if t is None else r.ptr(t) for t in r.of(mixer._parameters).values()]
 
 
-def _key_modules(module: torch.nn.Module, key: list) -> None:
+def _key_modules(module: torch.nn.Module, key: list, r: _Reads) -> None:
     """Every module under `module` that holds a weight (routers, experts' linears), in order, into key."""
-    for m in module._modules.values():
+    for m in r.of(module._modules).values():
         if m is None:
             continue
-        w = m._parameters.get("weight")
+        w = r.of(m._parameters).get("weight")
         if w is None:
-            w = m._buffers.get("weight")
+            w = r.of(m._buffers).get("weight")
         if w is not None:
-            key += (id(m), w.data_ptr())
+            key += (id(m), r.ptr(w))
         elif m._modules:
-            _key_modules(m, key)
+            _key_modules(m, key, r)
 
 
-def _weight(m: torch.nn.Module) -> torch.Tensor:
-    m = _local(m)
-    w = m._parameters.get("weight")
-    return m._buffers["weight"] if w is None else w  # Int8Linear keeps its weight as a buffer
+def _weight(m: torch.nn.Module, r: _Reads | None = None) -> torch.Tensor:
+    m = _local(m, r)
+    of = r.of if r is not None else _plain
+    w = of(m._parameters).get("weight")
+    return of(m._buffers)["weight"] if w is None else w  # Int8Linear keeps its weight as a buffer
 
 
-def _table(embed: torch.nn.Module) -> torch.Tensor:
+def _table(embed: torch.nn.Module, r: _Reads | None = None) -> torch.Tensor:
     """The tensor an embedding module's rows live in (BF16Embedding / Int8Embedding: their shared table's)."""
-    table = embed._modules.get("table")
-    return _weight(table) if table is not None else _weight(embed)
+    table = (r.of if r is not None else _plain)(embed._modules).get("table")
+    return _weight(table, r) if table is not None else _weight(embed, r)
 
 
-def _local(m: torch.nn.Module) -> torch.nn.Module:
+def _local(m: torch.nn.Module, r: _Reads | None = None) -> torch.nn.Module:
     """The rank's own matrix inside a tensor-parallel wrapper (parallel.RowParallel / ParallelHead), or the base
     matrix inside a LoRA wrapper (lora.LoraLinear: the native step computes the base model's rows), else m."""
-    inner = m._modules.get("inner")
+    inner = (r.of if r is not None else _plain)(m._modules).get("inner")
     return m if inner is None else inner
+
+
+def _plain(d: dict) -> dict:
+    return d
 
 
 class _Plan:
@@ -181,7 +259,9 @@ class _Plan:
 
     def __init__(self, model: torch.nn.Module, cache: KVCache, states: StateSlots | None = None) -> None:
         cfg = model.config
-        self.key = _key(model, cache, states)
+        self.reads = _Reads()
+        self.key = (_cache_key(cache, states), _key(model, self.reads))
+        self.reads.freeze()
         self.ok = False
         self.states, self.recurrent = states, []  # the recurrent layers' slots and NtRecurrents, kept with the plan
         self.biases: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []  # a rank's o / down biases per layer
@@ -836,7 +916,13 @@ def _plan(model: torch.nn.Module, cache: KVCache, states: StateSlots | None = No
         return _REFUSED  # a kind without a native layer: the modules run every step
     states = getattr(cache, "states", None) if states is None else states  # generate()'s: one slot per row
     plan: _Plan | None = getattr(model, "_fused_plan", None)
-    if plan is None or plan.key != _key(model, cache, states):
-        plan = _Plan(model, cache, states)
-        model._fused_plan = plan
+    if plan is not None and plan.key[0] == _cache_key(cache, states):
+        if plan.reads.holds():
+            return plan  # nothing the description was built from has moved
+        reads = _Reads()
+        if plan.key[1] == _key(model, reads):  # a read that changes no key (moved and moved back, say)
+            plan.reads = reads.freeze()
+            return plan
+    plan = _Plan(model, cache, states)
+    model._fused_plan = plan
     return plan

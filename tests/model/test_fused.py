@@ -129,6 +129,57 @@ def test_a_new_cache_or_new_weights_rebuild_the_description(tmp_path) -> None:
     assert torch.equal(fast, reference)
 
 
+@needs_kernel
+def test_the_plan_rechecks_what_it_read_and_holds_no_cache(tmp_path) -> None:
+    """Each step checks the reads the description was built from (fused._Reads) instead of walking the model: a
+    tensor whose storage moved in place (`.data =`), a module swapped in its parent's dict, or a weight replaced
+    must each give a new description, and the logits then equal the modules'. The plan keeps no cache alive."""
+    import gc
+    import weakref
+
+    save_variant("llama-gqa", tmp_path)
+    model = load_model(tmp_path)
+    with torch.inference_mode():
+        step_logits(model)
+    plan = model._fused_plan
+    gc.collect()
+    assert plan.reads.holds() and not any(t.dim() == 5 for t in plan.reads.tensors)  # no cache tensor among them
+
+    def replaced(change) -> None:  # noqa: ANN001
+        before = model._fused_plan
+        with torch.no_grad():
+            change()
+        assert not before.reads.holds()
+        with torch.inference_mode():
+            fast = step_logits(model)
+            assert model._fused_plan is not before
+            with fused.disabled():
+                torch.testing.assert_close(fast, step_logits(model), rtol=1e-5, atol=1e-5)
+
+    wo = model.layers[1].attention.wo
+    replaced(lambda: setattr(wo.weight, "data", wo.weight.data * 0.5))  # storage moved, same Parameter
+    replaced(lambda: model.layers[0].attention._modules.__setitem__("wo", torch.nn.Linear(
+        wo.in_features, wo.out_features, bias=False)))  # a module swapped in the parent's dict
+    replaced(lambda: setattr(model.layers[0].mlp.w2, "weight", torch.nn.Parameter(
+        torch.zeros_like(model.layers[0].mlp.w2.weight))))
+
+    cache = model.new_cache(1, 12)
+    ref = weakref.ref(cache.k)
+    with torch.inference_mode():
+        P = 6
+        ids = torch.tensor([[1, 5, 17, 33, 9, 60, 7]])
+        valid = torch.ones(1, 12, dtype=torch.bool)
+        cols = torch.arange(P)[None]
+        from nexttoken.model.batch import ForwardBatch
+
+        model(ids[:, :P], ForwardBatch.build(cols, cols, valid, P, None, write_start=0), cache)
+        pos = torch.full((1, 1), P)
+        model(ids[:, P:], ForwardBatch.build(pos, pos, valid, P + 1, None, write_start=P), cache)
+    del cache
+    gc.collect()
+    assert ref() is None  # the description's plan does not keep the cache it was built for
+
+
 # ---- the engine's per-row native step -----------------------------------------------------------------------------
 
 def _engine_run(model, prompts: list[list[int]], steps: int) -> list:
