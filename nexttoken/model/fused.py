@@ -155,6 +155,9 @@ class _Recorded:
         self.reads._gets.setdefault((id(self.d), k), (self.d, k, v))
         return v
 
+    def __contains__(self, k: object) -> bool:
+        return self.get(k, _MISSING) is not _MISSING
+
     def values(self):  # noqa: ANN201
         self.reads._views.setdefault(id(self.d), (self.d, tuple(self.d.values())))
         return self.d.values()
@@ -196,7 +199,7 @@ def _key(model: torch.nn.Module, r: _Reads) -> tuple:
         sinks = r.of(parts["attention"]._parameters).get("sinks")  # gpt-oss's per-head logits (NtLayer.sinks)
         if sinks is not None:
             key.append(r.ptr(sinks))
-        if mlp.get("experts") is not None:  # a MoE block: its router, experts and shared expert
+        if "experts" in mlp:  # a MoE block: its router, experts and shared expert
             _key_modules(parts["mlp"], key, r)
         if _form(block) == "gemma4":  # its per-layer input, layer scalar, and experts beside the MLP
             _key_modules(block, key, r)
