@@ -384,10 +384,8 @@ TARGET void tile16(const uint8_t* W, size_t row_bytes, const Acts<int16_t>& a, i
 // The common types are widened straight from their stored bytes in natural element order (direct<T>, and direct_k<T> for the K-quants with their block's scales unpacked once: a 16-byte
 // load widened to 16 int32 lanes, nibbles split by a mask and a shift, one FMA applying scale and offset), about
 // half the instructions of going through the chunk decoder; the others use decode<T>'s chunk (tilef below). The
-// 4-bit types (Q4_0, Q4_1, Q4_K) look their 16 possible values up instead of converting and scaling each nibble
-// (nibble_values): one permute for a conversion and an FMA, the same bits. One thread, 2048 x 2048, one row: Q4_0
-// 290 -> 251 us, Q4_1 283 -> 249, Q4_K 302 -> 268. Not Q5_0 (32 values: two permutes and a blend per 16, 349 ->
-// 374 us) nor the 6- and 8-bit types.
+// 4-bit types look their values up instead (nibble_values). One thread, 2048 x 2048, one row: Q4_0 290 -> 251 us,
+// Q4_1 283 -> 249, Q4_K 302 -> 268; not Q5_0 (32 values: two permutes and a blend per 16, 349 -> 374 us).
 template <int T> struct Direct { enum { ON = 0 }; };
 template <> struct Direct<Q4_0> { enum { ON = 1 }; };
 template <> struct Direct<Q4_1> { enum { ON = 1 }; };

@@ -98,10 +98,10 @@ def _embedding(module: torch.nn.Module, vocab: int) -> _Linear | None:
 
 
 class _Reads:
-    """What one `_key` walk read: each dict lookup with the object it gave, each dict iterated with its values, each
-    tensor's data pointer. While all of them still hold, the walk would give the same key, so `holds` checks them
-    instead of walking the model again: a few passes in C over flat lists (~30 us on a 30-layer model, where the
-    walk in Python cost ~0.5 ms a step, 5% of SmolLM2's decode step)."""
+    """What one `_read` walk read: each dict lookup with the object it gave, each dict iterated with its values, each
+    tensor's data pointer. While all of them still hold, nothing the native description was built from has moved,
+    so `holds` checks them instead of walking the model again: a few passes in C over flat lists (~50 us on a
+    30-layer model, where the walk in Python cost ~0.5 ms a step, 5% of SmolLM2's decode step)."""
 
     def __init__(self) -> None:
         self._gets: dict[tuple[int, object], tuple[dict, object, object]] = {}  # (id(dict), key) -> its read
@@ -111,10 +111,8 @@ class _Reads:
     def of(self, d: dict) -> "_Recorded":
         return _Recorded(d, self)
 
-    def ptr(self, t: torch.Tensor) -> int:
-        p = t.data_ptr()
-        self._ptrs.setdefault(id(t), (t, p))
-        return p
+    def ptr(self, t: torch.Tensor) -> None:
+        self._ptrs.setdefault(id(t), (t, t.data_ptr()))
 
     def freeze(self) -> "_Reads":
         """The reads as flat lists for `holds`."""
@@ -137,8 +135,19 @@ class _Reads:
 _MISSING = object()
 
 
+class _Unrecorded:
+    """Reads that are not remembered (what builds the description): each dict as it is."""
+
+    @staticmethod
+    def of(d: dict) -> dict:
+        return d
+
+
+_UNRECORDED = _Unrecorded()
+
+
 class _Recorded:
-    """A dict whose reads are remembered by a `_Reads` (what `_key` walks through)."""
+    """A dict whose reads are remembered by a `_Reads` (what `_read` walks through)."""
 
     __slots__ = ("d", "reads")
 
@@ -164,7 +173,7 @@ class _Recorded:
 
 
 def _cache_key(cache: KVCache, states: StateSlots | None) -> tuple:
-    """What the native description depends on outside the model: the cache (shape too: a new cache of another
+    """What the native description depends on outside the model (`_read` covers the model): the cache (shape too: a new cache of another
     length can be allocated where a freed one was) and the recurrent layers' state slots (issue 41: read and
     updated in place). Computed each step (a few attributes); never held, so a dropped cache is freed."""
     key = [cache.k.shape, cache.k.dtype, cache.k.data_ptr(), cache.v.data_ptr()]
@@ -173,54 +182,56 @@ def _cache_key(cache: KVCache, states: StateSlots | None) -> tuple:
     return tuple(key)
 
 
-def _key(model: torch.nn.Module, r: _Reads) -> tuple:
-    """What the native description depends on inside the model: every module and weight the step reads, each
-    read remembered by `r` (`_Reads.holds` then checks them each step instead of walking again). It reads the
-    modules' own dicts (nn.Module attribute lookups and model.parameters() would cost more)."""
+def _read(model: torch.nn.Module, r: _Reads) -> None:
+    """Read, through `r`, every module and weight the native step reads inside the model (the modules' own dicts:
+    nn.Module attribute lookups would cost more); `_Reads.holds` then tells each step whether any of them moved."""
     d = r.of(model.__dict__)
-    key = [r.ptr(d["inv_freq"])]
-    key += [None if d.get(f) is None else r.ptr(d[f]) for f in ("local_inv_freq", "long_inv_freq",
-                                                                "global_inv_freq")]
+    for f in ("inv_freq", "local_inv_freq", "long_inv_freq", "global_inv_freq"):
+        if d.get(f) is not None:
+            r.ptr(d[f])
     modules = r.of(model._modules)
-    embed = modules["embed"]
-    key += (id(embed), r.ptr(_table(embed, r)))
+    r.ptr(_table(modules["embed"], r))
     for m in (modules["norm"], modules["lm_head"]):
-        key += (id(m), r.ptr(_weight(m, r)))
+        r.ptr(_weight(m, r))
     for block in r.of(modules["layers"]._modules).values():
         parts = r.of(block._modules)
-        mlp = r.of({} if parts.get("mlp") is None else parts["mlp"]._modules)  # None: Mamba2's block, the mixer alone
+        mlp = {} if parts.get("mlp") is None else r.of(parts["mlp"]._modules)  # None: Mamba2's block, the mixer alone
         for m in (parts["attention_norm"], parts.get("ffn_norm"), parts.get("attention_post_norm"),
                   parts.get("ffn_post_norm"), mlp.get("w13"), mlp.get("w1"), mlp.get("w2")):
             if m is not None:
-                key += (id(m), r.ptr(_weight(m, r)))
+                r.ptr(_weight(m, r))
         for mixer in (parts["attention"], parts.get("mamba")):  # mamba: Falcon-H1's mixer beside the attention
             if mixer is not None:
-                _key_mixer(mixer, key, r)
+                _read_mixer(mixer, r)
         sinks = r.of(parts["attention"]._parameters).get("sinks")  # gpt-oss's per-head logits (NtLayer.sinks)
         if sinks is not None:
-            key.append(r.ptr(sinks))
+            r.ptr(sinks)
         if "experts" in mlp:  # a MoE block: its router, experts and shared expert
-            _key_modules(parts["mlp"], key, r)
+            _read_modules(parts["mlp"], r)
         if _form(block) == "gemma4":  # its per-layer input, layer scalar, and experts beside the MLP
-            _key_modules(block, key, r)
-            key += [r.ptr(p) for p in r.of(block._parameters).values()]
+            _read_modules(block, r)
+            for p in r.of(block._parameters).values():
+                r.ptr(p)
             if parts.get("experts") is not None:
-                key += [None if p is None else r.ptr(p) for p in r.of(parts["experts"]._parameters).values()]
-    return tuple(key)
+                for p in r.of(parts["experts"]._parameters).values():
+                    if p is not None:
+                        r.ptr(p)
 
 
-def _key_mixer(mixer: torch.nn.Module, key: list, r: _Reads) -> None:
-    """An attention's or a recurrent mixer's matrices, norms and own tensors (taps, decays, norm) into key."""
+def _read_mixer(mixer: torch.nn.Module, r: _Reads) -> None:
+    """An attention's or a recurrent mixer's matrices, norms and own tensors (taps, decays, norm), through r."""
     att = r.of(mixer._modules)
     for m in (att.get("wqkv"), att.get("wi"), att["wo"], att.get("q_norm"), att.get("k_norm")):
         if m is not None:
-            key += (id(m), r.ptr(_weight(m, r)))
-    if att.get("wi") is not None:  # a recurrent mixer
-        key += [None if t is None else r.ptr(t) for t in r.of(mixer._parameters).values()]
+            r.ptr(_weight(m, r))
+    if "wi" in att:  # a recurrent mixer
+        for t in r.of(mixer._parameters).values():
+            if t is not None:
+                r.ptr(t)
 
 
-def _key_modules(module: torch.nn.Module, key: list, r: _Reads) -> None:
-    """Every module under `module` that holds a weight (routers, experts' linears), in order, into key."""
+def _read_modules(module: torch.nn.Module, r: _Reads) -> None:
+    """Every module under `module` that holds a weight (routers, experts' linears), through r."""
     for m in r.of(module._modules).values():
         if m is None:
             continue
@@ -228,33 +239,28 @@ def _key_modules(module: torch.nn.Module, key: list, r: _Reads) -> None:
         if w is None:
             w = r.of(m._buffers).get("weight")
         if w is not None:
-            key += (id(m), r.ptr(w))
-        elif m._modules:
-            _key_modules(m, key, r)
+            r.ptr(w)
+        else:
+            _read_modules(m, r)
 
 
-def _weight(m: torch.nn.Module, r: _Reads | None = None) -> torch.Tensor:
+def _weight(m: torch.nn.Module, r: "_Reads | _Unrecorded" = _UNRECORDED) -> torch.Tensor:
     m = _local(m, r)
-    of = r.of if r is not None else _plain
-    w = of(m._parameters).get("weight")
-    return of(m._buffers)["weight"] if w is None else w  # Int8Linear keeps its weight as a buffer
+    w = r.of(m._parameters).get("weight")
+    return r.of(m._buffers)["weight"] if w is None else w  # Int8Linear keeps its weight as a buffer
 
 
-def _table(embed: torch.nn.Module, r: _Reads | None = None) -> torch.Tensor:
+def _table(embed: torch.nn.Module, r: "_Reads | _Unrecorded" = _UNRECORDED) -> torch.Tensor:
     """The tensor an embedding module's rows live in (BF16Embedding / Int8Embedding: their shared table's)."""
-    table = (r.of if r is not None else _plain)(embed._modules).get("table")
+    table = r.of(embed._modules).get("table")
     return _weight(table, r) if table is not None else _weight(embed, r)
 
 
-def _local(m: torch.nn.Module, r: _Reads | None = None) -> torch.nn.Module:
+def _local(m: torch.nn.Module, r: "_Reads | _Unrecorded" = _UNRECORDED) -> torch.nn.Module:
     """The rank's own matrix inside a tensor-parallel wrapper (parallel.RowParallel / ParallelHead), or the base
     matrix inside a LoRA wrapper (lora.LoraLinear: the native step computes the base model's rows), else m."""
-    inner = (r.of if r is not None else _plain)(m._modules).get("inner")
+    inner = r.of(m._modules).get("inner")
     return m if inner is None else inner
-
-
-def _plain(d: dict) -> dict:
-    return d
 
 
 class _Plan:
@@ -262,8 +268,9 @@ class _Plan:
 
     def __init__(self, model: torch.nn.Module, cache: KVCache, states: StateSlots | None = None) -> None:
         cfg = model.config
+        self.cache_key = _cache_key(cache, states)
         self.reads = _Reads()
-        self.key = (_cache_key(cache, states), _key(model, self.reads))
+        _read(model, self.reads)
         self.reads.freeze()
         self.ok = False
         self.states, self.recurrent = states, []  # the recurrent layers' slots and NtRecurrents, kept with the plan
@@ -919,13 +926,8 @@ def _plan(model: torch.nn.Module, cache: KVCache, states: StateSlots | None = No
         return _REFUSED  # a kind without a native layer: the modules run every step
     states = getattr(cache, "states", None) if states is None else states  # generate()'s: one slot per row
     plan: _Plan | None = getattr(model, "_fused_plan", None)
-    if plan is not None and plan.key[0] == _cache_key(cache, states):
-        if plan.reads.holds():
-            return plan  # nothing the description was built from has moved
-        reads = _Reads()
-        if plan.key[1] == _key(model, reads):  # a read that changes no key (moved and moved back, say)
-            plan.reads = reads.freeze()
-            return plan
+    if plan is not None and plan.cache_key == _cache_key(cache, states) and plan.reads.holds():
+        return plan  # nothing the description was built from has moved
     plan = _Plan(model, cache, states)
     model._fused_plan = plan
     return plan

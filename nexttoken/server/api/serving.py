@@ -21,7 +21,7 @@ from ...generation.config import no_token_left
 from ...generation.processors.structured import CONSTRAINTS, constraint_of
 from ...generation.values import Thinking
 from ...model.lora import AdapterRegistry, registry_of
-from ...chat import TemplateSupport, ToolsError, ToolUse, format_named
+from ...chat import ToolsError, ToolUse
 from ...chat.render import ChatRenderer
 from ...chat.reasoning import EFFORT_BUDGETS, ReasoningFormat
 from ...chat.tools.request import tool_options
@@ -85,7 +85,6 @@ class Serving:
         # the call format, said in each response's header and, once, in the log: `preamble_notice`), the thinking
         # format and its markers.
         self.renderer = renderer or chat_renderer(core, settings)
-        self.template_support: TemplateSupport | None = self.renderer.support if self.renderer else None
         self.reasoning: ReasoningFormat | None = self.renderer.reasoning if self.renderer else None
         self.markers: tuple[int, int] | None = self.renderer.markers if self.renderer else None
         # Images in requests: the model's preprocessing (images/<family>.py; None: it takes no images) and the
