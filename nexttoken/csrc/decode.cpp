@@ -31,6 +31,7 @@
 extern "C" int nt_linear(const void* W, int kind, const float* x, const float* bias, const float* scale, int64_t M,
                          int64_t N, int64_t K, void* y, int out_kind);
 extern "C" int nt_argmax_f32(const float* x, int64_t M, int64_t N, int64_t* out);
+extern "C" int nt_ggml_row(int type, const uint8_t* W, int64_t id, int64_t K, float* out);
 extern "C" int nt_recurrent_half(const NtModel* m, const NtLayer* L, const float* h, int64_t B, float* out);
 
 
@@ -850,7 +851,8 @@ int decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positions,
 }
 
 // x (B, C) = the table's rows of ids, as float32: float32 copied, bfloat16 widened (exact), int8 times its row's
-// scale (rounded once), as the embedding modules compute them. Returns 1 for an id outside the table.
+// scale (rounded once), GGUF blocks dequantized (ggml.cpp's nt_ggml_row), as the embedding modules compute them.
+// Returns 1 for an id outside the table.
 int embed(const NtModel* m, const int64_t* ids, int64_t B, float* x) {
   const int64_t C = m->hidden;
   for (int64_t b = 0; b < B; ++b) {
@@ -869,6 +871,8 @@ int embed(const NtModel* m, const int64_t* ids, int64_t B, float* x) {
       const int8_t* w = (const int8_t*)m->embed.weight + id * C;
       const float s = m->embed.scale[id];
       for (int64_t c = 0; c < C; ++c) row[c] = (float)w[c] * s;
+    } else if (m->embed.kind >= W_GGML) {  // GGUF blocks: the row dequantized as GGUFEmbedding does
+      if (nt_ggml_row((int)(m->embed.kind - W_GGML), (const uint8_t*)m->embed.weight, id, C, row)) return 1;
     } else {
       return 1;
     }

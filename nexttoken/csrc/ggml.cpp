@@ -834,6 +834,32 @@ int nt_linear_ggml(int type, const uint8_t* W, const float* x, const float* bias
   }
 }
 
+// Row `id` of W (type | flags; type 255: W a description of parts, as nt_linear_ggml reads it) dequantized to K
+// float32s: the native step's token table lookup (decode.cpp's embed), the values nt_dequantize_ggml gives that
+// row. Returns 1 for an unknown type, K not whole blocks or an id past the rows.
+int nt_dequantize_ggml(int type, const uint8_t* W, int64_t N, int64_t K, void* out, int out_kind);
+
+int nt_ggml_row(int type, const uint8_t* W, int64_t id, int64_t K, float* out) {
+  type &= ~FLAGS;
+  if (type == MIXED) {  // desc = [count, then per part: rows, type, address]
+    const int64_t* desc = (const int64_t*)W;
+    for (int64_t i = 0, n0 = 0; i < desc[0]; n0 += desc[1 + 3 * i], ++i)
+      if (id < n0 + desc[1 + 3 * i]) return nt_ggml_row((int)desc[2 + 3 * i], (const uint8_t*)(intptr_t)desc[3 + 3 * i],
+                                                        id - n0, K, out);
+    return 1;
+  }
+  size_t row_bytes = 0;
+  switch (type) {
+#define ROW_BYTES(T) case T: if (K % Traits<T>::BLOCK) return 1; row_bytes = (size_t)(K / Traits<T>::BLOCK) * Traits<T>::BYTES; break;
+    ROW_BYTES(Q4_0) ROW_BYTES(Q4_1) ROW_BYTES(Q5_0) ROW_BYTES(Q5_1) ROW_BYTES(Q8_0) ROW_BYTES(Q2_K) ROW_BYTES(Q3_K)
+    ROW_BYTES(Q4_K) ROW_BYTES(Q5_K) ROW_BYTES(Q6_K)
+#undef ROW_BYTES
+    default: return 1;
+  }
+  if (id < 0) return 1;
+  return nt_dequantize_ggml(type, W + (size_t)id * row_bytes, 1, K, out, OUT_F32);
+}
+
 // Rows [0, N) of W dequantized to (N, K) float32 or bfloat16 (bfloat16: the float32 value rounded once).
 int nt_dequantize_ggml(int type, const uint8_t* W, int64_t N, int64_t K, void* out, int out_kind) {
   switch (type) {

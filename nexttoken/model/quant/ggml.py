@@ -148,6 +148,12 @@ class GGUFEmbedding(TableEmbedding):
     """Embedding rows read from a GGUFLinear's blocks (a tied LM head shares them): only the looked-up rows are
     dequantized, as float32."""
 
+    def native_table(self) -> NtLinear | None:
+        """The token table as csrc/decode.cpp's embed reads it (native_abi.describe_table): the table's blocks as
+        its products read them, each looked-up row dequantized by ggml.cpp's nt_ggml_row, the values of `forward`.
+        With it a greedy decode of a GGUF file runs natively in chains (generation/decode.py's greedy_chain)."""
+        return self.table.native()
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)  # (T,)
         if ((flat < 0) | (flat >= self.table.out_features)).any():

@@ -60,6 +60,28 @@ def quantize_activations16(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", GGML_TYPES)
+def test_a_looked_up_row_is_its_dequantized_row(name: str) -> None:
+    """ggml.cpp's nt_ggml_row (the native step's token table lookup) gives gguf's values of that row, from one type's
+    blocks (with the product's flags on the type) and from a description of row ranges of two types; an id past
+    the rows or K not whole blocks is refused."""
+    lib, t = kernels.library(), GGML_TYPES[name]
+    block, _ = block_shape(name)
+    K = 4 * block
+    packed, other = random_blocks(name, 9, K, seed=3), random_blocks("Q8_0", 5, K, seed=4)
+    want = torch.cat([reference(packed, name, K), reference(other, "Q8_0", K)])  # (14, K)
+    desc = torch.tensor([2, 9, t, packed.data_ptr(), 5, GGML_TYPES["Q8_0"], other.data_ptr()], dtype=torch.int64)
+    out = torch.empty(K)
+    for i in (0, 4, 8):
+        assert lib.nt_ggml_row(t | 512, packed.data_ptr(), i, K, out.data_ptr()) == 0
+        assert torch.equal(out, want[i]), (name, i)
+    for i in (0, 8, 9, 13):
+        assert lib.nt_ggml_row(255 | 512, desc.data_ptr(), i, K, out.data_ptr()) == 0
+        assert torch.equal(out, want[i]), (name, i)
+    assert lib.nt_ggml_row(255, desc.data_ptr(), 14, K, out.data_ptr()) == 1
+    assert lib.nt_ggml_row(t, packed.data_ptr(), 0, K + 16, out.data_ptr()) == 1
+
+
+@pytest.mark.parametrize("name", GGML_TYPES)
 def test_int16_activations_product(name: str) -> None:
     """Type | 256: int16 activations per block of 32 (vpdpwssd): the float product within ~2^-15 per block."""
     block, _ = block_shape(name)

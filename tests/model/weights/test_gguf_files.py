@@ -15,6 +15,7 @@ from support.tiny_models import VARIANTS, build_hf_model
 
 import nexttoken
 from nexttoken.errors import ModelLoadError, NextTokenError
+from nexttoken.model import kernels
 from nexttoken.model.weights.gguf import SUPPORTED_TYPES, dequantize_tensor
 
 gguf = pytest.importorskip("gguf")
@@ -149,6 +150,32 @@ def test_tiny_models_of_every_family_give_transformers_tokens(variant: str, tmp_
     ids = [5, 17, 33, 8, 61, 2, 40, 12]
     got = llm.generate(ids, max_new_tokens=8, ignore_eos=True).token_ids
     assert got == reference_tokens(hf, held, ids, 8)
+
+
+@pytest.mark.skipif(not kernels.ggml_available(), reason="needs the native kernels with AVX-512 VNNI")
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_1"])
+def test_a_quantized_file_decodes_greedily_in_native_chains(quant: str, tmp_path: Path, monkeypatch) -> None:
+    """A GGUF file's blocks as they are (no dequantize): the native step looks its tokens up in the quantized table
+    itself (GGUFEmbedding.native_table), so a plain greedy call runs its steps in chains (fused.greedy_chain, 16 per
+    call), and the tokens are those of the modules' steps, which embed in Python (GGUFEmbedding.forward)."""
+    from nexttoken.generation import generate
+    from nexttoken.loading import load
+    from nexttoken.loadspec import LoadSpec
+    from nexttoken.model import fused
+
+    write_model(tmp_path / "m.gguf", "llama", build_hf_model(VARIANTS["llama-gqa"][0], **VARIANTS["llama-gqa"][1]), quant)
+    model = load(LoadSpec(model=tmp_path / "m.gguf")).main.model
+    assert type(model.embed).__name__ == "GGUFEmbedding" and model.embed.native_table() is not None
+    calls = []
+    chain = fused.greedy_chain
+    monkeypatch.setattr(fused, "greedy_chain", lambda *a: calls.append(a[5]) or chain(*a))
+    prompt = torch.tensor([[5, 17, 33, 8, 61, 2, 40, 12]])
+    kwargs = dict(max_new_tokens=21, do_sample=False, pad_token_id=0, eos_token_id=None)
+    chained = generate(model, prompt, **kwargs)
+    assert calls == [16, 4]  # the 20 steps after the first
+    with fused.disabled(model):
+        modules = generate(model, prompt, **kwargs)
+    assert len(calls) == 2 and torch.equal(chained, modules)
 
 
 # ---- damaged files -------------------------------------------------------------------------------------------
