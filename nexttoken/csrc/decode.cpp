@@ -931,6 +931,17 @@ int nt_decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positio
   return decode_rows(m, x, B, positions, tables, table_stride, kv_lens, logits, false);
 }
 
+// nt_decode_rows from token ids (B,) instead of embeddings: the model's table (m->embed) is read here, as
+// nt_decode_step_ids does, so the engine's step costs Python no embedding operations.
+int nt_decode_rows_ids(const NtModel* m, const int64_t* ids, int64_t B, const int64_t* positions,
+                       const int64_t* tables, int64_t table_stride, const int64_t* kv_lens, float* logits) {
+  if (!m->embed.weight) return 1;
+  thread_local std::vector<float> x;
+  Scratch::grow(x, B * m->hidden);
+  if (embed(m, ids, B, x.data())) return 1;
+  return decode_rows(m, x.data(), B, positions, tables, table_stride, kv_lens, logits, false);
+}
+
 // One part of a step, for tensor-parallel ranks (model/fused.py), whose caller all-reduces the partial sums and
 // joins them to the residual between parts (post-norms, multipliers: fused._branch), and applies the embedding's
 // multipliers and the final soft-cap / scaling: part 0 is layer `layer`'s attention half, part 1 its MLP half

@@ -828,10 +828,23 @@ def decode_rows(plan: RowsPlan, model: torch.nn.Module, input_ids: torch.Tensor,
     None when the native step fails."""
     if input_ids.shape[0] > kernels.MAX_ROWS:
         return None
-    x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
-    B = x.shape[0]
+    B = input_ids.shape[0]
     stride = tables.shape[1] if tables.dim() == 2 else 1
     positions, tables, kv_lens = (t.reshape(-1).to(torch.int64).contiguous() for t in (positions, tables, kv_lens))
+    if not _sharded(model) and _reads_table(plan, model):  # the table read natively: no embedding operations here
+        slots = None if lora is None else lora.reshape(-1).to(torch.int64).contiguous()  # (B,)
+        if state_rows is not None:
+            state_rows = state_rows.reshape(-1).to(torch.int64).contiguous()  # (B,)
+        ids = input_ids.reshape(-1).to(torch.int64).contiguous()  # (B,)
+        logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
+        rc = kernels.library().nt_decode_rows_ids(
+            ctypes.byref(_with_slots(plan.model, slots, state_rows)), ids.data_ptr(), B, positions.data_ptr(),
+            tables.data_ptr(), stride, kv_lens.data_ptr(), logits.data_ptr(),
+        )
+        if rc == 0:
+            return logits
+        # an id outside the table (refused before anything is written): the modules' lookup below names it
+    x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
     if _sharded(model):
         if lora is not None:
             return None  # adapters are refused on tensor-parallel models (lora.attach)

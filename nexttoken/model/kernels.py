@@ -147,6 +147,8 @@ def load(path: Path) -> ctypes.CDLL:
     lib.nt_decode_greedy.restype = i64
     lib.nt_decode_rows.argtypes = [p, p, i64, p, p, i64, p, p]
     lib.nt_decode_rows.restype = i
+    lib.nt_decode_rows_ids.argtypes = [p, p, i64, p, p, i64, p, p]
+    lib.nt_decode_rows_ids.restype = i
     lib.nt_decode_part.argtypes = [p, i64, i64, p, i64, p, p, i64, p, p]
     lib.nt_decode_part.restype = i
     lib.nt_int4_supported.restype = i

@@ -227,3 +227,26 @@ def test_engine_native_rows_do_not_depend_on_batch_mates(variant) -> None:
     for prompt, seq in zip(ENGINE_PROMPTS, together):
         (alone,) = _engine_run(model, [prompt], 10)
         assert alone.output_ids == seq.output_ids and alone.out.logprobs == seq.out.logprobs
+
+
+@needs_kernel
+def test_engine_rows_look_their_tokens_up_natively_and_an_id_outside_the_table_is_named(tmp_path) -> None:
+    """The engine's native rows read the token table themselves (nt_decode_rows_ids): the same logits as with the
+    embeddings computed by the module (a forward hook on it makes decode_rows take that path); an id outside the
+    table is refused before anything is written, and the module's lookup then names it."""
+    save_variant("llama-gqa", tmp_path)
+    model = load_model(tmp_path)
+    ids, positions, slots, kv_lens = torch.tensor([[5], [40]]), torch.tensor([0, 0]), torch.tensor([0, 1]), \
+        torch.tensor([1, 1])
+    with torch.inference_mode():
+        cache = model.new_cache(2, 8)
+        plan = fused.rows_plan(model, cache)
+        assert plan is not None and fused._reads_table(plan, model)
+        native = fused.decode_rows(plan, model, ids, positions, slots, kv_lens)
+        hook = model.embed.register_forward_hook(lambda m, i, o: o)
+        assert not fused._reads_table(plan, model)
+        embedded = fused.decode_rows(plan, model, ids, positions, slots, kv_lens)
+        hook.remove()
+        assert native is not None and torch.equal(native, embedded)
+        with pytest.raises(IndexError):
+            fused.decode_rows(plan, model, torch.tensor([[5], [model.config.vocab_size]]), positions, slots, kv_lens)
