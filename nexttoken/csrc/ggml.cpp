@@ -766,6 +766,12 @@ extern "C" int nt_linear_ggml(int type, const uint8_t* W, const float* x, const 
 
 namespace {
 
+// One row of K elements of type T in bytes; 0 where K is not whole blocks.
+template <int T>
+size_t bytes_of(int64_t K) {
+  return K % Traits<T>::BLOCK ? 0 : (size_t)(K / Traits<T>::BLOCK) * Traits<T>::BYTES;
+}
+
 // A matrix whose row ranges are of different types (a fused q/k/v or gate/up of a Q4_K_M file, whose v and down
 // rows are Q6_K in some layers): desc = [count, then per part: rows, type, address of its blocks]. Each part's
 // product goes through a buffer into its columns of y.
@@ -844,18 +850,25 @@ int nt_ggml_row(int type, const uint8_t* W, int64_t id, int64_t K, float* out) {
   if (type == MIXED) {  // desc = [count, then per part: rows, type, address]
     const int64_t* desc = (const int64_t*)W;
     for (int64_t i = 0, n0 = 0; i < desc[0]; n0 += desc[1 + 3 * i], ++i)
-      if (id < n0 + desc[1 + 3 * i]) return nt_ggml_row((int)desc[2 + 3 * i], (const uint8_t*)(intptr_t)desc[3 + 3 * i],
-                                                        id - n0, K, out);
+      if (id < n0 + desc[1 + 3 * i])
+        return nt_ggml_row((int)desc[2 + 3 * i], (const uint8_t*)(intptr_t)desc[3 + 3 * i], id - n0, K, out);
     return 1;
   }
   size_t row_bytes = 0;
   switch (type) {
-#define ROW_BYTES(T) case T: if (K % Traits<T>::BLOCK) return 1; row_bytes = (size_t)(K / Traits<T>::BLOCK) * Traits<T>::BYTES; break;
-    ROW_BYTES(Q4_0) ROW_BYTES(Q4_1) ROW_BYTES(Q5_0) ROW_BYTES(Q5_1) ROW_BYTES(Q8_0) ROW_BYTES(Q2_K) ROW_BYTES(Q3_K)
-    ROW_BYTES(Q4_K) ROW_BYTES(Q5_K) ROW_BYTES(Q6_K)
-#undef ROW_BYTES
+    case Q4_0: row_bytes = bytes_of<Q4_0>(K); break;
+    case Q4_1: row_bytes = bytes_of<Q4_1>(K); break;
+    case Q5_0: row_bytes = bytes_of<Q5_0>(K); break;
+    case Q5_1: row_bytes = bytes_of<Q5_1>(K); break;
+    case Q8_0: row_bytes = bytes_of<Q8_0>(K); break;
+    case Q2_K: row_bytes = bytes_of<Q2_K>(K); break;
+    case Q3_K: row_bytes = bytes_of<Q3_K>(K); break;
+    case Q4_K: row_bytes = bytes_of<Q4_K>(K); break;
+    case Q5_K: row_bytes = bytes_of<Q5_K>(K); break;
+    case Q6_K: row_bytes = bytes_of<Q6_K>(K); break;
     default: return 1;
   }
+  if (!row_bytes) return 1;  // K not whole blocks
   if (id < 0) return 1;
   return nt_dequantize_ggml(type, W + (size_t)id * row_bytes, 1, K, out, OUT_F32);
 }

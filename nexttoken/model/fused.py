@@ -843,7 +843,7 @@ def decode_rows(plan: RowsPlan, model: torch.nn.Module, input_ids: torch.Tensor,
         )
         if rc == 0:
             return logits
-        # an id outside the table (refused before anything is written): the modules' lookup below names it
+        # refused before anything is written (an id outside the table: the module's lookup below names it)
     x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
     if _sharded(model):
         if lora is not None:

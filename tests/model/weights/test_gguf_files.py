@@ -153,8 +153,9 @@ def test_tiny_models_of_every_family_give_transformers_tokens(variant: str, tmp_
 
 
 @pytest.mark.skipif(not kernels.ggml_available(), reason="needs the native kernels with AVX-512 VNNI")
-@pytest.mark.parametrize("quant", ["Q8_0", "Q4_1"])
-def test_a_quantized_file_decodes_greedily_in_native_chains(quant: str, tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("variant,quant", [(v, "Q8_0") for v in FAMILIES] + [("llama-gqa", "Q4_1")])
+def test_a_quantized_file_decodes_greedily_in_native_chains(variant: str, quant: str, tmp_path: Path,
+                                                           monkeypatch) -> None:
     """A GGUF file's blocks as they are (no dequantize): the native step looks its tokens up in the quantized table
     itself (GGUFEmbedding.native_table), so a plain greedy call runs its steps in chains (fused.greedy_chain, 16 per
     call), and the tokens are those of the modules' steps, which embed in Python (GGUFEmbedding.forward)."""
@@ -163,7 +164,8 @@ def test_a_quantized_file_decodes_greedily_in_native_chains(quant: str, tmp_path
     from nexttoken.loadspec import LoadSpec
     from nexttoken.model import fused
 
-    write_model(tmp_path / "m.gguf", "llama", build_hf_model(VARIANTS["llama-gqa"][0], **VARIANTS["llama-gqa"][1]), quant)
+    hf_arch, overrides = EXTRA[variant] if variant in EXTRA else VARIANTS[variant]
+    write_model(tmp_path / "m.gguf", FAMILIES[variant], build_hf_model(hf_arch, **overrides), quant)
     model = load(LoadSpec(model=tmp_path / "m.gguf")).main.model
     assert type(model.embed).__name__ == "GGUFEmbedding" and model.embed.native_table() is not None
     calls = []
