@@ -264,6 +264,20 @@ template <int T> inline int element_at(int p) {
   return (p & ~48) | ((p & 16) << 1) | ((p & 32) >> 1);  // bits 4 and 5 of p swapped
 }
 
+// Where row n of a matrix lies: one block of rows (parts == 1), or up to four row ranges of one type at their own
+// addresses (a fused q/k/v or gate/up whose parts stay views of the file: linear_mixed), read in one pass.
+struct RowsOf {
+  const uint8_t* base[4];
+  int64_t end[4];    // rows before the end of each part
+  int parts;
+  size_t row_bytes;  // set by the product (its type's bytes per row of K)
+  INLINE const uint8_t* at(int64_t n) const {
+    int i = 0;
+    while (i + 1 < parts && n >= end[i]) ++i;
+    return base[i] + (size_t)(n - (i ? end[i - 1] : 0)) * row_bytes;
+  }
+};
+
 // Quantized activations of up to 8 rows, in type T's chunk order. Kp = K rounded up to 64. Q8: int8 per block of
 // 32, 4 per int32 lane of vpdpbusd (the default). Q16: int16 per block of 32 (scale = the largest magnitude /
 // 32767), 2 per int32 lane of vpdpwssd: ~2^-16 relative rounding instead of ~2^-8, for a run that agrees with the
@@ -315,9 +329,9 @@ void quantize_acts(const float* x, int64_t M, int64_t K, int64_t Kp, Acts<Q>& a)
 
 // One weight row times M activation rows: out[m] = the 16 lanes of partial sums (summed by over_rows).
 template <int T, int M>
-TARGET void tile(const uint8_t* W, size_t row_bytes, const Acts<int8_t>& a, int64_t Kp, int64_t blocks, int64_t n,
+TARGET void tile(const RowsOf& W, const Acts<int8_t>& a, int64_t Kp, int64_t blocks, int64_t n,
                  __m512* out) {
-  const uint8_t* row = W + (size_t)n * row_bytes;
+  const uint8_t* row = W.at(n);
   const size_t lanes = (size_t)Kp / 4;
   __m512 acc[M][2];
   for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
@@ -344,9 +358,9 @@ TARGET void tile(const uint8_t* W, size_t row_bytes, const Acts<int8_t>& a, int6
 // vpdpwssd'd with its 32 activations into 16 lanes of 2 elements; lane i of the first half is the 4-byte lane
 // i / 2, of the second 8 + i / 2 (their a and b permuted so).
 template <int T, int M>
-TARGET void tile16(const uint8_t* W, size_t row_bytes, const Acts<int16_t>& a, int64_t Kp, int64_t blocks, int64_t n,
+TARGET void tile16(const RowsOf& W, const Acts<int16_t>& a, int64_t Kp, int64_t blocks, int64_t n,
                    __m512* out) {
-  const uint8_t* row = W + (size_t)n * row_bytes;
+  const uint8_t* row = W.at(n);
   const size_t lanes = (size_t)Kp / 2;
   const __m512i first = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
   const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
@@ -581,9 +595,9 @@ void order_acts(const float* x, int64_t M, int64_t K, int64_t Kp, std::vector<fl
 }
 
 template <int T, int M>
-TARGET void tilef(const uint8_t* W, size_t row_bytes, const float* x, int64_t Kp, int64_t blocks, int64_t n,
+TARGET void tilef(const RowsOf& W, const float* x, int64_t Kp, int64_t blocks, int64_t n,
                   __m512* out) {
-  const uint8_t* row = W + (size_t)n * row_bytes;
+  const uint8_t* row = W.at(n);
   const __m512i off = _mm512_set1_epi32(Traits<T>::OFFSET);
   const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
   // Two independent sums per row (parts 0 and 2, parts 1 and 3 of each 64): at one row a single chain would wait on
@@ -638,18 +652,18 @@ TARGET void tilef(const uint8_t* W, size_t row_bytes, const float* x, int64_t Kp
 }
 
 template <int T, int M>
-TARGET void runf(const uint8_t* W, const float* xo, const float* bias, int64_t N, int64_t K, int64_t Kp, void* y,
+TARGET void runf(const RowsOf& W, const float* xo, const float* bias, int64_t N, int64_t K, int64_t Kp, void* y,
                  int out_kind) {
   const int64_t blocks = K / Traits<T>::BLOCK;
-  const size_t row_bytes = (size_t)blocks * Traits<T>::BYTES;
-  auto one = [&](int64_t n, __m512* v) { tilef<T, M>(W, row_bytes, xo, Kp, blocks, n, v); };
+  auto one = [&](int64_t n, __m512* v) { tilef<T, M>(W, xo, Kp, blocks, n, v); };
   over_rows<M, 1>(one, one, N, K, nullptr, nullptr, bias, y, out_kind);
 }
 
 template <int T>
-int linear_f32(const uint8_t* W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K, void* y,
+int linear_f32(RowsOf W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K, void* y,
                int out_kind) {
   if (K % Traits<T>::BLOCK || M > 16) return 1;
+  W.row_bytes = (size_t)(K / Traits<T>::BLOCK) * Traits<T>::BYTES;
   const int64_t Kp = (K + 63) / 64 * 64;
   static thread_local std::vector<float> xo;
   for (int64_t m0 = 0; m0 < M; m0 += 8) {  // up to 8 activation rows per pass over the weights
@@ -671,21 +685,21 @@ int linear_f32(const uint8_t* W, const float* x, const float* bias, int64_t M, i
 }
 
 template <int T, int M, typename Q>
-TARGET void run(const uint8_t* W, const Acts<Q>& a, const float* bias, int64_t N, int64_t K, int64_t Kp, void* y,
+TARGET void run(const RowsOf& W, const Acts<Q>& a, const float* bias, int64_t N, int64_t K, int64_t Kp, void* y,
                 int out_kind) {
   const int64_t blocks = K / Traits<T>::BLOCK;
-  const size_t row_bytes = (size_t)blocks * Traits<T>::BYTES;
   auto one = [&](int64_t n, __m512* v) {
-    if constexpr (sizeof(Q) == 1) tile<T, M>(W, row_bytes, a, Kp, blocks, n, v);
-    else tile16<T, M>(W, row_bytes, a, Kp, blocks, n, v);
+    if constexpr (sizeof(Q) == 1) tile<T, M>(W, a, Kp, blocks, n, v);
+    else tile16<T, M>(W, a, Kp, blocks, n, v);
   };
   over_rows<M, 1>(one, one, N, K, nullptr, nullptr, bias, y, out_kind);
 }
 
 template <int T, typename Q>
-int linear(const uint8_t* W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K, void* y,
+int linear(RowsOf W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K, void* y,
            int out_kind) {
   if (K % Traits<T>::BLOCK || M > 16) return 1;
+  W.row_bytes = (size_t)(K / Traits<T>::BLOCK) * Traits<T>::BYTES;
   const int64_t Kp = (K + 63) / 64 * 64;
   static thread_local Acts<Q> a;
   for (int64_t m0 = 0; m0 < M; m0 += 8) {  // up to 8 activation rows per pass over the weights
@@ -710,7 +724,7 @@ int linear(const uint8_t* W, const float* x, const float* bias, int64_t M, int64
 enum Acts_ { ACT_I8 = 0, ACT_I16 = 1, ACT_F32 = 2 };
 
 template <int T>
-int linear_any(const uint8_t* W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K, void* y,
+int linear_any(const RowsOf& W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K, void* y,
                int out_kind, int acts) {
   if (acts == ACT_F32) return linear_f32<T>(W, x, bias, M, N, K, y, out_kind);
   return acts == ACT_I16 ? linear<T, int16_t>(W, x, bias, M, N, K, y, out_kind)
@@ -773,26 +787,53 @@ size_t bytes_of(int64_t K) {
 }
 
 // A matrix whose row ranges are of different types (a fused q/k/v or gate/up of a Q4_K_M file, whose v and down
-// rows are Q6_K in some layers): desc = [count, then per part: rows, type, address of its blocks]. Each part's
-// product goes through a buffer into its columns of y.
+// rows are Q6_K in some layers): desc = [count, then per part: rows, type, address of its blocks]. Consecutive parts
+// of one type (up to four: a fused matrix's tensors, kept as views of the file) are one pass over their rows
+// (RowsOf); where the matrix has several types, each such run's product goes through a buffer into its columns of y.
 const int MIXED = GGML_MIXED;  // nt_abi.h's flags on the type
 const int Q16 = GGML_Q16;      // int16 activations (Acts<int16_t>) instead of int8
 const int F32 = GGML_F32;      // float32 activations (tilef): the exact product
 const int FLAGS = Q16 | F32;
+
+// The product over rows W of one ggml type (type | flags: the activations, as nt_linear_ggml's).
+int linear_rows(int type, const RowsOf& W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K, void* y,
+                int out_kind) {
+  const int flags = type & FLAGS;
+  const int acts = flags & F32 ? ACT_F32 : flags & Q16 ? ACT_I16 : ACT_I8;
+  switch (type & ~FLAGS) {
+    case Q4_0: return linear_any<Q4_0>(W, x, bias, M, N, K, y, out_kind, acts);
+    case Q4_1: return linear_any<Q4_1>(W, x, bias, M, N, K, y, out_kind, acts);
+    case Q5_0: return linear_any<Q5_0>(W, x, bias, M, N, K, y, out_kind, acts);
+    case Q5_1: return linear_any<Q5_1>(W, x, bias, M, N, K, y, out_kind, acts);
+    case Q8_0: return linear_any<Q8_0>(W, x, bias, M, N, K, y, out_kind, acts);
+    case Q2_K: return linear_any<Q2_K>(W, x, bias, M, N, K, y, out_kind, acts);
+    case Q3_K: return linear_any<Q3_K>(W, x, bias, M, N, K, y, out_kind, acts);
+    case Q4_K: return linear_any<Q4_K>(W, x, bias, M, N, K, y, out_kind, acts);
+    case Q5_K: return linear_any<Q5_K>(W, x, bias, M, N, K, y, out_kind, acts);
+    case Q6_K: return linear_any<Q6_K>(W, x, bias, M, N, K, y, out_kind, acts);
+    default: return 1;
+  }
+}
 
 int linear_mixed(const int64_t* desc, const float* x, const float* bias, int64_t M, int64_t N, int64_t K, void* y,
                  int out_kind, int flags) {
   const size_t es = out_kind == OUT_F32 ? 4 : 2;
   static thread_local std::vector<char> part;
   int64_t n0 = 0;
-  for (int64_t i = 0; i < desc[0]; ++i) {
-    const int64_t rows = desc[1 + 3 * i], type = desc[2 + 3 * i];
-    const uint8_t* W = (const uint8_t*)(intptr_t)desc[3 + 3 * i];
-    if (type == MIXED || n0 + rows > N) return 1;
+  for (int64_t i = 0; i < desc[0];) {  // a run of up to four consecutive parts of one type at a time
+    const int64_t type = desc[2 + 3 * i];
+    if (type == MIXED || type == MXFP4) return 1;
+    RowsOf W{{}, {}, 0, 0};
+    int64_t rows = 0;
+    for (; i < desc[0] && desc[2 + 3 * i] == type && W.parts < 4; ++i) {
+      W.base[W.parts] = (const uint8_t*)(intptr_t)desc[3 + 3 * i];
+      W.end[W.parts++] = rows += desc[1 + 3 * i];
+    }
+    if (n0 + rows > N) return 1;
+    if (rows == N)  // the whole matrix: straight into y
+      return linear_rows((int)type | flags, W, x, bias, M, N, K, y, out_kind);
     part.resize((size_t)M * rows * es);
-    if (nt_linear_ggml((int)type | flags, W, x, bias ? bias + n0 : nullptr, M, rows, K, part.data(),
-                       out_kind))
-      return 1;
+    if (linear_rows((int)type | flags, W, x, bias ? bias + n0 : nullptr, M, rows, K, part.data(), out_kind)) return 1;
     for (int64_t m = 0; m < M; ++m) memcpy((char*)y + ((size_t)m * N + n0) * es, part.data() + (size_t)m * rows * es,
                                            (size_t)rows * es);
     n0 += rows;
@@ -821,23 +862,11 @@ extern "C" int nt_linear_mxfp4(const uint8_t* W, const float* x, const float* bi
 int nt_linear_ggml(int type, const uint8_t* W, const float* x, const float* bias, int64_t M, int64_t N, int64_t K,
                    void* y, int out_kind) {
   const int flags = type & FLAGS;
-  const int acts = flags & F32 ? ACT_F32 : flags & Q16 ? ACT_I16 : ACT_I8;
   if ((type & ~FLAGS) == MIXED) return linear_mixed((const int64_t*)W, x, bias, M, N, K, y, out_kind, flags);
-  switch (type & ~FLAGS) {
-    case Q4_0: return linear_any<Q4_0>(W, x, bias, M, N, K, y, out_kind, acts);
-    case Q4_1: return linear_any<Q4_1>(W, x, bias, M, N, K, y, out_kind, acts);
-    case Q5_0: return linear_any<Q5_0>(W, x, bias, M, N, K, y, out_kind, acts);
-    case Q5_1: return linear_any<Q5_1>(W, x, bias, M, N, K, y, out_kind, acts);
-    case Q8_0: return linear_any<Q8_0>(W, x, bias, M, N, K, y, out_kind, acts);
-    case Q2_K: return linear_any<Q2_K>(W, x, bias, M, N, K, y, out_kind, acts);
-    case Q3_K: return linear_any<Q3_K>(W, x, bias, M, N, K, y, out_kind, acts);
-    case Q4_K: return linear_any<Q4_K>(W, x, bias, M, N, K, y, out_kind, acts);
-    case Q5_K: return linear_any<Q5_K>(W, x, bias, M, N, K, y, out_kind, acts);
-    case Q6_K: return linear_any<Q6_K>(W, x, bias, M, N, K, y, out_kind, acts);
-    // gpt-oss's experts (quant/mxfp4.py's Mxfp4Linear): csrc/mxfp4.cpp's exact float32 product, whatever the flags
-    case MXFP4: return out_kind == OUT_F32 ? nt_linear_mxfp4(W, x, bias, M, N, K, (float*)y) : 1;
-    default: return 1;
-  }
+  // gpt-oss's experts (quant/mxfp4.py's Mxfp4Linear): csrc/mxfp4.cpp's exact float32 product, whatever the flags
+  if ((type & ~FLAGS) == MXFP4) return out_kind == OUT_F32 ? nt_linear_mxfp4(W, x, bias, M, N, K, (float*)y) : 1;
+  const RowsOf one{{W}, {N}, 1, 0};
+  return linear_rows(type, one, x, bias, M, N, K, y, out_kind);
 }
 
 // Row `id` of W (type | flags; type 255: W a description of parts, as nt_linear_ggml reads it) dequantized to K

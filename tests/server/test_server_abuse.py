@@ -146,24 +146,37 @@ def test_running_out_of_descriptors_is_logged_once_and_the_server_recovers(model
 
 # ---- the queue ---------------------------------------------------------------------------------------------------
 
+def _waiting(server: str) -> float:
+    """The server's own count of waiting sequences (its Prometheus gauge)."""
+    text = httpx.get(server + "/metrics", timeout=30).text
+    return float(next(line.split()[-1] for line in text.splitlines()
+                      if line.startswith("nexttoken_num_requests_waiting")))
+
+
 def test_a_full_waiting_queue_answers_429_with_retry_after(server) -> None:
-    """--max-num-seqs 2, --max-waiting-seqs 16: ten requests of 4 prompts x n=4 = 16 sequences sent at once. The
-    first fills the queue; the others are refused with 429 and Retry-After (before, 50 such requests queued
-    12,768 sequences and kept their memory). Once it has drained, a request is admitted again."""
+    """--max-num-seqs 2, --max-waiting-seqs 16: a request of 4 prompts x n=4 = 16 sequences fills the queue; while
+    its sequences wait (the server's own gauge says so), nine more such requests sent at once are all refused with
+    429 and Retry-After (before, 50 such requests queued 12,768 sequences and kept their memory). Once it has
+    drained, a request is admitted again. (The first runs 300 tokens a sequence, two sequences at a time, so its
+    queue stays full for seconds whatever the machine's load: the nine never race its draining.)"""
     body = {"prompt": [[1, 366]] * 4, "n": 4, "max_tokens": 12, "ignore_eos": True, "temperature": 0}
 
-    def send(_: int) -> httpx.Response:
-        return httpx.post(server + "/v1/completions", json=body, timeout=120)
+    def send(b: dict) -> httpx.Response:
+        return httpx.post(server + "/v1/completions", json=b, timeout=120)
 
     with ThreadPoolExecutor(10) as pool:
-        answers = list(pool.map(send, range(10)))
-    statuses = sorted(r.status_code for r in answers)
-    assert statuses.count(200) >= 1 and statuses.count(429) >= 8, statuses
-    refused = next(r for r in answers if r.status_code == 429)
-    error = _error(refused, 429)
+        first = pool.submit(send, dict(body, max_tokens=300))
+        deadline = time.monotonic() + 60
+        while _waiting(server) < 8:  # its sequences are queued
+            assert time.monotonic() < deadline and not first.done(), "the first request's sequences never queued"
+            time.sleep(0.01)
+        answers = list(pool.map(send, [body] * 9))
+        assert first.result().status_code == 200
+    assert [r.status_code for r in answers] == [429] * 9
+    error = _error(answers[0], 429)
     assert error["type"] == "rate_limit_error" and "--max-waiting-seqs" in error["message"]
-    assert int(refused.headers["retry-after"]) >= 1
-    assert send(0).status_code == 200
+    assert int(answers[0].headers["retry-after"]) >= 1
+    assert send(body).status_code == 200
 
 
 # ---- a web page -----------------------------------------------------------------------------------------------------

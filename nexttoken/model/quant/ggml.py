@@ -123,6 +123,19 @@ class GGUFLinear(nn.Module):
             return kernels.dequantize_ggml(rows.contiguous(), ggml_type, self.in_features, dtype, out=out)
         return _dequantize_reference(rows.cpu(), ggml_type, self.in_features).to(rows.device, dtype)
 
+    def _tile(self, a: int, b: int, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
+        """Rows [a, b) of W (the parts stacked) as (b - a, K) `dtype`, part by part into out's storage when given."""
+        K, pieces, n0, at = self.in_features, [], 0, 0
+        for rows, t in self.parts:
+            lo, hi = max(a, n0), min(b, n0 + rows.shape[0])
+            if lo < hi:
+                pieces.append(self._rows(rows[lo - n0 : hi - n0], t, dtype, out=None if out is None else out[at * K :]))
+                at += hi - lo
+            n0 += rows.shape[0]
+        if out is not None:
+            return out[: (b - a) * K].view(b - a, K)
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead, K = x.shape[:-1], self.in_features
         x2 = x.reshape(-1, K)  # (M, K)
@@ -132,9 +145,8 @@ class GGUFLinear(nn.Module):
             return kernels.linear_ggml(x, self.native_weight, self.native_kind - kernels.GGML_KIND, K, self.bias,
                                        self.out_features)
         # prefill: a cache-sized block of rows dequantized at a time (quant/tiles.py), no float copy of W
-        products = [tiles.matmul(x2, rows.shape[0], lambda a, b, dtype, out, rows=rows, t=t: self._rows(
-            rows[a:b], t, dtype, out=out if native else None)) for rows, t in self.parts]  # [(M, rows)]
-        y = products[0] if len(products) == 1 else torch.cat(products, dim=1)
+        y = tiles.matmul(x2, self.out_features,
+                         lambda a, b, dtype, out: self._tile(a, b, dtype, out if native else None))  # (M, N)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.view(*lead, self.out_features)

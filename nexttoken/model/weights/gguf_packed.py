@@ -7,14 +7,14 @@ to float32 as gguf.py does for the whole model with dequantize=True.
 
 No float copy of a kept matrix is made: o, down, the LM head and the token table are views of the reader's
 memory map (a private, copy-on-write mapping: pages are read from the page cache as decode touches them, as
-llama.cpp's mmap does); fused q/k/v and gate/up rows are one copy of the packed bytes (llama.cpp's q/k row
-permutation for Llama-style RoPE moves whole rows, so it is undone on the packed rows).
+llama.cpp's mmap does), and so are the parts of a fused q/k/v or gate/up (one GGUFLinear of several parts, read
+in one pass); only q and k rows under llama.cpp's row permutation for Llama-style RoPE are a copy (the
+permutation moves whole rows, so it is undone on the packed rows).
 """
 
 from __future__ import annotations
 
 import os
-from itertools import groupby
 
 import numpy as np
 import torch
@@ -254,17 +254,15 @@ def _parent(model: nn.Module, dotted: str) -> tuple[nn.Module, str]:
 def _kept_linear(parts: list[tuple[torch.Tensor, str]], old: nn.Module | None, K: int | None = None,
                  activations: str | None = None) -> nn.Module:
     """One layer of the row ranges `parts` (rows, GGUF type name), stacked; the bias of `old` (the float layer it
-    replaces) kept. Consecutive parts of one type are concatenated (one copy); a single part stays a view."""
+    replaces) kept. GGUF blocks stay views of the file, one part each (a fused q/k/v or gate/up is read in one pass
+    over its parts: ggml.cpp's linear_mixed), so loading copies none of them; BF16 parts are concatenated."""
     bias = None if old is None or old.bias is None else old.bias.detach()
     if parts[0][1] == "BF16":
         w = parts[0][0] if len(parts) == 1 else torch.cat([p for p, _ in parts])
         return BF16Linear(w, bias)
-    merged = []
-    for name, run in groupby(parts, key=lambda p: p[1]):
-        rows = [p for p, _ in run]
-        merged.append((rows[0] if len(rows) == 1 else torch.cat(rows), GGML_TYPES[name]))
     K = K if K is not None else old.in_features
-    return GGUFLinear(merged, K, bias, activations)
+    # q / k rows with llama.cpp's permutation undone are a reordered view: those alone are copied
+    return GGUFLinear([(rows.contiguous(), GGML_TYPES[name]) for rows, name in parts], K, bias, activations)
 
 
 def file_rows(g, name: str) -> torch.Tensor:  # noqa: ANN001 - a GGUFFile
@@ -279,8 +277,8 @@ def file_rows(g, name: str) -> torch.Tensor:  # noqa: ANN001 - a GGUFFile
 
 def release_pages(mapped: np.ndarray | None) -> None:
     """Give back the resident pages of the file's private, never-written mapping (madvise MADV_DONTNEED): the
-    copies made at load (fused q/k/v, gate/up) read most of the file, and those pages would otherwise stay in this
-    process's RSS beside the copies. Views into the mapping stay valid: their pages come back from the page cache
+    copies made at load (permuted q/k rows, float tensors) read part of the file, and those pages would otherwise
+    stay in this process's RSS beside the copies. Views into the mapping stay valid: their pages come back from the page cache
     when decode reads them (what llama.cpp's mmap holds resident). Linux only; elsewhere nothing is done."""
     if mapped is None or not hasattr(os, "sysconf"):
         return

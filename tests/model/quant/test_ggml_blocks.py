@@ -81,6 +81,27 @@ def test_a_looked_up_row_is_its_dequantized_row(name: str) -> None:
     assert lib.nt_ggml_row(t, packed.data_ptr(), 0, K + 16, out.data_ptr()) == 1
 
 
+@pytest.mark.parametrize("flags", [0, 256, 512])  # int8, int16 and float32 activations
+def test_a_matrix_of_row_ranges_is_the_product_of_its_rows(flags: int) -> None:
+    """A description of row ranges at their own addresses (type 255: a fused q/k/v or gate/up kept as views of the
+    file): parts of one type are one pass over their rows, parts of two types a product each; both give the bits
+    of the product of those rows in one matrix (its parts' products side by side), the same for every row count."""
+    K, gen = 256, torch.Generator().manual_seed(5)
+    for names in (["Q4_0", "Q4_0", "Q4_0"], ["Q8_0", "Q8_0"], ["Q4_K", "Q6_K"], ["Q6_K", "Q4_K", "Q4_K"]):
+        parts = [random_blocks(n, rows, K, seed=i) for i, (n, rows) in enumerate(zip(names, (37, 16, 9)))]
+        desc = torch.tensor([len(parts)] + [v for n, p in zip(names, parts) for v in (p.shape[0], GGML_TYPES[n],
+                                                                                        p.data_ptr())])
+        N = sum(p.shape[0] for p in parts)
+        for M in (1, 3, 9):
+            x = torch.randn(M, K, generator=gen)
+            got = kernels.linear_ggml(x, desc, 255 | flags, K, N=N)
+            if len(set(names)) == 1:
+                want = kernels.linear_ggml(x, torch.cat(parts), GGML_TYPES[names[0]] | flags, K)
+            else:
+                want = torch.cat([kernels.linear_ggml(x, p, GGML_TYPES[n] | flags, K) for n, p in zip(names, parts)], 1)
+            assert torch.equal(got, want), (names, M)
+
+
 @pytest.mark.parametrize("name", GGML_TYPES)
 def test_int16_activations_product(name: str) -> None:
     """Type | 256: int16 activations per block of 32 (vpdpwssd): the float product within ~2^-15 per block."""

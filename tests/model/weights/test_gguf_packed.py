@@ -82,7 +82,8 @@ def test_tiny_packed_model_keeps_the_blocks_and_its_steps_agree(quant: str, tmp_
 
 
 def test_mixed_types_in_one_fused_matrix(tmp_path: Path) -> None:
-    """Q4_K_M files keep some v / down rows at Q6_K: q/k (Q4_0) and v (Q8_0) make one matrix of two parts."""
+    """Q4_K_M files keep some v / down rows at Q6_K: q, k (Q4_0) and v (Q8_0) make one matrix of three parts, each
+    multiplied as its own type."""
     hf = build_hf_model("llama", hidden_size=64, intermediate_size=128, num_attention_heads=4,
                         num_key_value_heads=2)
     src, dst = tmp_path / "a.gguf", tmp_path / "b.gguf"
@@ -98,14 +99,15 @@ def test_mixed_types_in_one_fused_matrix(tmp_path: Path) -> None:
     rewrite(src, dst, change=v_q8)
     llm = nexttoken.load(dst)
     wqkv = llm.model.layers[0].attention.wqkv
-    assert isinstance(wqkv, GGUFLinear) and wqkv.type_name == "Q4_0+Q8_0" and len(wqkv.parts) == 2
+    assert isinstance(wqkv, GGUFLinear) and wqkv.type_name == "Q4_0+Q8_0" and len(wqkv.parts) == 3
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        whole = wqkv(x)  # the native product of both parts
-    n = wqkv.parts[0][0].shape[0]
-    w = wqkv.dequantized()
-    for lo, hi in ((0, n), (n, w.shape[0])):
-        assert torch.allclose(whole[:, lo:hi], x @ w[lo:hi].T, atol=0.05, rtol=0.02)  # 8-bit activations
+        whole = wqkv(x)  # the native product of the three parts
+    w, lo = wqkv.dequantized(), 0
+    for rows, _ in wqkv.parts:
+        hi = lo + rows.shape[0]
+        assert torch.allclose(whole[:, lo:hi], x @ w[lo:hi].T, atol=1e-5, rtol=1e-5)  # float32 activations
+        lo = hi
     _fused_equals_modules(llm, [[5, 17, 33, 8], [9, 30]], 10)
 
 
@@ -160,6 +162,14 @@ def test_real_file_is_multiplied_from_its_mapped_blocks(smollm2) -> None:
     for gname, module in (("blk.3.ffn_down.weight", layer.mlp.w2), ("blk.3.attn_output.weight", layer.attention.wo),
                           ("token_embd.weight", model.lm_head)):
         assert np.array_equal(module.weight.numpy(), np.asarray(next(t for t in g.tensors if t.name == gname).data))
+    # so are the parts of the fused gate/up and v (no copy at load); q and k rows are reordered (llama.cpp's
+    # permutation undone), so those alone are copies
+    file_data = {t.name: np.asarray(t.data) for t in g.tensors if t.name.startswith("blk.3.")}
+    (gate, _), (up, _) = layer.mlp.w13.parts
+    assert np.array_equal(gate.numpy(), file_data["blk.3.ffn_gate.weight"])
+    assert np.array_equal(up.numpy(), file_data["blk.3.ffn_up.weight"])
+    assert [rows.shape[0] for rows, _ in layer.attention.wqkv.parts] == [576, 192, 192]
+    assert np.array_equal(layer.attention.wqkv.parts[2][0].numpy(), file_data["blk.3.attn_v.weight"])
     floats = sum(t.numel() * t.element_size() for t in model.state_dict().values() if t.is_floating_point())
     assert floats < 1 << 20  # norms only: ~70 KB
     packed = sum(t.numel() for n, t in model.state_dict().items() if t.dtype == torch.uint8 and "lm_head" not in n)
