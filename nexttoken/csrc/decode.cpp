@@ -880,6 +880,14 @@ int embed(const NtModel* m, const int64_t* ids, int64_t B, float* x) {
   return 0;
 }
 
+// The rows of ids (B,) in this thread's buffer (embed), or NULL: no table, or an id outside it.
+float* embedded(const NtModel* m, const int64_t* ids, int64_t B) {
+  thread_local std::vector<float> x;
+  if (!m->embed.weight) return nullptr;
+  Scratch::grow(x, B * m->hidden);
+  return embed(m, ids, B, x.data()) ? nullptr : x.data();
+}
+
 }  // namespace
 
 extern "C" {
@@ -898,11 +906,8 @@ int nt_decode_step(const NtModel* m, float* x, int64_t B, const int64_t* positio
 // of a small model costs Python no embedding operations.
 int nt_decode_step_ids(const NtModel* m, const int64_t* ids, int64_t B, const int64_t* positions, int64_t col,
                        int64_t kv_len, float* logits) {
-  if (!m->embed.weight) return 1;
-  thread_local std::vector<float> x;
-  Scratch::grow(x, B * m->hidden);
-  if (embed(m, ids, B, x.data())) return 1;
-  return nt_decode_step(m, x.data(), B, positions, col, kv_len, logits);
+  float* x = embedded(m, ids, B);
+  return x ? nt_decode_step(m, x, B, positions, col, kv_len, logits) : 1;
 }
 
 // Greedy decoding of one sequence for up to n steps without returning to Python: step i runs `token` (at rotary
@@ -935,11 +940,8 @@ int nt_decode_rows(const NtModel* m, float* x, int64_t B, const int64_t* positio
 // nt_decode_step_ids does, so the engine's step costs Python no embedding operations.
 int nt_decode_rows_ids(const NtModel* m, const int64_t* ids, int64_t B, const int64_t* positions,
                        const int64_t* tables, int64_t table_stride, const int64_t* kv_lens, float* logits) {
-  if (!m->embed.weight) return 1;
-  thread_local std::vector<float> x;
-  Scratch::grow(x, B * m->hidden);
-  if (embed(m, ids, B, x.data())) return 1;
-  return decode_rows(m, x.data(), B, positions, tables, table_stride, kv_lens, logits, false);
+  float* x = embedded(m, ids, B);
+  return x ? decode_rows(m, x, B, positions, tables, table_stride, kv_lens, logits, false) : 1;
 }
 
 // One part of a step, for tensor-parallel ranks (model/fused.py), whose caller all-reduces the partial sums and

@@ -764,13 +764,31 @@ TARGET void dequant_row(const uint8_t* row, int64_t K, void* out, int out_kind) 
 }
 
 template <int T>
-int dequantize(const uint8_t* W, int64_t N, int64_t K, void* out, int out_kind) {
-  if (K % Traits<T>::BLOCK) return 1;
+int dequantize(const uint8_t* W, int64_t first, int64_t N, int64_t K, void* out, int out_kind) {
+  if (K % Traits<T>::BLOCK || first < 0) return 1;
   const size_t row_bytes = (size_t)(K / Traits<T>::BLOCK) * Traits<T>::BYTES;
   const size_t out_row = (size_t)K * (out_kind == OUT_F32 ? 4 : 2);
+  W += (size_t)first * row_bytes;
 #pragma omp parallel for schedule(static) if (N * K >= (1 << 18))
   for (int64_t n = 0; n < N; ++n) dequant_row<T>(W + n * row_bytes, K, (char*)out + n * out_row, out_kind);
   return 0;
+}
+
+// Rows [first, first + N) of W of one ggml type dequantized (dequantize<T>); 1 for an unknown type.
+int dequantize_rows(int type, const uint8_t* W, int64_t first, int64_t N, int64_t K, void* out, int out_kind) {
+  switch (type) {
+    case Q4_0: return dequantize<Q4_0>(W, first, N, K, out, out_kind);
+    case Q4_1: return dequantize<Q4_1>(W, first, N, K, out, out_kind);
+    case Q5_0: return dequantize<Q5_0>(W, first, N, K, out, out_kind);
+    case Q5_1: return dequantize<Q5_1>(W, first, N, K, out, out_kind);
+    case Q8_0: return dequantize<Q8_0>(W, first, N, K, out, out_kind);
+    case Q2_K: return dequantize<Q2_K>(W, first, N, K, out, out_kind);
+    case Q3_K: return dequantize<Q3_K>(W, first, N, K, out, out_kind);
+    case Q4_K: return dequantize<Q4_K>(W, first, N, K, out, out_kind);
+    case Q5_K: return dequantize<Q5_K>(W, first, N, K, out, out_kind);
+    case Q6_K: return dequantize<Q6_K>(W, first, N, K, out, out_kind);
+    default: return 1;
+  }
 }
 
 }  // namespace
@@ -779,12 +797,6 @@ extern "C" int nt_linear_ggml(int type, const uint8_t* W, const float* x, const 
                               int64_t K, void* y, int out_kind);
 
 namespace {
-
-// One row of K elements of type T in bytes; 0 where K is not whole blocks.
-template <int T>
-size_t bytes_of(int64_t K) {
-  return K % Traits<T>::BLOCK ? 0 : (size_t)(K / Traits<T>::BLOCK) * Traits<T>::BYTES;
-}
 
 // A matrix whose row ranges are of different types (a fused q/k/v or gate/up of a Q4_K_M file, whose v and down
 // rows are Q6_K in some layers): desc = [count, then per part: rows, type, address of its blocks]. Consecutive parts
@@ -872,50 +884,19 @@ int nt_linear_ggml(int type, const uint8_t* W, const float* x, const float* bias
 // Row `id` of W (type | flags; type 255: W a description of parts, as nt_linear_ggml reads it) dequantized to K
 // float32s: the native step's token table lookup (decode.cpp's embed), the values nt_dequantize_ggml gives that
 // row. Returns 1 for an unknown type, K not whole blocks or an id past the rows.
-int nt_dequantize_ggml(int type, const uint8_t* W, int64_t N, int64_t K, void* out, int out_kind);
-
 int nt_ggml_row(int type, const uint8_t* W, int64_t id, int64_t K, float* out) {
   type &= ~FLAGS;
-  if (type == MIXED) {  // desc = [count, then per part: rows, type, address]
-    const int64_t* desc = (const int64_t*)W;
-    for (int64_t i = 0, n0 = 0; i < desc[0]; n0 += desc[1 + 3 * i], ++i)
-      if (id < n0 + desc[1 + 3 * i])
-        return nt_ggml_row((int)desc[2 + 3 * i], (const uint8_t*)(intptr_t)desc[3 + 3 * i], id - n0, K, out);
-    return 1;
-  }
-  size_t row_bytes = 0;
-  switch (type) {
-    case Q4_0: row_bytes = bytes_of<Q4_0>(K); break;
-    case Q4_1: row_bytes = bytes_of<Q4_1>(K); break;
-    case Q5_0: row_bytes = bytes_of<Q5_0>(K); break;
-    case Q5_1: row_bytes = bytes_of<Q5_1>(K); break;
-    case Q8_0: row_bytes = bytes_of<Q8_0>(K); break;
-    case Q2_K: row_bytes = bytes_of<Q2_K>(K); break;
-    case Q3_K: row_bytes = bytes_of<Q3_K>(K); break;
-    case Q4_K: row_bytes = bytes_of<Q4_K>(K); break;
-    case Q5_K: row_bytes = bytes_of<Q5_K>(K); break;
-    case Q6_K: row_bytes = bytes_of<Q6_K>(K); break;
-    default: return 1;
-  }
-  if (!row_bytes) return 1;  // K not whole blocks
-  if (id < 0) return 1;
-  return nt_dequantize_ggml(type, W + (size_t)id * row_bytes, 1, K, out, OUT_F32);
+  if (type != MIXED) return dequantize_rows(type, W, id, 1, K, out, OUT_F32);
+  const int64_t* desc = (const int64_t*)W;  // [count, then per part: rows, type, address]
+  for (int64_t i = 0, n0 = 0; i < desc[0]; n0 += desc[1 + 3 * i], ++i)
+    if (id < n0 + desc[1 + 3 * i])
+      return dequantize_rows((int)desc[2 + 3 * i], (const uint8_t*)(intptr_t)desc[3 + 3 * i], id - n0, 1, K, out,
+                             OUT_F32);
+  return 1;
 }
 
 // Rows [0, N) of W dequantized to (N, K) float32 or bfloat16 (bfloat16: the float32 value rounded once).
 int nt_dequantize_ggml(int type, const uint8_t* W, int64_t N, int64_t K, void* out, int out_kind) {
-  switch (type) {
-    case Q4_0: return dequantize<Q4_0>(W, N, K, out, out_kind);
-    case Q4_1: return dequantize<Q4_1>(W, N, K, out, out_kind);
-    case Q5_0: return dequantize<Q5_0>(W, N, K, out, out_kind);
-    case Q5_1: return dequantize<Q5_1>(W, N, K, out, out_kind);
-    case Q8_0: return dequantize<Q8_0>(W, N, K, out, out_kind);
-    case Q2_K: return dequantize<Q2_K>(W, N, K, out, out_kind);
-    case Q3_K: return dequantize<Q3_K>(W, N, K, out, out_kind);
-    case Q4_K: return dequantize<Q4_K>(W, N, K, out, out_kind);
-    case Q5_K: return dequantize<Q5_K>(W, N, K, out, out_kind);
-    case Q6_K: return dequantize<Q6_K>(W, N, K, out, out_kind);
-    default: return 1;
-  }
+  return dequantize_rows(type, W, 0, N, K, out, out_kind);
 }
 }

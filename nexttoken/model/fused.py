@@ -173,9 +173,10 @@ class _Recorded:
 
 
 def _cache_key(cache: KVCache, states: StateSlots | None) -> tuple:
-    """What the native description depends on outside the model (`_read` covers the model): the cache (shape too: a new cache of another
-    length can be allocated where a freed one was) and the recurrent layers' state slots (issue 41: read and
-    updated in place). Computed each step (a few attributes); never held, so a dropped cache is freed."""
+    """What the native description depends on outside the model (`_read` covers the model): the cache (shape
+    too: a new cache of another length can be allocated where a freed one was) and the recurrent layers' state
+    slots (issue 41: read and updated in place). Computed each step (a few attributes); never held, so a dropped
+    cache is freed."""
     key = [cache.k.shape, cache.k.dtype, cache.k.data_ptr(), cache.v.data_ptr()]
     if states is not None:
         key += [t.data_ptr() for ts in states.tensors.values() for t in ts]
@@ -831,36 +832,29 @@ def decode_rows(plan: RowsPlan, model: torch.nn.Module, input_ids: torch.Tensor,
     B = input_ids.shape[0]
     stride = tables.shape[1] if tables.dim() == 2 else 1
     positions, tables, kv_lens = (t.reshape(-1).to(torch.int64).contiguous() for t in (positions, tables, kv_lens))
-    if not _sharded(model) and _reads_table(plan, model):  # the table read natively: no embedding operations here
-        slots = None if lora is None else lora.reshape(-1).to(torch.int64).contiguous()  # (B,)
-        if state_rows is not None:
-            state_rows = state_rows.reshape(-1).to(torch.int64).contiguous()  # (B,)
-        ids = input_ids.reshape(-1).to(torch.int64).contiguous()  # (B,)
-        logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
-        rc = kernels.library().nt_decode_rows_ids(
-            ctypes.byref(_with_slots(plan.model, slots, state_rows)), ids.data_ptr(), B, positions.data_ptr(),
-            tables.data_ptr(), stride, kv_lens.data_ptr(), logits.data_ptr(),
-        )
-        if rc == 0:
-            return logits
-        # refused before anything is written (an id outside the table: the module's lookup below names it)
-    x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
     if _sharded(model):
         if lora is not None:
             return None  # adapters are refused on tensor-parallel models (lora.attach)
+        x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
         return _rank_step(plan, plan.model, model, x, positions, (tables, stride), kv_lens)
     slots = None if lora is None else lora.reshape(-1).to(torch.int64).contiguous()  # (B,)
     if state_rows is not None:
         state_rows = state_rows.reshape(-1).to(torch.int64).contiguous()  # (B,)
     description = _with_slots(plan.model, slots, state_rows)
+    logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
+    lib = kernels.library()
+    if _reads_table(plan, model):  # the table read natively: no embedding operations here
+        ids = input_ids.reshape(-1).to(torch.int64).contiguous()  # (B,)
+        if lib.nt_decode_rows_ids(ctypes.byref(description), ids.data_ptr(), B, positions.data_ptr(),
+                                  tables.data_ptr(), stride, kv_lens.data_ptr(), logits.data_ptr()) == 0:
+            return logits
+        # refused before anything is written (an id outside the table: the module's lookup below names it)
+    x = model.embed(input_ids)[:, 0].contiguous()  # (B, C): a fresh tensor, updated in place as the residual
     per_layer = _per_layer(model, input_ids, x)
     if per_layer is not None:
         description = _with_per_layer(description, per_layer)
-    logits = torch.empty((B, model.config.vocab_size), dtype=torch.float32)
-    rc = kernels.library().nt_decode_rows(
-        ctypes.byref(description), x.data_ptr(), B, positions.data_ptr(), tables.data_ptr(), stride,
-        kv_lens.data_ptr(), logits.data_ptr(),
-    )
+    rc = lib.nt_decode_rows(ctypes.byref(description), x.data_ptr(), B, positions.data_ptr(), tables.data_ptr(),
+                            stride, kv_lens.data_ptr(), logits.data_ptr())
     return logits if rc == 0 else None
 
 

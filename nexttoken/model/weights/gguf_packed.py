@@ -278,8 +278,8 @@ def file_rows(g, name: str) -> torch.Tensor:  # noqa: ANN001 - a GGUFFile
 def release_pages(mapped: np.ndarray | None) -> None:
     """Give back the resident pages of the file's private, never-written mapping (madvise MADV_DONTNEED): the
     copies made at load (permuted q/k rows, float tensors) read part of the file, and those pages would otherwise
-    stay in this process's RSS beside the copies. Views into the mapping stay valid: their pages come back from the page cache
-    when decode reads them (what llama.cpp's mmap holds resident). Linux only; elsewhere nothing is done."""
+    stay in this process's RSS beside the copies. Views into the mapping stay valid: their pages come back from the
+    page cache when decode reads them (what llama.cpp's mmap holds resident). Linux only; elsewhere nothing is done."""
     if mapped is None or not hasattr(os, "sysconf"):
         return
     import ctypes
