@@ -881,6 +881,33 @@ int nt_linear_ggml(int type, const uint8_t* W, const float* x, const float* bias
   return linear_rows(type, one, x, bias, M, N, K, y, out_kind);
 }
 
+// A GGUF array of n strings at buf[at, size): each a little-endian u64 byte count, then the bytes (gguf.md). With
+// out NULL, returns the offset just after the array (-1 when a string runs past size); with out (room for that many
+// bytes less `at`, which always suffices: each 8-byte count becomes one separator), also copies the strings there
+// joined by NUL bytes, their total length in *out_len, and *nul = 1 when a string holds a NUL byte of its own (then
+// the join cannot be split back). The reader's one loop over a vocabulary (model/weights/gguf_reader.py).
+int64_t nt_gguf_strings(const uint8_t* buf, int64_t size, int64_t at, int64_t n, uint8_t* out, int64_t* out_len,
+                        int* nul) {
+  int64_t o = 0;
+  int has_nul = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (at > size - 8) return -1;
+    uint64_t len;
+    memcpy(&len, buf + at, 8);
+    at += 8;
+    if (len > (uint64_t)(size - at)) return -1;
+    if (out) {
+      if (i) out[o++] = 0;
+      memcpy(out + o, buf + at, len);
+      has_nul |= memchr(buf + at, 0, len) != nullptr;
+      o += (int64_t)len;
+    }
+    at += (int64_t)len;
+  }
+  if (out) *out_len = o, *nul = has_nul;
+  return at;
+}
+
 // Row `id` of W (type | flags; type 255: W a description of parts, as nt_linear_ggml reads it) dequantized to K
 // float32s: the native step's token table lookup (decode.cpp's embed), the values nt_dequantize_ggml gives that
 // row. Returns 1 for an unknown type, K not whole blocks or an id past the rows.

@@ -167,6 +167,8 @@ def load(path: Path) -> ctypes.CDLL:
     lib.nt_dequantize_ggml.restype = i
     lib.nt_ggml_row.argtypes = [i, p, i64, i64, p]
     lib.nt_ggml_row.restype = i
+    lib.nt_gguf_strings.argtypes = [p, i64, i64, i64, p, p, p]
+    lib.nt_gguf_strings.restype = i64
     lib.nt_mxfp4_supported.restype = i
     lib.nt_linear_mxfp4.argtypes = [p, p, p, i64, i64, i64, p]
     lib.nt_linear_mxfp4.restype = i

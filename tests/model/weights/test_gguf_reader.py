@@ -60,3 +60,41 @@ def test_every_value_and_tensor_kind(tmp_path: Path) -> None:
     cut.write_bytes(path.read_bytes()[:200])  # inside the metadata
     with pytest.raises(ModelLoadError, match="cut.gguf.*(truncated|damaged)"):
         open_gguf(cut)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "loop"])
+def test_string_arrays_read_alike_natively_and_in_the_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           native: bool) -> None:
+    """A vocabulary's string arrays go through csrc/ggml.cpp's nt_gguf_strings where the kernel library is here,
+    through the Python loop where not: both give GGUFReader's values, a string with a NUL byte of its own included
+    (the native join cannot be split there, so it falls back), and both refuse an array cut short."""
+    from nexttoken.model import kernels
+    from nexttoken.model.weights import gguf_reader
+
+    if native and not kernels.available():
+        pytest.skip(f"the native kernel library is unavailable here: {kernels.why_unavailable()}")
+    calls = []
+    real = kernels.library if native else (lambda: None)
+    monkeypatch.setattr(gguf_reader, "_library", lambda: calls.append(1) or real())
+    rng = np.random.default_rng(1)
+    alphabet = list("abc xyzĠĊ▁ü✓\n\t") + ["<|im_end|>", "日本", "\U0001f600"]
+    words = ["".join(rng.choice(alphabet, size=rng.integers(0, 12))) for _ in range(3000)]
+    path = tmp_path / "vocab.gguf"
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_array("t.words", words)
+    w.add_array("t.nul", ["a", "b\x00c", "", "d"])
+    w.add_string("t.after", "still in step")
+    w.add_tensor("f32", np.ones((2, 32), np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file()
+    w.close()
+    _same_as_gguf(path)
+    metadata = read_gguf(path)[0]
+    assert metadata["t.words"] == words and metadata["t.nul"] == ["a", "b\x00c", "", "d"]
+    assert metadata["t.after"] == "still in step"
+    assert gguf_reader.strings(b"\x00" * 16, 8, 0) == ([], 8)  # an empty array: nothing read, the offset kept
+    assert calls, "the string arrays did not ask for the native library"
+    data = path.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:data.index("<|im_end|>".encode()) + 3])  # inside the words array
+    with pytest.raises(ModelLoadError, match="cut.gguf.*(truncated|damaged)"):
+        open_gguf(cut)
