@@ -119,6 +119,15 @@ def test_tokenizer_from_gguf_matches_the_original(name: str, shared_dir: Path, t
             original.encode(text, add_special_tokens=False).ids), text
 
 
+def test_a_repeated_token_text_keeps_its_first_id() -> None:
+    """Vocabularies repeat a text now and then (unused or byte-fallback slots): the text -> id map the tokenizer is
+    built from gives it its first id (the lower ids are written last)."""
+    from nexttoken.text.gguf_vocab import _ids
+
+    assert _ids(["a", "b", "a", "c", "b"]) == {"a": 0, "b": 1, "c": 3}
+    assert _ids([]) == {}
+
+
 # ---- tiny models of every family -------------------------------------------------------------------------------
 
 EXTRA = {
