@@ -137,7 +137,9 @@ class Family:
     # ((regex, replacement) pairs): LFM2's final norm is our `model.norm`, llama.cpp's `token_embd_norm`.
     gguf_aliases: tuple[tuple[str, str], ...] = ()
     # A tensor as llama.cpp's converter rearranged it -> the checkpoint's layout: (config, checkpoint name, tensor)
-    # -> tensor (Qwen3.5's value heads, which the converter tiles for ggml's broadcast). None: as stored.
+    # -> tensor (Qwen3.5's value heads, which the converter tiles for ggml's broadcast). None: as stored. It depends
+    # on the config and the kind of tensor (its name under model.layers.{i}.), never on the layer: the packed
+    # loader probes how it moves rows once per kind and shape (model/weights/gguf.py's order_of).
     gguf_tensor: Callable[[Any, str, Any], Any] | None = None
     # Checkpoint tensors the converter wrote as several GGUF tensors, read back as their rows stacked (then through
     # gguf_tensor): (the checkpoint name's ending under model.layers.{i}., the GGUF tensors' names under blk.{i}.).
