@@ -117,8 +117,9 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "network": {"arithmetic", "falcon_h1", "gemma4", "llama", "nemotron_h"},  # the network a family declares
         "parallel": {"linear", "memory", "moe", "quant"},
         "vision": {"rope"},  # issue 43: vision towers and projectors, a module per vision kind
-        "weights": {"arithmetic", "gemma4", "linear", "llama", "memory", "moe", "network", "parallel", "quant",
-                    "recurrent", "rope", "vision"},  # GGUF blocks kept packed (quant/ggml.py)
+        "weights": {"arithmetic", "gemma4", "kernels", "linear", "llama", "memory", "moe", "network", "parallel",
+                    "quant", "recurrent", "rope", "vision"},  # GGUF blocks kept packed (quant/ggml.py); a GGUF
+        # header's string arrays read by the native library (gguf_reader.strings)
     },
     "engine": {
         "sequence": set(),
