@@ -5,9 +5,9 @@ hyperparameters but not for a tokenizer's vocabulary: a 151,936-token Qwen3 file
 numpy views), where llama.cpp opens the file in well under a second. This reader walks the same layout
 (ggml's gguf.md: magic, version, counts, key/value pairs, tensor infos, aligned data) with `struct` over the mapped
 bytes, decoding string arrays in one native pass (`strings`) and numeric arrays with one `np.frombuffer` each,
-and returns what GGUFReader returns for the parts nexttoken reads: `field.contents()`'s values and `ReaderTensor`s whose `data`
-are the same views of a copy-on-write map (tests/model/weights/test_gguf_reader.py holds it to GGUFReader on real files).
-A big-endian file, which this reader does not decode, is handed to GGUFReader.
+and returns what GGUFReader returns for the parts nexttoken reads: `field.contents()`'s values and `ReaderTensor`s
+whose `data` are the same views of a copy-on-write map (tests/model/weights/test_gguf_reader.py holds it to
+GGUFReader on real files). A big-endian file, which this reader does not decode, is handed to GGUFReader.
 """
 
 from __future__ import annotations
